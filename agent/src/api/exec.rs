@@ -1,0 +1,308 @@
+//! `/v1/exec` and `/v1/commands/…`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use berth_protocol::{
+    BackgroundStarted, CommandList, ExecRequest, ExecResult, SignalRequest, StdinRequest,
+};
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::watch;
+
+use super::error::ApiError;
+use super::extract::ApiJson;
+use super::follow::{self, Batch, Followable};
+use crate::Agent;
+use crate::exec::{Background, Command, Foreground};
+
+/// Output bytes one page carries by default, and at most.
+const PAGE_BYTES: usize = 1 << 20;
+const PAGE_BYTES_MAX: usize = 16 << 20;
+/// Bytes per message on a followed stream.
+const MESSAGE_BYTES: usize = 64 << 10;
+const LONG_POLL_DEFAULT: Duration = Duration::from_secs(30);
+
+pub async fn exec(
+    State(agent): State<Arc<Agent>>,
+    ApiJson(req): ApiJson<ExecRequest>,
+) -> Result<Response, ApiError> {
+    let background = req.background.unwrap_or(false);
+    if !background {
+        for (set, name) in [
+            (req.id.is_some(), "id"),
+            (req.yield_ms.is_some(), "yield_ms"),
+            (req.stdin_open.is_some(), "stdin_open"),
+        ] {
+            if set {
+                return Err(ApiError::bad_request(format!(
+                    "`{name}` applies to background commands (\"background\": true)"
+                )));
+            }
+        }
+    }
+    let prepared = agent.commands.prepare(
+        req.argv,
+        req.shell,
+        req.cwd.as_deref(),
+        req.env.as_ref(),
+        req.user.as_deref(),
+    )?;
+    let timeout = req.timeout_ms.map(Duration::from_millis);
+    if timeout.is_some_and(|t| t.is_zero()) {
+        return Err(ApiError::bad_request("`timeout_ms` must be at least 1"));
+    }
+    let stdin = req.stdin.map(String::into_bytes);
+    if !background {
+        let out = agent
+            .commands
+            .run_foreground(
+                prepared,
+                Foreground {
+                    stdin,
+                    timeout,
+                    merge_stderr: false,
+                },
+            )
+            .await?;
+        let (stdout, stdout_b64) = text_or_b64(out.stdout);
+        let (stderr, stderr_b64) = text_or_b64(out.stderr);
+        let body = ExecResult {
+            id: out.id,
+            exit_code: out.exit.exit_code(),
+            signal: out.exit.signal.map(crate::proc::signal_name),
+            stdout,
+            stdout_b64,
+            stderr,
+            stderr_b64,
+            duration_ms: out.duration.as_millis() as u64,
+            timed_out: out.timed_out,
+            output_truncated: out.truncated,
+        };
+        return Ok(Json(body).into_response());
+    }
+    let (cmd, _) = agent
+        .commands
+        .start_background(
+            prepared,
+            Background {
+                id: req.id,
+                stdin,
+                stdin_open: req.stdin_open.unwrap_or(false),
+                timeout,
+                merge_stderr: false,
+            },
+        )
+        .await?;
+    let mut body = BackgroundStarted {
+        id: cmd.id.clone(),
+        chunks: None,
+        next_seq: None,
+        done: None,
+        exit_code: None,
+    };
+    if let Some(ms) = req.yield_ms {
+        agent
+            .commands
+            .wait_done(&cmd, Duration::from_millis(ms))
+            .await;
+        let page = cmd.page(0, PAGE_BYTES)?;
+        body.chunks = Some(page.chunks);
+        body.next_seq = Some(page.next_seq);
+        body.done = Some(page.done);
+        body.exit_code = page.exit_code;
+    }
+    Ok((StatusCode::ACCEPTED, Json(body)).into_response())
+}
+
+fn text_or_b64(bytes: Vec<u8>) -> (Option<String>, Option<String>) {
+    match String::from_utf8(bytes) {
+        Ok(s) => (Some(s), None),
+        Err(e) => (
+            None,
+            Some(base64::engine::general_purpose::STANDARD.encode(e.into_bytes())),
+        ),
+    }
+}
+
+pub async fn list(State(agent): State<Arc<Agent>>) -> Json<CommandList> {
+    Json(CommandList {
+        commands: agent.commands.list(),
+    })
+}
+
+pub async fn get(
+    State(agent): State<Arc<Agent>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    Ok(Json(agent.commands.require(&id)?.info()).into_response())
+}
+
+#[derive(Deserialize)]
+pub struct OutputQuery {
+    #[serde(default)]
+    from_seq: u64,
+    #[serde(default)]
+    follow: bool,
+    max_bytes: Option<usize>,
+    /// Long-poll: how long to wait for new output.
+    timeout_ms: Option<u64>,
+    /// Follow: how long one send may take before the follower counts as lagging.
+    stall_ms: Option<u64>,
+}
+
+pub async fn output(
+    State(agent): State<Arc<Agent>>,
+    Path(id): Path<String>,
+    q: Result<Query<OutputQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+    ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = q?;
+    let cmd = agent.commands.require(&id)?;
+    let max = q.max_bytes.unwrap_or(PAGE_BYTES).clamp(1, PAGE_BYTES_MAX);
+    if !q.follow {
+        return Ok(Json(cmd.page(q.from_seq, max)?).into_response());
+    }
+    let stall = follow::stall(q.stall_ms);
+    let src = Arc::new(OutputSource {
+        cmd: cmd.clone(),
+        first: std::sync::atomic::AtomicBool::new(true),
+    });
+    if let Ok(ws) = ws {
+        let from = q.from_seq;
+        return Ok(ws
+            .on_upgrade(move |socket| follow::drive(src, from, follow::WsSink::new(socket), stall))
+            .into_response());
+    }
+    if follow::wants_sse(&headers) {
+        return Ok(follow::sse(src, q.from_seq, stall));
+    }
+    // Long-poll: answer as soon as there is something past from_seq, or the command ended.
+    let wait = q
+        .timeout_ms
+        .map(Duration::from_millis)
+        .unwrap_or(LONG_POLL_DEFAULT);
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut changes = cmd.subscribe();
+    loop {
+        changes.borrow_and_update();
+        let page = cmd.page(q.from_seq, max)?;
+        if !page.chunks.is_empty() || page.done || page.next_seq > q.from_seq {
+            return Ok(Json(page).into_response());
+        }
+        if tokio::time::timeout_at(deadline, changes.changed())
+            .await
+            .is_err()
+        {
+            return Ok(Json(page).into_response());
+        }
+    }
+}
+
+struct OutputSource {
+    cmd: Arc<Command>,
+    first: std::sync::atomic::AtomicBool,
+}
+
+impl Followable for OutputSource {
+    fn batch(&self, cursor: u64) -> Batch {
+        let Ok(out) = self.cmd.read(cursor, MESSAGE_BYTES) else {
+            return Batch {
+                messages: Vec::new(),
+                next: cursor,
+                end: Some(json!({"error": "cannot read the output log"}).to_string()),
+            };
+        };
+        let mut messages = Vec::new();
+        if let Some(t) = out.truncated_before
+            && self.first.swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            messages.push((t, json!({"truncated_before_seq": t}).to_string()));
+        }
+        for chunk in crate::exec::to_chunks(&out) {
+            let seq = chunk.seq;
+            messages.push((seq, serde_json::to_string(&chunk).unwrap_or_default()));
+        }
+        let end = out.done.then(|| match self.cmd.exit() {
+            Some(e) => json!({"exit_code": e.exit_code}).to_string(),
+            None => json!({"exit_code": null, "state": "lost"}).to_string(),
+        });
+        Batch {
+            messages,
+            next: out.next_seq,
+            end,
+        }
+    }
+
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        self.cmd.subscribe()
+    }
+}
+
+pub async fn stdin(
+    State(agent): State<Arc<Agent>>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<StdinRequest>,
+) -> Result<Response, ApiError> {
+    let cmd = agent.commands.require(&id)?;
+    let data = match (req.data, req.data_b64) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad_request(
+                "give either data or data_b64, not both",
+            ));
+        }
+        (Some(d), None) => Some(d.into_bytes()),
+        (None, Some(b)) => Some(
+            base64::engine::general_purpose::STANDARD
+                .decode(b)
+                .map_err(|e| ApiError::bad_request(format!("invalid field `data_b64`: {e}")))?,
+        ),
+        (None, None) => None,
+    };
+    let eof = req.eof.unwrap_or(false);
+    if data.is_none() && !eof {
+        return Err(ApiError::bad_request(
+            "give data, data_b64 or \"eof\": true",
+        ));
+    }
+    let mut written = 0;
+    if let Some(d) = data {
+        agent.commands.write_stdin(&cmd, &d).await?;
+        written = d.len();
+    }
+    if eof {
+        agent.commands.close_stdin(&cmd)?;
+    }
+    Ok(Json(json!({"written": written, "eof": eof})).into_response())
+}
+
+pub async fn signal(
+    State(agent): State<Arc<Agent>>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<SignalRequest>,
+) -> Result<Response, ApiError> {
+    let cmd = agent.commands.require(&id)?;
+    let sig = crate::proc::parse_signal(&req.signal).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "invalid field `signal`: unknown signal {}",
+            req.signal
+        ))
+    })?;
+    agent.commands.signal(&cmd, sig)?;
+    Ok(Json(json!({"signal": sig.as_str().trim_start_matches("SIG")})).into_response())
+}
+
+pub async fn delete(
+    State(agent): State<Arc<Agent>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    agent.commands.delete(&id).await?;
+    Ok(Json(json!({"id": id, "deleted": true})).into_response())
+}

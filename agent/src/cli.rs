@@ -1,0 +1,164 @@
+//! Command line: the agent itself, and the internal `shim` and `exec-as` modes of the same
+//! binary.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::CompatAuth;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "berth-agent",
+    version,
+    about = "The berth workstation daemon: OSWorld-compatible API at root paths, native API under /v1",
+    after_help = "Environment: BERTH_AGENT_TOKEN holds the native API token itself and wins over \
+                  --token-file. Every BERTH_AGENT_* variable is stripped from children's environments.\n\
+                  Signals: SIGTERM restarts (background commands keep running); SIGINT or \
+                  POST /v1/shutdown shuts down fully (every command tree is killed)."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Mode>,
+    #[command(flatten)]
+    pub agent: AgentArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Mode {
+    /// Internal: supervise one background command (see the state dir's commands/<id>).
+    #[command(hide = true)]
+    Shim { dir: PathBuf },
+    /// Internal: switch to a uid/gid and exec a program (used for terminals).
+    #[command(hide = true)]
+    ExecAs {
+        #[arg(long)]
+        uid: u32,
+        #[arg(long)]
+        gid: u32,
+        #[arg(long, value_delimiter = ',', default_value = "")]
+        groups: Vec<String>,
+        #[arg(last = true, required = true)]
+        argv: Vec<String>,
+    },
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct AgentArgs {
+    /// Address of the HTTP listener (compat surface, /v1, /healthz).
+    #[arg(long, env = "BERTH_AGENT_LISTEN", default_value = "0.0.0.0:5000")]
+    pub listen: SocketAddr,
+    /// File holding the native API token; created (0600, random) when absent.
+    /// Default: <state-dir>/token.
+    #[arg(long, env = "BERTH_AGENT_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Directory for the token, command records and output, and the event log.
+    #[arg(
+        long,
+        env = "BERTH_AGENT_STATE_DIR",
+        default_value = "/var/lib/berth-agent"
+    )]
+    pub state_dir: PathBuf,
+    /// X display children use (DISPLAY), e.g. `:1`.
+    #[arg(long, env = "BERTH_AGENT_DISPLAY")]
+    pub display: Option<String>,
+    /// Account commands run as. Default: `user` when that account exists, else the agent's own.
+    #[arg(long, env = "BERTH_AGENT_USER")]
+    pub user: Option<String>,
+    /// Home of the sandbox user (`~`, default cwd). Default: the account's home.
+    #[arg(long, env = "BERTH_AGENT_HOME")]
+    pub home: Option<PathBuf>,
+    /// Whether the compat surface requires the bearer token too.
+    #[arg(
+        long,
+        env = "BERTH_AGENT_COMPAT_AUTH",
+        value_enum,
+        default_value = "open"
+    )]
+    pub compat_auth: CompatAuth,
+    /// How long records of finished commands are kept.
+    #[arg(long, env = "BERTH_AGENT_COMMAND_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub command_ttl: Duration,
+    /// Output kept per command; past it the oldest bytes are dropped (and replays say so).
+    #[arg(long, env = "BERTH_AGENT_OUTPUT_CAP", default_value_t = 1 << 30)]
+    pub output_cap: u64,
+    /// Log filter (tracing syntax: `info`, `berth_agent=debug`).
+    #[arg(long, env = "BERTH_AGENT_LOG", default_value = "info")]
+    pub log: String,
+    /// Log format.
+    #[arg(
+        long,
+        env = "BERTH_AGENT_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Mode::Shim { dir }) => crate::exec::shim::main(&dir),
+        Some(Mode::ExecAs {
+            uid,
+            gid,
+            groups,
+            argv,
+        }) => exec_as(uid, gid, &groups, &argv),
+        None => {
+            init_logging(&cli.agent);
+            let rt = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .thread_name("berth-agent")
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("berth-agent: cannot start the runtime: {e}");
+                    return 1;
+                }
+            };
+            match rt.block_on(crate::server::run(cli.agent)) {
+                Ok(()) => 0,
+                Err(e) => {
+                    tracing::error!("{e:#}");
+                    eprintln!("berth-agent: {e:#}");
+                    1
+                }
+            }
+        }
+    }
+}
+
+fn init_logging(args: &AgentArgs) {
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match args.log_format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+fn exec_as(uid: u32, gid: u32, groups: &[String], argv: &[String]) -> i32 {
+    use std::os::unix::process::CommandExt;
+    let groups: Vec<u32> = groups.iter().filter_map(|g| g.parse().ok()).collect();
+    // SAFETY: we are about to exec; nothing else runs in this process.
+    if let Err(e) = unsafe { crate::account::switch_identity(uid, gid, &groups) } {
+        eprintln!("berth-agent exec-as: cannot switch to {uid}:{gid}: {e}");
+        return 126;
+    }
+    let err = std::process::Command::new(&argv[0]).args(&argv[1..]).exec();
+    eprintln!("berth-agent exec-as: cannot run {}: {err}", argv[0]);
+    127
+}

@@ -1,0 +1,473 @@
+//! `/file`, `/setup/upload`, `/list_directory`, `/desktop_path`, `/setup/download_file`.
+
+use std::collections::HashSet;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{FromRequest, Multipart, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use berth_protocol::events::kinds;
+use futures_util::TryStreamExt;
+use serde_json::{Value, json};
+
+use super::python::{self, truthy};
+use super::{CompatJson, FormFields, flask, text};
+use crate::Agent;
+use crate::text::py_os_error;
+
+const DOWNLOAD_TIMEOUT: Duration = Duration::from_secs(300);
+const DOWNLOAD_ATTEMPTS: usize = 3;
+/// `/list_directory` follows symlinked directories like the reference server, but stops at
+/// loops and at this depth instead of crashing.
+const MAX_TREE_DEPTH: usize = 256;
+
+/// `os.path.expandvars(os.path.expanduser(p))` with the sandbox environment.
+fn expand(agent: &Agent, p: &str) -> String {
+    let p = python::expanduser(p, &agent.home, &agent.account_name);
+    python::expandvars(&p, &|k| {
+        agent.commands.config().env.get(k).map(str::to_string)
+    })
+}
+
+pub async fn file(State(agent): State<Arc<Agent>>, form: Result<FormFields, Response>) -> Response {
+    let fields = match form {
+        Ok(FormFields(f)) => f,
+        Err(r) => return r,
+    };
+    let Some(raw) = fields.get("file_path").filter(|p| !p.is_empty()) else {
+        return flask(
+            StatusCode::BAD_REQUEST,
+            &json!({"error": "file_path is required"}),
+        );
+    };
+    if raw.contains('\0') {
+        return flask(
+            StatusCode::BAD_REQUEST,
+            &json!({"error": "file_path contains a NUL byte"}),
+        );
+    }
+    let path = PathBuf::from(expand(&agent, raw));
+    let failed = |e: std::io::Error| {
+        let msg = match e.raw_os_error() {
+            Some(errno) => py_os_error(errno, &path.to_string_lossy()),
+            None => e.to_string(),
+        };
+        flask(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &json!({"error": format!("Failed to serve file: {msg}")}),
+        )
+    };
+    let meta = match tokio::fs::metadata(&path).await {
+        Ok(m) => m,
+        Err(e)
+            if e.raw_os_error() == Some(libc::ENOENT)
+                || e.raw_os_error() == Some(libc::ENOTDIR) =>
+        {
+            return flask(StatusCode::NOT_FOUND, &json!({"error": "File not found"}));
+        }
+        Err(e) => return failed(e),
+    };
+    if meta.is_dir() {
+        return failed(std::io::Error::from_raw_os_error(libc::EISDIR));
+    }
+    let file = match tokio::fs::File::open(&path).await {
+        Ok(f) => f,
+        Err(e) => return failed(e),
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mime = mime_guess::from_path(&path).first_or_octet_stream();
+    let mime = if mime.type_() == mime_guess::mime::TEXT {
+        format!("{}; charset=utf-8", mime.essence_str())
+    } else {
+        mime.essence_str().to_string()
+    };
+    let body = Body::from_stream(tokio_util::io::ReaderStream::with_capacity(file, 256 << 10));
+    let mut resp = (StatusCode::OK, body).into_response();
+    let h = resp.headers_mut();
+    set(h, header::CONTENT_TYPE, &mime);
+    set(h, header::CONTENT_LENGTH, &meta.len().to_string());
+    set(
+        h,
+        header::CONTENT_DISPOSITION,
+        &content_disposition("attachment", &name),
+    );
+    set(h, header::CACHE_CONTROL, "no-cache");
+    if let Ok(modified) = meta.modified() {
+        set(h, header::LAST_MODIFIED, &httpdate::fmt_http_date(modified));
+    }
+    set(
+        h,
+        header::ETAG,
+        &format!("\"{}-{}-{}\"", meta.mtime(), meta.len(), meta.ino()),
+    );
+    resp
+}
+
+fn set(h: &mut axum::http::HeaderMap, name: header::HeaderName, value: &str) {
+    if let Ok(v) = HeaderValue::from_str(value) {
+        h.insert(name, v);
+    }
+}
+
+/// Werkzeug's `Content-Disposition`: a bare token filename when it is one, quoted otherwise,
+/// with an RFC 5987 `filename*` for non-ASCII names.
+pub fn content_disposition(kind: &str, name: &str) -> String {
+    let is_token = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    };
+    let quote = |s: &str| {
+        if is_token(s) {
+            s.to_string()
+        } else {
+            format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+        }
+    };
+    if name.is_ascii() {
+        format!("{kind}; filename={}", quote(name))
+    } else {
+        use unicode_normalization::UnicodeNormalization;
+        let simple: String = name.nfkd().filter(char::is_ascii).collect();
+        let encoded: String = name
+            .bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() || b"!#$&+-.^_`|~".contains(&b) {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect();
+        format!(
+            "{kind}; filename={}; filename*=UTF-8''{encoded}",
+            quote(&simple)
+        )
+    }
+}
+
+/// Streams the multipart `file_data` part into place; `file_path` may come before or after
+/// it. Nothing is held in memory whole.
+pub async fn upload(State(agent): State<Arc<Agent>>, req: Request) -> Response {
+    let required = || {
+        flask(
+            StatusCode::BAD_REQUEST,
+            &json!({"error": "file_path and file_data are required"}),
+        )
+    };
+    let is_multipart = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.to_ascii_lowercase().starts_with("multipart/form-data"));
+    if !is_multipart {
+        return required();
+    }
+    let mut mp = match Multipart::from_request(req, &()).await {
+        Ok(m) => m,
+        Err(_) => return required(),
+    };
+    let mut target: Option<PathBuf> = None;
+    // Where the data went: (temp file, final target known at the time, bytes).
+    let mut staged: Option<(PathBuf, u64)> = None;
+    let staging_dir = agent.state_dir.join("uploads");
+    let fail = |staged: &Option<(PathBuf, u64)>, msg: String| {
+        if let Some((tmp, _)) = staged {
+            let _ = std::fs::remove_file(tmp);
+        }
+        flask(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &json!({"error": format!("Failed to upload file: {msg}")}),
+        )
+    };
+    loop {
+        let field = match mp.next_field().await {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(e) => return fail(&staged, e.body_text()),
+        };
+        match field.name() {
+            Some("file_path") if target.is_none() => {
+                let Ok(raw) = field.text().await else {
+                    return fail(&staged, "cannot read file_path".into());
+                };
+                if raw.is_empty() {
+                    continue;
+                }
+                if raw.contains('\0') {
+                    return fail(&staged, "file_path contains a NUL byte".into());
+                }
+                target = Some(PathBuf::from(expand(&agent, &raw)));
+            }
+            Some("file_data") if staged.is_none() && field.file_name().is_some() => {
+                // Stage beside the target when it is known (rename stays atomic), else in the
+                // state dir until file_path arrives.
+                let tmp = match &target {
+                    Some(t) => {
+                        if let Err(e) = agent.files.create_parents(t) {
+                            return fail(&staged, e.to_string());
+                        }
+                        crate::fs::temp_beside(t)
+                    }
+                    None => {
+                        let _ = std::fs::create_dir_all(&staging_dir);
+                        crate::fs::temp_beside(&staging_dir.join("upload"))
+                    }
+                };
+                let stream = field.map_err(|e| std::io::Error::other(e.body_text()));
+                match write_stream(&tmp, stream).await {
+                    Ok(n) => staged = Some((tmp, n)),
+                    Err(e) => {
+                        let _ = std::fs::remove_file(&tmp);
+                        return fail(&None, e);
+                    }
+                }
+            }
+            _ => {} // other fields are ignored, as the reference server does
+        }
+    }
+    let (Some(target), Some((tmp, n))) = (target, staged.clone()) else {
+        if let Some((tmp, _)) = staged {
+            let _ = std::fs::remove_file(tmp);
+        }
+        return required();
+    };
+    if let Err(e) = agent.files.create_parents(&target) {
+        return fail(&staged, e.to_string());
+    }
+    agent.files.chown(&tmp);
+    let moved = match std::fs::rename(&tmp, &target) {
+        Ok(()) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => std::fs::copy(&tmp, &target).map(|_| {
+            let _ = std::fs::remove_file(&tmp);
+            agent.files.chown(&target);
+        }),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = moved {
+        let msg = match e.raw_os_error() {
+            Some(errno) => py_os_error(errno, &target.to_string_lossy()),
+            None => e.to_string(),
+        };
+        return fail(&staged, msg);
+    }
+    agent.events.emit(
+        kinds::FILE_UPLOADED,
+        json!({"path": target.to_string_lossy(), "bytes": n}),
+    );
+    text(StatusCode::OK, format!("File Uploaded: {n} bytes"))
+}
+
+async fn write_stream<S>(path: &Path, mut stream: S) -> Result<u64, String>
+where
+    S: futures_util::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Unpin,
+{
+    use futures_util::StreamExt;
+    use tokio::io::AsyncWriteExt;
+    let describe = |e: std::io::Error| match e.raw_os_error() {
+        Some(errno) => py_os_error(errno, &path.to_string_lossy()),
+        None => e.to_string(),
+    };
+    let mut f = tokio::fs::File::create(path).await.map_err(describe)?;
+    let mut n = 0u64;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| e.to_string())?;
+        f.write_all(&chunk).await.map_err(describe)?;
+        n += chunk.len() as u64;
+    }
+    f.flush().await.map_err(describe)?;
+    Ok(n)
+}
+
+pub async fn list_directory(
+    State(_agent): State<Arc<Agent>>,
+    body: Result<CompatJson, Response>,
+) -> Response {
+    let data = match body {
+        Ok(CompatJson(d)) => d,
+        Err(r) => return r,
+    };
+    let path = match data.get("path") {
+        Some(Value::String(p)) if !p.is_empty() => p.clone(),
+        Some(v) if truthy(v) => {
+            return flask(
+                StatusCode::BAD_REQUEST,
+                &json!({"error": format!("'path' must be a string, not {}", python::type_name(v))}),
+            );
+        }
+        _ => {
+            return flask(
+                StatusCode::BAD_REQUEST,
+                &json!({"error": "Missing 'path' parameter"}),
+            );
+        }
+    };
+    if path.contains('\0') || !Path::new(&path).is_dir() {
+        return flask(
+            StatusCode::BAD_REQUEST,
+            &json!({"error": "The provided path is not a directory"}),
+        );
+    }
+    let tree = tokio::task::spawn_blocking(move || {
+        let mut ancestors = HashSet::new();
+        tree_node(&path, &mut ancestors, 0)
+    })
+    .await
+    .unwrap_or_else(|e| json!({"error": e.to_string()}));
+    flask(StatusCode::OK, &json!({"directory_tree": tree}))
+}
+
+/// One node of the reference server's tree: `os.listdir` order, directories (symlinks
+/// followed) recursed into, any OSError replacing the node with `{"error": …}`.
+fn tree_node(dir: &str, ancestors: &mut HashSet<(u64, u64)>, depth: usize) -> Value {
+    let name = dir.rsplit('/').next().unwrap_or("").to_string();
+    let meta = match std::fs::metadata(dir) {
+        Ok(m) => m,
+        Err(e) => return json!({"error": py_os_error(e.raw_os_error().unwrap_or(libc::EIO), dir)}),
+    };
+    let key = (meta.dev(), meta.ino());
+    if depth >= MAX_TREE_DEPTH || !ancestors.insert(key) {
+        return json!({"error": py_os_error(libc::ELOOP, dir)});
+    }
+    let result = (|| -> Result<Vec<Value>, std::io::Error> {
+        let mut children = Vec::new();
+        for ent in std::fs::read_dir(dir)? {
+            let ent = ent?;
+            let child_name = ent.file_name().to_string_lossy().into_owned();
+            let full = if dir.ends_with('/') {
+                format!("{dir}{child_name}")
+            } else {
+                format!("{dir}/{child_name}")
+            };
+            if Path::new(&full).is_dir() {
+                children.push(tree_node(&full, ancestors, depth + 1));
+            } else {
+                children.push(json!({"type": "file", "name": child_name}));
+            }
+        }
+        Ok(children)
+    })();
+    ancestors.remove(&key);
+    match result {
+        Ok(children) => json!({"type": "directory", "name": name, "children": children}),
+        Err(e) => json!({"error": py_os_error(e.raw_os_error().unwrap_or(libc::EIO), dir)}),
+    }
+}
+
+pub async fn desktop_path(State(agent): State<Arc<Agent>>) -> Response {
+    let desktop = agent.home.join("Desktop");
+    if desktop.is_dir() {
+        flask(
+            StatusCode::OK,
+            &json!({"desktop_path": desktop.to_string_lossy()}),
+        )
+    } else {
+        flask(
+            StatusCode::NOT_FOUND,
+            &json!({"error": "Unsupported operating system or desktop path not found"}),
+        )
+    }
+}
+
+pub async fn download_file(
+    State(agent): State<Arc<Agent>>,
+    body: Result<CompatJson, Response>,
+) -> Response {
+    let data = match body {
+        Ok(CompatJson(d)) => d,
+        Err(r) => return r,
+    };
+    let (Some(Value::String(url)), Some(Value::String(path))) = (data.get("url"), data.get("path"))
+    else {
+        return text(StatusCode::BAD_REQUEST, "Path or URL not supplied!");
+    };
+    if url.is_empty() || path.is_empty() {
+        return text(StatusCode::BAD_REQUEST, "Path or URL not supplied!");
+    }
+    let target = PathBuf::from(python::expanduser(path, &agent.home, &agent.account_name));
+    let mut last_error = String::new();
+    for _ in 0..DOWNLOAD_ATTEMPTS {
+        match fetch(&agent, url, &target).await {
+            Ok(n) => {
+                return text(
+                    StatusCode::OK,
+                    format!("File downloaded successfully: {n} bytes"),
+                );
+            }
+            Err(e) => last_error = e,
+        }
+    }
+    text(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        format!("Failed to download {url}. No retries left. Error: {last_error}"),
+    )
+}
+
+/// One download attempt: streamed to a temp file beside the target, length-checked, renamed.
+async fn fetch(agent: &Agent, url: &str, target: &Path) -> Result<u64, String> {
+    let client = reqwest::Client::builder()
+        .timeout(DOWNLOAD_TIMEOUT)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let resp = client.get(url).send().await.map_err(|e| e.to_string())?;
+    let status = resp.status();
+    if !status.is_success() {
+        return Err(format!("{status} for url: {url}"));
+    }
+    let expected = resp.content_length();
+    agent
+        .files
+        .create_parents(target)
+        .map_err(|e| e.to_string())?;
+    let tmp = crate::fs::temp_beside(target);
+    let stream = resp.bytes_stream().map_err(std::io::Error::other);
+    let n = match write_stream(&tmp, Box::pin(stream)).await {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+    };
+    if let Some(len) = expected
+        && len != n
+    {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(format!(
+            "Download incomplete: expected {len} bytes, got {n}"
+        ));
+    }
+    agent.files.chown(&tmp);
+    if let Err(e) = std::fs::rename(&tmp, target) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e.to_string());
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_disposition_matches_werkzeug() {
+        assert_eq!(
+            content_disposition("attachment", "screenshot.png"),
+            "attachment; filename=screenshot.png"
+        );
+        assert_eq!(
+            content_disposition("attachment", "my file.txt"),
+            "attachment; filename=\"my file.txt\""
+        );
+        assert_eq!(
+            content_disposition("attachment", "é.txt"),
+            "attachment; filename=e.txt; filename*=UTF-8''%C3%A9.txt"
+        );
+    }
+}

@@ -1,0 +1,260 @@
+//! The OSWorld-compatible surface at root paths. Status codes, JSON key sets and messages
+//! follow `osworld-compat-spec.md`; where the reference server merely crashed (an HTML
+//! debugger page, a hang) we answer `{"message", "status": "error"}` with a 4xx/5xx instead.
+//! JSON bodies are written the way Flask's `jsonify` writes them (sorted keys, ASCII only).
+
+pub mod execute;
+pub mod files;
+pub mod python;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, FromRequest, Multipart, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Map, Value, json};
+
+use crate::{Agent, CompatAuth};
+
+/// Compat JSON bodies may carry scripts and file contents; still bounded.
+pub const COMPAT_JSON_LIMIT: usize = 16 << 20;
+
+pub fn router(agent: Arc<Agent>) -> Router<Arc<Agent>> {
+    let mut r = Router::new()
+        .route("/execute", post(execute::execute))
+        .route("/setup/execute", post(execute::execute))
+        .route(
+            "/execute_with_verification",
+            post(execute::execute_with_verification),
+        )
+        .route(
+            "/setup/execute_with_verification",
+            post(execute::execute_with_verification),
+        )
+        .route("/setup/launch", post(execute::launch))
+        .route("/run_python", post(execute::run_python))
+        .route("/run_bash_script", post(execute::run_bash_script))
+        .route("/file", post(files::file))
+        .route(
+            "/setup/upload",
+            post(files::upload).layer(DefaultBodyLimit::disable()),
+        )
+        .route("/list_directory", post(files::list_directory))
+        .route("/desktop_path", post(files::desktop_path))
+        .route("/setup/download_file", post(files::download_file))
+        .route("/platform", get(platform));
+    if agent.compat_auth == CompatAuth::Token {
+        r = r.route_layer(middleware::from_fn_with_state(agent, require_token));
+    }
+    r
+}
+
+async fn require_token(State(agent): State<Arc<Agent>>, req: Request, next: Next) -> Response {
+    if crate::api::token_matches(req.headers(), &agent.token) {
+        next.run(req).await
+    } else {
+        error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token")
+    }
+}
+
+/// A Flask `jsonify` answer.
+pub fn flask(status: StatusCode, value: &Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        crate::text::flask_json(value),
+    )
+        .into_response()
+}
+
+/// A handler returning a Python `str`: `text/html; charset=utf-8`.
+pub fn text(status: StatusCode, body: impl Into<String>) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        body.into(),
+    )
+        .into_response()
+}
+
+/// `{"message": ..., "status": "error"}`, the reference server's error shape.
+pub fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    flask(
+        status,
+        &json!({"message": message.into(), "status": "error"}),
+    )
+}
+
+/// The JSON object of a compat request (`request.json` in the reference server).
+pub struct CompatJson(pub Map<String, Value>);
+
+impl<S: Send + Sync> FromRequest<S> for CompatJson {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, _state: &S) -> Result<Self, Response> {
+        let ct = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if !crate::api::extract::is_json(ct) {
+            return Err(error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "Did not attempt to load JSON data because the request Content-Type was not 'application/json'.",
+            ));
+        }
+        let bytes = crate::api::extract::read_body(req, COMPAT_JSON_LIMIT, false)
+            .await
+            .map_err(|e| error(e.status, e.message))?;
+        match serde_json::from_slice::<Value>(&bytes) {
+            Ok(Value::Object(m)) => Ok(CompatJson(m)),
+            Ok(other) => Err(error(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "The JSON body must be an object, not {}",
+                    python::type_name(&other)
+                ),
+            )),
+            Err(e) => Err(error(
+                StatusCode::BAD_REQUEST,
+                format!("Failed to decode JSON object: {e}"),
+            )),
+        }
+    }
+}
+
+/// Small text fields of a urlencoded or multipart form (`request.form`). Anything else yields
+/// no fields, as Flask's empty `request.form` would.
+pub struct FormFields(pub HashMap<String, String>);
+
+impl<S: Send + Sync> FromRequest<S> for FormFields {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Response> {
+        let ct = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        let mut fields = HashMap::new();
+        if ct.starts_with("application/x-www-form-urlencoded") {
+            let bytes = crate::api::extract::read_body(req, COMPAT_JSON_LIMIT, false)
+                .await
+                .map_err(|e| error(e.status, e.message))?;
+            for (k, v) in form_urlencoded(&bytes) {
+                fields.entry(k).or_insert(v);
+            }
+        } else if ct.starts_with("multipart/form-data") {
+            let mut mp = Multipart::from_request(req, state)
+                .await
+                .map_err(|e| error(StatusCode::BAD_REQUEST, e.body_text()))?;
+            while let Some(field) = mp
+                .next_field()
+                .await
+                .map_err(|e| error(StatusCode::BAD_REQUEST, e.body_text()))?
+            {
+                if field.file_name().is_some() {
+                    continue; // files are not form fields
+                }
+                let name = field.name().unwrap_or_default().to_string();
+                let value = field
+                    .text()
+                    .await
+                    .map_err(|e| error(StatusCode::BAD_REQUEST, e.body_text()))?;
+                fields.entry(name).or_insert(value);
+            }
+        } else {
+            drop(req.into_body());
+        }
+        Ok(FormFields(fields))
+    }
+}
+
+fn form_urlencoded(bytes: &[u8]) -> Vec<(String, String)> {
+    fn decode(s: &str) -> String {
+        let s = s.replace('+', " ");
+        let b = s.as_bytes();
+        let mut out = Vec::with_capacity(b.len());
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] == b'%'
+                && i + 2 < b.len()
+                && let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2]))
+            {
+                out.push(h * 16 + l);
+                i += 3;
+                continue;
+            }
+            out.push(b[i]);
+            i += 1;
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+    fn hex(c: u8) -> Option<u8> {
+        (c as char).to_digit(16).map(|d| d as u8)
+    }
+    String::from_utf8_lossy(bytes)
+        .split('&')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+async fn platform() -> Response {
+    text(StatusCode::OK, "Linux")
+}
+
+/// Unknown compat paths: 404 with the reference server's message, as JSON.
+pub async fn not_found() -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "The requested URL was not found on the server. If you entered the URL manually please check your spelling and try again.",
+    )
+}
+
+/// Answers requests that axum rejected with an empty body (405 and friends) in the matching
+/// surface's error shape, keeping status and headers (`Allow`).
+pub async fn fill_empty_errors(req: Request, next: Next) -> Response {
+    let native = req.uri().path().starts_with("/v1/") || req.uri().path() == "/v1";
+    let resp = next.run(req).await;
+    let status = resp.status();
+    if !(status.is_client_error() || status.is_server_error())
+        || resp.headers().contains_key(header::CONTENT_TYPE)
+    {
+        return resp;
+    }
+    let (mut parts, _) = resp.into_parts();
+    let message = match status {
+        StatusCode::METHOD_NOT_ALLOWED => {
+            "The method is not allowed for the requested URL.".to_string()
+        }
+        s => s.canonical_reason().unwrap_or("error").to_string(),
+    };
+    let body = if native {
+        let code = match status {
+            StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+            StatusCode::PAYLOAD_TOO_LARGE => "too_large",
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+            StatusCode::NOT_FOUND => "not_found",
+            _ => "error",
+        };
+        serde_json::to_string(&berth_protocol::ErrorBody::new(code, message)).unwrap_or_default()
+    } else {
+        crate::text::flask_json(&json!({"message": message, "status": "error"}))
+    };
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(body))
+}

@@ -1,0 +1,334 @@
+//! `berth-agent shim <dir>`: supervises one background command so that it outlives the agent.
+//!
+//! The shim runs in its own session as a child subreaper. It starts the command in its own
+//! process group, owns its pipes and writes every byte to the command's log, enforces the
+//! timeout, and finally writes the `exit` record — so an agent started later re-adopts the
+//! command and learns how it ended. It reports the spawn result on stdout as one JSON line.
+//!
+//! Signals: SIGTERM kills the command's whole tree (the exit is still recorded); SIGUSR1
+//! closes the shim's end of the stdin FIFO so the command sees end-of-file.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use berth_protocol::Stream;
+use nix::sys::signal::Signal;
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+use signal_hook::consts::{SIGCHLD, SIGHUP, SIGINT, SIGTERM, SIGUSR1};
+
+use super::log::LogWriter;
+use super::record::{self, EXIT, ExitRecord, Meta, PROC, ProcInfo, STDIN, StdinMode};
+use super::spawn::{self, Group, Launch, SpawnFailure};
+use crate::reaper::Exit;
+
+/// How long output may keep arriving after the command exited before its exit is recorded
+/// (a process it left behind may hold the pipe open for good).
+pub const DRAIN_GRACE: Duration = Duration::from_millis(200);
+
+/// The handshake line on the shim's stdout.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Handshake {
+    pub ok: bool,
+    #[serde(default)]
+    pub pid: Option<u32>,
+    #[serde(default)]
+    pub errno: Option<i32>,
+    #[serde(default)]
+    pub subject: Option<String>,
+    #[serde(default)]
+    pub message: Option<String>,
+}
+
+enum Ev {
+    Signal(i32),
+    ReaderDone,
+}
+
+pub fn main(dir: &Path) -> i32 {
+    let mut stdout = std::io::stdout();
+    match run(dir, &mut stdout) {
+        Ok(()) => 0,
+        Err(msg) => {
+            eprintln!("berth-agent shim: {msg}");
+            let hs = Handshake {
+                ok: false,
+                pid: None,
+                errno: None,
+                subject: None,
+                message: Some(msg),
+            };
+            let _ = writeln!(stdout, "{}", serde_json::to_string(&hs).unwrap_or_default());
+            1
+        }
+    }
+}
+
+fn run(dir: &Path, handshake: &mut std::io::Stdout) -> Result<(), String> {
+    let meta: Meta = record::read_json(dir, record::META)
+        .ok_or_else(|| format!("no readable meta.json in {}", dir.display()))?;
+    crate::proc::become_subreaper().map_err(|e| format!("subreaper: {e}"))?;
+
+    let (tx, rx) = mpsc::channel::<Ev>();
+    let mut signals =
+        signal_hook::iterator::Signals::new([SIGCHLD, SIGTERM, SIGUSR1, SIGINT, SIGHUP])
+            .map_err(|e| format!("signals: {e}"))?;
+    {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for s in signals.forever() {
+                if tx.send(Ev::Signal(s)).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+
+    let writer = Arc::new(Mutex::new(
+        LogWriter::create(dir, meta.output_cap).map_err(|e| format!("output log: {e}"))?,
+    ));
+
+    // Stdin: the child gets the FIFO's read end; the shim holds a write end so the child sees
+    // end-of-file only when asked (SIGUSR1), not whenever no agent happens to be writing.
+    let mut stdin_keeper: Option<std::fs::File> = None;
+    let child_stdin = match meta.stdin {
+        StdinMode::Fifo => {
+            let path = dir.join(STDIN);
+            let read = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&path)
+                .map_err(|e| format!("stdin fifo: {e}"))?;
+            let write = std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&path)
+                .map_err(|e| format!("stdin fifo: {e}"))?;
+            set_blocking(&read);
+            stdin_keeper = Some(write);
+            Stdio::from(read)
+        }
+        _ => Stdio::null(),
+    };
+
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    let identity = meta
+        .switch_identity
+        .then(|| (meta.uid, meta.gid, meta.groups.clone()));
+    let cwd = Path::new(&meta.cwd);
+    let launch = Launch {
+        program: &meta.program,
+        cwd,
+        env: &env,
+        identity,
+        group: Group::NewGroup,
+    };
+    if let Err(f) = spawn::precheck(&meta.program, cwd) {
+        report_failure(handshake, &f);
+        return Ok(());
+    }
+    let mut cmd = spawn::command(&launch);
+    cmd.stdin(child_stdin);
+    let (out_read, err_read) = if meta.merge_stderr {
+        let (r, w) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+        let w2 = w.try_clone().map_err(|e| format!("pipe: {e}"))?;
+        cmd.stdout(Stdio::from(w)).stderr(Stdio::from(w2));
+        (Some(r), None)
+    } else {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        (None, None::<OwnedFd>)
+    };
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            report_failure(handshake, &SpawnFailure::from_io(&e, &meta.program[0]));
+            return Ok(());
+        }
+    };
+    drop(cmd); // closes our copies of the merged pipe's write ends
+    let pid = child.id();
+
+    let me = std::process::id();
+    let info = ProcInfo {
+        supervisor_pid: me,
+        supervisor_start: crate::proc::start_time(me).unwrap_or(0),
+        pid,
+    };
+    record::write_json(dir, PROC, &info).map_err(|e| format!("proc.json: {e}"))?;
+    let hs = Handshake {
+        ok: true,
+        pid: Some(pid),
+        errno: None,
+        subject: None,
+        message: None,
+    };
+    let _ = writeln!(
+        handshake,
+        "{}",
+        serde_json::to_string(&hs).unwrap_or_default()
+    );
+    let _ = handshake.flush();
+    detach_stdout();
+
+    let mut readers = 0;
+    let mut spawn_reader = |fd: OwnedFd, stream: Stream| {
+        readers += 1;
+        let w = writer.clone();
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            pump(std::fs::File::from(fd), stream, &w);
+            let _ = tx.send(Ev::ReaderDone);
+        });
+    };
+    if let Some(r) = out_read {
+        spawn_reader(r, Stream::Stdout);
+    } else {
+        if let Some(o) = child.stdout.take() {
+            spawn_reader(OwnedFd::from(o), Stream::Stdout);
+        }
+        if let Some(e) = child.stderr.take() {
+            spawn_reader(OwnedFd::from(e), Stream::Stderr);
+        }
+    }
+    let _ = err_read;
+    drop(tx);
+
+    let deadline = meta
+        .timeout_ms
+        .map(|ms| Instant::now() + Duration::from_millis(ms));
+    let mut timed_out = false;
+    let mut child_exit: Option<(Exit, Instant)> = None;
+    let mut exit_written = false;
+    loop {
+        let now = Instant::now();
+        let mut wait = Duration::from_secs(1);
+        if let Some(d) = deadline
+            && child_exit.is_none()
+        {
+            wait = wait.min(d.saturating_duration_since(now));
+        }
+        if let Some((_, at)) = child_exit
+            && !exit_written
+        {
+            wait = wait.min((at + DRAIN_GRACE).saturating_duration_since(now));
+        }
+        match rx.recv_timeout(wait) {
+            Ok(Ev::Signal(SIGCHLD)) => {}
+            Ok(Ev::Signal(SIGTERM)) => {
+                crate::proc::signal_group(pid, Signal::SIGKILL);
+                crate::proc::kill_descendants(me, Duration::from_secs(2));
+            }
+            Ok(Ev::Signal(SIGUSR1)) => {
+                stdin_keeper = None;
+            }
+            Ok(Ev::Signal(_)) => {} // SIGINT / SIGHUP: we are not a terminal's job
+            Ok(Ev::ReaderDone) => readers -= 1,
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                // Every reader finished and the signal thread ended: nothing more can arrive.
+            }
+        }
+        // Reap everything: the command, and orphans of its tree that were re-parented to us.
+        loop {
+            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) | Err(_) => break,
+                Ok(status) => {
+                    if let Some((p, exit)) = Exit::from_wait(status)
+                        && p == pid as i32
+                    {
+                        child_exit = Some((exit, Instant::now()));
+                    }
+                }
+            }
+        }
+        if let Some(d) = deadline
+            && child_exit.is_none()
+            && !timed_out
+            && Instant::now() >= d
+        {
+            timed_out = true;
+            crate::proc::signal_group(pid, Signal::SIGKILL);
+            crate::proc::kill_descendants(me, Duration::from_secs(2));
+        }
+        if let Some((exit, at)) = child_exit
+            && !exit_written
+            && (readers == 0 || Instant::now() >= at + DRAIN_GRACE)
+        {
+            let output_error = writer.lock().ok().and_then(|w| w.error.clone());
+            let rec = ExitRecord {
+                exit_code: exit.exit_code(),
+                signal: exit.signal,
+                timed_out,
+                ended_at: crate::time::now_rfc3339(),
+                output_error,
+            };
+            if let Err(e) = record::write_json(dir, EXIT, &rec) {
+                eprintln!("berth-agent shim: cannot write the exit record: {e}");
+            }
+            exit_written = true;
+            drop(stdin_keeper.take());
+        }
+        if exit_written && readers == 0 {
+            break;
+        }
+    }
+    Ok(())
+}
+
+fn report_failure(out: &mut std::io::Stdout, f: &SpawnFailure) {
+    let hs = Handshake {
+        ok: false,
+        pid: None,
+        errno: Some(f.errno),
+        subject: Some(f.subject.clone()),
+        message: Some(f.message()),
+    };
+    let _ = writeln!(out, "{}", serde_json::to_string(&hs).unwrap_or_default());
+    let _ = out.flush();
+}
+
+fn pump(mut src: std::fs::File, stream: Stream, writer: &Mutex<LogWriter>) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match src.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                if let Ok(mut w) = writer.lock() {
+                    w.append(stream, &buf[..n]);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        }
+    }
+}
+
+fn set_blocking(f: &std::fs::File) {
+    let fd = f.as_raw_fd();
+    // SAFETY: fcntl on an open descriptor we own.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags >= 0 {
+            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+    }
+}
+
+/// Points stdout at /dev/null once the handshake is written, so the agent's read of it ends
+/// and a later agent restart cannot leave us writing into a dead pipe.
+fn detach_stdout() {
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        // SAFETY: dup2 onto fd 1 with an open descriptor.
+        unsafe {
+            libc::dup2(null.as_raw_fd(), 1);
+        }
+    }
+}

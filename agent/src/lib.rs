@@ -1,0 +1,65 @@
+//! berth-agent: the guest daemon of a berth workstation. It serves the OSWorld-compatible
+//! surface at root paths and the native `/v1` API, and supervises what runs in the sandbox.
+
+pub mod account;
+pub mod api;
+pub mod cli;
+pub mod compat;
+pub mod events;
+pub mod exec;
+pub mod fs;
+pub mod proc;
+pub mod pty;
+pub mod reaper;
+pub mod server;
+pub mod text;
+pub mod time;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+/// Whether the compat surface needs the bearer token (`--compat-auth`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CompatAuth {
+    Open,
+    Token,
+}
+
+/// How the agent is leaving (API.md "Lifecycle").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShutdownKind {
+    /// SIGTERM: background commands keep running for the next agent.
+    Restart,
+    /// SIGINT or `POST /v1/shutdown`: every tree dies, nothing remains.
+    Full,
+}
+
+/// Everything the handlers reach: the domains and the agent's settings.
+pub struct Agent {
+    pub token: String,
+    pub compat_auth: CompatAuth,
+    pub state_dir: PathBuf,
+    pub home: PathBuf,
+    pub account_name: String,
+    pub display: Option<String>,
+    pub events: Arc<events::EventLog>,
+    pub commands: Arc<exec::CommandTable>,
+    pub ptys: Arc<pty::PtyTable>,
+    pub files: fs::Files,
+    shutdown: watch::Sender<Option<ShutdownKind>>,
+}
+
+impl Agent {
+    pub fn request_shutdown(&self, kind: ShutdownKind) {
+        self.shutdown.send_if_modified(|cur| {
+            if cur.is_none() {
+                *cur = Some(kind);
+                true
+            } else {
+                false
+            }
+        });
+    }
+}

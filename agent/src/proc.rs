@@ -1,0 +1,176 @@
+//! Process-table helpers: identity that survives PID reuse, descendants, and tree kills.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// A process's start time in clock ticks since boot (`/proc/<pid>/stat` field 22). Paired
+/// with the pid it names one process for good: a recycled pid has another start time.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&stat).map(|s| s.start_time)
+}
+
+/// Whether the process `pid` that started at `start` is still alive (zombies count as gone).
+pub fn is_alive(pid: u32, start: u64) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    matches!(parse_stat(&stat), Some(s) if s.start_time == start && s.state != 'Z')
+}
+
+struct Stat {
+    state: char,
+    ppid: u32,
+    start_time: u64,
+}
+
+fn parse_stat(stat: &str) -> Option<Stat> {
+    // The command name (field 2) may contain spaces and parentheses: split after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    Some(Stat {
+        state: fields.first()?.chars().next()?,
+        ppid: fields.get(1)?.parse().ok()?,
+        start_time: fields.get(19)?.parse().ok()?,
+    })
+}
+
+/// Every live descendant of `root` (not `root` itself), found through the parent links in
+/// `/proc`.
+pub fn descendants(root: u32) -> Vec<u32> {
+    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            && let Some(s) = parse_stat(&stat)
+            && s.state != 'Z'
+        {
+            children.entry(s.ppid).or_default().push(pid);
+        }
+    }
+    let mut out = Vec::new();
+    let mut seen = HashSet::new();
+    let mut stack = vec![root];
+    while let Some(p) = stack.pop() {
+        for &c in children.get(&p).map(Vec::as_slice).unwrap_or_default() {
+            if seen.insert(c) {
+                out.push(c);
+                stack.push(c);
+            }
+        }
+    }
+    out
+}
+
+/// SIGKILLs every descendant of `root` until none is left (processes forked meanwhile are
+/// caught by the next pass). `root` itself is spared. Returns whether the tree emptied within
+/// `deadline`.
+pub fn kill_descendants(root: u32, deadline: Duration) -> bool {
+    let until = Instant::now() + deadline;
+    loop {
+        let pids = descendants(root);
+        if pids.is_empty() {
+            return true;
+        }
+        // Stop first so nothing forks between our reads and kills, then kill.
+        for &p in &pids {
+            let _ = kill(Pid::from_raw(p as i32), Signal::SIGSTOP);
+        }
+        for &p in &pids {
+            let _ = kill(Pid::from_raw(p as i32), Signal::SIGKILL);
+        }
+        if Instant::now() >= until {
+            return descendants(root).is_empty();
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Sends `sig` to the process group `pgid`, ignoring a group that is already gone.
+pub fn signal_group(pgid: u32, sig: Signal) {
+    let _ = kill(Pid::from_raw(-(pgid as i32)), sig);
+}
+
+/// Makes this process the reaper of its orphaned descendants, so nothing it started can
+/// escape to init.
+pub fn become_subreaper() -> std::io::Result<()> {
+    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes a plain integer argument.
+    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Parses a signal given as a name (`TERM`, `SIGTERM`, `term`) or a number.
+pub fn parse_signal(value: &serde_json::Value) -> Option<Signal> {
+    match value {
+        serde_json::Value::Number(n) => Signal::try_from(n.as_i64()? as i32).ok(),
+        serde_json::Value::String(s) => {
+            let upper = s.trim().to_ascii_uppercase();
+            if let Ok(n) = upper.parse::<i32>() {
+                return Signal::try_from(n).ok();
+            }
+            let name = if upper.starts_with("SIG") {
+                upper
+            } else {
+                format!("SIG{upper}")
+            };
+            name.parse().ok()
+        }
+        _ => None,
+    }
+}
+
+/// `KILL` for SIGKILL: the name without its prefix, as the API reports it.
+pub fn signal_name(signo: i32) -> String {
+    match Signal::try_from(signo) {
+        Ok(s) => s.as_str().trim_start_matches("SIG").to_string(),
+        Err(_) => signo.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_parsing_survives_odd_command_names() {
+        let line = "123 (a) b (c)) S 1 123 123 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 98765 0 0";
+        let s = parse_stat(line).unwrap();
+        assert_eq!(s.state, 'S');
+        assert_eq!(s.ppid, 1);
+        assert_eq!(s.start_time, 98765);
+    }
+
+    #[test]
+    fn own_process_is_alive_and_has_a_start_time() {
+        let me = std::process::id();
+        let st = start_time(me).unwrap();
+        assert!(is_alive(me, st));
+        assert!(!is_alive(me, st + 1));
+    }
+
+    #[test]
+    fn signals_parse_by_name_and_number() {
+        use serde_json::json;
+        assert_eq!(parse_signal(&json!("TERM")), Some(Signal::SIGTERM));
+        assert_eq!(parse_signal(&json!("sigkill")), Some(Signal::SIGKILL));
+        assert_eq!(parse_signal(&json!(2)), Some(Signal::SIGINT));
+        assert_eq!(parse_signal(&json!("BOGUS")), None);
+        assert_eq!(signal_name(9), "KILL");
+    }
+}

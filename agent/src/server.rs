@@ -1,0 +1,252 @@
+//! Start-up, the one HTTP listener, and the lifecycle (restart vs full shutdown).
+
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use axum::Router;
+use axum::routing::get;
+use serde_json::json;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+
+use crate::account::{Account, ChildEnv, EnvInputs};
+use crate::cli::AgentArgs;
+use crate::events::EventLog;
+use crate::exec::{CommandTable, ExecConfig};
+use crate::pty::PtyTable;
+use crate::reaper::Reaper;
+use crate::{Agent, ShutdownKind, api, compat};
+
+/// Where the agent tells its launcher which addresses it bound (written after binding).
+pub const ENDPOINTS_FILE: &str = "endpoints.json";
+
+pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
+    let state_dir = args.state_dir.clone();
+    make_dir(&state_dir, 0o711)?;
+    let token = load_token(&args)?;
+
+    let account = match &args.user {
+        Some(name) => Account::by_name(name)?,
+        None => Account::default_sandbox()?,
+    };
+    account.check_switchable()?;
+    let home = args.home.clone().unwrap_or_else(|| account.home.clone());
+    let runtime_dir = runtime_dir(&state_dir, &account)?;
+    let xauthority = home.join(".Xauthority");
+    prepare_home(&home, &xauthority, &account);
+    let helper_bin = write_helpers(&state_dir)?;
+    let env = ChildEnv::new(EnvInputs {
+        account: &account,
+        home: &home,
+        display: args.display.as_deref(),
+        xauthority: &xauthority,
+        runtime_dir: &runtime_dir,
+        helper_bin: Some(&helper_bin),
+    });
+
+    if let Err(e) = crate::proc::become_subreaper() {
+        tracing::warn!(error = %e, "cannot become a subreaper; orphans may escape to init");
+    }
+    let reaper = Reaper::start().context("SIGCHLD handler")?;
+    let events = Arc::new(EventLog::open(&state_dir.join("events.log")).context("event log")?);
+    let commands_dir = state_dir.join("commands");
+    make_dir(&commands_dir, 0o700)?;
+    let agent_exe = std::env::current_exe().context("locating the agent binary")?;
+    let commands = CommandTable::start(
+        ExecConfig {
+            commands_dir,
+            agent_exe: agent_exe.clone(),
+            account: account.clone(),
+            home: home.clone(),
+            env,
+            output_cap: args.output_cap,
+            ttl: args.command_ttl,
+        },
+        events.clone(),
+        reaper.clone(),
+    )
+    .context("command table")?;
+    let ptys = PtyTable::new(events.clone(), reaper.clone(), agent_exe, args.command_ttl);
+    let (shutdown_tx, mut shutdown_rx) = watch::channel(None);
+    let agent = Arc::new(Agent {
+        token,
+        compat_auth: args.compat_auth,
+        state_dir: state_dir.clone(),
+        home: home.clone(),
+        account_name: account.name.clone(),
+        display: args.display.clone(),
+        events,
+        commands: commands.clone(),
+        ptys: ptys.clone(),
+        files: crate::fs::Files::new(home.clone(), account.uid, account.gid),
+        shutdown: shutdown_tx,
+    });
+
+    let app = router(agent.clone());
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let bound = listener.local_addr()?;
+    crate::exec::record::write_json(
+        &state_dir,
+        ENDPOINTS_FILE,
+        &json!({"listen": bound.to_string(), "pid": std::process::id()}),
+    )?;
+    tracing::info!(
+        listen = %bound,
+        user = %account.name,
+        home = %home.display(),
+        state_dir = %state_dir.display(),
+        "berth-agent ready"
+    );
+
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let server = axum::serve(listener, app);
+    let kind = tokio::select! {
+        r = server => {
+            r.context("serving")?;
+            ShutdownKind::Full
+        }
+        _ = sigterm.recv() => ShutdownKind::Restart,
+        _ = sigint.recv() => ShutdownKind::Full,
+        _ = shutdown_rx.wait_for(Option::is_some) => ShutdownKind::Full,
+    };
+    match kind {
+        ShutdownKind::Restart => {
+            tracing::info!("SIGTERM: restarting; background commands keep running");
+            commands.kill_foreground();
+            ptys.kill_all();
+        }
+        ShutdownKind::Full => {
+            tracing::info!("full shutdown: ending every command tree");
+            commands.kill_all().await;
+            ptys.kill_all();
+            let me = std::process::id();
+            tokio::task::spawn_blocking(move || {
+                crate::proc::kill_descendants(me, Duration::from_secs(3))
+            })
+            .await
+            .ok();
+            reaper.reap_all();
+        }
+    }
+    let _ = std::fs::remove_file(state_dir.join(ENDPOINTS_FILE));
+    Ok(())
+}
+
+pub fn router(agent: Arc<Agent>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .nest("/v1", api::router(agent.clone()))
+        .merge(compat::router(agent.clone()))
+        .fallback(compat::not_found)
+        .layer(axum::middleware::from_fn(compat::fill_empty_errors))
+        .with_state(agent)
+}
+
+async fn healthz() -> axum::Json<serde_json::Value> {
+    axum::Json(json!({"ok": true}))
+}
+
+fn make_dir(dir: &Path, mode: u32) -> anyhow::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(dir)
+        .with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("setting the mode of {}", dir.display()))
+}
+
+/// BERTH_AGENT_TOKEN wins; else the token file, created with a random token when absent.
+fn load_token(args: &AgentArgs) -> anyhow::Result<String> {
+    if let Ok(t) = std::env::var("BERTH_AGENT_TOKEN") {
+        let t = t.trim().to_string();
+        if t.is_empty() {
+            bail!("BERTH_AGENT_TOKEN is set but empty");
+        }
+        return Ok(t);
+    }
+    let path = args
+        .token_file
+        .clone()
+        .unwrap_or_else(|| args.state_dir.join("token"));
+    match std::fs::read_to_string(&path) {
+        Ok(t) if !t.trim().is_empty() => return Ok(t.trim().to_string()),
+        Ok(_) => bail!("the token file {} is empty", path.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+    let mut raw = [0u8; 32];
+    getrandom::fill(&mut raw).map_err(|e| anyhow::anyhow!("random token: {e}"))?;
+    let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    std::io::Write::write_all(&mut f, token.as_bytes())?;
+    tracing::info!(path = %path.display(), "generated a native API token");
+    Ok(token)
+}
+
+/// `/run/user/<uid>` when the system provides it, else a private one in the state dir.
+fn runtime_dir(state_dir: &Path, account: &Account) -> anyhow::Result<PathBuf> {
+    let system = PathBuf::from(format!("/run/user/{}", account.uid));
+    if system.is_dir() {
+        return Ok(system);
+    }
+    let dir = state_dir.join("run").join(account.uid.to_string());
+    make_dir(&dir, 0o700)?;
+    if account.needs_switch() {
+        std::os::unix::fs::chown(&dir, Some(account.uid), Some(account.gid))?;
+    }
+    Ok(dir)
+}
+
+/// The home exists and holds an (empty) Xauthority file: python-xlib refuses to start
+/// without one.
+fn prepare_home(home: &Path, xauthority: &Path, account: &Account) {
+    let chown = |p: &Path| {
+        if account.needs_switch() {
+            let _ = std::os::unix::fs::chown(p, Some(account.uid), Some(account.gid));
+        }
+    };
+    if !home.exists() && std::fs::create_dir_all(home).is_ok() {
+        chown(home);
+    }
+    if !xauthority.exists() {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(xauthority)
+        {
+            Ok(_) => chown(xauthority),
+            Err(e) => {
+                tracing::warn!(path = %xauthority.display(), error = %e, "cannot create the Xauthority file")
+            }
+        }
+    }
+}
+
+/// Helper commands for the sandbox PATH: a `python` that runs `python3` (OSWorld's harness
+/// calls `python`; Debian has only `python3`).
+fn write_helpers(state_dir: &Path) -> anyhow::Result<PathBuf> {
+    let bin = state_dir.join("bin");
+    make_dir(&bin, 0o755)?;
+    let python = bin.join("python");
+    let script = "#!/bin/sh\nexec python3 \"$@\"\n";
+    if std::fs::read_to_string(&python).ok().as_deref() != Some(script) {
+        let tmp = bin.join(".python.tmp");
+        std::fs::write(&tmp, script)?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
+        std::fs::rename(&tmp, &python)?;
+    }
+    Ok(bin)
+}

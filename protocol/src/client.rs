@@ -1,0 +1,387 @@
+//! A typed async client for the agent's native API, used by the tests and the controller.
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use crate::error::ErrorBody;
+use crate::events::EventsPage;
+use crate::exec::*;
+use crate::fs::*;
+use crate::pty::*;
+
+pub type WebSocket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The agent answered with an error status and the native error body.
+    #[error("{status}: {} ({})", .body.error.message, .body.error.code)]
+    Api { status: u16, body: ErrorBody },
+    /// The agent answered with an error status and a body that is not the error body.
+    #[error("{status}: {body}")]
+    Status { status: u16, body: String },
+    #[error("transport: {0}")]
+    Transport(#[from] reqwest::Error),
+    #[error("websocket: {0}")]
+    WebSocket(#[from] Box<tokio_tungstenite::tungstenite::Error>),
+    #[error("decode: {0}")]
+    Decode(String),
+    #[error("timed out: {0}")]
+    Timeout(String),
+}
+
+impl ClientError {
+    /// HTTP status of an error answer, if the agent answered at all.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Api { status, .. } | ClientError::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            ClientError::Api { body, .. } => Some(&body.error.code),
+            _ => None,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, ClientError>;
+
+#[derive(Clone)]
+pub struct AgentClient {
+    base: String,
+    token: Option<String>,
+    http: reqwest::Client,
+}
+
+impl AgentClient {
+    /// `base` is `http://host:port`; `token` is the native API's bearer token.
+    pub fn new(base: impl Into<String>, token: Option<String>) -> Self {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .no_proxy()
+            .build()
+            .expect("reqwest client");
+        AgentClient {
+            base: base.into().trim_end_matches('/').to_string(),
+            token,
+            http,
+        }
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    /// A request builder for `path` with the bearer token attached.
+    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let rb = self.http.request(method, self.url(path));
+        match &self.token {
+            Some(t) => rb.bearer_auth(t),
+            None => rb,
+        }
+    }
+
+    async fn call<T: DeserializeOwned>(rb: reqwest::RequestBuilder) -> Result<T> {
+        let resp = check(rb.send().await?).await?;
+        let bytes = resp.bytes().await?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| ClientError::Decode(format!("{e}: {}", String::from_utf8_lossy(&bytes))))
+    }
+
+    async fn call_json<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: &B,
+    ) -> Result<T> {
+        Self::call(self.request(method, path).json(body)).await
+    }
+
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        Self::call(self.request(reqwest::Method::GET, path)).await
+    }
+
+    pub async fn healthz(&self) -> Result<()> {
+        check(self.http.get(self.url("/healthz")).send().await?).await?;
+        Ok(())
+    }
+
+    /// Polls `/healthz` until it answers or `timeout` passes.
+    pub async fn wait_healthy(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.healthz().await {
+                Ok(()) => return Ok(()),
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(ClientError::Timeout(format!("agent not healthy: {e}")));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    }
+
+    pub async fn exec(&self, req: &ExecRequest) -> Result<ExecResult> {
+        self.call_json(reqwest::Method::POST, "/v1/exec", req).await
+    }
+
+    pub async fn exec_background(&self, req: &ExecRequest) -> Result<BackgroundStarted> {
+        let mut req = req.clone();
+        req.background = Some(true);
+        self.call_json(reqwest::Method::POST, "/v1/exec", &req)
+            .await
+    }
+
+    pub async fn commands(&self) -> Result<CommandList> {
+        self.get("/v1/commands").await
+    }
+
+    pub async fn command(&self, id: &str) -> Result<CommandInfo> {
+        self.get(&format!("/v1/commands/{id}")).await
+    }
+
+    pub async fn output(&self, id: &str, from_seq: u64) -> Result<OutputPage> {
+        self.get(&format!("/v1/commands/{id}/output?from_seq={from_seq}"))
+            .await
+    }
+
+    /// Long-poll: waits until output past `from_seq` exists or the command ends.
+    pub async fn output_wait(&self, id: &str, from_seq: u64) -> Result<OutputPage> {
+        self.get(&format!(
+            "/v1/commands/{id}/output?from_seq={from_seq}&follow=true"
+        ))
+        .await
+    }
+
+    /// Reads the whole output from `from_seq` until the command has ended.
+    pub async fn output_all(&self, id: &str, from_seq: u64) -> Result<(Vec<u8>, OutputPage)> {
+        let mut seq = from_seq;
+        let mut bytes = Vec::new();
+        loop {
+            let page = self.output_wait(id, seq).await?;
+            for c in &page.chunks {
+                bytes.extend_from_slice(&c.bytes());
+            }
+            seq = page.next_seq;
+            if page.done {
+                return Ok((bytes, page));
+            }
+        }
+    }
+
+    /// Follows the output over a WebSocket from `from_seq`.
+    pub async fn follow_output(
+        &self,
+        id: &str,
+        from_seq: u64,
+        query: &str,
+    ) -> Result<FollowStream> {
+        let path = format!("/v1/commands/{id}/output?from_seq={from_seq}&follow=true{query}");
+        Ok(FollowStream {
+            ws: self.websocket(&path).await?,
+        })
+    }
+
+    /// Opens a WebSocket on `path` with the bearer token.
+    pub async fn websocket(&self, path: &str) -> Result<WebSocket> {
+        let url = self.url(path).replacen("http", "ws", 1);
+        let mut req = url
+            .into_client_request()
+            .map_err(|e| ClientError::WebSocket(Box::new(e)))?;
+        if let Some(t) = &self.token {
+            req.headers_mut().insert(
+                "authorization",
+                format!("Bearer {t}")
+                    .parse()
+                    .map_err(|_| ClientError::Decode("token is not a header value".into()))?,
+            );
+        }
+        let (ws, _) = tokio_tungstenite::connect_async(req)
+            .await
+            .map_err(|e| ClientError::WebSocket(Box::new(e)))?;
+        Ok(ws)
+    }
+
+    pub async fn stdin(&self, id: &str, req: &StdinRequest) -> Result<serde_json::Value> {
+        self.call_json(
+            reqwest::Method::POST,
+            &format!("/v1/commands/{id}/stdin"),
+            req,
+        )
+        .await
+    }
+
+    pub async fn signal(&self, id: &str, signal: &str) -> Result<serde_json::Value> {
+        let body = SignalRequest {
+            signal: signal.into(),
+        };
+        self.call_json(
+            reqwest::Method::POST,
+            &format!("/v1/commands/{id}/signal"),
+            &body,
+        )
+        .await
+    }
+
+    pub async fn delete_command(&self, id: &str) -> Result<serde_json::Value> {
+        Self::call(self.request(reqwest::Method::DELETE, &format!("/v1/commands/{id}"))).await
+    }
+
+    pub async fn events(&self, from_seq: u64) -> Result<EventsPage> {
+        self.get(&format!("/v1/events?from_seq={from_seq}")).await
+    }
+
+    pub async fn pty_create(&self, req: &PtyRequest) -> Result<PtyInfo> {
+        self.call_json(reqwest::Method::POST, "/v1/pty", req).await
+    }
+
+    pub async fn pty_list(&self) -> Result<PtyList> {
+        self.get("/v1/pty").await
+    }
+
+    pub async fn pty(&self, id: &str) -> Result<PtyInfo> {
+        self.get(&format!("/v1/pty/{id}")).await
+    }
+
+    pub async fn pty_kill(&self, id: &str) -> Result<serde_json::Value> {
+        Self::call(self.request(reqwest::Method::DELETE, &format!("/v1/pty/{id}"))).await
+    }
+
+    pub async fn pty_attach(&self, id: &str) -> Result<WebSocket> {
+        self.websocket(&format!("/v1/pty/{id}/attach")).await
+    }
+
+    /// Streams `body` to `path` (atomic on the agent: temp file + rename).
+    pub async fn upload(
+        &self,
+        path: &str,
+        body: impl Into<reqwest::Body>,
+        mode: Option<u32>,
+    ) -> Result<UploadResult> {
+        let mut query = vec![("path", path.to_string())];
+        if let Some(m) = mode {
+            query.push(("mode", format!("{m:o}")));
+        }
+        Self::call(
+            self.request(reqwest::Method::PUT, "/v1/files")
+                .query(&query)
+                .body(body),
+        )
+        .await
+    }
+
+    /// Starts a download; the caller streams the body.
+    pub async fn download(&self, path: &str) -> Result<reqwest::Response> {
+        check(
+            self.request(reqwest::Method::GET, "/v1/files")
+                .query(&[("path", path)])
+                .send()
+                .await?,
+        )
+        .await
+    }
+
+    pub async fn stat(&self, path: &str) -> Result<FileEntry> {
+        Self::call(
+            self.request(reqwest::Method::GET, "/v1/fs/stat")
+                .query(&[("path", path)]),
+        )
+        .await
+    }
+
+    pub async fn list(&self, path: &str, depth: u32) -> Result<ListResponse> {
+        Self::call(
+            self.request(reqwest::Method::GET, "/v1/fs/list")
+                .query(&[("path", path), ("depth", &depth.to_string())]),
+        )
+        .await
+    }
+
+    pub async fn mkdir(&self, req: &MkdirRequest) -> Result<FileEntry> {
+        self.call_json(reqwest::Method::POST, "/v1/fs/mkdir", req)
+            .await
+    }
+
+    pub async fn move_path(&self, req: &MoveRequest) -> Result<FileEntry> {
+        self.call_json(reqwest::Method::POST, "/v1/fs/move", req)
+            .await
+    }
+
+    pub async fn remove(&self, path: &str, recursive: bool) -> Result<serde_json::Value> {
+        Self::call(
+            self.request(reqwest::Method::DELETE, "/v1/fs")
+                .query(&[("path", path), ("recursive", &recursive.to_string())]),
+        )
+        .await
+    }
+
+    pub async fn shutdown(&self) -> Result<serde_json::Value> {
+        Self::call(self.request(reqwest::Method::POST, "/v1/shutdown")).await
+    }
+}
+
+/// Turns an error status into `ClientError`, keeping the native error body when present.
+pub async fn check(resp: reqwest::Response) -> Result<reqwest::Response> {
+    let status = resp.status();
+    if status.is_success() {
+        return Ok(resp);
+    }
+    let text = resp.text().await.unwrap_or_default();
+    match serde_json::from_str::<ErrorBody>(&text) {
+        Ok(body) => Err(ClientError::Api {
+            status: status.as_u16(),
+            body,
+        }),
+        Err(_) => Err(ClientError::Status {
+            status: status.as_u16(),
+            body: text,
+        }),
+    }
+}
+
+/// Messages of a followed command output.
+pub struct FollowStream {
+    ws: WebSocket,
+}
+
+impl FollowStream {
+    /// The next message; `None` once the agent closed the stream.
+    pub async fn next(&mut self) -> Option<Result<FollowMessage>> {
+        loop {
+            match self.ws.next().await? {
+                Ok(Message::Text(t)) => {
+                    return Some(
+                        serde_json::from_str(&t).map_err(|e| ClientError::Decode(e.to_string())),
+                    );
+                }
+                Ok(Message::Close(_)) => return None,
+                Ok(_) => continue,
+                Err(e) => return Some(Err(ClientError::WebSocket(Box::new(e)))),
+            }
+        }
+    }
+
+    pub async fn close(mut self) {
+        let _ = self.ws.close(None).await;
+    }
+
+    pub fn into_inner(self) -> WebSocket {
+        self.ws
+    }
+}

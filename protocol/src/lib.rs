@@ -1,0 +1,22 @@
+//! The berth wire contract: request and response types for the agent's native `/v1` API, the
+//! one error body, event records, and a typed async client.
+//!
+//! Field names here are frozen by `API.md`; anything added beyond it is optional on the wire so
+//! older clients keep working.
+
+pub mod client;
+pub mod error;
+pub mod events;
+pub mod exec;
+pub mod fs;
+pub mod pty;
+
+pub use client::{AgentClient, ClientError};
+pub use error::{ErrorBody, ErrorDetail};
+pub use events::{Event, EventsPage};
+pub use exec::*;
+pub use fs::*;
+pub use pty::*;
+
+/// Header carrying the native API's bearer token.
+pub const AUTHORIZATION: &str = "authorization";
