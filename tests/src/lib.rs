@@ -1,1 +1,390 @@
+//! Test harness for berth's end-to-end tests and benchmarks: starts real berth-agent
+//! processes on private state dirs and ports, and waits on conditions with deadlines (never on
+//! bare sleeps).
 
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use berth_protocol::AgentClient;
+
+pub const TOKEN: &str = "test-token-0123456789";
+
+/// A binary of this workspace, built in the same profile as the running test.
+pub fn workspace_bin(name: &str) -> PathBuf {
+    if let Ok(p) = std::env::var(format!(
+        "BERTH_TEST_{}",
+        name.to_uppercase().replace('-', "_")
+    )) {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/<profile>/deps/<test> or target/<profile>/<bin>
+    let mut dir = exe.parent().expect("exe dir").to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the workspace binaries first (cargo build --workspace --bins)",
+        path.display()
+    );
+    path
+}
+
+/// Polls `cond` until it yields `Some` or `timeout` passes (then panics naming `what`).
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut cond: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = cond().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Blocking flavour of `wait_for` for synchronous checks.
+pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Options for starting an agent.
+#[derive(Clone, Default)]
+pub struct AgentOptions {
+    pub extra_args: Vec<String>,
+    pub env: Vec<(String, String)>,
+}
+
+/// A running berth-agent with its own state dir, home and port. Dropping it shuts it down
+/// fully and kills anything it left.
+pub struct AgentProcess {
+    pub child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    pub state_dir: PathBuf,
+    pub home: PathBuf,
+    pub base: String,
+    pub opts: AgentOptions,
+}
+
+impl AgentProcess {
+    pub async fn start() -> AgentProcess {
+        Self::start_with(AgentOptions::default()).await
+    }
+
+    pub async fn start_with(opts: AgentOptions) -> AgentProcess {
+        let dir = tempfile::Builder::new()
+            .prefix("berth-test-")
+            .tempdir()
+            .expect("tempdir");
+        let state_dir = dir.path().join("state");
+        let home = dir.path().join("home");
+        std::fs::create_dir_all(&home).unwrap();
+        let mut a = AgentProcess {
+            child: None,
+            dir,
+            state_dir,
+            home,
+            base: String::new(),
+            opts,
+        };
+        a.launch().await;
+        a
+    }
+
+    /// Starts (again) on the same state dir and home: what a restart looks like.
+    pub async fn launch(&mut self) {
+        let _ = std::fs::remove_file(self.state_dir.join("endpoints.json"));
+        let mut cmd = Command::new(workspace_bin("berth-agent"));
+        cmd.arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--state-dir")
+            .arg(&self.state_dir)
+            .arg("--home")
+            .arg(&self.home)
+            .args(&self.opts.extra_args)
+            .env("BERTH_AGENT_TOKEN", TOKEN)
+            .env("BERTH_AGENT_LOG", "warn")
+            .envs(self.opts.env.iter().cloned())
+            .stdin(Stdio::null());
+        let child = cmd.spawn().expect("spawn berth-agent");
+        self.child = Some(child);
+        let endpoints = self.state_dir.join("endpoints.json");
+        let mut listen = String::new();
+        wait_until("the agent to bind", Duration::from_secs(20), || {
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    panic!("berth-agent exited during start-up: {status}");
+                }
+            }
+            match std::fs::read(&endpoints)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            {
+                Some(v) => {
+                    listen = v["listen"].as_str().unwrap_or_default().to_string();
+                    true
+                }
+                None => false,
+            }
+        });
+        self.base = format!("http://{listen}");
+    }
+
+    pub fn client(&self) -> AgentClient {
+        AgentClient::new(self.base.clone(), Some(TOKEN.to_string()))
+    }
+
+    /// A client without a token (for the compat surface and auth tests).
+    pub fn anonymous(&self) -> AgentClient {
+        AgentClient::new(self.base.clone(), None)
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("agent running").id()
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid() as i32), sig);
+    }
+
+    /// Waits for the agent process to exit and returns its status.
+    pub fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("agent running");
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = child.try_wait().expect("try_wait") {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agent did not exit in {timeout:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// `kill -9` of the agent, as a crash.
+    pub fn kill9(&mut self) {
+        self.signal(nix::sys::signal::Signal::SIGKILL);
+        self.wait_exit(Duration::from_secs(10));
+    }
+
+    /// Shims recorded in the state dir that are still the same processes (pid + start time).
+    pub fn live_supervisors(&self) -> Vec<u32> {
+        let mut pids = Vec::new();
+        if let Ok(rd) = std::fs::read_dir(self.state_dir.join("commands")) {
+            for e in rd.flatten() {
+                if let Some(v) = std::fs::read(e.path().join("proc.json"))
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                    && let (Some(pid), Some(start)) =
+                        (v["supervisor_pid"].as_u64(), v["supervisor_start"].as_u64())
+                    && start_time(pid as u32) == Some(start)
+                {
+                    pids.push(pid as u32);
+                }
+            }
+        }
+        pids
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGINT,
+            );
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        // Whatever a crashed agent left behind (tests that kill -9) is killed here.
+        for pid in self.live_supervisors() {
+            for p in processes_with_root(pid) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(p as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+}
+
+/// A process's start time (`/proc/<pid>/stat` field 22), which tells a recycled pid apart.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether a process exists (and is not a zombie).
+pub fn pid_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s
+            .rsplit_once(')')
+            .map(|(_, rest)| !rest.trim_start().starts_with('Z'))
+            .unwrap_or(false),
+        Err(_) => false,
+    }
+}
+
+/// `pid` and all its live descendants.
+pub fn processes_with_root(pid: u32) -> Vec<u32> {
+    let mut parent_of = std::collections::HashMap::new();
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat"))
+                && let Some((_, rest)) = stat.rsplit_once(')')
+            {
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                if f.first() != Some(&"Z")
+                    && let Some(pp) = f.get(1).and_then(|s| s.parse::<u32>().ok())
+                {
+                    parent_of.insert(p, pp);
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    if parent_of.contains_key(&pid) {
+        out.push(pid);
+    }
+    let mut grew = true;
+    while grew {
+        grew = false;
+        for (&p, &pp) in &parent_of {
+            if out.contains(&pp) && !out.contains(&p) {
+                out.push(p);
+                grew = true;
+            }
+        }
+    }
+    out
+}
+
+/// Live processes whose command line contains `needle` (a marker a test put in its command).
+pub fn processes_matching(needle: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            if p == std::process::id() {
+                continue;
+            }
+            if let Ok(cmd) = std::fs::read(format!("/proc/{p}/cmdline")) {
+                let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+                if cmd.contains(needle) && pid_alive(p) {
+                    out.push(p);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A `sleep` argument unique to one test (`<secs>.<random digits>`), so the test can find
+/// exactly its own processes in the process table.
+pub fn unique_sleep(secs: u32) -> String {
+    let mut b = [0u8; 6];
+    getrandom_bytes(&mut b);
+    let digits: String = b.iter().map(|x| format!("{:03}", x)).collect();
+    format!("{secs}.{digits}")
+}
+
+fn getrandom_bytes(b: &mut [u8]) {
+    use std::io::Read;
+    let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(b));
+}
+
+/// Sends one raw HTTP/1.1 request on a new connection and reads the whole answer.
+pub async fn raw_http(addr: &str, request: &[u8]) -> Vec<u8> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(request).await.expect("write");
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.expect("read");
+    out
+}
+
+/// The `host:port` of a base URL.
+pub fn host_port(base: &str) -> &str {
+    base.trim_start_matches("http://")
+}
+
+/// Reads the VmHWM (peak resident set) of a process in KiB.
+pub fn peak_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Current resident set of a process in KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Writes `len` bytes of a deterministic pattern to `path` without holding them in memory.
+pub fn write_pattern_file(path: &Path, len: u64) {
+    use std::io::Write;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    let block: Vec<u8> = (0..65536u32).map(|i| (i * 7 + i / 251) as u8).collect();
+    let mut left = len;
+    let mut n: u8 = 0;
+    while left > 0 {
+        let take = left.min(block.len() as u64) as usize;
+        let mut b = block[..take].to_vec();
+        b[0] = n; // every block differs, so a misplaced block is caught
+        n = n.wrapping_add(1);
+        f.write_all(&b).unwrap();
+        left -= take as u64;
+    }
+    f.flush().unwrap();
+}

@@ -1,0 +1,384 @@
+//! The OSWorld-compatible file routes against a real agent and real files: `/file`,
+//! `/setup/upload`, `/list_directory`, `/desktop_path`, `/setup/download_file`.
+
+use std::time::Duration;
+
+use berth_tests::{AgentProcess, peak_rss_kib, write_pattern_file};
+use serde_json::{Value, json};
+
+async fn post_form(a: &AgentProcess, path: &str, form: &[(&str, &str)]) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(a.url(path))
+        .form(form)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn file_serves_bytes_as_an_attachment_with_flask_headers() {
+    let a = AgentProcess::start().await;
+    let bytes: Vec<u8> = (0..=255u8).cycle().take(100_000).collect();
+    std::fs::write(a.home.join("data.bin"), &bytes).unwrap();
+    let r = post_form(&a, "/file", &[("file_path", "~/data.bin")]).await;
+    assert_eq!(r.status(), 200);
+    let h = r.headers().clone();
+    assert_eq!(h["content-disposition"], "attachment; filename=data.bin");
+    assert_eq!(h["content-type"], "application/octet-stream");
+    assert_eq!(h["content-length"], "100000");
+    assert_eq!(h["cache-control"], "no-cache");
+    assert!(h.contains_key("last-modified") && h.contains_key("etag"));
+    assert_eq!(r.bytes().await.unwrap().as_ref(), bytes.as_slice());
+
+    std::fs::write(a.home.join("notes.txt"), "hello").unwrap();
+    let r = post_form(&a, "/file", &[("file_path", "$HOME/notes.txt")]).await;
+    assert_eq!(r.headers()["content-type"], "text/plain; charset=utf-8");
+    assert_eq!(r.text().await.unwrap(), "hello");
+}
+
+#[tokio::test]
+async fn file_accepts_a_multipart_form_too() {
+    let a = AgentProcess::start().await;
+    std::fs::write(a.home.join("m.txt"), "multi").unwrap();
+    let form = reqwest::multipart::Form::new().text(
+        "file_path",
+        a.home.join("m.txt").to_string_lossy().into_owned(),
+    );
+    let r = reqwest::Client::new()
+        .post(a.url("/file"))
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap(), "multi");
+}
+
+#[tokio::test]
+async fn file_errors_are_the_reference_json_bodies() {
+    let a = AgentProcess::start().await;
+    let r = post_form(&a, "/file", &[]).await;
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"error": "file_path is required"})
+    );
+    let r = post_form(&a, "/file", &[("file_path", "/no/such/file")]).await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"error": "File not found"})
+    );
+    let dir = a.home.to_string_lossy().into_owned();
+    let r = post_form(&a, "/file", &[("file_path", &dir)]).await;
+    assert_eq!(r.status(), 500);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"error": format!("Failed to serve file: [Errno 21] Is a directory: '{dir}'")})
+    );
+    let r = post_form(&a, "/file", &[("file_path", "a\0b")]).await;
+    assert_eq!(r.status(), 400);
+}
+
+#[tokio::test]
+async fn upload_creates_parents_and_answers_the_size() {
+    let a = AgentProcess::start().await;
+    let form = reqwest::multipart::Form::new()
+        .text("file_path", "~/deep/er/doc.txt")
+        .part(
+            "file_data",
+            reqwest::multipart::Part::bytes(b"contents".to_vec()).file_name("ignored.txt"),
+        );
+    let r = reqwest::Client::new()
+        .post(a.url("/setup/upload"))
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "text/html; charset=utf-8");
+    assert_eq!(r.text().await.unwrap(), "File Uploaded: 8 bytes");
+    assert_eq!(
+        std::fs::read(a.home.join("deep/er/doc.txt")).unwrap(),
+        b"contents"
+    );
+}
+
+#[tokio::test]
+async fn upload_accepts_the_file_part_before_the_path() {
+    let a = AgentProcess::start().await;
+    let form = reqwest::multipart::Form::new()
+        .part(
+            "file_data",
+            reqwest::multipart::Part::bytes(b"early".to_vec()).file_name("x"),
+        )
+        .text("file_path", "~/late.txt");
+    let r = reqwest::Client::new()
+        .post(a.url("/setup/upload"))
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(std::fs::read(a.home.join("late.txt")).unwrap(), b"early");
+    // Nothing is left in the staging area.
+    let staged = std::fs::read_dir(a.state_dir.join("uploads"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(staged, 0);
+}
+
+#[tokio::test]
+async fn upload_without_both_fields_is_400() {
+    let a = AgentProcess::start().await;
+    let form = reqwest::multipart::Form::new().text("file_path", "~/x");
+    let r = reqwest::Client::new()
+        .post(a.url("/setup/upload"))
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"error": "file_path and file_data are required"})
+    );
+    let r = reqwest::Client::new()
+        .post(a.url("/setup/upload"))
+        .json(&json!({"file_path": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+}
+
+#[tokio::test]
+async fn upload_into_an_impossible_place_is_500_and_leaves_nothing() {
+    let a = AgentProcess::start().await;
+    std::fs::write(a.home.join("plainfile"), "x").unwrap();
+    let form = reqwest::multipart::Form::new()
+        .text("file_path", "~/plainfile/child.txt")
+        .part(
+            "file_data",
+            reqwest::multipart::Part::bytes(vec![1, 2, 3]).file_name("f"),
+        );
+    let r = reqwest::Client::new()
+        .post(a.url("/setup/upload"))
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 500);
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("Failed to upload file: "),
+        "{v}"
+    );
+}
+
+#[tokio::test]
+async fn a_large_upload_streams_to_disk_without_growing_the_agent() {
+    let a = AgentProcess::start().await;
+    let src_dir = tempfile::tempdir().unwrap();
+    let src = src_dir.path().join("big.bin");
+    let len: u64 = 256 << 20;
+    write_pattern_file(&src, len);
+    let before = peak_rss_kib(a.pid());
+    let file = tokio::fs::File::open(&src).await.unwrap();
+    let part = reqwest::multipart::Part::stream_with_length(reqwest::Body::from(file), len)
+        .file_name("big.bin");
+    let form = reqwest::multipart::Form::new()
+        .text("file_path", "~/big.bin")
+        .part("file_data", part);
+    let r = reqwest::Client::new()
+        .post(a.url("/setup/upload"))
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.text().await.unwrap(),
+        format!("File Uploaded: {len} bytes")
+    );
+    let grew = peak_rss_kib(a.pid()).saturating_sub(before);
+    assert!(
+        grew < 64 * 1024,
+        "agent peak RSS grew by {grew} KiB for a 256 MiB upload"
+    );
+    assert!(files_equal(&src, &a.home.join("big.bin")));
+}
+
+fn files_equal(a: &std::path::Path, b: &std::path::Path) -> bool {
+    use std::io::Read;
+    let (mut fa, mut fb) = (
+        std::fs::File::open(a).unwrap(),
+        std::fs::File::open(b).unwrap(),
+    );
+    let (mut ba, mut bb) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+    loop {
+        let na = fa.read(&mut ba).unwrap();
+        let mut nb = 0;
+        while nb < na {
+            let n = fb.read(&mut bb[nb..na]).unwrap();
+            if n == 0 {
+                return false;
+            }
+            nb += n;
+        }
+        if na == 0 {
+            return fb.read(&mut bb).unwrap() == 0;
+        }
+        if ba[..na] != bb[..na] {
+            return false;
+        }
+    }
+}
+
+#[tokio::test]
+async fn list_directory_builds_the_reference_tree() {
+    let a = AgentProcess::start().await;
+    let root = a.home.join("tree");
+    std::fs::create_dir_all(root.join("sub/inner")).unwrap();
+    std::fs::write(root.join("a.txt"), "").unwrap();
+    std::fs::write(root.join("sub/b.txt"), "").unwrap();
+    std::os::unix::fs::symlink(&root, root.join("sub/loop")).unwrap();
+    let r = reqwest::Client::new()
+        .post(a.url("/list_directory"))
+        .json(&json!({"path": root}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    let tree = &v["directory_tree"];
+    assert_eq!(tree["type"], "directory");
+    assert_eq!(tree["name"], "tree");
+    let children = tree["children"].as_array().unwrap();
+    assert!(children.contains(&json!({"type": "file", "name": "a.txt"})));
+    let sub = children.iter().find(|c| c["name"] == "sub").unwrap();
+    let sub_children = sub["children"].as_array().unwrap();
+    assert!(sub_children.contains(&json!({"type": "directory", "name": "inner", "children": []})));
+    // A symlink loop ends in an error node instead of crashing the server.
+    assert!(sub_children.iter().any(|c| {
+        c["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("[Errno 40]"))
+    }));
+}
+
+#[tokio::test]
+async fn list_directory_errors_are_the_reference_bodies() {
+    let a = AgentProcess::start().await;
+    let http = reqwest::Client::new();
+    let r = http
+        .post(a.url("/list_directory"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"error": "Missing 'path' parameter"})
+    );
+    let r = http
+        .post(a.url("/list_directory"))
+        .json(&json!({"path": "/etc/hostname"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"error": "The provided path is not a directory"})
+    );
+}
+
+#[tokio::test]
+async fn desktop_path_is_404_until_the_desktop_dir_exists() {
+    let a = AgentProcess::start().await;
+    let http = reqwest::Client::new();
+    let r = http.post(a.url("/desktop_path")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"error": "Unsupported operating system or desktop path not found"})
+    );
+    std::fs::create_dir(a.home.join("Desktop")).unwrap();
+    let r = http.post(a.url("/desktop_path")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"desktop_path": a.home.join("Desktop")})
+    );
+}
+
+/// A one-shot HTTP server on loopback serving `body` once per connection.
+async fn serve_bytes(body: Vec<u8>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = s.write_all(head.as_bytes()).await;
+                let _ = s.write_all(&body).await;
+            });
+        }
+    });
+    format!("http://{addr}/file.bin")
+}
+
+#[tokio::test]
+async fn download_file_fetches_a_url_into_place() {
+    let a = AgentProcess::start().await;
+    let url = serve_bytes(b"downloaded bytes".to_vec()).await;
+    let r = reqwest::Client::new()
+        .post(a.url("/setup/download_file"))
+        .json(&json!({"url": url, "path": "~/dl/out.bin"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.text().await.unwrap(),
+        "File downloaded successfully: 16 bytes"
+    );
+    assert_eq!(
+        std::fs::read(a.home.join("dl/out.bin")).unwrap(),
+        b"downloaded bytes"
+    );
+    let r = reqwest::Client::new()
+        .post(a.url("/setup/download_file"))
+        .json(&json!({"url": url}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.text().await.unwrap(), "Path or URL not supplied!");
+    let r = reqwest::Client::new()
+        .post(a.url("/setup/download_file"))
+        .json(&json!({"url": "http://127.0.0.1:1/x", "path": "~/never"}))
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 500);
+    let t = r.text().await.unwrap();
+    assert!(
+        t.starts_with("Failed to download http://127.0.0.1:1/x. No retries left. Error: "),
+        "{t}"
+    );
+    assert!(!a.home.join("never").exists());
+}
