@@ -169,17 +169,21 @@ impl AgentClient {
         .await
     }
 
-    /// Reads the whole output from `from_seq` until the command has ended.
+    /// Reads the whole output from `from_seq` until the command has ended. The last page is
+    /// returned with the first truncation notice seen on the way.
     pub async fn output_all(&self, id: &str, from_seq: u64) -> Result<(Vec<u8>, OutputPage)> {
         let mut seq = from_seq;
         let mut bytes = Vec::new();
+        let mut truncated = None;
         loop {
-            let page = self.output_wait(id, seq).await?;
+            let mut page = self.output_wait(id, seq).await?;
+            truncated = truncated.or(page.truncated_before_seq);
             for c in &page.chunks {
                 bytes.extend_from_slice(&c.bytes());
             }
             seq = page.next_seq;
             if page.done {
+                page.truncated_before_seq = truncated;
                 return Ok((bytes, page));
             }
         }

@@ -157,6 +157,12 @@ pub struct CommandInfo {
     /// Bytes of output recorded so far (the next sequence number).
     #[serde(default)]
     pub output_bytes: u64,
+    /// Clients following the output right now.
+    #[serde(default)]
+    pub followers: usize,
+    /// Followers dropped so far because they stopped reading.
+    #[serde(default)]
+    pub lagged_followers: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -220,9 +226,19 @@ pub struct OutputPage {
 #[serde(untagged)]
 pub enum FollowMessage {
     Chunk(OutputChunk),
-    Exit { exit_code: i32 },
-    Lagged { lagged: bool, resume_from_seq: u64 },
-    Truncated { truncated_before_seq: u64 },
+    /// The follower fell behind and is dropped; reconnect with `from_seq=resume_from_seq`.
+    Lagged {
+        lagged: bool,
+        resume_from_seq: u64,
+    },
+    /// Bytes before this sequence number were dropped by the per-command cap.
+    Truncated {
+        truncated_before_seq: u64,
+    },
+    /// The last message: how the command ended (`null` when it was lost).
+    Exit {
+        exit_code: Option<i32>,
+    },
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]

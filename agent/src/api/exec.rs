@@ -244,6 +244,14 @@ impl Followable for OutputSource {
     fn subscribe(&self) -> watch::Receiver<u64> {
         self.cmd.subscribe()
     }
+
+    fn attach(&self) -> Option<Box<dyn Send>> {
+        Some(Box::new(self.cmd.follower()))
+    }
+
+    fn lagged(&self) {
+        self.cmd.note_lagged();
+    }
 }
 
 pub async fn stdin(

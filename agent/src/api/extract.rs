@@ -4,6 +4,7 @@
 use axum::body::Body;
 use axum::extract::{FromRequest, Request};
 use axum::http::{StatusCode, header};
+use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
@@ -54,34 +55,43 @@ pub async fn read_body(req: Request, limit: usize, json: bool) -> Result<bytes::
             "send the body as application/json",
         ));
     }
-    if let Some(len) = req
+    let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        && len > limit as u64
-    {
+        .and_then(|v| v.parse::<u64>().ok());
+    let body: Body = req.into_body();
+    if declared.is_some_and(|len| len > limit as u64) {
+        drain(body).await;
         return Err(too_large(limit));
     }
-    let body: Body = req.into_body();
-    axum::body::to_bytes(body, limit).await.map_err(|e| {
-        if is_length_limit(&e) {
-            too_large(limit)
-        } else {
-            ApiError::bad_request(format!("cannot read the request body: {e}"))
+    let mut stream = body.into_data_stream();
+    let mut buf = bytes::BytesMut::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk
+            .map_err(|e| ApiError::bad_request(format!("cannot read the request body: {e}")))?;
+        if buf.len() + chunk.len() > limit {
+            drain(Body::from_stream(stream)).await;
+            return Err(too_large(limit));
         }
-    })
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf.freeze())
 }
 
-fn is_length_limit(e: &axum::Error) -> bool {
-    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(s) = src {
-        if s.to_string().contains("length limit exceeded") {
-            return true;
+/// Reads and discards a rejected body (up to a bound) so the client, still sending, can read
+/// the error instead of hitting a reset connection.
+async fn drain(body: Body) {
+    const DRAIN_MAX: usize = 64 << 20;
+    let mut stream = body.into_data_stream();
+    let mut seen = 0;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while let Ok(Some(Ok(chunk))) = tokio::time::timeout_at(deadline, stream.next()).await {
+        seen += chunk.len();
+        if seen > DRAIN_MAX {
+            break;
         }
-        src = s.source();
     }
-    false
 }
 
 fn too_large(limit: usize) -> ApiError {

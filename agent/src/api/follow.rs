@@ -2,8 +2,8 @@
 //!
 //! Followers pull: each one reads the source from its own cursor, so the producer never waits
 //! for anyone and one follower never waits for another. A follower whose send does not
-//! complete within its stall limit is dropped with `{"lagged": true, "resume_from_seq": N}`;
-//! reconnecting with `from_seq=N` replays from there (the source keeps everything up to its
+//! complete within its stall limit is dropped with `{"lagged": true, "resume_from_seq": N}`
+//! (delivered after whatever was already in flight, if the client reads again); reconnecting with `from_seq=N` replays from there (the source keeps everything up to its
 //! cap), and clients drop duplicates by `seq`.
 
 use std::convert::Infallible;
@@ -20,6 +20,9 @@ use tokio::sync::{mpsc, watch};
 
 /// Default time a send may take before the follower counts as lagging.
 pub const DEFAULT_STALL: Duration = Duration::from_secs(10);
+/// After a stall, how long the lagged notice may wait for the client to read again before the
+/// connection is dropped unannounced.
+const LAG_NOTICE_TIMEOUT: Duration = Duration::from_secs(60);
 const KEEPALIVE: Duration = Duration::from_secs(15);
 
 /// What a followed source hands out from a cursor.
@@ -34,6 +37,12 @@ pub struct Batch {
 pub trait Followable: Send + Sync + 'static {
     fn batch(&self, cursor: u64) -> Batch;
     fn subscribe(&self) -> watch::Receiver<u64>;
+    /// Counts live followers (for the source's stats); the guard uncounts on drop.
+    fn attach(&self) -> Option<Box<dyn Send>> {
+        None
+    }
+    /// A follower was dropped for lagging.
+    fn lagged(&self) {}
 }
 
 pub trait FollowSink: Send {
@@ -52,6 +61,7 @@ pub async fn drive<F: Followable, S: FollowSink>(
     mut sink: S,
     stall: Duration,
 ) {
+    let _attached = src.attach();
     let mut changes = src.subscribe();
     let mut cursor = from;
     loop {
@@ -63,8 +73,15 @@ pub async fn drive<F: Followable, S: FollowSink>(
                 Ok(true) => {}
                 Ok(false) => return,
                 Err(_) => {
+                    tracing::debug!(seq, ?stall, "follower stalled; dropping it as lagged");
+                    src.lagged();
+                    // Lagging: read nothing more for this follower. The notice queues behind
+                    // what is already in flight, so a client that reads again gets it in order.
                     let lag = json!({"lagged": true, "resume_from_seq": seq}).to_string();
-                    let _ = tokio::time::timeout(Duration::from_secs(1), sink.send(lag)).await;
+                    if let Ok(true) = tokio::time::timeout(LAG_NOTICE_TIMEOUT, sink.send(lag)).await
+                    {
+                        sink.finish().await;
+                    }
                     return;
                 }
             }

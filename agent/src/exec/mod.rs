@@ -9,7 +9,7 @@ pub mod spawn;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -128,6 +128,17 @@ pub struct Command {
     stdin_open: AtomicBool,
     stdin_lock: tokio::sync::Mutex<()>,
     changed: watch::Sender<u64>,
+    followers: Arc<AtomicUsize>,
+    lagged_followers: AtomicUsize,
+}
+
+/// Counts one live follower of a command while it exists.
+pub struct FollowerGuard(Arc<AtomicUsize>);
+
+impl Drop for FollowerGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Command {
@@ -144,7 +155,18 @@ impl Command {
             stdin_open: AtomicBool::new(false),
             stdin_lock: tokio::sync::Mutex::new(()),
             changed: watch::channel(0).0,
+            followers: Arc::new(AtomicUsize::new(0)),
+            lagged_followers: AtomicUsize::new(0),
         }
+    }
+
+    pub fn follower(&self) -> FollowerGuard {
+        self.followers.fetch_add(1, Ordering::SeqCst);
+        FollowerGuard(self.followers.clone())
+    }
+
+    pub fn note_lagged(&self) {
+        self.lagged_followers.fetch_add(1, Ordering::SeqCst);
     }
 
     fn view(&self) -> std::sync::MutexGuard<'_, LogView> {
@@ -206,6 +228,8 @@ impl Command {
             ended_at: exit.map(|e| e.ended_at),
             background: self.meta.background,
             output_bytes: view.end,
+            followers: self.followers.load(Ordering::SeqCst),
+            lagged_followers: self.lagged_followers.load(Ordering::SeqCst),
         }
     }
 
@@ -344,6 +368,8 @@ impl CommandTable {
                 }
             }
         });
+        // Expiry runs every minute, or more often for short TTLs.
+        let expire_every = (table.cfg.ttl.as_secs() / 2).clamp(1, 60);
         let t = Arc::downgrade(&table);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -353,7 +379,7 @@ impl CommandTable {
                 let Some(t) = t.upgrade() else { break };
                 t.check_running();
                 n += 1;
-                if n.is_multiple_of(60) {
+                if n.is_multiple_of(expire_every) {
                     t.expire();
                 }
             }
