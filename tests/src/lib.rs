@@ -128,10 +128,10 @@ impl AgentProcess {
         let endpoints = self.state_dir.join("endpoints.json");
         let mut listen = String::new();
         wait_until("the agent to bind", Duration::from_secs(20), || {
-            if let Some(c) = self.child.as_mut() {
-                if let Ok(Some(status)) = c.try_wait() {
-                    panic!("berth-agent exited during start-up: {status}");
-                }
+            if let Some(c) = self.child.as_mut()
+                && let Ok(Some(status)) = c.try_wait()
+            {
+                panic!("berth-agent exited during start-up: {status}");
             }
             match std::fs::read(&endpoints)
                 .ok()
