@@ -2,7 +2,7 @@
 //! replayable output, followers (WebSocket, SSE, long-poll), stdin, signals, deletion, and the
 //! bad-input paths.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine;
 use berth_protocol::{CommandState, ExecRequest, FollowMessage, StdinRequest, Stream};
