@@ -98,8 +98,14 @@ pub fn kill_descendants(root: u32, deadline: Duration) -> bool {
     }
 }
 
-/// Sends `sig` to the process group `pgid`, ignoring a group that is already gone.
+/// Sends `sig` to the process group `pgid`, ignoring a group that is already gone. Never
+/// signals our own group (pgid 0 or ours).
 pub fn signal_group(pgid: u32, sig: Signal) {
+    let own = nix::unistd::getpgrp().as_raw() as u32;
+    if pgid <= 1 || pgid == own {
+        tracing::warn!(pgid, "refusing to signal process group {pgid}");
+        return;
+    }
     let _ = kill(Pid::from_raw(-(pgid as i32)), sig);
 }
 

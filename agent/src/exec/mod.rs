@@ -1142,9 +1142,11 @@ impl CommandTable {
         Ok(())
     }
 
-    /// Kills a running command's whole tree and waits (bounded) for its end to be recorded.
+    /// Kills a command's whole tree (including daemons it left under its shim) and waits
+    /// (bounded) for its end to be recorded.
     pub async fn kill(&self, cmd: &Command) {
-        if !cmd.is_running() {
+        let shim_alive = cmd.meta.background && cmd.supervisor_alive();
+        if !cmd.is_running() && !shim_alive {
             return;
         }
         if let Some(p) = cmd.proc_info() {
@@ -1180,29 +1182,39 @@ impl CommandTable {
         }
     }
 
-    /// Full shutdown: every command tree dies; exits are recorded where the shim can.
+    /// Full shutdown: every command tree dies; exits are recorded where the shim can. Shims of
+    /// finished commands that still hold daemons the command left behind are ended too.
     pub async fn kill_all(&self) {
-        let running = self.running();
-        for c in &running {
-            if let Some(p) = c.proc_info() {
-                if c.meta.background && c.supervisor_alive() {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(p.supervisor_pid as i32),
-                        Signal::SIGTERM,
-                    );
-                } else {
-                    crate::proc::signal_group(p.pid, Signal::SIGKILL);
-                }
+        let all: Vec<Arc<Command>> = self
+            .commands
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let mut waiting = Vec::new();
+        for c in &all {
+            let Some(p) = c.proc_info() else { continue };
+            if c.meta.background && c.supervisor_alive() {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(p.supervisor_pid as i32),
+                    Signal::SIGTERM,
+                );
+                waiting.push(c.clone());
+            } else if c.is_running() {
+                crate::proc::signal_group(p.pid, Signal::SIGKILL);
+                waiting.push(c.clone());
             }
         }
         let deadline = Instant::now() + Duration::from_secs(3);
-        for c in &running {
+        for c in &waiting {
             let left = deadline.saturating_duration_since(Instant::now());
             self.wait_done(c, left).await;
         }
         // Shims re-adopted from an earlier agent are not our descendants: end them directly.
-        for c in &running {
+        for c in &waiting {
             if let Some(p) = c.proc_info()
+                && c.meta.background
                 && c.supervisor_alive()
             {
                 crate::proc::kill_descendants(p.supervisor_pid, Duration::from_secs(1));

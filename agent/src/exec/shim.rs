@@ -7,6 +7,9 @@
 //!
 //! Signals: SIGTERM kills the command's whole tree (the exit is still recorded); SIGUSR1
 //! closes the shim's end of the stdin FIFO so the command sees end-of-file.
+//!
+//! The shim lives until its whole tree is gone: a daemon the command left behind stays under
+//! it, so deleting the command or shutting the agent down still ends that daemon.
 
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -276,7 +279,9 @@ fn run(dir: &Path, handshake: &mut std::io::Stdout) -> Result<(), String> {
             exit_written = true;
             drop(stdin_keeper.take());
         }
-        if exit_written && readers == 0 {
+        // Processes the command left behind (daemons) stay our children: we are their
+        // reaper, and a kill of this command still reaches them.
+        if exit_written && readers == 0 && crate::proc::descendants(me).is_empty() {
             break;
         }
     }
