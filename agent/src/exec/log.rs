@@ -40,8 +40,10 @@ fn byte_stream(b: u8) -> Stream {
 /// Appends output to a command's log, enforcing the cap.
 pub struct LogWriter {
     dir: PathBuf,
-    out: File,
-    streams: File,
+    /// Opened on the first byte, so a command without output costs no file.
+    out: Option<File>,
+    /// Opened on the first switch: a log that is all stdout needs no index.
+    streams: Option<File>,
     end: u64,
     last: Option<Stream>,
     cap: u64,
@@ -53,18 +55,10 @@ pub struct LogWriter {
 
 impl LogWriter {
     pub fn create(dir: &Path, cap: u64) -> std::io::Result<LogWriter> {
-        let out = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join(OUTPUT))?;
-        let streams = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join(STREAMS))?;
         Ok(LogWriter {
             dir: dir.to_path_buf(),
-            out,
-            streams,
+            out: None,
+            streams: None,
             end: 0,
             last: None,
             cap: cap.max(BLOCK),
@@ -84,18 +78,24 @@ impl LogWriter {
             return None;
         }
         let mut switch = None;
-        if self.last != Some(stream) {
+        // Readers take a log without switches to be stdout from the start.
+        let implied = self.last.is_none() && stream == Stream::Stdout;
+        if self.last != Some(stream) && !implied {
             let mut rec = [0u8; RECORD];
             rec[..8].copy_from_slice(&self.end.to_le_bytes());
             rec[8] = stream_byte(stream);
-            if let Err(e) = self.streams.write_all(&rec) {
+            if let Err(e) =
+                open_append(&self.dir, STREAMS, &mut self.streams).and_then(|f| f.write_all(&rec))
+            {
                 self.fail(e);
                 return None;
             }
-            self.last = Some(stream);
             switch = Some((self.end, stream));
         }
-        if let Err(e) = self.out.write_all(data) {
+        self.last = Some(stream);
+        if let Err(e) =
+            open_append(&self.dir, OUTPUT, &mut self.out).and_then(|f| f.write_all(data))
+        {
             self.fail(e);
             return switch;
         }
@@ -125,7 +125,8 @@ impl LogWriter {
         if upto <= self.dropped {
             return;
         }
-        if punch_hole(&self.out, self.dropped, upto - self.dropped).is_err() {
+        let Some(out) = &self.out else { return };
+        if punch_hole(out, self.dropped, upto - self.dropped).is_err() {
             // Without hole punching the cap cannot hold; keep everything rather than lose the
             // newest output.
             self.punch_supported = false;
@@ -137,6 +138,22 @@ impl LogWriter {
             let _ = std::fs::rename(&tmp, self.dir.join(TRUNC));
         }
     }
+}
+
+fn open_append<'a>(
+    dir: &Path,
+    name: &str,
+    slot: &'a mut Option<File>,
+) -> std::io::Result<&'a mut File> {
+    if slot.is_none() {
+        *slot = Some(
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(dir.join(name))?,
+        );
+    }
+    Ok(slot.as_mut().expect("just opened"))
 }
 
 fn punch_hole(f: &File, offset: u64, len: u64) -> std::io::Result<()> {
@@ -383,6 +400,7 @@ mod tests {
             timed_out: false,
             ended_at: String::new(),
             output_error: None,
+            reported: false,
         });
         let r = v.read(4, 100).unwrap();
         assert_eq!(r.segments[0].bytes, vec![0xe2]);

@@ -5,6 +5,7 @@
 pub mod log;
 pub mod record;
 pub mod shim;
+pub mod spare;
 pub mod spawn;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -312,6 +313,9 @@ pub struct CommandTable {
     /// Ids being created right now, so two requests with one client id start one command.
     creating: Mutex<HashSet<String>>,
     watcher: Mutex<Option<notify::RecommendedWatcher>>,
+    /// This agent's start time (its identity next to its pid).
+    agent_start: u64,
+    spares: Arc<spare::SpareDirs>,
 }
 
 impl CommandTable {
@@ -323,6 +327,7 @@ impl CommandTable {
         reaper: Arc<Reaper>,
     ) -> std::io::Result<Arc<CommandTable>> {
         std::fs::create_dir_all(&cfg.commands_dir)?;
+        let cfg_commands_dir = cfg.commands_dir.clone();
         let table = Arc::new(CommandTable {
             cfg,
             events,
@@ -330,6 +335,8 @@ impl CommandTable {
             commands: Mutex::new(HashMap::new()),
             creating: Mutex::new(HashSet::new()),
             watcher: Mutex::new(None),
+            agent_start: crate::proc::start_time(std::process::id()).unwrap_or(0),
+            spares: spare::SpareDirs::start(&cfg_commands_dir),
         });
         let (tx, mut rx) = tokio::sync::mpsc::channel::<PathBuf>(4096);
         let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
@@ -565,8 +572,6 @@ impl CommandTable {
     ) -> Result<ForegroundOutcome, ExecError> {
         let id = new_id();
         spawn::precheck(&p.program, &p.cwd).map_err(ExecError::Spawn)?;
-        let dir = self.cfg.commands_dir.join(&id);
-        std::fs::create_dir(&dir)?;
         let stdin_mode = if fg.stdin.is_some() {
             StdinMode::Pipe
         } else {
@@ -574,17 +579,6 @@ impl CommandTable {
         };
         let timeout = fg.timeout.unwrap_or(DEFAULT_FOREGROUND_TIMEOUT);
         let meta = self.new_meta(&id, &p, stdin_mode, fg.merge_stderr, Some(timeout), false);
-        let prepared = (|| -> std::io::Result<LogWriter> {
-            record::write_json(&dir, record::META, &meta)?;
-            LogWriter::create(&dir, self.cfg.output_cap)
-        })();
-        let writer = match prepared {
-            Ok(w) => w,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
-                return Err(e.into());
-            }
-        };
 
         let launch = Launch {
             program: &p.program,
@@ -593,7 +587,7 @@ impl CommandTable {
             identity: p.identity(),
             group: Group::NewSession,
         };
-        let mut cmd = spawn::command(&launch);
+        let mut cmd = spawn::command(&launch).map_err(ExecError::Spawn)?;
         cmd.stdin(if fg.stdin.is_some() {
             std::process::Stdio::piped()
         } else {
@@ -611,24 +605,38 @@ impl CommandTable {
             None
         };
         let started = Instant::now();
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
-                return Err(ExecError::Spawn(SpawnFailure::from_io(&e, &p.program[0])));
-            }
-        };
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| ExecError::Spawn(SpawnFailure::from_io(&e, &p.program[0])))?;
         drop(cmd);
         let pid = child.id();
         let mut exited = self.reaper.watch(pid);
 
-        let me = std::process::id();
+        // The record is written while the child runs (its output waits in the pipes), so the
+        // disk is off the answer's critical path. No proc.json: a foreground command's
+        // supervisor is this agent, and any later agent reads a missing exit record as lost.
+        let dir = self.cfg.commands_dir.join(&id);
+        let recorded = self
+            .spares
+            .take(&dir)
+            .and_then(|_| record::write_json(&dir, record::META, &meta))
+            .and_then(|_| LogWriter::create(&dir, self.cfg.output_cap));
+        let writer = match recorded {
+            Ok(w) => w,
+            Err(e) => {
+                crate::proc::signal_group(pid, Signal::SIGKILL);
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(ExecError::Internal(format!(
+                    "cannot record command {id} in {}: {e}",
+                    dir.display()
+                )));
+            }
+        };
         let info = ProcInfo {
-            supervisor_pid: me,
-            supervisor_start: crate::proc::start_time(me).unwrap_or(0),
+            supervisor_pid: std::process::id(),
+            supervisor_start: self.agent_start,
             pid,
         };
-        let _ = record::write_json(&dir, record::PROC, &info);
         let command = Arc::new(Command::new(dir.clone(), meta, Some(writer)));
         *command.proc.lock().unwrap_or_else(|p| p.into_inner()) = Some(info);
         self.insert(command.clone());
@@ -718,11 +726,17 @@ impl CommandTable {
             timed_out,
             ended_at: crate::time::now_rfc3339(),
             output_error,
+            reported: true,
         };
-        let _ = record::write_json(&dir, record::EXIT, &rec);
+        let on_disk = rec.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = record::write_json(&dir, record::EXIT, &on_disk) {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot write an exit record");
+            }
+        });
         command.view().set_exit(rec);
         command.bump();
-        self.report_exit(&command);
+        self.emit_exit(&command);
         Ok(ForegroundOutcome {
             id,
             exit,
@@ -781,7 +795,7 @@ impl CommandTable {
                 "command '{id}' exists in the state dir"
             )));
         }
-        std::fs::create_dir(&dir)?;
+        self.spares.take(&dir)?;
         let wants_stdin = bg.stdin.is_some() || bg.stdin_open;
         let stdin_mode = if wants_stdin {
             StdinMode::Fifo
@@ -925,15 +939,20 @@ impl CommandTable {
         }
     }
 
-    /// Puts the command's end on the timeline, once per command across agent restarts.
+    /// Puts a background command's end on the timeline, once per command across agent
+    /// restarts (the marker file remembers; foreground exits carry `reported` themselves).
     fn report_exit(&self, cmd: &Command) {
         let marker = cmd.dir.join(record::EXIT_REPORTED);
-        if marker.exists() {
+        if cmd.exit().is_some_and(|e| e.reported) || marker.exists() {
             return;
         }
         if std::fs::write(&marker, b"").is_err() {
             return;
         }
+        self.emit_exit(cmd);
+    }
+
+    fn emit_exit(&self, cmd: &Command) {
         self.unwatch_dir(&cmd.dir);
         let info = cmd.info();
         self.events.emit(
@@ -982,6 +1001,9 @@ impl CommandTable {
         let mut adopted = 0;
         for entry in entries.flatten() {
             let dir = entry.path();
+            if entry.file_name().to_string_lossy().starts_with('.') {
+                continue; // spare directories and temp files
+            }
             let Some(meta) = record::read_json::<Meta>(&dir, record::META) else {
                 // Half-created before a crash: nothing to adopt.
                 let _ = std::fs::remove_dir_all(&dir);

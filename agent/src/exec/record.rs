@@ -66,6 +66,10 @@ pub struct ExitRecord {
     /// Set when output could not be recorded (disk full …); the command itself still ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_error: Option<String>,
+    /// Written by an agent that put this exit on the timeline itself (foreground commands),
+    /// so no later agent reports it again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reported: bool,
 }
 
 pub const META: &str = "meta.json";
@@ -80,7 +84,12 @@ pub const EXIT_REPORTED: &str = "exit.reported";
 /// sees half a record.
 pub fn write_json<T: Serialize>(dir: &Path, name: &str, value: &T) -> std::io::Result<()> {
     let tmp = dir.join(format!(".{name}.tmp"));
-    let mut f = std::fs::File::create(&tmp)?;
+    // Truncating a prepared temp file (see `spare`) is much cheaper than creating one.
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)?;
     f.write_all(&serde_json::to_vec(value).map_err(std::io::Error::other)?)?;
     drop(f);
     std::fs::rename(&tmp, dir.join(name))

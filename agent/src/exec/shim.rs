@@ -137,7 +137,13 @@ fn run(dir: &Path, handshake: &mut std::io::Stdout) -> Result<(), String> {
         report_failure(handshake, &f);
         return Ok(());
     }
-    let mut cmd = spawn::command(&launch);
+    let mut cmd = match spawn::command(&launch) {
+        Ok(c) => c,
+        Err(f) => {
+            report_failure(handshake, &f);
+            return Ok(());
+        }
+    };
     cmd.stdin(child_stdin);
     let (out_read, err_read) = if meta.merge_stderr {
         let (r, w) =
@@ -272,6 +278,7 @@ fn run(dir: &Path, handshake: &mut std::io::Stdout) -> Result<(), String> {
                 timed_out,
                 ended_at: crate::time::now_rfc3339(),
                 output_error,
+                reported: false,
             };
             if let Err(e) = record::write_json(dir, EXIT, &rec) {
                 eprintln!("berth-agent shim: cannot write the exit record: {e}");
