@@ -1,0 +1,279 @@
+//! Background commands: each under its own shim, so it outlives the agent; stdin, signals
+//! and kills reach it through the shim and its process group.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+
+use super::record::{self, ProcInfo, StdinMode};
+use super::spawn::{self, SpawnFailure};
+use super::{
+    Background, Command, CommandTable, ExecError, Prepared, SHIM_HANDSHAKE_TIMEOUT,
+    STDIN_WRITE_TIMEOUT, new_id, shim, validate_id,
+};
+
+impl CommandTable {
+    /// Starts a command under its own shim and answers once it is running (or failed to).
+    pub async fn start_background(
+        self: &Arc<Self>,
+        p: Prepared,
+        bg: Background,
+    ) -> Result<(Arc<Command>, bool), ExecError> {
+        let id = match &bg.id {
+            Some(id) => {
+                validate_id(id)?;
+                id.clone()
+            }
+            None => new_id(),
+        };
+        if let Some(existing) = self.get(&id) {
+            return Ok((existing, false));
+        }
+        if !self
+            .creating
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.clone())
+        {
+            return Err(ExecError::Conflict(format!(
+                "command '{id}' is being created by another request"
+            )));
+        }
+        let result = self.spawn_shim(&id, p, bg).await;
+        self.creating
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        result.map(|c| (c, true))
+    }
+
+    async fn spawn_shim(
+        self: &Arc<Self>,
+        id: &str,
+        p: Prepared,
+        bg: Background,
+    ) -> Result<Arc<Command>, ExecError> {
+        spawn::precheck(&p.program, &p.cwd).map_err(ExecError::Spawn)?;
+        let dir = self.cfg.commands_dir.join(id);
+        if dir.exists() {
+            return Err(ExecError::Conflict(format!(
+                "command '{id}' exists in the state dir"
+            )));
+        }
+        self.spares.take(&dir)?;
+        let wants_stdin = bg.stdin.is_some() || bg.stdin_open;
+        let stdin_mode = if wants_stdin {
+            StdinMode::Fifo
+        } else {
+            StdinMode::Null
+        };
+        let meta = self.new_meta(id, &p, stdin_mode, bg.merge_stderr, bg.timeout, true);
+        let cleanup = |e: ExecError| {
+            let _ = std::fs::remove_dir_all(&dir);
+            e
+        };
+        record::write_json(&dir, record::META, &meta).map_err(|e| cleanup(e.into()))?;
+        if wants_stdin {
+            nix::unistd::mkfifo(
+                &dir.join(record::STDIN),
+                nix::sys::stat::Mode::from_bits_truncate(0o600),
+            )
+            .map_err(|e| cleanup(ExecError::Internal(format!("stdin fifo: {e}"))))?;
+        }
+        // Watch before the shim starts so no write is missed.
+        self.watch_dir(&dir);
+
+        let shim_log =
+            std::fs::File::create(dir.join("shim.log")).map_err(|e| cleanup(e.into()))?;
+        let mut cmd = std::process::Command::new(&self.cfg.agent_exe);
+        cmd.arg("shim")
+            .arg(&dir)
+            .env_clear()
+            .envs(p.env.iter().map(|(k, v)| (k, v)))
+            .current_dir("/")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(shim_log);
+        // SAFETY: setsid is async-signal-safe.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut shim = cmd
+            .spawn()
+            .map_err(|e| cleanup(ExecError::Internal(format!("cannot start the shim: {e}"))))?;
+        drop(cmd);
+        let shim_pid = shim.id();
+        let shim_exited = self.reaper.watch(shim_pid);
+        let out = shim.stdout.take();
+        drop(shim);
+        let line = async {
+            let rx = tokio::net::unix::pipe::Receiver::from_owned_fd(out?.into()).ok()?;
+            let mut line = String::new();
+            tokio::io::BufReader::new(rx)
+                .read_line(&mut line)
+                .await
+                .ok()?;
+            Some(line)
+        };
+        let line = tokio::time::timeout(SHIM_HANDSHAKE_TIMEOUT, line).await;
+        let hs: Option<shim::Handshake> = match line {
+            Ok(Some(l)) => serde_json::from_str(&l).ok(),
+            _ => None,
+        };
+        let hs = match hs {
+            Some(hs) if hs.ok => hs,
+            other => {
+                crate::proc::signal_group(shim_pid, Signal::SIGKILL);
+                self.unwatch_dir(&dir);
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(match other {
+                    Some(shim::Handshake {
+                        errno: Some(errno),
+                        subject: Some(subject),
+                        ..
+                    }) => ExecError::Spawn(SpawnFailure { errno, subject }),
+                    Some(hs) => ExecError::Internal(hs.message.unwrap_or_default()),
+                    None => ExecError::Internal("the shim did not report".into()),
+                });
+            }
+        };
+        let info = record::read_json::<ProcInfo>(&dir, record::PROC).unwrap_or(ProcInfo {
+            supervisor_pid: shim_pid,
+            supervisor_start: crate::proc::start_time(shim_pid).unwrap_or(0),
+            pid: hs.pid.unwrap_or(0),
+        });
+        let command = Arc::new(Command::new(dir.clone(), meta, None));
+        *command.proc.lock().unwrap_or_else(|p| p.into_inner()) = Some(info);
+        command.stdin_open.store(wants_stdin, Ordering::SeqCst);
+        self.insert(command.clone());
+        self.started_event(&command);
+
+        // When the shim ends, the exit record is final (or missing: lost).
+        let t = Arc::downgrade(self);
+        let c = command.clone();
+        tokio::spawn(async move {
+            let _ = shim_exited.await;
+            if let Some(t) = t.upgrade() {
+                t.refresh(&c);
+                if c.exit().is_none() {
+                    c.mark_lost();
+                    t.report_exit(&c);
+                }
+            }
+        });
+
+        if let Some(data) = bg.stdin {
+            self.write_stdin(&command, &data).await?;
+            if !bg.stdin_open {
+                self.close_stdin(&command)?;
+            }
+        }
+        Ok(command)
+    }
+
+    pub async fn write_stdin(&self, cmd: &Command, data: &[u8]) -> Result<(), ExecError> {
+        if !cmd.stdin_open.load(Ordering::SeqCst) {
+            return Err(ExecError::Conflict(format!(
+                "stdin of command '{}' is not open (start it with \"stdin\" or \"stdin_open\")",
+                cmd.id
+            )));
+        }
+        if !cmd.is_running() {
+            return Err(ExecError::Conflict(format!(
+                "command '{}' is not running",
+                cmd.id
+            )));
+        }
+        let _guard = cmd.stdin_lock.lock().await;
+        let path = cmd.dir.join(record::STDIN);
+        let write = async {
+            let mut tx = tokio::net::unix::pipe::OpenOptions::new().open_sender(&path)?;
+            tx.write_all(data).await
+        };
+        match tokio::time::timeout(STDIN_WRITE_TIMEOUT, write).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(ExecError::Conflict(format!(
+                "cannot write to the stdin of '{}': {e}",
+                cmd.id
+            ))),
+            Err(_) => Err(ExecError::Conflict(format!(
+                "the command '{}' did not read its stdin within {}s",
+                cmd.id,
+                STDIN_WRITE_TIMEOUT.as_secs()
+            ))),
+        }
+    }
+
+    pub fn close_stdin(&self, cmd: &Command) -> Result<(), ExecError> {
+        if !cmd.stdin_open.swap(false, Ordering::SeqCst) {
+            return Err(ExecError::Conflict(format!(
+                "stdin of command '{}' is not open",
+                cmd.id
+            )));
+        }
+        let _ = std::fs::write(cmd.dir.join(record::STDIN_CLOSED), b"");
+        if let Some(p) = cmd.proc_info()
+            && cmd.supervisor_alive()
+        {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(p.supervisor_pid as i32),
+                Signal::SIGUSR1,
+            );
+        }
+        Ok(())
+    }
+
+    /// Signals the command's process group.
+    pub fn signal(&self, cmd: &Command, sig: Signal) -> Result<(), ExecError> {
+        if !cmd.is_running() {
+            return Err(ExecError::Conflict(format!(
+                "command '{}' is not running",
+                cmd.id
+            )));
+        }
+        let Some(p) = cmd.proc_info() else {
+            return Err(ExecError::Conflict(format!(
+                "command '{}' has no process",
+                cmd.id
+            )));
+        };
+        crate::proc::signal_group(p.pid, sig);
+        Ok(())
+    }
+
+    /// Kills a command's whole tree (including daemons it left under its shim) and waits
+    /// (bounded) for its end to be recorded.
+    pub async fn kill(&self, cmd: &Command) {
+        let shim_alive = cmd.meta.background && cmd.supervisor_alive();
+        if !cmd.is_running() && !shim_alive {
+            return;
+        }
+        if let Some(p) = cmd.proc_info() {
+            if cmd.meta.background {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(p.supervisor_pid as i32),
+                    Signal::SIGTERM,
+                );
+            } else {
+                crate::proc::signal_group(p.pid, Signal::SIGKILL);
+            }
+        }
+        self.wait_done(cmd, Duration::from_secs(5)).await;
+    }
+
+    /// Kills (if running) and deletes a command and its record.
+    pub async fn delete(&self, id: &str) -> Result<(), ExecError> {
+        let cmd = self.require(id)?;
+        self.kill(&cmd).await;
+        self.forget(&cmd);
+        Ok(())
+    }
+}

@@ -1,0 +1,202 @@
+//! Foreground commands: run by the agent itself, answered when they end.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use berth_protocol::Stream;
+use nix::sys::signal::Signal;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::log::LogWriter;
+use super::record::{self, ExitRecord, ProcInfo, StdinMode};
+use super::spawn::{self, Group, Launch, SpawnFailure};
+use super::{
+    Command, CommandTable, DEFAULT_FOREGROUND_TIMEOUT, ExecError, FOREGROUND_KEEP, Foreground,
+    ForegroundOutcome, Prepared, new_id, shim,
+};
+
+impl CommandTable {
+    /// Runs a command to completion in the agent itself and collects its output.
+    pub async fn run_foreground(
+        &self,
+        p: Prepared,
+        fg: Foreground,
+    ) -> Result<ForegroundOutcome, ExecError> {
+        let id = new_id();
+        spawn::precheck(&p.program, &p.cwd).map_err(ExecError::Spawn)?;
+        let stdin_mode = if fg.stdin.is_some() {
+            StdinMode::Pipe
+        } else {
+            StdinMode::Null
+        };
+        let timeout = fg.timeout.unwrap_or(DEFAULT_FOREGROUND_TIMEOUT);
+        let meta = self.new_meta(&id, &p, stdin_mode, fg.merge_stderr, Some(timeout), false);
+
+        let launch = Launch {
+            program: &p.program,
+            cwd: &p.cwd,
+            env: &p.env,
+            identity: p.identity(),
+            group: Group::NewSession,
+        };
+        let mut cmd = spawn::command(&launch).map_err(ExecError::Spawn)?;
+        cmd.stdin(if fg.stdin.is_some() {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        });
+        let merged_read = if fg.merge_stderr {
+            let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+                .map_err(|e| ExecError::Internal(e.to_string()))?;
+            let w2 = w.try_clone()?;
+            cmd.stdout(w).stderr(w2);
+            Some(r)
+        } else {
+            cmd.stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            None
+        };
+        let started = Instant::now();
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| ExecError::Spawn(SpawnFailure::from_io(&e, &p.program[0])))?;
+        drop(cmd);
+        let pid = child.id();
+        let mut exited = self.reaper.watch(pid);
+
+        // The record is written while the child runs (its output waits in the pipes), so the
+        // disk is off the answer's critical path. No proc.json: a foreground command's
+        // supervisor is this agent, and any later agent reads a missing exit record as lost.
+        let dir = self.cfg.commands_dir.join(&id);
+        let recorded = self
+            .spares
+            .take(&dir)
+            .and_then(|_| record::write_json(&dir, record::META, &meta))
+            .and_then(|_| LogWriter::create(&dir, self.cfg.output_cap));
+        let writer = match recorded {
+            Ok(w) => w,
+            Err(e) => {
+                crate::proc::signal_group(pid, Signal::SIGKILL);
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(ExecError::Internal(format!(
+                    "cannot record command {id} in {}: {e}",
+                    dir.display()
+                )));
+            }
+        };
+        let info = ProcInfo {
+            supervisor_pid: std::process::id(),
+            supervisor_start: self.agent_start,
+            pid,
+        };
+        let command = Arc::new(Command::new(dir.clone(), meta, Some(writer)));
+        *command.proc.lock().unwrap_or_else(|p| p.into_inner()) = Some(info);
+        self.insert(command.clone());
+        self.started_event(&command);
+
+        // Readers keep up to FOREGROUND_KEEP bytes of each stream for the answer; everything
+        // goes to the log.
+        let mut readers = Vec::new();
+        let mut sources: Vec<(std::os::fd::OwnedFd, Stream)> = Vec::new();
+        if let Some(r) = merged_read {
+            sources.push((r, Stream::Stdout));
+        } else {
+            if let Some(o) = child.stdout.take() {
+                sources.push((o.into(), Stream::Stdout));
+            }
+            if let Some(e) = child.stderr.take() {
+                sources.push((e.into(), Stream::Stderr));
+            }
+        }
+        for (fd, stream) in sources {
+            let c = command.clone();
+            readers.push(tokio::spawn(async move {
+                let mut kept = Vec::new();
+                let mut truncated = false;
+                let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
+                    return (stream, kept, truncated);
+                };
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    match rx.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            c.append(stream, &buf[..n]);
+                            let room = FOREGROUND_KEEP.saturating_sub(kept.len());
+                            kept.extend_from_slice(&buf[..n.min(room)]);
+                            truncated |= n > room;
+                        }
+                    }
+                }
+                (stream, kept, truncated)
+            }));
+        }
+        if let (Some(data), Some(stdin)) = (fg.stdin, child.stdin.take()) {
+            tokio::spawn(async move {
+                if let Ok(mut tx) = tokio::net::unix::pipe::Sender::from_owned_fd(stdin.into()) {
+                    let _ = tx.write_all(&data).await;
+                }
+            });
+        }
+        drop(child);
+
+        let mut timed_out = false;
+        let lost = || ExecError::Internal("child status lost".into());
+        let exit = tokio::select! {
+            r = &mut exited => r.map_err(|_| lost())?,
+            _ = tokio::time::sleep(timeout) => {
+                timed_out = true;
+                crate::proc::signal_group(pid, Signal::SIGKILL);
+                exited.await.map_err(|_| lost())?
+            }
+        };
+        // Give the pipes a moment to drain; a process left holding them does not stall us.
+        let deadline = tokio::time::Instant::now() + shim::DRAIN_GRACE;
+        let mut stdout = Vec::new();
+        let mut stderr = Vec::new();
+        let mut truncated = false;
+        for r in readers {
+            let abort = r.abort_handle();
+            match tokio::time::timeout_at(deadline, r).await {
+                Ok(Ok((stream, kept, t))) => {
+                    truncated |= t;
+                    match stream {
+                        Stream::Stdout => stdout = kept,
+                        Stream::Stderr => stderr = kept,
+                    }
+                }
+                _ => abort.abort(),
+            }
+        }
+        let output_error = command
+            .writer
+            .as_ref()
+            .and_then(|w| w.lock().ok().and_then(|w| w.error.clone()));
+        let rec = ExitRecord {
+            exit_code: exit.exit_code(),
+            signal: exit.signal,
+            timed_out,
+            ended_at: crate::time::now_rfc3339(),
+            output_error,
+            reported: true,
+        };
+        let on_disk = rec.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = record::write_json(&dir, record::EXIT, &on_disk) {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot write an exit record");
+            }
+        });
+        command.view().set_exit(rec);
+        command.bump();
+        self.emit_exit(&command);
+        Ok(ForegroundOutcome {
+            id,
+            exit,
+            timed_out,
+            stdout,
+            stderr,
+            truncated,
+            duration: started.elapsed(),
+        })
+    }
+}

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian machine and runs every check and test of the workspace. Arguments are
+# passed to nextest (e.g. a test name filter).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+tests/setup.sh
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+# The end-to-end tests start the workspace's binaries: build them in the test profile first.
+cargo build --workspace --bins
+cargo nextest run --workspace "$@"
