@@ -70,6 +70,8 @@ pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool)
 pub struct AgentOptions {
     pub extra_args: Vec<String>,
     pub env: Vec<(String, String)>,
+    /// The sandbox home (default: a fresh directory beside the state dir).
+    pub home: Option<PathBuf>,
 }
 
 /// A running berth-agent with its own state dir, home and port. Dropping it shuts it down
@@ -94,7 +96,7 @@ impl AgentProcess {
             .tempdir()
             .expect("tempdir");
         let state_dir = dir.path().join("state");
-        let home = dir.path().join("home");
+        let home = opts.home.clone().unwrap_or_else(|| dir.path().join("home"));
         std::fs::create_dir_all(&home).unwrap();
         let mut a = AgentProcess {
             child: None,
@@ -201,6 +203,7 @@ impl AgentProcess {
                     && let (Some(pid), Some(start)) =
                         (v["supervisor_pid"].as_u64(), v["supervisor_start"].as_u64())
                     && start_time(pid as u32) == Some(start)
+                    && pid_alive(pid as u32)
                 {
                     pids.push(pid as u32);
                 }

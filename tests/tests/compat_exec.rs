@@ -266,6 +266,20 @@ async fn execute_rejects_bad_bodies_with_json_errors() {
     // A bad timeout: 400.
     let (status, _) = post(&a, "/execute", json!({"command": ["true"], "timeout": "x"})).await;
     assert_eq!(status, 400);
+    // A body past the compat limit (16 MiB): 413, answered after draining what was sent.
+    let huge = format!(
+        r#"{{"command": ["true"], "pad": "{}"}}"#,
+        "x".repeat(17 << 20)
+    );
+    let r = http
+        .post(a.url("/execute"))
+        .header("content-type", "application/json")
+        .body(huge)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    assert_eq!(r.json::<Value>().await.unwrap()["status"], "error");
     // An argument with a NUL byte: the reference server's ValueError.
     let (status, v) = post(&a, "/execute", json!({"command": ["echo", "a\u{0}b"]})).await;
     assert_eq!(status, 500);

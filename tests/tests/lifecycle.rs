@@ -253,10 +253,10 @@ async fn deleting_a_finished_command_ends_the_daemon_it_left() {
         .unwrap();
     let (_, page) = c.output_all(&bg.id, 0).await.unwrap();
     assert_eq!(page.exit_code, Some(0));
-    assert_eq!(
-        processes_matching(&s).len(),
-        1,
-        "the daemon outlives its command"
+    wait_until(
+        "the daemon to outlive its command",
+        Duration::from_secs(10),
+        || processes_matching(&s).len() == 1,
     );
     c.delete_command(&bg.id).await.unwrap();
     wait_until("the daemon to end", Duration::from_secs(10), || {

@@ -32,6 +32,7 @@ async fn foreground_exec_answers_output_exit_code_and_duration() {
     assert_eq!(info.exit_code, Some(4));
     let page = c.output(&r.id, 0).await.unwrap();
     assert!(page.done);
+    assert_eq!(c.output(&r.id, 999).await.unwrap_err().status(), Some(400));
     // Two pipes carry no order between them; each stream's bytes are exact.
     let of = |s: Stream| -> String {
         page.chunks
@@ -620,4 +621,78 @@ async fn commands_run_as_another_account_when_asked() {
     let started = a.client().exec_background(&bg).await.unwrap();
     let (bytes, _) = a.client().output_all(&started.id, 0).await.unwrap();
     assert_eq!(String::from_utf8(bytes).unwrap(), format!("{}\n", user.uid));
+}
+
+#[tokio::test]
+async fn with_user_everything_runs_and_lands_as_that_account() {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("skipped: needs root to create an account and switch to it");
+        return;
+    }
+    let name = "berthsandbox";
+    let _ = std::process::Command::new("useradd")
+        .args([
+            "--create-home",
+            "--home-dir",
+            "/home/berthsandbox",
+            "--shell",
+            "/bin/sh",
+            name,
+        ])
+        .status();
+    let user = nix::unistd::User::from_name(name)
+        .unwrap()
+        .expect("test account");
+    let a = AgentProcess::start_with(AgentOptions {
+        extra_args: vec!["--user".into(), name.into()],
+        home: Some(user.dir.clone()),
+        ..Default::default()
+    })
+    .await;
+    let c = a.client();
+    let uid = user.uid.as_raw();
+    // Foreground, background, compat and terminal commands all run as the account.
+    let r = c.exec(&ExecRequest::shell("id -u; id -G")).await.unwrap();
+    let out = r.stdout.unwrap();
+    assert!(out.starts_with(&format!("{uid}\n")), "{out}");
+    let bg = c
+        .exec_background(&ExecRequest::shell("id -u"))
+        .await
+        .unwrap();
+    let (bytes, _) = c.output_all(&bg.id, 0).await.unwrap();
+    assert_eq!(String::from_utf8(bytes).unwrap(), format!("{uid}\n"));
+    let v: Value = reqwest::Client::new()
+        .post(a.url("/execute"))
+        .json(&json!({"command": ["id", "-u"]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["output"], format!("{uid}\n"));
+    let pty = c
+        .pty_create(&berth_protocol::PtyRequest {
+            cmd: Some(vec!["sh".into(), "-c".into(), "id -u".into()]),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut ws = c.pty_attach(&pty.id).await.unwrap();
+    let mut text = String::new();
+    while let Some(Ok(m)) = ws.next().await {
+        if let tokio_tungstenite::tungstenite::Message::Binary(b) = m {
+            text.push_str(&String::from_utf8_lossy(&b));
+        }
+    }
+    assert_eq!(text.trim(), uid.to_string());
+    // What the agent writes belongs to the account.
+    use std::os::unix::fs::MetadataExt;
+    c.upload("~/deep/up.txt", reqwest::Body::from("x"), None)
+        .await
+        .unwrap();
+    for p in ["deep", "deep/up.txt"] {
+        let m = std::fs::metadata(a.home.join(p)).unwrap();
+        assert_eq!(m.uid(), uid, "{p} owned by the sandbox user");
+    }
 }

@@ -166,6 +166,13 @@ pub async fn output(
 ) -> Result<Response, ApiError> {
     let Query(q) = q?;
     let cmd = agent.commands.require(&id)?;
+    let end = cmd.info().output_bytes;
+    if q.from_seq > end {
+        return Err(ApiError::bad_request(format!(
+            "from_seq {} is past the end of the output ({end})",
+            q.from_seq
+        )));
+    }
     let max = q.max_bytes.unwrap_or(PAGE_BYTES).clamp(1, PAGE_BYTES_MAX);
     if !q.follow {
         return Ok(Json(cmd.page(q.from_seq, max)?).into_response());

@@ -164,8 +164,7 @@ impl CommandTable {
             if let Some(t) = t.upgrade() {
                 t.refresh(&c);
                 if c.exit().is_none() {
-                    c.mark_lost();
-                    t.report_exit(&c);
+                    t.lose(&c);
                 }
             }
         });
@@ -267,6 +266,14 @@ impl CommandTable {
             }
         }
         self.wait_done(cmd, Duration::from_secs(5)).await;
+        // The shim writes into the record until it exits; deleting before that would race it.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while cmd.meta.background
+            && cmd.supervisor_alive()
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     /// Kills (if running) and deletes a command and its record.

@@ -24,6 +24,8 @@ pub struct Command {
     pub(super) changed: watch::Sender<u64>,
     pub(super) followers: Arc<AtomicUsize>,
     pub(super) lagged_followers: AtomicUsize,
+    /// Serialises refresh → report → wake, and record removal.
+    pub(super) report_lock: Mutex<()>,
 }
 
 /// Counts one live follower of a command while it exists.
@@ -51,6 +53,7 @@ impl Command {
             changed: watch::channel(0).0,
             followers: Arc::new(AtomicUsize::new(0)),
             lagged_followers: AtomicUsize::new(0),
+            report_lock: Mutex::new(()),
         }
     }
 
@@ -167,18 +170,15 @@ impl Command {
     }
 
     /// Re-reads what the shim wrote. Returns whether anything changed.
+    /// Re-reads what the shim wrote; the caller wakes waiters (after putting any exit on the
+    /// timeline, so a waiter that sees the end also finds the event).
     pub(super) fn refresh(&self) -> bool {
-        let changed = self.view().refresh();
-        if changed {
-            self.bump();
-        }
-        changed
+        self.view().refresh()
     }
 
-    pub(super) fn mark_lost(&self) {
-        if !self.lost.swap(true, Ordering::SeqCst) {
-            self.bump();
-        }
+    /// Returns whether the command was not already lost. The caller wakes waiters.
+    pub(super) fn mark_lost(&self) -> bool {
+        !self.lost.swap(true, Ordering::SeqCst)
     }
 
     /// Whether whoever supervises the command (shim or agent) is still alive.

@@ -187,8 +187,8 @@ impl CommandTable {
             }
         });
         command.view().set_exit(rec);
-        command.bump();
         self.emit_exit(&command);
+        command.bump();
         Ok(ForegroundOutcome {
             id,
             exit,

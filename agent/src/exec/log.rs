@@ -179,6 +179,7 @@ fn punch_hole(f: &File, offset: u64, len: u64) -> std::io::Result<()> {
 pub struct LogView {
     dir: PathBuf,
     out: Option<File>,
+    streams: Option<File>,
     pub end: u64,
     pub truncated_before: u64,
     index: Vec<(u64, Stream)>,
@@ -208,6 +209,7 @@ impl LogView {
         let mut v = LogView {
             dir: dir.to_path_buf(),
             out: None,
+            streams: None,
             end: 0,
             truncated_before: 0,
             index: Vec::new(),
@@ -244,7 +246,10 @@ impl LogView {
     }
 
     fn read_index(&mut self) {
-        let Ok(mut f) = File::open(self.dir.join(STREAMS)) else {
+        if self.streams.is_none() {
+            self.streams = File::open(self.dir.join(STREAMS)).ok();
+        }
+        let Some(f) = self.streams.as_mut() else {
             return;
         };
         if f.seek(SeekFrom::Start(self.index_bytes_read)).is_err() {

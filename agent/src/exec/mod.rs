@@ -153,7 +153,11 @@ impl CommandTable {
         });
         let (tx, mut rx) = tokio::sync::mpsc::channel::<PathBuf>(4096);
         let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-            if let Ok(ev) = res {
+            // Only writes matter. Opens and reads must not count: refreshing a record opens
+            // its files, which would otherwise notify again, forever.
+            if let Ok(ev) = res
+                && !matches!(ev.kind, notify::EventKind::Access(_))
+            {
                 for p in ev.paths {
                     // A full queue only delays a refresh until the next tick.
                     let _ = tx.try_send(p);
@@ -399,9 +403,24 @@ impl CommandTable {
         if cmd.writer.is_some() {
             return; // foreground: fed in-process
         }
-        cmd.refresh();
+        // One refresher at a time per command: whoever sees the end reports it before any
+        // waiter wakes, so a waiter that sees the end also finds it on the timeline.
+        let _one = cmd.report_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let changed = cmd.refresh();
         if cmd.exit().is_some() {
             self.report_exit(cmd);
+        }
+        if changed {
+            cmd.bump();
+        }
+    }
+
+    /// The command's supervisor died without recording an exit.
+    pub(super) fn lose(&self, cmd: &Command) {
+        let _one = cmd.report_lock.lock().unwrap_or_else(|p| p.into_inner());
+        if cmd.mark_lost() {
+            self.report_exit(cmd);
+            cmd.bump();
         }
     }
 
@@ -519,8 +538,7 @@ impl CommandTable {
                 // The exit record may have landed just before the shim died.
                 self.refresh(&c);
                 if c.exit().is_none() {
-                    c.mark_lost();
-                    self.report_exit(&c);
+                    self.lose(&c);
                 }
             }
         }
@@ -551,13 +569,24 @@ impl CommandTable {
         }
     }
 
+    /// Deletes the record, then forgets the command: once it is gone from the API, it is gone
+    /// from the disk too.
     fn forget(&self, cmd: &Command) {
+        // Hold the report lock so no refresh writes a marker into the directory meanwhile.
+        let _quiet = cmd.report_lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.unwatch_dir(&cmd.dir);
+        for _ in 0..3 {
+            match std::fs::remove_dir_all(&cmd.dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    tracing::debug!(dir = %cmd.dir.display(), error = %e, "retrying a record removal");
+                }
+                _ => break,
+            }
+        }
         self.commands
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&cmd.id);
-        self.unwatch_dir(&cmd.dir);
-        let _ = std::fs::remove_dir_all(&cmd.dir);
     }
 
     /// Restart: foreground commands die with the agent (their client is gone); background
