@@ -58,6 +58,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let commands = CommandTable::start(
         ExecConfig {
             commands_dir,
+            store_dir: state_dir.join("foreground"),
             agent_exe: agent_exe.clone(),
             account: account.clone(),
             home: home.clone(),

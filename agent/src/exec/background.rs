@@ -150,7 +150,7 @@ impl CommandTable {
             supervisor_start: crate::proc::start_time(shim_pid).unwrap_or(0),
             pid: hs.pid.unwrap_or(0),
         });
-        let command = Arc::new(Command::new(dir.clone(), meta, None));
+        let command = Arc::new(Command::new(dir.clone(), meta));
         *command.proc.lock().unwrap_or_else(|p| p.into_inner()) = Some(info);
         command.stdin_open.store(wants_stdin, Ordering::SeqCst);
         self.insert(command.clone());

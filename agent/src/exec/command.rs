@@ -7,8 +7,10 @@ use std::sync::{Arc, Mutex};
 use berth_protocol::{CommandInfo, CommandState, OutputChunk, OutputPage, Stream};
 use tokio::sync::watch;
 
+use super::FOREGROUND_MEMORY;
 use super::log::{LogView, LogWriter, ReadOut};
 use super::record::{ExitRecord, Meta, ProcInfo};
+use super::store::Stored;
 
 /// One command and what the agent knows of it.
 pub struct Command {
@@ -16,7 +18,8 @@ pub struct Command {
     pub dir: PathBuf,
     pub meta: Meta,
     pub(super) view: Mutex<LogView>,
-    pub(super) writer: Option<Mutex<LogWriter>>,
+    /// A foreground command's log writer, once its output spilled out of memory.
+    pub(super) writer: Mutex<Option<LogWriter>>,
     pub(super) proc: Mutex<Option<ProcInfo>>,
     pub(super) lost: AtomicBool,
     pub(super) stdin_open: AtomicBool,
@@ -38,14 +41,38 @@ impl Drop for FollowerGuard {
 }
 
 impl Command {
-    pub(super) fn new(dir: PathBuf, meta: Meta, writer: Option<LogWriter>) -> Command {
+    /// A command whose record is its directory (background, or found on disk).
+    pub(super) fn new(dir: PathBuf, meta: Meta) -> Command {
         let view = LogView::open(&dir);
+        Self::with_view(dir, meta, view)
+    }
+
+    /// A running foreground command: output in memory until it spills.
+    pub(super) fn foreground(dir: PathBuf, meta: Meta) -> Command {
+        let view = LogView::memory(&dir);
+        Self::with_view(dir, meta, view)
+    }
+
+    /// A finished foreground command read back from the store.
+    pub(super) fn stored(dir: PathBuf, stored: Stored, path: PathBuf) -> Command {
+        let view = LogView::stored(
+            &dir,
+            path,
+            stored.offset,
+            stored.len,
+            stored.streams,
+            stored.exit,
+        );
+        Self::with_view(dir, stored.meta, view)
+    }
+
+    fn with_view(dir: PathBuf, meta: Meta, view: LogView) -> Command {
         Command {
             id: meta.id.clone(),
             dir,
             meta,
             view: Mutex::new(view),
-            writer: writer.map(Mutex::new),
+            writer: Mutex::new(None),
             proc: Mutex::new(None),
             lost: AtomicBool::new(false),
             stdin_open: AtomicBool::new(false),
@@ -157,16 +184,65 @@ impl Command {
         })
     }
 
-    /// Appends output produced by an in-process (foreground) child.
+    /// Appends output produced by an in-process (foreground) child: to memory while small,
+    /// past that to the command's directory.
     pub(super) fn append(&self, stream: Stream, data: &[u8]) {
-        let Some(w) = &self.writer else { return };
-        let (end, switch) = {
-            let mut w = w.lock().unwrap_or_else(|p| p.into_inner());
-            let switch = w.append(stream, data);
-            (w.end(), switch)
-        };
-        self.view().note_append(end, switch);
+        {
+            let mut view = self.view();
+            let mut writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+            let in_memory = view.memory_bytes().is_some();
+            if in_memory && writer.is_none() {
+                if view.end + data.len() as u64 <= FOREGROUND_MEMORY {
+                    view.memory_append(stream, data);
+                    drop((view, writer));
+                    self.bump();
+                    return;
+                }
+                match self.spill(&view) {
+                    Ok(w) => {
+                        *view = LogView::open(&self.dir);
+                        *writer = Some(w);
+                    }
+                    Err(e) => {
+                        // What fits stays in memory; the rest is lost and the exit record
+                        // says why.
+                        tracing::warn!(id = %self.id, error = %e, "cannot spill output to disk");
+                        *writer = Some(LogWriter::failed(&self.dir, e));
+                    }
+                }
+            }
+            if let Some(w) = writer.as_mut() {
+                let switch = w.append(stream, data);
+                if !in_memory || w.error.is_none() {
+                    view.note_append(w.end(), switch);
+                }
+            }
+        }
         self.bump();
+    }
+
+    /// Moves in-memory output into the command's directory and returns the writer that
+    /// continues it there.
+    fn spill(&self, view: &LogView) -> std::io::Result<LogWriter> {
+        std::fs::create_dir_all(&self.dir)?;
+        super::record::write_json(&self.dir, super::record::META, &self.meta)?;
+        let mut w = LogWriter::create(&self.dir, self.meta.output_cap)?;
+        let bytes = view.memory_bytes().unwrap_or_default();
+        let mut switches = view.index().to_vec();
+        if switches.first().is_none_or(|&(seq, _)| seq > 0) {
+            switches.insert(0, (0, Stream::Stdout));
+        }
+        for (i, &(seq, stream)) in switches.iter().enumerate() {
+            let end = switches
+                .get(i + 1)
+                .map(|&(s, _)| s)
+                .unwrap_or(bytes.len() as u64);
+            w.append(stream, &bytes[seq as usize..end as usize]);
+        }
+        match &w.error {
+            Some(e) => Err(std::io::Error::other(e.clone())),
+            None => Ok(w),
+        }
     }
 
     /// Re-reads what the shim wrote. Returns whether anything changed.

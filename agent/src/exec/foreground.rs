@@ -7,7 +7,6 @@ use berth_protocol::Stream;
 use nix::sys::signal::Signal;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::log::LogWriter;
 use super::record::{self, ExitRecord, ProcInfo, StdinMode};
 use super::spawn::{self, Group, Launch, SpawnFailure};
 use super::{
@@ -64,32 +63,16 @@ impl CommandTable {
         let pid = child.id();
         let mut exited = self.reaper.watch(pid);
 
-        // The record is written while the child runs (its output waits in the pipes), so the
-        // disk is off the answer's critical path. No proc.json: a foreground command's
-        // supervisor is this agent, and any later agent reads a missing exit record as lost.
+        // No directory and no file on the way in: a foreground command's output stays in
+        // memory until it grows (then it spills to its directory) and its record goes to the
+        // foreground store when it ends. A later agent that finds neither calls it lost.
         let dir = self.cfg.commands_dir.join(&id);
-        let recorded = self
-            .spares
-            .take(&dir)
-            .and_then(|_| record::write_json(&dir, record::META, &meta))
-            .and_then(|_| LogWriter::create(&dir, self.cfg.output_cap));
-        let writer = match recorded {
-            Ok(w) => w,
-            Err(e) => {
-                crate::proc::signal_group(pid, Signal::SIGKILL);
-                let _ = std::fs::remove_dir_all(&dir);
-                return Err(ExecError::Internal(format!(
-                    "cannot record command {id} in {}: {e}",
-                    dir.display()
-                )));
-            }
-        };
         let info = ProcInfo {
             supervisor_pid: std::process::id(),
             supervisor_start: self.agent_start,
             pid,
         };
-        let command = Arc::new(Command::new(dir.clone(), meta, Some(writer)));
+        let command = Arc::new(Command::foreground(dir.clone(), meta));
         *command.proc.lock().unwrap_or_else(|p| p.into_inner()) = Some(info);
         self.insert(command.clone());
         self.started_event(&command);
@@ -168,25 +151,49 @@ impl CommandTable {
                 _ => abort.abort(),
             }
         }
-        let output_error = command
+        // A spilled log's writer is closed (a record lives for a day, its descriptors must
+        // not) after reading whether it failed.
+        let spilled = command
             .writer
-            .as_ref()
-            .and_then(|w| w.lock().ok().and_then(|w| w.error.clone()));
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .map(|mut w| {
+                let error = w.error.clone();
+                w.close();
+                error
+            });
         let rec = ExitRecord {
             exit_code: exit.exit_code(),
             signal: exit.signal,
             timed_out,
             ended_at: crate::time::now_rfc3339(),
-            output_error,
+            output_error: spilled.clone().flatten(),
             reported: true,
         };
-        let on_disk = rec.clone();
-        tokio::task::spawn_blocking(move || {
-            if let Err(e) = record::write_json(&dir, record::EXIT, &on_disk) {
-                tracing::warn!(dir = %dir.display(), error = %e, "cannot write an exit record");
+        {
+            let mut view = command.view();
+            view.set_exit(rec.clone());
+            match spilled {
+                Some(_) => {
+                    if let Err(e) = record::write_json(&dir, record::EXIT, &rec) {
+                        tracing::warn!(dir = %dir.display(), error = %e, "cannot write an exit record");
+                    }
+                }
+                // Deleted while it ran: nothing to keep.
+                None if self.get(&id).is_none() => {}
+                None => {
+                    let bytes = view.memory_bytes().unwrap_or_default();
+                    match self.store.put(&command.meta, &rec, bytes, view.index()) {
+                        Ok((path, offset)) => view.moved_to_store(path, offset),
+                        // Kept in memory until it expires; only a restart would lose it.
+                        Err(e) => {
+                            tracing::warn!(id = %id, error = %e, "cannot store a foreground record")
+                        }
+                    }
+                }
             }
-        });
-        command.view().set_exit(rec);
+        }
         self.emit_exit(&command);
         command.bump();
         Ok(ForegroundOutcome {

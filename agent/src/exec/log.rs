@@ -72,6 +72,28 @@ impl LogWriter {
         self.end
     }
 
+    /// A writer that records nothing (its directory could not be made) but remembers why.
+    pub fn failed(dir: &Path, e: std::io::Error) -> LogWriter {
+        LogWriter {
+            dir: dir.to_path_buf(),
+            out: None,
+            streams: None,
+            end: 0,
+            last: None,
+            cap: BLOCK,
+            dropped: 0,
+            punch_supported: false,
+            error: Some(format!("cannot record output in {}: {e}", dir.display())),
+        }
+    }
+
+    /// Closes the files once the command has ended; later appends are discarded.
+    pub fn close(&mut self) {
+        self.out = None;
+        self.streams = None;
+        self.error.get_or_insert_with(|| "closed".into());
+    }
+
     /// Appends `data` from `stream`. Returns the stream switch recorded, if any.
     pub fn append(&mut self, stream: Stream, data: &[u8]) -> Option<(u64, Stream)> {
         if data.is_empty() || self.error.is_some() {
@@ -178,13 +200,23 @@ fn punch_hole(f: &File, offset: u64, len: u64) -> std::io::Result<()> {
 /// an in-process writer).
 pub struct LogView {
     dir: PathBuf,
-    out: Option<File>,
+    bytes: Backing,
     streams: Option<File>,
     pub end: u64,
     pub truncated_before: u64,
     index: Vec<(u64, Stream)>,
     index_bytes_read: u64,
     pub exit: Option<ExitRecord>,
+}
+
+/// Where a log's bytes are.
+enum Backing {
+    /// `output.log` in the command's directory (kept open while the command runs).
+    Dir(Option<File>),
+    /// A running foreground command's output, while it is small.
+    Memory(Vec<u8>),
+    /// A finished foreground command's output inside the foreground store.
+    Store { path: PathBuf, offset: u64 },
 }
 
 /// A run of bytes from one stream.
@@ -208,7 +240,7 @@ impl LogView {
     pub fn open(dir: &Path) -> LogView {
         let mut v = LogView {
             dir: dir.to_path_buf(),
-            out: None,
+            bytes: Backing::Dir(None),
             streams: None,
             end: 0,
             truncated_before: 0,
@@ -224,17 +256,22 @@ impl LogView {
     /// sizes: the shim writes all output before `exit`, so once `exit` is seen the sizes read
     /// after it are final. Returns whether anything changed.
     pub fn refresh(&mut self) -> bool {
+        if !matches!(self.bytes, Backing::Dir(_)) {
+            return false;
+        }
         let before = (self.end, self.truncated_before, self.exit.is_some());
         if self.exit.is_none() {
             self.exit = read_json(&self.dir, EXIT);
         }
-        if self.out.is_none() {
-            self.out = File::open(self.dir.join(OUTPUT)).ok();
-        }
-        if let Some(f) = &self.out
-            && let Ok(m) = f.metadata()
-        {
-            self.end = self.end.max(m.len());
+        if let Backing::Dir(out) = &mut self.bytes {
+            if out.is_none() {
+                *out = File::open(self.dir.join(OUTPUT)).ok();
+            }
+            if let Some(f) = out
+                && let Ok(m) = f.metadata()
+            {
+                self.end = self.end.max(m.len());
+            }
         }
         self.read_index();
         if let Ok(s) = std::fs::read_to_string(self.dir.join(TRUNC))
@@ -242,7 +279,99 @@ impl LogView {
         {
             self.set_truncated(t);
         }
+        if self.exit.is_some() {
+            self.release();
+        }
         before != (self.end, self.truncated_before, self.exit.is_some())
+    }
+
+    /// A finished command keeps no descriptors open (records live for a day; descriptors
+    /// would pile up and make every spawn copy a longer table). Reads reopen the file.
+    fn release(&mut self) {
+        if let Backing::Dir(out) = &mut self.bytes {
+            *out = None;
+        }
+        self.streams = None;
+    }
+
+    /// A view of a running foreground command whose output is kept in memory until it
+    /// grows past what is worth keeping there (then it spills to the directory).
+    pub fn memory(dir: &Path) -> LogView {
+        LogView {
+            dir: dir.to_path_buf(),
+            bytes: Backing::Memory(Vec::new()),
+            streams: None,
+            end: 0,
+            truncated_before: 0,
+            index: Vec::new(),
+            index_bytes_read: 0,
+            exit: None,
+        }
+    }
+
+    /// A finished foreground command read back from the store.
+    pub fn stored(
+        dir: &Path,
+        path: PathBuf,
+        offset: u64,
+        len: u64,
+        index: Vec<(u64, Stream)>,
+        exit: ExitRecord,
+    ) -> LogView {
+        LogView {
+            dir: dir.to_path_buf(),
+            bytes: Backing::Store { path, offset },
+            streams: None,
+            end: len,
+            truncated_before: 0,
+            index,
+            index_bytes_read: 0,
+            exit: Some(exit),
+        }
+    }
+
+    /// The in-memory bytes, if this view holds them.
+    pub fn memory_bytes(&self) -> Option<&[u8]> {
+        match &self.bytes {
+            Backing::Memory(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    pub fn index(&self) -> &[(u64, Stream)] {
+        &self.index
+    }
+
+    /// Appends to an in-memory view (same stream-switch rule as `LogWriter`).
+    pub fn memory_append(&mut self, stream: Stream, data: &[u8]) {
+        let Backing::Memory(bytes) = &mut self.bytes else {
+            return;
+        };
+        let last = self.index.last().map(|&(_, s)| s).unwrap_or(Stream::Stdout);
+        if last != stream {
+            self.index.push((self.end, stream));
+        }
+        bytes.extend_from_slice(data);
+        self.end += data.len() as u64;
+    }
+
+    /// The in-memory output now lives in the store: drop the copy.
+    pub fn moved_to_store(&mut self, path: PathBuf, offset: u64) {
+        self.bytes = Backing::Store { path, offset };
+    }
+
+    /// Reads `len` bytes at `seq` from wherever they are.
+    fn fetch(&self, seq: u64, len: usize, file: Option<&File>) -> std::io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        match (&self.bytes, file) {
+            (Backing::Memory(b), _) => {
+                buf.copy_from_slice(&b[seq as usize..seq as usize + len]);
+            }
+            (Backing::Store { offset, .. }, Some(f)) => f.read_exact_at(&mut buf, offset + seq)?,
+            (Backing::Dir(_), Some(f)) => f.read_exact_at(&mut buf, seq)?,
+            (_, None) => {}
+        }
+        Ok(buf)
     }
 
     fn read_index(&mut self) {
@@ -274,9 +403,6 @@ impl LogView {
             self.index_bytes_read += RECORD as u64;
         }
         self.end = self.end.max(end);
-        if self.out.is_none() {
-            self.out = File::open(self.dir.join(OUTPUT)).ok();
-        }
     }
 
     pub fn set_truncated(&mut self, t: u64) {
@@ -293,6 +419,7 @@ impl LogView {
 
     pub fn set_exit(&mut self, exit: ExitRecord) {
         self.exit = Some(exit);
+        self.release();
     }
 
     fn stream_at(&self, seq: u64) -> (Stream, u64) {
@@ -315,13 +442,23 @@ impl LogView {
         let mut seq = from.max(self.truncated_before).min(self.end);
         let stop = self.end.min(seq.saturating_add(max as u64));
         let mut segments = Vec::new();
+        let reopened;
+        let file = match &self.bytes {
+            Backing::Dir(Some(f)) => Some(f),
+            Backing::Dir(None) if seq < stop => {
+                reopened = File::open(self.dir.join(OUTPUT))?;
+                Some(&reopened)
+            }
+            Backing::Store { path, .. } if seq < stop => {
+                reopened = File::open(path)?;
+                Some(&reopened)
+            }
+            _ => None,
+        };
         while seq < stop {
             let (stream, run_end) = self.stream_at(seq);
             let seg_end = stop.min(run_end);
-            let mut bytes = vec![0u8; (seg_end - seq) as usize];
-            if let Some(f) = &self.out {
-                f.read_exact_at(&mut bytes, seq)?;
-            }
+            let bytes = self.fetch(seq, (seg_end - seq) as usize, file)?;
             segments.push(Segment { seq, stream, bytes });
             seq = seg_end;
         }

@@ -10,6 +10,7 @@ pub mod record;
 pub mod shim;
 pub mod spare;
 pub mod spawn;
+pub mod store;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -31,6 +32,8 @@ use spawn::SpawnFailure;
 
 /// Foreground commands are killed after this long unless the request says otherwise.
 pub const DEFAULT_FOREGROUND_TIMEOUT: Duration = Duration::from_secs(120);
+/// Output a running foreground command keeps in memory before it spills to its directory.
+pub const FOREGROUND_MEMORY: u64 = 1 << 20;
 /// Bytes of each stream a foreground answer carries; the rest stays readable by id.
 pub const FOREGROUND_KEEP: usize = 64 << 20;
 const SHIM_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -60,6 +63,8 @@ impl From<std::io::Error> for ExecError {
 
 pub struct ExecConfig {
     pub commands_dir: PathBuf,
+    /// The foreground store (see `store`).
+    pub store_dir: PathBuf,
     /// This binary, started again as `shim` for background commands.
     pub agent_exe: PathBuf,
     pub account: Account,
@@ -129,6 +134,7 @@ pub struct CommandTable {
     /// This agent's start time (its identity next to its pid).
     agent_start: u64,
     spares: Arc<spare::SpareDirs>,
+    store: store::ForegroundStore,
 }
 
 impl CommandTable {
@@ -141,6 +147,7 @@ impl CommandTable {
     ) -> std::io::Result<Arc<CommandTable>> {
         std::fs::create_dir_all(&cfg.commands_dir)?;
         let cfg_commands_dir = cfg.commands_dir.clone();
+        let (store, stored) = store::ForegroundStore::open(&cfg.store_dir, cfg.ttl)?;
         let table = Arc::new(CommandTable {
             cfg,
             events,
@@ -150,6 +157,7 @@ impl CommandTable {
             watcher: Mutex::new(None),
             agent_start: crate::proc::start_time(std::process::id()).unwrap_or(0),
             spares: spare::SpareDirs::start(&cfg_commands_dir),
+            store,
         });
         let (tx, mut rx) = tokio::sync::mpsc::channel::<PathBuf>(4096);
         let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
@@ -167,6 +175,12 @@ impl CommandTable {
         .map_err(std::io::Error::other)?;
         *table.watcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(watcher);
         table.adopt_existing();
+        for (record, path) in stored {
+            if table.get(&record.meta.id).is_none() {
+                let dir = table.cfg.commands_dir.join(&record.meta.id);
+                table.insert(Arc::new(Command::stored(dir, record, path)));
+            }
+        }
 
         let t = table.clone();
         tokio::spawn(async move {
@@ -400,7 +414,7 @@ impl CommandTable {
     }
 
     fn refresh(&self, cmd: &Command) {
-        if cmd.writer.is_some() {
+        if !cmd.meta.background {
             return; // foreground: fed in-process
         }
         // One refresher at a time per command: whoever sees the end reports it before any
@@ -497,7 +511,7 @@ impl CommandTable {
             if validate_id(&meta.id).is_err() || dir.file_name() != Some(meta.id.as_ref()) {
                 continue;
             }
-            let cmd = Arc::new(Command::new(dir.clone(), meta, None));
+            let cmd = Arc::new(Command::new(dir.clone(), meta));
             let info = record::read_json::<ProcInfo>(&dir, record::PROC);
             *cmd.proc.lock().unwrap_or_else(|p| p.into_inner()) = info;
             let open =
@@ -529,7 +543,7 @@ impl CommandTable {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
-            .filter(|c| c.is_running() && c.writer.is_none())
+            .filter(|c| c.is_running() && c.meta.background)
             .cloned()
             .collect();
         for c in running {
@@ -567,6 +581,7 @@ impl CommandTable {
         for c in expired {
             self.forget(&c);
         }
+        self.store.drop_expired();
     }
 
     /// Deletes the record, then forgets the command: once it is gone from the API, it is gone
@@ -574,6 +589,9 @@ impl CommandTable {
     fn forget(&self, cmd: &Command) {
         // Hold the report lock so no refresh writes a marker into the directory meanwhile.
         let _quiet = cmd.report_lock.lock().unwrap_or_else(|p| p.into_inner());
+        if !cmd.meta.background {
+            self.store.forget(&cmd.id);
+        }
         self.unwatch_dir(&cmd.dir);
         for _ in 0..3 {
             match std::fs::remove_dir_all(&cmd.dir) {

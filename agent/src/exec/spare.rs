@@ -1,25 +1,26 @@
 //! Ready-made command directories. Creating a directory and its files costs hundreds of
 //! microseconds on a journaling file system, more than running `echo` itself; renaming a
-//! prepared one costs tens. A background task keeps a few prepared so starting a command
-//! touches the disk only with renames and writes to existing files.
+//! prepared one costs tens. One idle-priority thread keeps a few prepared, so starting a
+//! command touches the disk only with renames and writes to existing files, and preparing the
+//! next ones never competes with running commands for a CPU.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
-use super::log::{OUTPUT, STREAMS};
-use super::record::{EXIT, META, PROC};
+use super::log::OUTPUT;
+use super::record::{EXIT, META};
 
-const KEEP: usize = 16;
+const KEEP: usize = 32;
 const PREFIX: &str = ".spare-";
 
 pub struct SpareDirs {
     root: PathBuf,
     ready: Mutex<Vec<PathBuf>>,
-    refilling: Mutex<bool>,
+    wanted: Condvar,
 }
 
 impl SpareDirs {
-    /// Removes spares an earlier agent left and starts filling the pool.
+    /// Removes spares an earlier agent left and starts the preparing thread.
     pub fn start(root: &Path) -> Arc<SpareDirs> {
         if let Ok(rd) = std::fs::read_dir(root) {
             for e in rd.flatten() {
@@ -31,19 +32,33 @@ impl SpareDirs {
         let pool = Arc::new(SpareDirs {
             root: root.to_path_buf(),
             ready: Mutex::new(Vec::new()),
-            refilling: Mutex::new(false),
+            wanted: Condvar::new(),
         });
-        pool.refill();
+        let weak = Arc::downgrade(&pool);
+        let spawned = std::thread::Builder::new()
+            .name("berth-spare-dirs".into())
+            .spawn(move || {
+                lower_priority();
+                while let Some(pool) = weak.upgrade() {
+                    if !pool.top_up() {
+                        break;
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start the spare-directory thread");
+        }
         pool
     }
 
     /// Moves a prepared directory to `dir` (or creates `dir` when none is ready).
-    pub fn take(self: &Arc<Self>, dir: &Path) -> std::io::Result<()> {
-        let spare = self.ready.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let left = self.ready.lock().unwrap_or_else(|p| p.into_inner()).len();
-        if left < KEEP / 2 {
-            self.refill();
-        }
+    pub fn take(&self, dir: &Path) -> std::io::Result<()> {
+        let spare = {
+            let mut ready = self.ready.lock().unwrap_or_else(|p| p.into_inner());
+            let s = ready.pop();
+            self.wanted.notify_one();
+            s
+        };
         if let Some(s) = spare
             && std::fs::rename(&s, dir).is_ok()
         {
@@ -52,36 +67,25 @@ impl SpareDirs {
         std::fs::create_dir(dir)
     }
 
-    fn refill(self: &Arc<Self>) {
+    /// Prepares directories until the pool is full, then waits to be asked for more.
+    /// Returns false when preparing fails (the pool then stays as it is).
+    fn top_up(&self) -> bool {
         {
-            let mut busy = self.refilling.lock().unwrap_or_else(|p| p.into_inner());
-            if *busy {
-                return;
-            }
-            *busy = true;
+            let ready = self.ready.lock().unwrap_or_else(|p| p.into_inner());
+            let _unused = self
+                .wanted
+                .wait_while(ready, |r| r.len() >= KEEP)
+                .unwrap_or_else(|p| p.into_inner());
         }
-        let pool = self.clone();
-        let work = move || {
-            loop {
-                let have = pool.ready.lock().unwrap_or_else(|p| p.into_inner()).len();
-                if have >= KEEP {
-                    break;
-                }
-                match pool.prepare() {
-                    Ok(p) => pool.ready.lock().unwrap_or_else(|p| p.into_inner()).push(p),
-                    Err(e) => {
-                        tracing::debug!(error = %e, "cannot prepare a command directory");
-                        break;
-                    }
-                }
+        match self.prepare() {
+            Ok(p) => {
+                self.ready.lock().unwrap_or_else(|p| p.into_inner()).push(p);
+                true
             }
-            *pool.refilling.lock().unwrap_or_else(|p| p.into_inner()) = false;
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(h) => {
-                h.spawn_blocking(work);
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot prepare command directories; creating them on demand");
+                false
             }
-            Err(_) => work(),
         }
     }
 
@@ -91,17 +95,24 @@ impl SpareDirs {
         let name: String = b.iter().map(|x| format!("{x:02x}")).collect();
         let dir = self.root.join(format!("{PREFIX}{name}"));
         std::fs::create_dir(&dir)?;
-        // The files the agent and the shim write first; existing files open fast.
+        // The files every command writes; existing files open fast. The rest (the stream
+        // index on the first stderr byte, a shim's files) are created when needed.
         for f in [
             format!(".{META}.tmp"),
-            format!(".{PROC}.tmp"),
             format!(".{EXIT}.tmp"),
             OUTPUT.to_string(),
-            STREAMS.to_string(),
-            "shim.log".to_string(),
         ] {
             std::fs::File::create(dir.join(f))?;
         }
         Ok(dir)
+    }
+}
+
+/// Runs this thread only when a CPU would otherwise idle (SCHED_IDLE).
+fn lower_priority() {
+    // SAFETY: sched_setscheduler on the calling thread (pid 0) with a valid parameter.
+    unsafe {
+        let param = libc::sched_param { sched_priority: 0 };
+        libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
     }
 }
