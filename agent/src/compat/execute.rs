@@ -201,14 +201,7 @@ fn outcome_json(o: &ForegroundOutcome) -> Map<String, Value> {
     m
 }
 
-pub async fn execute(
-    State(agent): State<Arc<Agent>>,
-    body: Result<CompatJson, Response>,
-) -> Response {
-    let data = match body {
-        Ok(CompatJson(d)) => d,
-        Err(r) => return r,
-    };
+pub async fn execute(State(agent): State<Arc<Agent>>, CompatJson(data): CompatJson) -> Response {
     let cmd = match parse_command(&agent, &data) {
         Ok(c) => c,
         Err(r) => return r.into_response(),
@@ -233,12 +226,8 @@ pub async fn execute(
 
 pub async fn execute_with_verification(
     State(agent): State<Arc<Agent>>,
-    body: Result<CompatJson, Response>,
+    CompatJson(data): CompatJson,
 ) -> Response {
-    let data = match body {
-        Ok(CompatJson(d)) => d,
-        Err(r) => return r,
-    };
     let cmd = match parse_command(&agent, &data) {
         Ok(c) => c,
         Err(r) => return r.into_response(),
@@ -337,14 +326,7 @@ async fn command_succeeds(agent: &Agent, check: &Value) -> bool {
     )
 }
 
-pub async fn launch(
-    State(agent): State<Arc<Agent>>,
-    body: Result<CompatJson, Response>,
-) -> Response {
-    let data = match body {
-        Ok(CompatJson(d)) => d,
-        Err(r) => return r,
-    };
+pub async fn launch(State(agent): State<Arc<Agent>>, CompatJson(data): CompatJson) -> Response {
     let cmd = match parse_command(&agent, &data) {
         Ok(c) => c,
         Err(r) => return r.into_response(),
@@ -381,14 +363,7 @@ pub async fn launch(
     }
 }
 
-pub async fn run_python(
-    State(agent): State<Arc<Agent>>,
-    body: Result<CompatJson, Response>,
-) -> Response {
-    let data = match body {
-        Ok(CompatJson(d)) => d,
-        Err(r) => return r,
-    };
+pub async fn run_python(State(agent): State<Arc<Agent>>, CompatJson(data): CompatJson) -> Response {
     let code = match data.get("code") {
         Some(Value::String(s)) if !s.is_empty() => s.clone(),
         Some(v) if truthy(v) => {
@@ -467,12 +442,8 @@ pub async fn run_python(
 
 pub async fn run_bash_script(
     State(agent): State<Arc<Agent>>,
-    body: Result<CompatJson, Response>,
+    CompatJson(data): CompatJson,
 ) -> Response {
-    let data = match body {
-        Ok(CompatJson(d)) => d,
-        Err(r) => return r,
-    };
     let failure = |status: StatusCode, output: String| {
         flask(
             status,

@@ -33,11 +33,7 @@ fn expand(agent: &Agent, p: &str) -> String {
     })
 }
 
-pub async fn file(State(agent): State<Arc<Agent>>, form: Result<FormFields, Response>) -> Response {
-    let fields = match form {
-        Ok(FormFields(f)) => f,
-        Err(r) => return r,
-    };
+pub async fn file(State(agent): State<Arc<Agent>>, FormFields(fields): FormFields) -> Response {
     let Some(raw) = fields.get("file_path").filter(|p| !p.is_empty()) else {
         return flask(
             StatusCode::BAD_REQUEST,
@@ -286,14 +282,7 @@ where
     Ok(n)
 }
 
-pub async fn list_directory(
-    State(_agent): State<Arc<Agent>>,
-    body: Result<CompatJson, Response>,
-) -> Response {
-    let data = match body {
-        Ok(CompatJson(d)) => d,
-        Err(r) => return r,
-    };
+pub async fn list_directory(CompatJson(data): CompatJson) -> Response {
     let path = match data.get("path") {
         Some(Value::String(p)) if !p.is_empty() => p.clone(),
         Some(v) if truthy(v) => {
@@ -378,12 +367,8 @@ pub async fn desktop_path(State(agent): State<Arc<Agent>>) -> Response {
 
 pub async fn download_file(
     State(agent): State<Arc<Agent>>,
-    body: Result<CompatJson, Response>,
+    CompatJson(data): CompatJson,
 ) -> Response {
-    let data = match body {
-        Ok(CompatJson(d)) => d,
-        Err(r) => return r,
-    };
     let (Some(Value::String(url)), Some(Value::String(path))) = (data.get("url"), data.get("path"))
     else {
         return text(StatusCode::BAD_REQUEST, "Path or URL not supplied!");

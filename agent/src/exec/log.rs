@@ -237,17 +237,22 @@ pub struct ReadOut {
 }
 
 impl LogView {
-    pub fn open(dir: &Path) -> LogView {
-        let mut v = LogView {
+    fn empty(dir: &Path, bytes: Backing) -> LogView {
+        LogView {
             dir: dir.to_path_buf(),
-            bytes: Backing::Dir(None),
+            bytes,
             streams: None,
             end: 0,
             truncated_before: 0,
             index: Vec::new(),
             index_bytes_read: 0,
             exit: None,
-        };
+        }
+    }
+
+    /// The view of a log in a command directory, as far as it is written.
+    pub fn open(dir: &Path) -> LogView {
+        let mut v = Self::empty(dir, Backing::Dir(None));
         v.refresh();
         v
     }
@@ -297,16 +302,7 @@ impl LogView {
     /// A view of a running foreground command whose output is kept in memory until it
     /// grows past what is worth keeping there (then it spills to the directory).
     pub fn memory(dir: &Path) -> LogView {
-        LogView {
-            dir: dir.to_path_buf(),
-            bytes: Backing::Memory(Vec::new()),
-            streams: None,
-            end: 0,
-            truncated_before: 0,
-            index: Vec::new(),
-            index_bytes_read: 0,
-            exit: None,
-        }
+        Self::empty(dir, Backing::Memory(Vec::new()))
     }
 
     /// A finished foreground command read back from the store.
@@ -318,16 +314,11 @@ impl LogView {
         index: Vec<(u64, Stream)>,
         exit: ExitRecord,
     ) -> LogView {
-        LogView {
-            dir: dir.to_path_buf(),
-            bytes: Backing::Store { path, offset },
-            streams: None,
-            end: len,
-            truncated_before: 0,
-            index,
-            index_bytes_read: 0,
-            exit: Some(exit),
-        }
+        let mut v = Self::empty(dir, Backing::Store { path, offset });
+        v.end = len;
+        v.index = index;
+        v.exit = Some(exit);
+        v
     }
 
     /// The in-memory bytes, if this view holds them.

@@ -242,15 +242,18 @@ impl CommandTable {
             .ok_or_else(|| ExecError::NotFound(id.to_string()))
     }
 
-    pub fn list(&self) -> Vec<CommandInfo> {
-        let cmds: Vec<Arc<Command>> = self
-            .commands
+    /// A snapshot of every command (the table's lock is not held while callers use them).
+    fn all(&self) -> Vec<Arc<Command>> {
+        self.commands
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
             .cloned()
-            .collect();
-        let mut infos: Vec<CommandInfo> = cmds.iter().map(|c| c.info()).collect();
+            .collect()
+    }
+
+    pub fn list(&self) -> Vec<CommandInfo> {
+        let mut infos: Vec<CommandInfo> = self.all().iter().map(|c| c.info()).collect();
         infos.sort_by(|a, b| a.started_at.cmp(&b.started_at).then(a.id.cmp(&b.id)));
         infos
     }
@@ -539,12 +542,9 @@ impl CommandTable {
     /// notice supervisors that died without recording an exit.
     fn check_running(&self) {
         let running: Vec<Arc<Command>> = self
-            .commands
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
+            .all()
+            .into_iter()
             .filter(|c| c.is_running() && c.meta.background)
-            .cloned()
             .collect();
         for c in running {
             self.refresh(&c);
@@ -562,10 +562,8 @@ impl CommandTable {
     pub fn expire(&self) {
         let now = SystemTime::now();
         let expired: Vec<Arc<Command>> = self
-            .commands
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
+            .all()
+            .into_iter()
             .filter(|c| {
                 let ended = match c.exit() {
                     Some(e) => crate::time::parse_rfc3339(&e.ended_at),
@@ -576,7 +574,6 @@ impl CommandTable {
                 };
                 ended.is_some_and(|t| now.duration_since(t).unwrap_or_default() > self.cfg.ttl)
             })
-            .cloned()
             .collect();
         for c in expired {
             self.forget(&c);
@@ -622,15 +619,8 @@ impl CommandTable {
     /// Full shutdown: every command tree dies; exits are recorded where the shim can. Shims of
     /// finished commands that still hold daemons the command left behind are ended too.
     pub async fn kill_all(&self) {
-        let all: Vec<Arc<Command>> = self
-            .commands
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
         let mut waiting = Vec::new();
-        for c in &all {
+        for c in &self.all() {
             let Some(p) = c.proc_info() else { continue };
             if c.meta.background && c.supervisor_alive() {
                 let _ = nix::sys::signal::kill(
@@ -664,13 +654,7 @@ impl CommandTable {
     }
 
     fn running(&self) -> Vec<Arc<Command>> {
-        self.commands
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .filter(|c| c.is_running())
-            .cloned()
-            .collect()
+        self.all().into_iter().filter(|c| c.is_running()).collect()
     }
 }
 
