@@ -65,6 +65,48 @@ pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool)
     }
 }
 
+/// Waits until command `id` reaches `state` (a deadline of `timeout`) and returns its record.
+pub async fn wait_state(
+    c: &AgentClient,
+    id: &str,
+    state: berth_protocol::CommandState,
+    timeout: Duration,
+) -> berth_protocol::CommandInfo {
+    wait_for(
+        &format!("command {id} to be {state:?}"),
+        timeout,
+        || async { c.command(id).await.ok().filter(|i| i.state == state) },
+    )
+    .await
+}
+
+/// A local account for tests that switch identity (created once; needs root). `None` when
+/// the test cannot run as root, after saying so.
+pub fn test_account(name: &str) -> Option<nix::unistd::User> {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("skipped: needs root to create an account and switch to it");
+        return None;
+    }
+    let home = format!("/home/{name}");
+    let _ = Command::new("useradd")
+        .args([
+            "--create-home",
+            "--home-dir",
+            &home,
+            "--shell",
+            "/bin/sh",
+            name,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    let user = nix::unistd::User::from_name(name)
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| panic!("could not create the test account {name}"));
+    Some(user)
+}
+
 /// Options for starting an agent.
 #[derive(Clone, Default)]
 pub struct AgentOptions {

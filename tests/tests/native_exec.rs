@@ -314,12 +314,8 @@ async fn a_burst_with_a_slow_and_a_fast_follower_blocks_nobody() {
     let FollowMessage::Chunk(first) = first else {
         panic!("{first:?}")
     };
-    wait_for("the command to end with stuck followers attached", Duration::from_secs(60), || {
-        let c = c.clone();
-        let id = id.clone();
-        async move { (c.command(&id).await.unwrap().state == CommandState::Exited).then_some(()) }
-    })
-    .await;
+    // With stuck followers attached, the command still runs to its end.
+    berth_tests::wait_state(&c, &id, CommandState::Exited, Duration::from_secs(60)).await;
     let (bytes, exit) = fast_task.await.unwrap();
     assert_eq!(exit, Some(0));
     assert_eq!(bytes.len() as u64, expected_len);
@@ -549,12 +545,7 @@ async fn the_output_cap_drops_the_oldest_bytes_and_replays_say_so() {
         ))
         .await
         .unwrap();
-    wait_for("the command to end", Duration::from_secs(30), || {
-        let c = c.clone();
-        let id = bg.id.clone();
-        async move { (c.command(&id).await.unwrap().state == CommandState::Exited).then_some(()) }
-    })
-    .await;
+    berth_tests::wait_state(&c, &bg.id, CommandState::Exited, Duration::from_secs(30)).await;
     let (bytes, page) = c.output_all(&bg.id, 0).await.unwrap();
     let t = page.truncated_before_seq.expect("truncation reported");
     let total = 100_000 * 7;
@@ -680,23 +671,10 @@ async fn large_foreground_output_spills_and_reads_back_whole() {
 
 #[tokio::test]
 async fn commands_run_as_another_account_when_asked() {
-    if !nix::unistd::Uid::effective().is_root() {
-        eprintln!("skipped: needs root to create an account and switch to it");
+    let Some(user) = berth_tests::test_account("berthtest") else {
         return;
-    }
-    let name = "berthtest";
-    let _ = std::process::Command::new("useradd")
-        .args([
-            "--system",
-            "--create-home",
-            "--home-dir",
-            "/home/berthtest",
-            name,
-        ])
-        .status();
-    let Ok(Some(user)) = nix::unistd::User::from_name(name) else {
-        panic!("could not create the test account");
     };
+    let name = "berthtest";
     let a = AgentProcess::start().await;
     let mut req = ExecRequest::shell("id -u; echo $HOME; pwd");
     req.user = Some(name.into());
@@ -715,24 +693,10 @@ async fn commands_run_as_another_account_when_asked() {
 
 #[tokio::test]
 async fn with_user_everything_runs_and_lands_as_that_account() {
-    if !nix::unistd::Uid::effective().is_root() {
-        eprintln!("skipped: needs root to create an account and switch to it");
-        return;
-    }
     let name = "berthsandbox";
-    let _ = std::process::Command::new("useradd")
-        .args([
-            "--create-home",
-            "--home-dir",
-            "/home/berthsandbox",
-            "--shell",
-            "/bin/sh",
-            name,
-        ])
-        .status();
-    let user = nix::unistd::User::from_name(name)
-        .unwrap()
-        .expect("test account");
+    let Some(user) = berth_tests::test_account(name) else {
+        return;
+    };
     let a = AgentProcess::start_with(AgentOptions {
         extra_args: vec!["--user".into(), name.into()],
         home: Some(user.dir.clone()),
