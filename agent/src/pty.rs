@@ -387,7 +387,8 @@ impl PtyTable {
         }
     }
 
-    fn expire(&self) {
+    /// Forgets terminals that closed longer ago than the TTL.
+    pub fn expire(&self) {
         let now = SystemTime::now();
         self.sessions
             .lock()

@@ -71,6 +71,18 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     )
     .context("command table")?;
     let ptys = PtyTable::new(events.clone(), reaper.clone(), agent_exe, args.command_ttl);
+    {
+        let ptys = Arc::downgrade(&ptys);
+        let every = (args.command_ttl / 2).clamp(Duration::from_secs(1), Duration::from_secs(60));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                let Some(ptys) = ptys.upgrade() else { break };
+                ptys.expire();
+            }
+        });
+    }
     let (shutdown_tx, mut shutdown_rx) = watch::channel(None);
     let agent = Arc::new(Agent {
         token,
