@@ -9,6 +9,10 @@ packages=(
   curl ca-certificates                   # the demo
   python3 python3-pip                    # /run_python, the pyautogui shim, the Flask peer
   procps util-linux passwd               # tests: process table, setsid, useradd
+  libturbojpeg0-dev libwebp-dev          # screenshot encoders
+  xvfb xfwm4 xfce4-panel xfdesktop4 xfconf dbus-x11 x11-utils xauth  # a real display and desktop
+  python3-tk python3-xlib                # Tk test windows, pyautogui's needs
+  scrot xdotool xclip                    # benchmark peers; a second clipboard client
 )
 
 sudo=""
@@ -29,6 +33,21 @@ if ! python3 -c 'import flask' 2>/dev/null; then
   echo "setup: installing Flask" >&2
   python3 -m pip install --quiet flask 2>/dev/null \
     || python3 -m pip install --quiet --break-system-packages flask
+fi
+
+# pyautogui for Debian's python3: OSWorld's harness sends `python -c "import pyautogui; ..."`.
+has() { "$1" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$2') is None)" 2>/dev/null; }
+if ! has /usr/bin/python3 pyautogui; then
+  echo "setup: installing pyautogui" >&2
+  /usr/bin/python3 -m pip install --quiet --break-system-packages pyautogui 2>/dev/null \
+    || { $sudo apt-get install -y -qq --no-install-recommends python3-pip >/dev/null \
+         && /usr/bin/python3 -m pip install --quiet --break-system-packages pyautogui; }
+fi
+# Pillow for the benchmark's peers (scrot + Pillow, Pillow's ImageGrab).
+if ! has python3 PIL; then
+  echo "setup: installing Pillow" >&2
+  python3 -m pip install --quiet pillow 2>/dev/null \
+    || python3 -m pip install --quiet --break-system-packages pillow
 fi
 
 if ! command -v cargo-nextest >/dev/null 2>&1; then

@@ -5,6 +5,7 @@ pub mod account;
 pub mod api;
 pub mod cli;
 pub mod compat;
+pub mod display;
 pub mod events;
 pub mod exec;
 pub mod fs;
@@ -43,11 +44,11 @@ pub struct Agent {
     pub state_dir: PathBuf,
     pub home: PathBuf,
     pub account_name: String,
-    pub display: Option<String>,
     pub events: Arc<events::EventLog>,
     pub commands: Arc<exec::CommandTable>,
     pub ptys: Arc<pty::PtyTable>,
     pub files: fs::Files,
+    pub display: Arc<display::Display>,
     shutdown: watch::Sender<Option<ShutdownKind>>,
 }
 

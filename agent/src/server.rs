@@ -90,11 +90,11 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         state_dir: state_dir.clone(),
         home: home.clone(),
         account_name: account.name.clone(),
-        display: args.display.clone(),
         events,
         commands: commands.clone(),
         ptys: ptys.clone(),
         files: crate::fs::Files::new(home.clone(), account.uid, account.gid),
+        display: crate::display::Display::new(args.display.clone()),
         shutdown: shutdown_tx,
     });
 

@@ -5,6 +5,7 @@
 //! older clients keep working.
 
 pub mod client;
+pub mod display;
 pub mod error;
 pub mod events;
 pub mod exec;
@@ -12,6 +13,7 @@ pub mod fs;
 pub mod pty;
 
 pub use client::{AgentClient, ClientError};
+pub use display::*;
 pub use error::{ErrorBody, ErrorDetail};
 pub use events::{Event, EventsPage};
 pub use exec::*;

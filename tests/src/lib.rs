@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use berth_protocol::AgentClient;
 
+pub mod x;
+
 pub const TOKEN: &str = "test-token-0123456789";
 
 /// A binary of this workspace, built in the same profile as the running test.

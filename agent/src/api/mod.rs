@@ -1,5 +1,6 @@
 //! The native surface `/v1/*`: bearer-token auth and thin handlers over the domains.
 
+pub mod display;
 pub mod error;
 pub mod exec;
 pub mod extract;
@@ -51,6 +52,15 @@ pub fn router(agent: Arc<Agent>) -> Router<Arc<Agent>> {
         .route("/fs/mkdir", post(fs::mkdir))
         .route("/fs/move", post(fs::rename))
         .route("/fs/watch", get(fs::watch))
+        .route("/screenshot", get(display::screenshot))
+        .route("/input", post(display::input))
+        .route("/display", get(display::info))
+        .route("/windows", get(display::windows))
+        .route(
+            "/clipboard",
+            get(display::clipboard_get).put(display::clipboard_put),
+        )
+        .route("/computer", post(display::computer))
         .route("/events", get(events))
         .route("/shutdown", post(shutdown))
         .fallback(not_found)

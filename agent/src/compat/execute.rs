@@ -291,7 +291,7 @@ pub async fn execute_with_verification(
     while started.elapsed() < max_wait {
         let mut passed = true;
         if let Some(title) = verification.get("window_exists") {
-            passed &= window_exists(&agent, title);
+            passed &= window_exists(&agent, title).await;
         }
         if let Some(check) = verification.get("command_success") {
             passed &= command_succeeds(&agent, check).await;
@@ -309,10 +309,11 @@ pub async fn execute_with_verification(
     flask(StatusCode::INTERNAL_SERVER_ERROR, &Value::Object(body))
 }
 
-/// Window lists come with the display; without one no window exists.
-fn window_exists(agent: &Agent, _title: &Value) -> bool {
-    let _ = agent;
-    false
+async fn window_exists(agent: &Agent, title: &Value) -> bool {
+    match title.as_str() {
+        Some(t) => super::display::window_exists(agent, t).await,
+        None => false,
+    }
 }
 
 async fn command_succeeds(agent: &Agent, check: &Value) -> bool {

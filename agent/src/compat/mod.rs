@@ -3,6 +3,7 @@
 //! debugger page, a hang) we answer `{"message", "status": "error"}` with a 4xx/5xx instead.
 //! JSON bodies are written the way Flask's `jsonify` writes them (sorted keys, ASCII only).
 
+pub mod display;
 pub mod execute;
 pub mod files;
 pub mod python;
@@ -47,7 +48,16 @@ pub fn router(agent: Arc<Agent>) -> Router<Arc<Agent>> {
         .route("/list_directory", post(files::list_directory))
         .route("/desktop_path", post(files::desktop_path))
         .route("/setup/download_file", post(files::download_file))
-        .route("/platform", get(platform));
+        .route("/platform", get(platform))
+        .route("/screenshot", get(display::screenshot))
+        .route("/screen_size", post(display::screen_size))
+        .route("/cursor_position", get(display::cursor_position))
+        .route("/window_size", post(display::window_size))
+        .route("/setup/activate_window", post(display::activate_window))
+        .route("/setup/close_window", post(display::close_window))
+        .route("/setup/open_file", post(display::open_file))
+        .route("/wallpaper", post(display::wallpaper))
+        .route("/setup/change_wallpaper", post(display::change_wallpaper));
     if agent.compat_auth == CompatAuth::Token {
         r = r.route_layer(middleware::from_fn_with_state(agent, require_token));
     }

@@ -1,0 +1,283 @@
+//! `/v1/screenshot`, `/v1/input`, `/v1/display`, `/v1/clipboard`, `/v1/windows` and
+//! `/v1/computer`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use berth_protocol::{
+    Clipboard, ComputerRequest, ComputerResponse, DisplayInfo, InputRequest, InputResponse,
+};
+use serde::Deserialize;
+
+use super::error::ApiError;
+use super::extract::ApiJson;
+use crate::Agent;
+use crate::display::encode::{Encoding, Format, PngCompression};
+use crate::display::{DisplayError, Shot, ShotRequest};
+
+/// Settle defaults: quiet for 150 ms, give up after 2 s.
+pub const SETTLE: Duration = Duration::from_millis(150);
+pub const SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
+
+impl From<DisplayError> for ApiError {
+    fn from(e: DisplayError) -> Self {
+        let msg = e.to_string();
+        let (status, code) = match e {
+            DisplayError::NoDisplay => (StatusCode::SERVICE_UNAVAILABLE, "no_display"),
+            DisplayError::Connect(_) | DisplayError::Connection(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "display_unavailable")
+            }
+            DisplayError::NoWindowManager => (StatusCode::SERVICE_UNAVAILABLE, "no_window_manager"),
+            DisplayError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
+            DisplayError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            DisplayError::Unsupported(_) => (StatusCode::UNPROCESSABLE_ENTITY, "unsupported"),
+            _ => (StatusCode::INTERNAL_SERVER_ERROR, "display_error"),
+        };
+        ApiError::new(status, code, msg)
+    }
+}
+
+/// Runs a blocking display call off the async workers.
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, DisplayError> + Send + 'static,
+) -> Result<T, DisplayError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| DisplayError::Capture(e.to_string()))?
+}
+
+#[derive(Deserialize, Default)]
+pub struct ShotQuery {
+    format: Option<String>,
+    quality: Option<u8>,
+    compression: Option<String>,
+    scale: Option<f64>,
+    region: Option<String>,
+    cursor: Option<bool>,
+    settle_ms: Option<u64>,
+    timeout_ms: Option<u64>,
+}
+
+/// Parses `x,y,w,h`.
+pub fn parse_region(s: &str) -> Result<(i32, i32, u32, u32), ApiError> {
+    let bad = || ApiError::bad_request(format!("region {s:?}: give x,y,w,h in screen pixels"));
+    let parts: Vec<&str> = s.split(',').map(str::trim).collect();
+    if parts.len() != 4 {
+        return Err(bad());
+    }
+    let x = parts[0].parse().map_err(|_| bad())?;
+    let y = parts[1].parse().map_err(|_| bad())?;
+    let w = parts[2].parse().map_err(|_| bad())?;
+    let h = parts[3].parse().map_err(|_| bad())?;
+    Ok((x, y, w, h))
+}
+
+fn encoding(
+    format: Option<&str>,
+    quality: Option<u8>,
+    compression: Option<&str>,
+) -> Result<Encoding, ApiError> {
+    let mut e = Encoding::default();
+    if let Some(f) = format {
+        e.format = Format::parse(f)
+            .ok_or_else(|| ApiError::bad_request(format!("format {f:?}: png, jpeg or webp")))?;
+    }
+    if let Some(q) = quality {
+        if !(1..=100).contains(&q) {
+            return Err(ApiError::bad_request("quality must be 1-100"));
+        }
+        e.quality = q;
+    }
+    if let Some(c) = compression {
+        e.compression = PngCompression::parse(c).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "compression {c:?}: none, fastest, fast, balanced, high or 0-9"
+            ))
+        })?;
+    }
+    Ok(e)
+}
+
+fn shot_response(shot: &Shot, settled: Option<(Duration, bool)>) -> Response {
+    let mut resp = (StatusCode::OK, shot.bytes.as_ref().clone()).into_response();
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(shot.mime));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    let mut put = |name: &'static str, v: String| {
+        if let Ok(v) = HeaderValue::from_str(&v) {
+            h.insert(HeaderName::from_static(name), v);
+        }
+    };
+    put("x-screen-width", shot.screen.0.to_string());
+    put("x-screen-height", shot.screen.1.to_string());
+    put("x-scale", format!("{}", shot.scale));
+    put(
+        "x-cache",
+        if shot.cached { "hit" } else { "miss" }.to_string(),
+    );
+    if let Some((waited, timed_out)) = settled {
+        put("x-settled-ms", waited.as_millis().to_string());
+        put("x-settle-timed-out", timed_out.to_string());
+    }
+    resp
+}
+
+pub async fn screenshot(
+    State(agent): State<Arc<Agent>>,
+    q: Result<Query<ShotQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = q?;
+    let req = ShotRequest {
+        encoding: encoding(q.format.as_deref(), q.quality, q.compression.as_deref())?,
+        scale: q.scale,
+        size: None,
+        region: q.region.as_deref().map(parse_region).transpose()?,
+        cursor: q.cursor.unwrap_or(true),
+    };
+    let settled = match (q.settle_ms, q.timeout_ms) {
+        (None, None) => None,
+        (quiet, timeout) => Some(
+            agent
+                .display
+                .settle(
+                    Instant::now(),
+                    quiet.map(Duration::from_millis).unwrap_or(SETTLE),
+                    timeout.map(Duration::from_millis).unwrap_or(SETTLE_TIMEOUT),
+                )
+                .await,
+        ),
+    };
+    let d = agent.display.clone();
+    let shot = blocking(move || d.screenshot(&req)).await?;
+    Ok(shot_response(&shot, settled))
+}
+
+pub async fn input(
+    State(agent): State<Arc<Agent>>,
+    ApiJson(req): ApiJson<InputRequest>,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let d = agent.display.clone();
+    let actions = req.actions;
+    let cursor = blocking(move || d.run_input(&actions)).await?;
+    let mut resp = InputResponse {
+        cursor: [cursor.0, cursor.1],
+        screenshot_b64: None,
+        settled_ms: None,
+        settle_timed_out: None,
+    };
+    if let Some(after) = req.screenshot_after {
+        let enc = encoding(after.format.as_deref(), after.quality, None)?;
+        let (waited, timed_out) = agent
+            .display
+            .settle(
+                started,
+                after.settle_ms.map(Duration::from_millis).unwrap_or(SETTLE),
+                after
+                    .timeout_ms
+                    .map(Duration::from_millis)
+                    .unwrap_or(SETTLE_TIMEOUT),
+            )
+            .await;
+        let req = ShotRequest {
+            encoding: enc,
+            scale: after.scale,
+            ..Default::default()
+        };
+        let d = agent.display.clone();
+        let shot = blocking(move || d.screenshot(&req)).await?;
+        resp.screenshot_b64 =
+            Some(base64::engine::general_purpose::STANDARD.encode(shot.bytes.as_ref()));
+        resp.settled_ms = Some(waited.as_millis() as u64);
+        resp.settle_timed_out = Some(timed_out);
+    }
+    Ok(Json(resp).into_response())
+}
+
+pub async fn info(
+    State(agent): State<Arc<Agent>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let d = agent.display.clone();
+    let (size, depth, extensions) =
+        blocking(move || Ok((d.screen_size()?, d.depth()?, d.extensions()?))).await?;
+    let listen = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    Ok(Json(DisplayInfo {
+        display: agent.display.name().map(str::to_string),
+        width: size.0,
+        height: size.1,
+        depth,
+        user: agent.account_name.clone(),
+        home: agent.home.to_string_lossy().into_owned(),
+        extensions,
+        listen,
+    })
+    .into_response())
+}
+
+pub async fn windows(State(agent): State<Arc<Agent>>) -> Result<Response, ApiError> {
+    let d = agent.display.clone();
+    let list = blocking(move || d.windows()).await?;
+    Ok(Json(serde_json::json!({ "windows": list })).into_response())
+}
+
+pub async fn clipboard_get(State(agent): State<Arc<Agent>>) -> Result<Response, ApiError> {
+    let d = agent.display.clone();
+    let text = blocking(move || d.clipboard_get()).await?;
+    Ok(Json(Clipboard { text }).into_response())
+}
+
+pub async fn clipboard_put(
+    State(agent): State<Arc<Agent>>,
+    ApiJson(body): ApiJson<Clipboard>,
+) -> Result<Response, ApiError> {
+    let text = body
+        .text
+        .ok_or_else(|| ApiError::bad_request("invalid field `text`: a string is required"))?;
+    let d = agent.display.clone();
+    blocking(move || d.clipboard_set(text)).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+pub async fn computer(
+    State(agent): State<Arc<Agent>>,
+    ApiJson(req): ApiJson<ComputerRequest>,
+) -> Response {
+    match crate::display::computer::run(&agent.display, req).await {
+        Ok(r) => Json(r).into_response(),
+        Err(e) => {
+            let e = ApiError::from(e);
+            (
+                e.status,
+                Json(ComputerResponse {
+                    error: Some(e.message),
+                    ..Default::default()
+                }),
+            )
+                .into_response()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regions_parse_and_bad_ones_are_named() {
+        assert_eq!(parse_region("0,0,10,20").unwrap(), (0, 0, 10, 20));
+        assert_eq!(parse_region(" 5, 6 ,7,8").unwrap(), (5, 6, 7, 8));
+        assert!(parse_region("1,2,3").is_err());
+        assert!(parse_region("a,b,c,d").is_err());
+        assert!(parse_region("1,2,-3,4").is_err());
+    }
+}

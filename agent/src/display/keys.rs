@@ -1,0 +1,191 @@
+//! Key names as engines send them — xdotool's (X keysym names: `Return`, `ctrl+shift+t`,
+//! `KP_Enter`, `super`) and pyautogui's (`enter`, `pgdn`, `win`) — resolved to keysyms.
+
+/// Names that are not X keysym names, or not spelled like one.
+const ALIASES: &[(&str, &str)] = &[
+    ("ctrl", "Control_L"),
+    ("control", "Control_L"),
+    ("ctrlleft", "Control_L"),
+    ("ctrlright", "Control_R"),
+    ("shift", "Shift_L"),
+    ("shiftleft", "Shift_L"),
+    ("shiftright", "Shift_R"),
+    ("alt", "Alt_L"),
+    ("altleft", "Alt_L"),
+    ("altright", "Alt_R"),
+    ("option", "Alt_L"),
+    ("super", "Super_L"),
+    ("win", "Super_L"),
+    ("winleft", "Super_L"),
+    ("winright", "Super_R"),
+    ("cmd", "Super_L"),
+    ("command", "Super_L"),
+    ("meta", "Meta_L"),
+    ("enter", "Return"),
+    ("return", "Return"),
+    ("esc", "Escape"),
+    ("escape", "Escape"),
+    ("backspace", "BackSpace"),
+    ("del", "Delete"),
+    ("delete", "Delete"),
+    ("ins", "Insert"),
+    ("insert", "Insert"),
+    ("tab", "Tab"),
+    ("space", "space"),
+    ("spacebar", "space"),
+    ("pageup", "Prior"),
+    ("page_up", "Prior"),
+    ("pgup", "Prior"),
+    ("pagedown", "Next"),
+    ("page_down", "Next"),
+    ("pgdn", "Next"),
+    ("up", "Up"),
+    ("down", "Down"),
+    ("left", "Left"),
+    ("right", "Right"),
+    ("home", "Home"),
+    ("end", "End"),
+    ("capslock", "Caps_Lock"),
+    ("numlock", "Num_Lock"),
+    ("scrolllock", "Scroll_Lock"),
+    ("printscreen", "Print"),
+    ("prtsc", "Print"),
+    ("prtscr", "Print"),
+    ("print", "Print"),
+    ("pause", "Pause"),
+    ("menu", "Menu"),
+    ("apps", "Menu"),
+    ("volumeup", "XF86AudioRaiseVolume"),
+    ("volumedown", "XF86AudioLowerVolume"),
+    ("volumemute", "XF86AudioMute"),
+    ("playpause", "XF86AudioPlay"),
+    ("nexttrack", "XF86AudioNext"),
+    ("prevtrack", "XF86AudioPrev"),
+    ("plus", "plus"),
+    ("minus", "minus"),
+    ("multiply", "KP_Multiply"),
+    ("divide", "KP_Divide"),
+    ("add", "KP_Add"),
+    ("subtract", "KP_Subtract"),
+    ("decimal", "KP_Decimal"),
+];
+
+/// The keysym for one key name, or `None` when nothing by that name exists.
+pub fn keysym(name: &str) -> Option<u32> {
+    let lower = name.to_ascii_lowercase();
+    if let Some((_, target)) = ALIASES.iter().find(|(a, _)| *a == lower) {
+        return named(target);
+    }
+    // A single character stands for itself (`a`, `A`, `é`, `/`).
+    let mut chars = name.chars();
+    if let (Some(c), None) = (chars.next(), chars.next()) {
+        return Some(char_keysym(c));
+    }
+    // F1–F35 and num0–num9 in any case.
+    if let Some(n) = lower.strip_prefix('f').and_then(|n| n.parse::<u32>().ok())
+        && (1..=35).contains(&n)
+    {
+        return named(&format!("F{n}"));
+    }
+    if let Some(n) = lower
+        .strip_prefix("num")
+        .and_then(|n| n.parse::<u32>().ok())
+        && n <= 9
+    {
+        return named(&format!("KP_{n}"));
+    }
+    named(name)
+        .or_else(|| named(&capitalised(&lower)))
+        .or_else(|| named(&lower))
+}
+
+fn named(name: &str) -> Option<u32> {
+    x11_keysymdef::lookup_by_name(name).map(|r| r.keysym)
+}
+
+fn capitalised(s: &str) -> String {
+    let mut c = s.chars();
+    match c.next() {
+        Some(f) => f.to_uppercase().chain(c).collect(),
+        None => String::new(),
+    }
+}
+
+/// The keysym that types `c`: Latin-1 keysyms equal their code point, everything else is
+/// 0x01000000 + code point (control characters map to their keys).
+pub fn char_keysym(c: char) -> u32 {
+    match c {
+        '\n' | '\r' => 0xff0d, // Return
+        '\t' => 0xff09,        // Tab
+        '\u{8}' => 0xff08,     // BackSpace
+        '\u{1b}' => 0xff1b,    // Escape
+        c if (' '..='~').contains(&c) || ('\u{a0}'..='\u{ff}').contains(&c) => c as u32,
+        c => 0x0100_0000 + c as u32,
+    }
+}
+
+/// `ctrl+shift+t` → the keysyms in press order. Errors name the key that does not exist.
+pub fn chord(spec: &str) -> Result<Vec<u32>, String> {
+    let spec = spec.trim();
+    if spec.is_empty() {
+        return Err("empty key name".into());
+    }
+    let mut parts: Vec<&str> = Vec::new();
+    // "ctrl++" means ctrl and the plus key.
+    let mut rest = spec;
+    while !rest.is_empty() {
+        match rest.find('+') {
+            Some(0) => {
+                parts.push("+");
+                rest = rest[1..].strip_prefix('+').unwrap_or(&rest[1..]);
+            }
+            Some(i) => {
+                parts.push(&rest[..i]);
+                rest = &rest[i + 1..];
+            }
+            None => {
+                parts.push(rest);
+                rest = "";
+            }
+        }
+    }
+    parts
+        .iter()
+        .map(|p| {
+            let p = p.trim();
+            keysym(p).ok_or_else(|| format!("unknown key {p:?}"))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn xdotool_and_pyautogui_names_resolve() {
+        assert_eq!(keysym("Return"), Some(0xff0d));
+        assert_eq!(keysym("enter"), Some(0xff0d));
+        assert_eq!(keysym("KP_Enter"), Some(0xff8d));
+        assert_eq!(keysym("super"), Some(0xffeb));
+        assert_eq!(keysym("F5"), Some(0xffc2));
+        assert_eq!(keysym("f12"), Some(0xffc9));
+        assert_eq!(keysym("pgdn"), Some(0xff56));
+        assert_eq!(keysym("a"), Some(0x61));
+        assert_eq!(keysym("A"), Some(0x41));
+        assert_eq!(keysym("é"), Some(0xe9));
+        assert_eq!(keysym("✓"), Some(0x0100_2713));
+        assert_eq!(keysym("BackSpace"), Some(0xff08));
+        assert_eq!(keysym("backspace"), Some(0xff08));
+        assert_eq!(keysym("nosuchkey"), None);
+    }
+
+    #[test]
+    fn chords_split_on_plus_and_name_the_bad_key() {
+        assert_eq!(chord("ctrl+shift+t").unwrap(), vec![0xffe3, 0xffe1, 0x74]);
+        assert_eq!(chord("ctrl++").unwrap(), vec![0xffe3, 0x2b]);
+        assert_eq!(chord("+").unwrap(), vec![0x2b]);
+        assert_eq!(chord("ctrl+bogus").unwrap_err(), "unknown key \"bogus\"");
+        assert!(chord("").is_err());
+    }
+}

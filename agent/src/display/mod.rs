@@ -1,0 +1,680 @@
+//! The display domain: seeing and driving the X screen in-process. Screenshots through
+//! MIT-SHM with the real cursor and a damage-aware cache, XTEST input, EWMH windows, the
+//! clipboard, and waiting for the screen to settle after an action.
+//!
+//! X calls block; callers run them on blocking threads. Capture and input use separate
+//! connections so a screenshot never delays a click.
+
+pub mod capture;
+pub mod clipboard;
+pub mod computer;
+pub mod conn;
+pub mod encode;
+pub mod input;
+pub mod keys;
+pub mod watch;
+pub mod windows;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use berth_protocol::{Button, InputAction};
+use x11rb::connection::RequestConnection;
+
+use capture::{Frame, ShmCapture};
+use conn::{Target, XConn};
+use encode::{Encoder, Encoding};
+use input::Input;
+use watch::ScreenWatch;
+use windows::{Match, WindowInfo};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DisplayError {
+    #[error("no display: the agent runs without --display")]
+    NoDisplay,
+    #[error("cannot connect to the display: {0}")]
+    Connect(String),
+    #[error("the X connection failed: {0}")]
+    Connection(String),
+    #[error("an X request failed: {0}")]
+    Request(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("capture failed: {0}")]
+    Capture(String),
+    #[error("encoding failed: {0}")]
+    Encode(String),
+    #[error("input failed: {0}")]
+    Input(String),
+    #[error("no window manager: the root window has no _NET_CLIENT_LIST")]
+    NoWindowManager,
+    #[error("{0}")]
+    NotFound(String),
+}
+
+impl From<x11rb::errors::ConnectionError> for DisplayError {
+    fn from(e: x11rb::errors::ConnectionError) -> Self {
+        DisplayError::Connection(e.to_string())
+    }
+}
+
+impl From<x11rb::errors::ReplyError> for DisplayError {
+    fn from(e: x11rb::errors::ReplyError) -> Self {
+        match e {
+            x11rb::errors::ReplyError::ConnectionError(c) => {
+                DisplayError::Connection(c.to_string())
+            }
+            x11rb::errors::ReplyError::X11Error(x) => DisplayError::Request(format!("{x:?}")),
+        }
+    }
+}
+
+impl From<x11rb::errors::ReplyOrIdError> for DisplayError {
+    fn from(e: x11rb::errors::ReplyOrIdError) -> Self {
+        DisplayError::Connection(e.to_string())
+    }
+}
+
+impl DisplayError {
+    /// Whether the connection is unusable (the session must be rebuilt).
+    fn is_connection(&self) -> bool {
+        matches!(self, DisplayError::Connection(_) | DisplayError::Connect(_))
+    }
+}
+
+/// What a screenshot request asks for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ShotRequest {
+    pub encoding: Encoding,
+    /// 0 < scale <= 1.
+    pub scale: Option<f64>,
+    /// An exact output size instead of a scale (what a computer-use engine believes the
+    /// screen is).
+    pub size: Option<(u32, u32)>,
+    /// x, y, width, height in screen pixels.
+    pub region: Option<(i32, i32, u32, u32)>,
+    pub cursor: bool,
+}
+
+impl Default for ShotRequest {
+    fn default() -> Self {
+        ShotRequest {
+            encoding: Encoding::default(),
+            scale: None,
+            size: None,
+            region: None,
+            cursor: true,
+        }
+    }
+}
+
+/// An encoded screenshot.
+#[derive(Debug, Clone)]
+pub struct Shot {
+    pub bytes: Arc<Vec<u8>>,
+    pub mime: &'static str,
+    pub width: u32,
+    pub height: u32,
+    pub screen: (u32, u32),
+    pub scale: f64,
+    /// Answered from the cache: nothing changed since the last identical request.
+    pub cached: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct CacheKey {
+    request: ShotRequest,
+    screen: (u32, u32),
+    cursor: Option<(i32, i32, u32)>,
+    generation: u64,
+}
+
+struct CaptureSession {
+    x: XConn,
+    shm: ShmCapture,
+    encoder: Encoder,
+    buf: Vec<u8>,
+    cache: Option<(CacheKey, Shot)>,
+}
+
+pub struct Display {
+    target: Option<Target>,
+    capture: Mutex<Option<CaptureSession>>,
+    input: Mutex<Option<Input>>,
+    watch: Option<Arc<ScreenWatch>>,
+    clipboard: Mutex<Option<clipboard::Owner>>,
+}
+
+impl Display {
+    /// The display `name` (`:N`), or a display domain that answers "no display".
+    pub fn new(name: Option<String>) -> Arc<Display> {
+        let target = name.map(|display| Target { display });
+        let watch = target.clone().map(ScreenWatch::start);
+        Arc::new(Display {
+            target,
+            capture: Mutex::new(None),
+            input: Mutex::new(None),
+            watch,
+            clipboard: Mutex::new(None),
+        })
+    }
+
+    pub fn name(&self) -> Option<&str> {
+        self.target.as_ref().map(|t| t.display.as_str())
+    }
+
+    fn target(&self) -> Result<&Target, DisplayError> {
+        self.target.as_ref().ok_or(DisplayError::NoDisplay)
+    }
+
+    /// Runs `f` on the capture session, (re)connecting when needed; a broken connection is
+    /// rebuilt and the call tried once more (the X server may have restarted).
+    fn with_capture<T>(
+        &self,
+        mut f: impl FnMut(&mut CaptureSession) -> Result<T, DisplayError>,
+    ) -> Result<T, DisplayError> {
+        let target = self.target()?;
+        let mut slot = self.capture.lock().unwrap_or_else(|p| p.into_inner());
+        for attempt in 0..2 {
+            if slot.is_none() {
+                *slot = Some(CaptureSession {
+                    x: XConn::open(target)?,
+                    shm: ShmCapture::default(),
+                    encoder: Encoder::default(),
+                    buf: Vec::new(),
+                    cache: None,
+                });
+            }
+            let session = slot.as_mut().expect("session just made");
+            match f(session) {
+                Err(e) if e.is_connection() && attempt == 0 => {
+                    if let Some(mut s) = slot.take() {
+                        s.shm.forget();
+                    }
+                }
+                other => return other,
+            }
+        }
+        unreachable!("the loop returns on its second attempt")
+    }
+
+    fn with_input<T>(
+        &self,
+        mut f: impl FnMut(&mut Input) -> Result<T, DisplayError>,
+    ) -> Result<T, DisplayError> {
+        let target = self.target()?;
+        let mut slot = self.input.lock().unwrap_or_else(|p| p.into_inner());
+        for attempt in 0..2 {
+            if slot.is_none() {
+                *slot = Some(Input::new(XConn::open(target)?)?);
+            }
+            let session = slot.as_mut().expect("session just made");
+            let result = f(session);
+            session.drain_events();
+            match result {
+                Err(e) if e.is_connection() && attempt == 0 => {
+                    *slot = None;
+                }
+                other => return other,
+            }
+        }
+        unreachable!("the loop returns on its second attempt")
+    }
+
+    pub fn screen_size(&self) -> Result<(u32, u32), DisplayError> {
+        self.with_capture(|s| {
+            let (w, h) = s.x.screen_size()?;
+            Ok((w as u32, h as u32))
+        })
+    }
+
+    /// Takes a screenshot, or answers from the cache when nothing on screen (cursor
+    /// included) changed since the same request.
+    pub fn screenshot(&self, req: &ShotRequest) -> Result<Shot, DisplayError> {
+        if req
+            .size
+            .is_some_and(|(w, h)| w == 0 || h == 0 || w > 16384 || h > 16384)
+        {
+            return Err(DisplayError::Invalid(
+                "the output size must be 1-16384 pixels a side".into(),
+            ));
+        }
+        if let Some(s) = req.scale
+            && !(s > 0.0 && s <= 1.0)
+        {
+            return Err(DisplayError::Invalid(format!(
+                "scale must be in (0, 1], not {s}"
+            )));
+        }
+        let watch = self.watch.clone();
+        self.with_capture(|s| {
+            let generation = watch.as_ref().map(|w| w.generation_now()).unwrap_or(0);
+            let (sw, sh) = s.x.screen_size()?;
+            let screen = (sw as u32, sh as u32);
+            let rect = match req.region {
+                None => (0, 0, screen.0, screen.1),
+                Some((x, y, w, h)) => {
+                    if w == 0 || h == 0 {
+                        return Err(DisplayError::Invalid(format!(
+                            "region {x},{y},{w},{h} is empty"
+                        )));
+                    }
+                    if x < 0
+                        || y < 0
+                        || x as u64 + w as u64 > screen.0 as u64
+                        || y as u64 + h as u64 > screen.1 as u64
+                    {
+                        return Err(DisplayError::Invalid(format!(
+                            "region {x},{y},{w},{h} is outside the {}x{} screen",
+                            screen.0, screen.1
+                        )));
+                    }
+                    (x, y, w, h)
+                }
+            };
+            let cursor = if req.cursor {
+                Some(capture::cursor(&s.x)?)
+            } else {
+                None
+            };
+            let key = CacheKey {
+                request: *req,
+                screen,
+                cursor: cursor.as_ref().map(|c| (c.x, c.y, c.serial)),
+                generation,
+            };
+            if watch.is_some()
+                && let Some((k, shot)) = &s.cache
+                && *k == key
+            {
+                let mut shot = shot.clone();
+                shot.cached = true;
+                return Ok(shot);
+            }
+            s.shm.capture(
+                &s.x,
+                (rect.0 as i16, rect.1 as i16, rect.2 as u16, rect.3 as u16),
+                &mut s.buf,
+            )?;
+            let mut frame = Frame {
+                width: rect.2,
+                height: rect.3,
+                bgrx: std::mem::take(&mut s.buf),
+            };
+            if let Some(c) = &cursor {
+                capture::composite_cursor(&mut frame, (rect.0, rect.1), c);
+            }
+            let scale = req.scale.unwrap_or(1.0);
+            let target = match req.size {
+                Some((w, h)) => Some((w.max(1), h.max(1))),
+                None if scale < 1.0 => Some((
+                    ((frame.width as f64 * scale).round() as u32).max(1),
+                    ((frame.height as f64 * scale).round() as u32).max(1),
+                )),
+                None => None,
+            };
+            let resized = target.is_some_and(|t| t != (frame.width, frame.height));
+            let frame = if let (true, Some((w, h))) = (resized, target) {
+                let scaled = encode::scale(&frame, w, h)?;
+                s.buf = frame.bgrx;
+                scaled
+            } else {
+                frame
+            };
+            let bytes = s.encoder.encode(&frame, req.encoding)?;
+            let shot = Shot {
+                bytes: Arc::new(bytes),
+                mime: req.encoding.format.mime(),
+                width: frame.width,
+                height: frame.height,
+                screen,
+                scale: frame.width as f64 / rect.2 as f64,
+                cached: false,
+            };
+            if !resized {
+                s.buf = frame.bgrx;
+            }
+            s.cache = Some((key, shot.clone()));
+            Ok(shot)
+        })
+    }
+
+    pub fn pointer(&self) -> Result<(i32, i32), DisplayError> {
+        self.with_input(|i| i.pointer())
+    }
+
+    /// Runs input actions in order and returns where the pointer ended. Every key name and
+    /// button is checked before anything is sent, so a bad one changes nothing.
+    pub fn run_input(
+        self: &Arc<Self>,
+        actions: &[InputAction],
+    ) -> Result<(i32, i32), DisplayError> {
+        let plan = plan(actions)?;
+        let result = self.with_input(|i| {
+            i.refresh_layout()?;
+            i.restore_idle()?;
+            let r = execute(i, &plan);
+            if r.is_err() {
+                i.release_all();
+            }
+            r?;
+            i.x.sync()?;
+            i.pointer()
+        });
+        self.schedule_keymap_restore();
+        result
+    }
+
+    /// Gives borrowed keycodes back once their grace has passed (see `input`).
+    fn schedule_keymap_restore(self: &Arc<Self>) {
+        let me = Arc::downgrade(self);
+        std::thread::spawn(move || {
+            loop {
+                std::thread::sleep(input::REMAP_GRACE);
+                let Some(d) = me.upgrade() else { return };
+                let mut slot = d.input.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(i) = slot.as_mut() else { return };
+                match i.restore_idle() {
+                    Ok(true) => continue,
+                    _ => return,
+                }
+            }
+        });
+    }
+
+    pub fn windows(&self) -> Result<Vec<WindowInfo>, DisplayError> {
+        self.with_capture(|s| windows::list(&s.x))
+    }
+
+    /// Activates the first window matching `name`; false when none does.
+    pub fn activate(&self, name: &str, how: Match) -> Result<bool, DisplayError> {
+        self.with_capture(|s| {
+            let found = windows::list(&s.x)?
+                .into_iter()
+                .find(|w| how.matches(w, name));
+            match found {
+                Some(w) => windows::activate(&s.x, w.id).map(|_| true),
+                None => Ok(false),
+            }
+        })
+    }
+
+    pub fn activate_id(&self, id: u32) -> Result<(), DisplayError> {
+        self.with_capture(|s| windows::activate(&s.x, id))
+    }
+
+    /// Closes the first window matching `name`; false when none does.
+    pub fn close(&self, name: &str, how: Match) -> Result<bool, DisplayError> {
+        self.with_capture(|s| {
+            let found = windows::list(&s.x)?
+                .into_iter()
+                .find(|w| how.matches(w, name));
+            match found {
+                Some(w) => windows::close(&s.x, w.id).map(|_| true),
+                None => Ok(false),
+            }
+        })
+    }
+
+    /// Waits until the screen has been quiet for `quiet` since `since` (or `timeout`).
+    pub async fn settle(
+        &self,
+        since: Instant,
+        quiet: Duration,
+        timeout: Duration,
+    ) -> (Duration, bool) {
+        match &self.watch {
+            Some(w) => w.settle(since, quiet, timeout).await,
+            None => (Duration::ZERO, true),
+        }
+    }
+
+    /// Extensions the display domain relies on, and whether the server has each.
+    pub fn extensions(&self) -> Result<Vec<String>, DisplayError> {
+        self.with_capture(|s| {
+            let mut out = Vec::new();
+            for name in ["MIT-SHM", "XFIXES", "DAMAGE", "XTEST", "RANDR"] {
+                if s.x.conn.extension_information(name)?.is_some() {
+                    out.push(name.to_string());
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    pub fn depth(&self) -> Result<u8, DisplayError> {
+        self.with_capture(|s| Ok(s.x.root_depth))
+    }
+
+    pub fn clipboard_get(&self) -> Result<Option<String>, DisplayError> {
+        clipboard::get(self.target()?)
+    }
+
+    pub fn clipboard_set(&self, text: String) -> Result<(), DisplayError> {
+        let owner = clipboard::Owner::start(self.target()?, text)?;
+        *self.clipboard.lock().unwrap_or_else(|p| p.into_inner()) = Some(owner);
+        Ok(())
+    }
+}
+
+/// Input actions with every name resolved.
+enum Step {
+    Move(i32, i32),
+    Button(u8, bool),
+    Keys(Vec<u32>, KeyMode),
+    Type(String),
+    Sleep(Duration),
+}
+
+#[derive(Clone, Copy)]
+enum KeyMode {
+    Tap,
+    Down,
+    Up,
+}
+
+const MAX_WAIT: Duration = Duration::from_secs(60);
+
+fn button(b: &Button) -> Result<u8, DisplayError> {
+    match b {
+        Button::Number(n) if (1..=9).contains(n) => Ok(*n),
+        Button::Number(n) => Err(DisplayError::Invalid(format!(
+            "button {n} does not exist (1-9)"
+        ))),
+        Button::Name(name) => match name.to_ascii_lowercase().as_str() {
+            "left" => Ok(1),
+            "middle" => Ok(2),
+            "right" => Ok(3),
+            "back" => Ok(8),
+            "forward" => Ok(9),
+            other => Err(DisplayError::Invalid(format!(
+                "unknown button {other:?} (left, middle, right, back, forward or 1-9)"
+            ))),
+        },
+    }
+}
+
+fn key_list(names: &[String]) -> Result<Vec<u32>, DisplayError> {
+    names
+        .iter()
+        .map(|n| keys::keysym(n).ok_or_else(|| DisplayError::Invalid(format!("unknown key {n:?}"))))
+        .collect()
+}
+
+fn point(x: Option<i32>, y: Option<i32>) -> Result<Option<(i32, i32)>, DisplayError> {
+    match (x, y) {
+        (Some(x), Some(y)) => Ok(Some((x, y))),
+        (None, None) => Ok(None),
+        _ => Err(DisplayError::Invalid(
+            "give both x and y, or neither".into(),
+        )),
+    }
+}
+
+fn plan(actions: &[InputAction]) -> Result<Vec<Step>, DisplayError> {
+    let mut steps = Vec::new();
+    let held =
+        |mods: &[String], steps: &mut Vec<Step>, inner: Vec<Step>| -> Result<(), DisplayError> {
+            let m = key_list(mods)?;
+            if !m.is_empty() {
+                steps.push(Step::Keys(m.clone(), KeyMode::Down));
+            }
+            steps.extend(inner);
+            if !m.is_empty() {
+                steps.push(Step::Keys(m, KeyMode::Up));
+            }
+            Ok(())
+        };
+    for a in actions {
+        match a {
+            InputAction::Move { x, y } => steps.push(Step::Move(*x, *y)),
+            InputAction::Click {
+                x,
+                y,
+                button: b,
+                count,
+                modifiers,
+            } => {
+                let b = button(b)?;
+                let count = count.unwrap_or(1);
+                if !(1..=10).contains(&count) {
+                    return Err(DisplayError::Invalid("count must be 1-10".into()));
+                }
+                let mut inner = Vec::new();
+                if let Some((x, y)) = point(*x, *y)? {
+                    inner.push(Step::Move(x, y));
+                }
+                for _ in 0..count {
+                    inner.push(Step::Button(b, true));
+                    inner.push(Step::Button(b, false));
+                }
+                held(modifiers, &mut steps, inner)?;
+            }
+            InputAction::ButtonDown { button: b } => steps.push(Step::Button(button(b)?, true)),
+            InputAction::ButtonUp { button: b } => steps.push(Step::Button(button(b)?, false)),
+            InputAction::Drag {
+                path,
+                button: b,
+                modifiers,
+            } => {
+                if path.len() < 2 {
+                    return Err(DisplayError::Invalid(
+                        "a drag needs at least two points".into(),
+                    ));
+                }
+                let b = button(b)?;
+                let mut inner = vec![Step::Move(path[0][0], path[0][1]), Step::Button(b, true)];
+                for p in &path[1..] {
+                    inner.push(Step::Move(p[0], p[1]));
+                }
+                inner.push(Step::Button(b, false));
+                held(modifiers, &mut steps, inner)?;
+            }
+            InputAction::Scroll {
+                x,
+                y,
+                direction,
+                amount,
+                modifiers,
+            } => {
+                let b = match direction.to_ascii_lowercase().as_str() {
+                    "up" => 4,
+                    "down" => 5,
+                    "left" => 6,
+                    "right" => 7,
+                    other => {
+                        return Err(DisplayError::Invalid(format!(
+                            "unknown scroll direction {other:?} (up, down, left, right)"
+                        )));
+                    }
+                };
+                let amount = amount.unwrap_or(1);
+                if !(1..=100).contains(&amount) {
+                    return Err(DisplayError::Invalid("amount must be 1-100".into()));
+                }
+                let mut inner = Vec::new();
+                if let Some((x, y)) = point(*x, *y)? {
+                    inner.push(Step::Move(x, y));
+                }
+                for _ in 0..amount {
+                    inner.push(Step::Button(b, true));
+                    inner.push(Step::Button(b, false));
+                }
+                held(modifiers, &mut steps, inner)?;
+            }
+            InputAction::Key { keys: k, repeat } => {
+                let syms = keys::chord(k).map_err(DisplayError::Invalid)?;
+                let n = repeat.unwrap_or(1);
+                if !(1..=1000).contains(&n) {
+                    return Err(DisplayError::Invalid("repeat must be 1-1000".into()));
+                }
+                for _ in 0..n {
+                    steps.push(Step::Keys(syms.clone(), KeyMode::Tap));
+                }
+            }
+            InputAction::KeyDown { key } => steps.push(Step::Keys(
+                keys::chord(key).map_err(DisplayError::Invalid)?,
+                KeyMode::Down,
+            )),
+            InputAction::KeyUp { key } => steps.push(Step::Keys(
+                keys::chord(key).map_err(DisplayError::Invalid)?,
+                KeyMode::Up,
+            )),
+            InputAction::Hold {
+                keys: k,
+                duration_ms,
+            } => {
+                let syms = keys::chord(k).map_err(DisplayError::Invalid)?;
+                let d = Duration::from_millis(*duration_ms);
+                if d > MAX_WAIT {
+                    return Err(DisplayError::Invalid("duration_ms is at most 60000".into()));
+                }
+                steps.push(Step::Keys(syms.clone(), KeyMode::Down));
+                steps.push(Step::Sleep(d));
+                steps.push(Step::Keys(syms, KeyMode::Up));
+            }
+            InputAction::Type { text } => {
+                if text.len() > 1 << 20 {
+                    return Err(DisplayError::Invalid("text is at most 1 MiB".into()));
+                }
+                steps.push(Step::Type(text.clone()));
+            }
+            InputAction::Wait { ms } => {
+                let d = Duration::from_millis(*ms);
+                if d > MAX_WAIT {
+                    return Err(DisplayError::Invalid("ms is at most 60000".into()));
+                }
+                steps.push(Step::Sleep(d));
+            }
+        }
+    }
+    Ok(steps)
+}
+
+fn execute(i: &mut Input, steps: &[Step]) -> Result<(), DisplayError> {
+    for s in steps {
+        match s {
+            Step::Move(x, y) => i.move_to(*x, *y)?,
+            Step::Button(b, down) => i.button(*b, *down)?,
+            Step::Keys(syms, KeyMode::Tap) => i.chord(syms)?,
+            Step::Keys(syms, KeyMode::Down) => {
+                for &s in syms {
+                    i.key(s, true)?;
+                }
+            }
+            Step::Keys(syms, KeyMode::Up) => {
+                for &s in syms.iter().rev() {
+                    i.key(s, false)?;
+                }
+            }
+            Step::Type(t) => i.type_text(t)?,
+            Step::Sleep(d) => {
+                i.x.sync()?;
+                std::thread::sleep(*d);
+            }
+        }
+    }
+    Ok(())
+}

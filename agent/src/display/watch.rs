@@ -1,0 +1,190 @@
+//! Watching the screen change: DAMAGE on the root window (every redraw anywhere) and XFixes
+//! cursor-shape notifications, on a connection of their own served by one thread. It feeds
+//! the screenshot cache (a generation number that moves on any change) and "settle" waits
+//! (when the last change big enough to matter happened).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use x11rb::connection::Connection;
+use x11rb::protocol::Event;
+use x11rb::protocol::damage::{ConnectionExt as _, ReportLevel};
+use x11rb::protocol::xfixes::{ConnectionExt as _, CursorNotifyMask};
+
+use super::conn::{Target, XConn};
+
+/// Changes smaller than this share of the screen (summed over `WINDOW`) do not unsettle it:
+/// a blinking caret or the panel clock must not keep the screen "busy".
+const BIG_SHARE: f64 = 0.001;
+const WINDOW: Duration = Duration::from_millis(50);
+
+#[derive(Default)]
+struct State {
+    /// Moves on every change (and on every reconnect).
+    generation: u64,
+    last_big: Option<Instant>,
+    recent: VecDeque<(Instant, u64)>,
+    screen_area: u64,
+    connected: bool,
+}
+
+pub struct ScreenWatch {
+    state: Mutex<State>,
+    conn: Mutex<Option<Arc<XConn>>>,
+    changed: watch::Sender<u64>,
+}
+
+impl ScreenWatch {
+    pub fn start(target: Target) -> Arc<ScreenWatch> {
+        let w = Arc::new(ScreenWatch {
+            state: Mutex::new(State::default()),
+            conn: Mutex::new(None),
+            changed: watch::channel(0).0,
+        });
+        let weak = Arc::downgrade(&w);
+        let spawned = std::thread::Builder::new()
+            .name("berth-screen-watch".into())
+            .spawn(move || {
+                let mut backoff = Duration::from_millis(100);
+                loop {
+                    let Some(w) = weak.upgrade() else { return };
+                    match w.serve(&target) {
+                        Ok(()) => backoff = Duration::from_millis(100),
+                        Err(e) => {
+                            tracing::debug!(error = %e, "screen watch lost the display; reconnecting");
+                        }
+                    }
+                    w.disconnected();
+                    drop(w);
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start the screen watch thread");
+        }
+        w
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Connects, subscribes, and handles events until the connection fails.
+    fn serve(&self, target: &Target) -> Result<(), super::DisplayError> {
+        let x = Arc::new(XConn::open(target)?);
+        x.conn.damage_query_version(1, 1)?.reply()?;
+        x.conn.xfixes_query_version(5, 0)?.reply()?;
+        let damage = x.conn.generate_id()?;
+        x.conn
+            .damage_create(damage, x.root, ReportLevel::RAW_RECTANGLES)?
+            .check()?;
+        x.conn
+            .xfixes_select_cursor_input(x.root, CursorNotifyMask::DISPLAY_CURSOR)?
+            .check()?;
+        let (w, h) = x.screen_size()?;
+        {
+            let mut s = self.state();
+            s.screen_area = w as u64 * h as u64;
+            s.connected = true;
+            s.generation += 1;
+        }
+        self.bump();
+        *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(x.clone());
+        loop {
+            let ev = x.conn.wait_for_event()?;
+            self.handle(ev);
+        }
+    }
+
+    fn disconnected(&self) {
+        *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        {
+            let mut s = self.state();
+            s.connected = false;
+            s.generation += 1;
+        }
+        self.bump();
+    }
+
+    fn handle(&self, ev: Event) {
+        let now = Instant::now();
+        match ev {
+            Event::DamageNotify(d) => {
+                let area = d.area.width as u64 * d.area.height as u64;
+                let mut s = self.state();
+                s.generation += 1;
+                s.recent.push_back((now, area));
+                while s.recent.front().is_some_and(|&(t, _)| now - t > WINDOW) {
+                    s.recent.pop_front();
+                }
+                let sum: u64 = s.recent.iter().map(|&(_, a)| a).sum();
+                if sum as f64 > s.screen_area as f64 * BIG_SHARE {
+                    s.last_big = Some(now);
+                }
+            }
+            Event::RandrScreenChangeNotify(_) | Event::ConfigureNotify(_) => {
+                self.state().generation += 1;
+            }
+            _ => return,
+        }
+        self.bump();
+    }
+
+    fn bump(&self) {
+        let g = self.state().generation;
+        self.changed.send_replace(g);
+    }
+
+    /// The change counter after every event the server generated before this call has been
+    /// seen: a round trip on the watch connection, then the queue drained here.
+    pub fn generation_now(&self) -> u64 {
+        let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(x) = conn
+            && x.sync().is_ok()
+        {
+            while let Ok(Some(ev)) = x.conn.poll_for_event() {
+                self.handle(ev);
+            }
+        }
+        self.state().generation
+    }
+
+    pub fn connected(&self) -> bool {
+        self.state().connected
+    }
+
+    /// Waits until no big change has happened for `quiet` (counting from `since`), or until
+    /// `timeout` after `since`. Returns how long it waited and whether it gave up.
+    pub async fn settle(
+        self: &Arc<Self>,
+        since: Instant,
+        quiet: Duration,
+        timeout: Duration,
+    ) -> (Duration, bool) {
+        let mut rx = self.changed.subscribe();
+        let deadline = since + timeout;
+        loop {
+            rx.borrow_and_update();
+            // Pull in what the server already sent before judging.
+            let me = self.clone();
+            let _ = tokio::task::spawn_blocking(move || me.generation_now()).await;
+            let last = self
+                .state()
+                .last_big
+                .filter(|&t| t > since)
+                .unwrap_or(since);
+            let now = Instant::now();
+            if now >= last + quiet {
+                return (now - since, false);
+            }
+            if now >= deadline {
+                return (now - since, true);
+            }
+            let wake = (last + quiet).min(deadline);
+            let _ = tokio::time::timeout_at(wake.into(), rx.changed()).await;
+        }
+    }
+}

@@ -1,0 +1,887 @@
+//! The display domain against real X servers (Xvfb, xfwm4 where a window manager matters, Tk
+//! windows where a real toolkit must read the input): pixels, the cursor, geometry, the cache,
+//! XTEST input read back from the X side, typing into a real text field, settle, windows,
+//! the clipboard, computer-use actions, and OSWorld's pyautogui path.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use base64::Engine;
+use berth_protocol::{Button, ComputerRequest, InputAction, InputRequest, ScreenshotAfter};
+use berth_tests::x::{XServer, collect_events, decode_png, pixel, solid_window};
+use berth_tests::{AgentOptions, AgentProcess, wait_until};
+use serde_json::{Value, json};
+use x11rb::connection::Connection;
+use x11rb::protocol::Event;
+use x11rb::protocol::xproto::{ConnectionExt as _, EventMask, InputFocus};
+
+async fn agent_on(x: &XServer) -> AgentProcess {
+    agent_with(x, Vec::new()).await
+}
+
+async fn agent_with(x: &XServer, env: Vec<(String, String)>) -> AgentProcess {
+    AgentProcess::start_with(AgentOptions {
+        extra_args: vec!["--display".into(), x.display.clone()],
+        env,
+        ..Default::default()
+    })
+    .await
+}
+
+async fn shot(a: &AgentProcess, query: &str) -> reqwest::Response {
+    a.client()
+        .request(reqwest::Method::GET, &format!("/v1/screenshot?{query}"))
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn png(a: &AgentProcess, query: &str) -> (u32, u32, Vec<u8>) {
+    let r = shot(a, query).await;
+    assert_eq!(r.status(), 200, "{query}: {}", r.text().await.unwrap());
+    decode_png(&r.bytes().await.unwrap())
+}
+
+async fn input(a: &AgentProcess, actions: Value) -> reqwest::Response {
+    a.client()
+        .request(reqwest::Method::POST, "/v1/input")
+        .json(&json!({ "actions": actions }))
+        .send()
+        .await
+        .unwrap()
+}
+
+/// A Tk probe window (tests/apps/probe.py) that reports its text field's content.
+struct Probe {
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Probe {
+    fn start(x: &XServer, args: &[&str]) -> Probe {
+        let dir = tempfile::tempdir().unwrap();
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/apps/probe.py");
+        let child = Command::new("/usr/bin/python3")
+            .arg(script)
+            .arg("--out")
+            .arg(dir.path())
+            .args(args)
+            .env("DISPLAY", &x.display)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("python3 with tkinter");
+        let ready = dir.path().join("ready");
+        wait_until("the Tk probe to map", Duration::from_secs(20), || {
+            ready.exists()
+        });
+        Probe { child, dir }
+    }
+
+    fn text(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("text.txt")).unwrap_or_default()
+    }
+
+    fn wait_text(&self, expected: &str) {
+        let path = self.dir.path().join("text.txt");
+        wait_until(
+            "the text field to hold the typed text",
+            Duration::from_secs(30),
+            || std::fs::read_to_string(&path).is_ok_and(|t| t == expected),
+        );
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn screenshot_pixels_are_exactly_what_was_drawn() {
+    let x = XServer::start(640, 480);
+    let a = agent_on(&x).await;
+    let (_c1, _) = solid_window(&x, (0, 0, 640, 480), 0x102030, EventMask::NO_EVENT);
+    let (_c2, _) = solid_window(&x, (100, 50, 200, 100), 0xff0000, EventMask::NO_EVENT);
+    let (_c3, _) = solid_window(&x, (0, 0, 1, 1), 0x00ff00, EventMask::NO_EVENT);
+    let img = png(&a, "cursor=false").await;
+    assert_eq!((img.0, img.1), (640, 480));
+    assert_eq!(
+        pixel(&img, 0, 0),
+        [0, 255, 0],
+        "a single pixel at the origin"
+    );
+    assert_eq!(pixel(&img, 1, 0), [0x10, 0x20, 0x30]);
+    assert_eq!(pixel(&img, 100, 50), [255, 0, 0]);
+    assert_eq!(pixel(&img, 299, 149), [255, 0, 0]);
+    assert_eq!(pixel(&img, 300, 150), [0x10, 0x20, 0x30]);
+    assert_eq!(pixel(&img, 639, 479), [0x10, 0x20, 0x30]);
+    // Lossy formats come close.
+    for (format, magic) in [("jpeg", &b"\xff\xd8\xff"[..]), ("webp", &b"RIFF"[..])] {
+        let r = shot(&a, &format!("format={format}&quality=90&cursor=false")).await;
+        assert_eq!(
+            r.headers()["content-type"],
+            format!("image/{format}").as_str()
+        );
+        assert!(r.bytes().await.unwrap().starts_with(magic));
+    }
+}
+
+#[tokio::test]
+async fn the_cursor_is_drawn_where_the_pointer_is_and_nowhere_else() {
+    let x = XServer::start(640, 480);
+    let a = agent_on(&x).await;
+    let (_c, _) = solid_window(&x, (0, 0, 640, 480), 0x808080, EventMask::NO_EVENT);
+    assert_eq!(
+        input(&a, json!([{"type": "move", "x": 300, "y": 200}]))
+            .await
+            .status(),
+        200
+    );
+    let with = png(&a, "cursor=true").await;
+    let without = png(&a, "cursor=false").await;
+    let mut changed = Vec::new();
+    for y in 0..480 {
+        for x in 0..640 {
+            if pixel(&with, x, y) != pixel(&without, x, y) {
+                changed.push((x, y));
+            }
+        }
+    }
+    assert!(!changed.is_empty(), "the cursor is visible");
+    // Every changed pixel is within a cursor's reach of the pointer.
+    assert!(
+        changed
+            .iter()
+            .all(|&(x, y)| (x as i32 - 300).abs() < 64 && (y as i32 - 200).abs() < 64),
+        "cursor pixels far from the pointer: {:?}",
+        &changed[..changed.len().min(5)]
+    );
+    assert_eq!(pixel(&without, 300, 200), [128, 128, 128]);
+}
+
+#[tokio::test]
+async fn scale_and_region_shape_the_image_and_bad_ones_are_400() {
+    let x = XServer::start(640, 480);
+    let a = agent_on(&x).await;
+    let (_c1, _) = solid_window(&x, (0, 0, 640, 480), 0x000000, EventMask::NO_EVENT);
+    let (_c2, _) = solid_window(&x, (200, 100, 50, 40), 0x0000ff, EventMask::NO_EVENT);
+    let r = shot(&a, "region=190,90,100,80&cursor=false").await;
+    assert_eq!(r.headers()["x-screen-width"], "640");
+    let img = decode_png(&r.bytes().await.unwrap());
+    assert_eq!((img.0, img.1), (100, 80));
+    assert_eq!(pixel(&img, 9, 9), [0, 0, 0]);
+    assert_eq!(pixel(&img, 10, 10), [0, 0, 255]);
+    assert_eq!(pixel(&img, 59, 49), [0, 0, 255]);
+    assert_eq!(pixel(&img, 60, 50), [0, 0, 0]);
+    let r = shot(&a, "scale=0.5&cursor=false").await;
+    assert_eq!(r.headers()["x-scale"], "0.5");
+    let img = decode_png(&r.bytes().await.unwrap());
+    assert_eq!((img.0, img.1), (320, 240));
+    assert_eq!(pixel(&img, 112, 60), [0, 0, 255]);
+    for bad in [
+        "region=0,0,0,0",
+        "region=600,400,100,100",
+        "region=-1,0,10,10",
+        "region=1,2,3",
+        "scale=0",
+        "scale=1.5",
+        "format=gif",
+        "quality=0",
+    ] {
+        let r = shot(&a, bad).await;
+        assert_eq!(r.status(), 400, "{bad}");
+        let v: Value = r.json().await.unwrap();
+        assert!(!v["error"]["message"].as_str().unwrap().is_empty());
+    }
+}
+
+#[tokio::test]
+async fn an_unchanged_screen_is_answered_from_the_cache_until_it_changes() {
+    let x = XServer::start(320, 240);
+    let a = agent_on(&x).await;
+    let (_c1, _) = solid_window(&x, (0, 0, 320, 240), 0x000000, EventMask::NO_EVENT);
+    shot(&a, "").await;
+    let r = shot(&a, "").await;
+    assert_eq!(r.headers()["x-cache"], "hit");
+    // A change on screen invalidates it at once.
+    let (_c2, _) = solid_window(&x, (10, 10, 20, 20), 0xffffff, EventMask::NO_EVENT);
+    let r = shot(&a, "cursor=false").await;
+    assert_eq!(r.headers()["x-cache"], "miss");
+    let img = decode_png(&r.bytes().await.unwrap());
+    assert_eq!(pixel(&img, 15, 15), [255, 255, 255]);
+    // So does a pointer move (the cursor is part of the picture).
+    shot(&a, "").await;
+    input(&a, json!([{"type": "move", "x": 5, "y": 5}])).await;
+    assert_eq!(shot(&a, "").await.headers()["x-cache"], "miss");
+}
+
+#[tokio::test]
+async fn mouse_actions_arrive_at_a_real_window() {
+    let x = XServer::start(640, 480);
+    let a = agent_on(&x).await;
+    let (c, w) = solid_window(
+        &x,
+        (0, 0, 640, 480),
+        0x000000,
+        EventMask::BUTTON_PRESS | EventMask::BUTTON_RELEASE | EventMask::POINTER_MOTION,
+    );
+    let r = input(
+        &a,
+        json!([
+            {"type": "click", "x": 10, "y": 20, "button": "left"},
+            {"type": "click", "x": 30, "y": 40, "button": "middle"},
+            {"type": "click", "x": 50, "y": 60, "button": "right", "count": 2},
+            {"type": "scroll", "x": 70, "y": 80, "direction": "down", "amount": 3},
+            {"type": "scroll", "direction": "left"},
+            {"type": "drag", "path": [[100, 100], [150, 120], [200, 140]]},
+            {"type": "move", "x": 0, "y": 0}
+        ]),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["cursor"], json!([0, 0]), "0 is a real coordinate");
+    let events = collect_events(&c, Duration::from_secs(10), |evs| {
+        evs.iter()
+            .filter(|e| matches!(e, Event::ButtonRelease(_)))
+            .count()
+            >= 9
+    });
+    let presses: Vec<(u8, i16, i16)> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::ButtonPress(b) if b.event == w => Some((b.detail, b.event_x, b.event_y)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        presses,
+        vec![
+            (1, 10, 20),
+            (2, 30, 40),
+            (3, 50, 60),
+            (3, 50, 60),
+            (5, 70, 80),
+            (5, 70, 80),
+            (5, 70, 80),
+            (6, 70, 80),
+            (1, 100, 100),
+        ]
+    );
+    let release = events
+        .iter()
+        .rev()
+        .find_map(|e| match e {
+            Event::ButtonRelease(b) if b.detail == 1 => Some((b.event_x, b.event_y)),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(release, (200, 140), "the drag ends where its path ends");
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, Event::MotionNotify(m) if (m.event_x, m.event_y) == (150, 120)))
+    );
+    let r: Value = reqwest::get(a.url("/cursor_position"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r, json!([0, 0]));
+}
+
+#[tokio::test]
+async fn keys_and_chords_arrive_in_order_and_bad_names_are_400() {
+    let x = XServer::start(320, 240);
+    let a = agent_on(&x).await;
+    let (c, w) = solid_window(
+        &x,
+        (0, 0, 320, 240),
+        0x000000,
+        EventMask::KEY_PRESS | EventMask::KEY_RELEASE,
+    );
+    c.set_input_focus(InputFocus::POINTER_ROOT, w, 0u32)
+        .unwrap();
+    c.get_input_focus().unwrap().reply().unwrap();
+    let setup = c.setup();
+    let (min, max) = (setup.min_keycode, setup.max_keycode);
+    let map = c
+        .get_keyboard_mapping(min, max - min + 1)
+        .unwrap()
+        .reply()
+        .unwrap();
+    let per = map.keysyms_per_keycode as usize;
+    let keysym_of = |kc: u8| map.keysyms[(kc - min) as usize * per];
+    let r = input(
+        &a,
+        json!([{"type": "key", "keys": "ctrl+shift+t"}, {"type": "key", "keys": "Return"}]),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let events = collect_events(&c, Duration::from_secs(10), |evs| {
+        evs.iter()
+            .filter(|e| matches!(e, Event::KeyRelease(_)))
+            .count()
+            >= 4
+    });
+    let seq: Vec<(bool, u32)> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::KeyPress(k) => Some((true, keysym_of(k.detail))),
+            Event::KeyRelease(k) => Some((false, keysym_of(k.detail))),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        seq,
+        vec![
+            (true, 0xffe3),
+            (true, 0xffe1),
+            (true, 0x74),
+            (false, 0x74),
+            (false, 0xffe1),
+            (false, 0xffe3),
+            (true, 0xff0d),
+            (false, 0xff0d),
+        ]
+    );
+    for (bad, name) in [
+        (json!([{"type": "key", "keys": "ctrl+bogus"}]), "bogus"),
+        (json!([{"type": "click", "button": "sideways"}]), "sideways"),
+        (
+            json!([{"type": "scroll", "direction": "diagonal"}]),
+            "diagonal",
+        ),
+        (json!([{"type": "teleport"}]), "teleport"),
+        (json!([{"type": "click", "x": 5}]), "x and y"),
+    ] {
+        let r = input(&a, bad).await;
+        assert_eq!(r.status(), 400);
+        let v: Value = r.json().await.unwrap();
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(name),
+            "{v}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn unicode_and_long_text_arrive_exactly_in_a_real_text_field() {
+    let x = XServer::start(800, 600);
+    let a = agent_on(&x).await;
+    let probe = Probe::start(&x, &[]);
+    let text = "héllo ✓ Ωμέγα\tend\n";
+    let r = input(
+        &a,
+        json!([{"type": "click", "x": 400, "y": 300}, {"type": "type", "text": text}]),
+    )
+    .await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    probe.wait_text(text);
+    // 10,000 ASCII characters (every printable one, in order, with newlines).
+    let long: String = (0..10_000)
+        .map(|i| {
+            if i % 100 == 99 {
+                '\n'
+            } else {
+                (b' ' + (i % 95) as u8) as char
+            }
+        })
+        .collect();
+    let r = input(
+        &a,
+        json!([{"type": "key", "keys": "ctrl+End"}, {"type": "type", "text": long}]),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    probe.wait_text(&format!("{text}{long}"));
+    assert_eq!(probe.text().chars().count(), text.chars().count() + 10_000);
+}
+
+#[tokio::test]
+async fn a_click_that_opens_a_window_returns_a_settled_screenshot_showing_it() {
+    let x = XServer::start(1280, 800);
+    let a = agent_on(&x).await;
+    let _probe = Probe::start(&x, &["--opener", "--geometry", "500x400+0+0"]);
+    // The text field's caret blinks every 300 ms the whole time.
+    let req = InputRequest {
+        actions: vec![InputAction::Click {
+            x: Some(40),
+            y: Some(25),
+            button: Button::default(),
+            count: None,
+            modifiers: Vec::new(),
+        }],
+        screenshot_after: Some(ScreenshotAfter::default()),
+    };
+    let r = a
+        .client()
+        .request(reqwest::Method::POST, "/v1/input")
+        .json(&req)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        v["settle_timed_out"], false,
+        "a blinking caret does not keep the screen busy"
+    );
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(v["screenshot_b64"].as_str().unwrap())
+        .unwrap();
+    let img = decode_png(&bytes);
+    assert_eq!(
+        pixel(&img, 800, 450),
+        [255, 0, 255],
+        "the opened window is in the screenshot"
+    );
+}
+
+#[tokio::test]
+async fn settle_on_a_screenshot_reports_how_long_it_waited() {
+    let x = XServer::start(320, 240);
+    let a = agent_on(&x).await;
+    let r = shot(&a, "settle_ms=100&timeout_ms=1000").await;
+    assert_eq!(r.status(), 200);
+    let waited: u64 = r.headers()["x-settled-ms"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(waited >= 100);
+    assert_eq!(r.headers()["x-settle-timed-out"], "false");
+}
+
+#[tokio::test]
+async fn window_routes_work_against_real_windows() {
+    let x = XServer::start(1024, 768).with_wm();
+    let a = agent_on(&x).await;
+    let _one = Probe::start(
+        &x,
+        &[
+            "--title",
+            "First Window",
+            "--class",
+            "alphaapp",
+            "--geometry",
+            "300x200+10+10",
+        ],
+    );
+    let _two = Probe::start(
+        &x,
+        &[
+            "--title",
+            "Second Window",
+            "--class",
+            "betaapp",
+            "--geometry",
+            "320x240+400+300",
+        ],
+    );
+    let http = reqwest::Client::new();
+    let r = http
+        .post(a.url("/window_size"))
+        .form(&[("app_class_name", "Betaapp")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"width": 320, "height": 240})
+    );
+    let r = http
+        .post(a.url("/window_size"))
+        .form(&[("app_class_name", "nope")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let r = http
+        .post(a.url("/window_size"))
+        .form(&[("x", "y")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"error": "app_class_name is required"})
+    );
+
+    // Activation through EWMH: the window manager makes it the active window.
+    let c = x.connect();
+    let root = c.setup().roots[0].root;
+    let active_atom = c
+        .intern_atom(false, b"_NET_ACTIVE_WINDOW")
+        .unwrap()
+        .reply()
+        .unwrap()
+        .atom;
+    let active_window = || {
+        c.get_property(
+            false,
+            root,
+            active_atom,
+            x11rb::protocol::xproto::AtomEnum::WINDOW,
+            0,
+            1,
+        )
+        .unwrap()
+        .reply()
+        .unwrap()
+        .value32()
+        .and_then(|mut v| v.next())
+        .unwrap_or(0)
+    };
+    let windows: Value = a
+        .client()
+        .request(reqwest::Method::GET, "/v1/windows")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id_of = |title: &str| {
+        windows["windows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["title"] == title)
+            .unwrap()["id"]
+            .as_u64()
+            .unwrap() as u32
+    };
+    // The window manager focuses the window mapped last; wait for that to settle first.
+    let second = id_of("Second Window");
+    wait_until(
+        "the new window to be focused",
+        Duration::from_secs(10),
+        || active_window() == second,
+    );
+    for (name, strict, by_class, expect) in [
+        ("first", false, false, "First Window"),
+        ("Second Window", true, false, "Second Window"),
+        ("alphaapp.Alphaapp", true, true, "First Window"),
+    ] {
+        let r = http
+            .post(a.url("/setup/activate_window"))
+            .json(&json!({"window_name": name, "strict": strict, "by_class": by_class}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.text().await.unwrap(), "Window activated successfully");
+        let want = id_of(expect);
+        wait_until(
+            &format!("{expect} to be active"),
+            Duration::from_secs(10),
+            || active_window() == want,
+        );
+    }
+    // A verification waits for a window by title.
+    let r = http
+        .post(a.url("/setup/execute_with_verification"))
+        .json(&json!({"command": ["true"], "verification": {"window_exists": "second window"}, "max_wait_time": 5}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["verification"], "passed");
+    // Closing: the window goes away.
+    let r = http
+        .post(a.url("/setup/close_window"))
+        .json(&json!({"window_name": "Second"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.text().await.unwrap(), "Window closed successfully.");
+    let client = a.client();
+    berth_tests::wait_for("the window to close", Duration::from_secs(10), || {
+        let client = client.clone();
+        async move {
+            let v: Value = client
+                .request(reqwest::Method::GET, "/v1/windows")
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            (!v["windows"]
+                .as_array()?
+                .iter()
+                .any(|w| w["title"] == "Second Window"))
+            .then_some(())
+        }
+    })
+    .await;
+    let r = http
+        .post(a.url("/setup/close_window"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.text().await.unwrap(), "window_name required");
+}
+
+#[tokio::test]
+async fn open_file_launches_an_app_and_waits_for_its_window() {
+    let x = XServer::start(1024, 768).with_wm();
+    let bin = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let app = bin.path().join("probe-open-app");
+    std::fs::write(
+        &app,
+        format!(
+            "#!/bin/sh\nexec /usr/bin/python3 {} --out {} --title 'probe-open-app window'\n",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/apps/probe.py"),
+            out.path().display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&app, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.path().display(),
+        std::env::var("PATH").unwrap()
+    );
+    let a = agent_with(&x, vec![("PATH".into(), path)]).await;
+    let http = reqwest::Client::new();
+    let r = http
+        .post(a.url("/setup/open_file"))
+        .json(&json!({"path": "probe-open-app"}))
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.text().await.unwrap(),
+        "File opened and window activated successfully"
+    );
+    let r = http
+        .post(a.url("/setup/open_file"))
+        .json(&json!({"path": "/no/such/thing"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(
+        r.text().await.unwrap(),
+        "Application/file not found: /no/such/thing"
+    );
+    let r = http
+        .post(a.url("/setup/open_file"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+}
+
+#[tokio::test]
+async fn the_clipboard_round_trips_with_other_clients() {
+    let x = XServer::start(320, 240);
+    let a = agent_on(&x).await;
+    let c = a.client();
+    let r = c
+        .request(reqwest::Method::PUT, "/v1/clipboard")
+        .json(&json!({"text": "héllo clipboard ✓"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let v: Value = c
+        .request(reqwest::Method::GET, "/v1/clipboard")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["text"], "héllo clipboard ✓");
+    // Another client reads what we set, and sets what we then read.
+    let mut req = berth_protocol::ExecRequest::argv(["xclip", "-selection", "clipboard", "-o"]);
+    let out = c.exec(&req).await.unwrap();
+    assert_eq!(out.stdout.as_deref(), Some("héllo clipboard ✓"));
+    req = berth_protocol::ExecRequest::shell("printf 'from xclip' | xclip -selection clipboard -i");
+    c.exec(&req).await.unwrap();
+    let v: Value = c
+        .request(reqwest::Method::GET, "/v1/clipboard")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["text"], "from xclip");
+}
+
+#[tokio::test]
+async fn computer_use_actions_map_coordinates_and_answer_screenshots() {
+    let x = XServer::start(1280, 800);
+    let a = agent_on(&x).await;
+    let (_bg, _) = solid_window(&x, (0, 0, 1280, 800), 0x000000, EventMask::NO_EVENT);
+    let post = |body: ComputerRequest| {
+        let c = a.client();
+        async move {
+            c.request(reqwest::Method::POST, "/v1/computer")
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let scaled = |action: &str| ComputerRequest {
+        action: action.into(),
+        display_width_px: Some(640),
+        display_height_px: Some(400),
+        ..Default::default()
+    };
+    let r = post(scaled("screenshot")).await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    let img = decode_png(
+        &base64::engine::general_purpose::STANDARD
+            .decode(v["base64_image"].as_str().unwrap())
+            .unwrap(),
+    );
+    assert_eq!(
+        (img.0, img.1),
+        (640, 400),
+        "screenshots come in the engine's size"
+    );
+    let mut click = scaled("left_click");
+    click.coordinate = Some([320, 200]);
+    let r = post(click).await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        v["base64_image"].is_string(),
+        "an action answers with the screen after it"
+    );
+    let pos: Value = reqwest::get(a.url("/cursor_position"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        pos,
+        json!([640, 400]),
+        "engine coordinates map back to the screen"
+    );
+    let r = post(scaled("cursor_position")).await;
+    assert_eq!(r.json::<Value>().await.unwrap()["output"], "X=320,Y=200");
+    let mut zoom = ComputerRequest {
+        action: "zoom".into(),
+        ..Default::default()
+    };
+    zoom.region = Some([0, 0, 100, 50]);
+    let v: Value = post(zoom).await.json().await.unwrap();
+    let img = decode_png(
+        &base64::engine::general_purpose::STANDARD
+            .decode(v["base64_image"].as_str().unwrap())
+            .unwrap(),
+    );
+    assert_eq!((img.0, img.1), (100, 50));
+    let mut outside = scaled("left_click");
+    outside.coordinate = Some([640, 10]);
+    let r = post(outside).await;
+    assert_eq!(r.status(), 400);
+    assert!(
+        r.json::<Value>().await.unwrap()["error"]
+            .as_str()
+            .unwrap()
+            .contains("outside")
+    );
+    let r = post(ComputerRequest {
+        action: "juggle".into(),
+        ..Default::default()
+    })
+    .await;
+    assert_eq!(r.status(), 400);
+    let r = post(ComputerRequest {
+        action: "type".into(),
+        ..Default::default()
+    })
+    .await;
+    assert_eq!(r.status(), 400);
+}
+
+#[tokio::test]
+async fn osworlds_pyautogui_call_moves_the_pointer() {
+    let x = XServer::start(800, 600);
+    // Debian's python3 only (no `python`): the agent's shim supplies `python`.
+    let a = agent_with(
+        &x,
+        vec![(
+            "PATH".into(),
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+        )],
+    )
+    .await;
+    let prefix = "import pyautogui; import time; pyautogui.FAILSAFE = False; ";
+    let r = reqwest::Client::new()
+        .post(a.url("/execute"))
+        .json(&json!({"command": ["python", "-c", format!("{prefix}pyautogui.moveTo(123, 234)")], "shell": false}))
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["returncode"], 0, "{v}");
+    let pos: Value = reqwest::get(a.url("/cursor_position"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(pos, json!([123, 234]));
+}
+
+#[tokio::test]
+async fn compat_display_routes_answer_like_the_reference() {
+    let x = XServer::start(800, 600);
+    let a = agent_on(&x).await;
+    let r = reqwest::get(a.url("/screenshot")).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "image/png");
+    assert_eq!(
+        r.headers()["content-disposition"],
+        "inline; filename=screenshot.png"
+    );
+    let img = decode_png(&r.bytes().await.unwrap());
+    assert_eq!((img.0, img.1), (800, 600));
+    let r = reqwest::Client::new()
+        .post(a.url("/screen_size"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"height": 600, "width": 800})
+    );
+}
+
+#[tokio::test]
+async fn without_a_display_the_display_routes_say_so() {
+    let a = AgentProcess::start().await;
+    let r = shot(&a, "").await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"]["code"],
+        "no_display"
+    );
+    let r = reqwest::get(a.url("/screenshot")).await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.json::<Value>().await.unwrap()["status"], "error");
+}
