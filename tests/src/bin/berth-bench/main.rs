@@ -1,15 +1,19 @@
 //! berth's benchmarks, each figure printed beside the peer it is compared with, measured in
 //! the same run on the same machine.
 //!
-//!   cargo run -p berth-tests --bin berth-bench -- [exec] [--requests N]
+//!   cargo run -p berth-tests --bin berth-bench -- [exec] [display] [--requests N]
 //!
 //! `exec`: `/execute` round trip for `echo hi`, a new TCP connection per request as OSWorld's
 //! client makes them, against berth-agent and against a Flask + `subprocess.run` server.
+//! `display`: screenshots, input and settle on a 1920x1080 XFCE desktop, against scrot +
+//! Pillow, Pillow's ImageGrab and xdotool.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use berth_tests::{AgentProcess, raw_http};
+
+mod display;
 
 const BODY: &str = r#"{"command": ["echo", "hi"], "shell": false}"#;
 
@@ -29,6 +33,9 @@ async fn main() {
         .collect();
     if which.is_empty() || which.contains(&"exec") {
         bench_exec(requests).await;
+    }
+    if which.is_empty() || which.contains(&"display") {
+        display::bench(requests.min(200)).await;
     }
 }
 
