@@ -139,6 +139,11 @@ impl AgentProcess {
             .prefix("berth-test-")
             .tempdir()
             .expect("tempdir");
+        Self::start_in(dir, opts).await
+    }
+
+    /// Starts in a directory the test prepared (state in `dir/state`, home in `dir/home`).
+    pub async fn start_in(dir: tempfile::TempDir, opts: AgentOptions) -> AgentProcess {
         let state_dir = dir.path().join("state");
         let home = opts.home.clone().unwrap_or_else(|| dir.path().join("home"));
         std::fs::create_dir_all(&home).unwrap();

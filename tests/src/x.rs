@@ -60,6 +60,27 @@ impl XServer {
         }
     }
 
+    /// Kills the server and starts a new one on the same display number (an X restart).
+    pub fn restart(&mut self) {
+        let _ = self.xvfb.kill();
+        let _ = self.xvfb.wait();
+        let n = self.display.trim_start_matches(':').to_string();
+        let lock = format!("/tmp/.X{n}-lock");
+        let _ = std::fs::remove_file(&lock);
+        self.xvfb = Command::new("Xvfb")
+            .arg(&self.display)
+            .args(["-nolisten", "tcp", "-screen", "0"])
+            .arg(format!("{}x{}x24", self.width, self.height))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("Xvfb");
+        crate::wait_until("the new X server", Duration::from_secs(20), || {
+            RustConnection::connect(Some(&self.display)).is_ok()
+        });
+    }
+
     /// Starts xfwm4 (compositor off) on a session bus of its own and waits until it owns the
     /// WM selection.
     pub fn with_wm(mut self) -> XServer {

@@ -3,6 +3,7 @@
 //! XTEST input read back from the X side, typing into a real text field, settle, windows,
 //! the clipboard, computer-use actions, and OSWorld's pyautogui path.
 
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -846,6 +847,166 @@ async fn osworlds_pyautogui_call_moves_the_pointer() {
         .await
         .unwrap();
     assert_eq!(pos, json!([123, 234]));
+}
+
+#[tokio::test]
+async fn screenshots_come_back_after_the_x_server_restarts() {
+    let mut x = XServer::start(320, 240);
+    let a = agent_on(&x).await;
+    assert_eq!(shot(&a, "").await.status(), 200);
+    x.restart();
+    let (_c, _) = solid_window(&x, (0, 0, 320, 240), 0x00ff00, EventMask::NO_EVENT);
+    let client = a.client();
+    let img = berth_tests::wait_for("screenshots again", Duration::from_secs(20), || {
+        let client = client.clone();
+        async move {
+            let r = client
+                .request(reqwest::Method::GET, "/v1/screenshot?cursor=false")
+                .send()
+                .await
+                .ok()?;
+            if r.status() != 200 {
+                return None;
+            }
+            Some(decode_png(&r.bytes().await.ok()?))
+        }
+    })
+    .await;
+    assert_eq!(
+        pixel(&img, 100, 100),
+        [0, 255, 0],
+        "the new server's pixels"
+    );
+    assert_eq!(
+        input(&a, json!([{"type": "move", "x": 7, "y": 8}]))
+            .await
+            .status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn every_computer_use_action_runs() {
+    let x = XServer::start(800, 600);
+    let a = agent_on(&x).await;
+    let (_bg, _) = solid_window(&x, (0, 0, 800, 600), 0x202020, EventMask::NO_EVENT);
+    let c = a.client();
+    let cases = [
+        json!({"action": "key", "text": "ctrl+a Return"}),
+        json!({"action": "hold_key", "text": "shift", "duration": 0.05}),
+        json!({"action": "type", "text": "héllo"}),
+        json!({"action": "mouse_move", "coordinate": [10, 20]}),
+        json!({"action": "left_mouse_down", "coordinate": [30, 30]}),
+        json!({"action": "left_mouse_up", "coordinate": [60, 60]}),
+        json!({"action": "left_click", "coordinate": [0, 0], "text": "shift"}),
+        json!({"action": "right_click", "coordinate": [100, 100]}),
+        json!({"action": "middle_click"}),
+        json!({"action": "double_click", "coordinate": [200, 200]}),
+        json!({"action": "triple_click", "coordinate": [210, 210]}),
+        json!({"action": "left_click_drag", "start_coordinate": [10, 10], "coordinate": [300, 300]}),
+        json!({"action": "scroll", "coordinate": [400, 300], "scroll_direction": "down", "scroll_amount": 5}),
+        json!({"action": "scroll", "scroll_direction": "left"}),
+        json!({"action": "wait", "duration": 0.1}),
+        json!({"action": "screenshot"}),
+    ];
+    for body in cases {
+        let r = c
+            .request(reqwest::Method::POST, "/v1/computer")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{body}");
+        let v: Value = r.json().await.unwrap();
+        assert!(v["base64_image"].is_string(), "{body}: {v}");
+        assert!(v.get("error").is_none(), "{body}: {v}");
+    }
+    let pos: Value = reqwest::get(a.url("/cursor_position"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        pos,
+        json!([400, 300]),
+        "the last positioned action left the pointer there"
+    );
+}
+
+#[tokio::test]
+async fn the_wallpaper_is_set_and_served_through_xfconf() {
+    let x = XServer::start(640, 480);
+    // A session bus where the agent's children look for one: <runtime dir>/bus.
+    let a_dir = tempfile::tempdir().unwrap();
+    let uid = nix::unistd::Uid::effective().as_raw();
+    let state = a_dir.path().join("state");
+    let runtime = state.join("run").join(uid.to_string());
+    std::fs::create_dir_all(&runtime).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let system_runtime = Path::new("/run/user").join(uid.to_string());
+    let runtime = if system_runtime.is_dir() {
+        system_runtime
+    } else {
+        runtime
+    };
+    let bus = runtime.join("bus");
+    let _ = std::fs::remove_file(&bus);
+    let mut dbus = Command::new("dbus-daemon")
+        .args(["--session", "--nofork", "--address"])
+        .arg(format!("unix:path={}", bus.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("dbus-daemon");
+    wait_until("the session bus", Duration::from_secs(10), || bus.exists());
+    let a = AgentProcess::start_in(
+        a_dir,
+        AgentOptions {
+            extra_args: vec!["--display".into(), x.display.clone()],
+            ..Default::default()
+        },
+    )
+    .await;
+    let image = a.home.join("wall.png");
+    std::fs::write(&image, b"\x89PNG not really").unwrap();
+    let http = reqwest::Client::new();
+    let r = http
+        .post(a.url("/setup/change_wallpaper"))
+        .json(&json!({"path": image}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap(), "Wallpaper changed successfully");
+    let r = http.post(a.url("/wallpaper")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "image/png");
+    assert_eq!(
+        r.headers()["content-disposition"],
+        "inline; filename=wall.png"
+    );
+    assert_eq!(r.bytes().await.unwrap().as_ref(), b"\x89PNG not really");
+    let r = http
+        .post(a.url("/setup/change_wallpaper"))
+        .json(&json!({"path": "/no/such.png"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.text().await.unwrap(), "File not found: /no/such.png");
+    let r = http
+        .post(a.url("/setup/change_wallpaper"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.text().await.unwrap(), "Path not supplied!");
+    drop(a);
+    let _ = dbus.kill();
+    let _ = dbus.wait();
 }
 
 #[tokio::test]

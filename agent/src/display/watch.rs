@@ -1,5 +1,6 @@
-//! Watching the screen change: DAMAGE on the root window (every redraw anywhere) and XFixes
-//! cursor-shape notifications, on a connection of their own served by one thread. It feeds
+//! Watching the screen change: DAMAGE on the root window (every redraw anywhere), on a
+//! connection of its own served by one thread. (The cursor makes no damage; screenshots key
+//! their cache on its position and XFixes serial instead.) It feeds
 //! the screenshot cache (a generation number that moves on any change) and "settle" waits
 //! (when the last change big enough to matter happened).
 
@@ -11,7 +12,6 @@ use tokio::sync::watch;
 use x11rb::connection::Connection;
 use x11rb::protocol::Event;
 use x11rb::protocol::damage::{ConnectionExt as _, ReportLevel};
-use x11rb::protocol::xfixes::{ConnectionExt as _, CursorNotifyMask};
 
 use super::conn::{Target, XConn};
 
@@ -76,13 +76,9 @@ impl ScreenWatch {
     fn serve(&self, target: &Target) -> Result<(), super::DisplayError> {
         let x = Arc::new(XConn::open(target)?);
         x.conn.damage_query_version(1, 1)?.reply()?;
-        x.conn.xfixes_query_version(5, 0)?.reply()?;
         let damage = x.conn.generate_id()?;
         x.conn
             .damage_create(damage, x.root, ReportLevel::RAW_RECTANGLES)?
-            .check()?;
-        x.conn
-            .xfixes_select_cursor_input(x.root, CursorNotifyMask::DISPLAY_CURSOR)?
             .check()?;
         let (w, h) = x.screen_size()?;
         {

@@ -217,6 +217,22 @@ pub async fn bench(n: usize) {
         }
     })
     .await;
+    let ten_thousand: String = (0..10_000)
+        .map(|i| (b'a' + (i % 26) as u8) as char)
+        .collect();
+    let typed_10k = time_n(3, || {
+        let c = c.clone();
+        let t = ten_thousand.clone();
+        async move {
+            let b = json!({"actions": [{"type": "type", "text": t}]});
+            c.request(reqwest::Method::POST, "/v1/input")
+                .json(&b)
+                .send()
+                .await
+                .unwrap();
+        }
+    })
+    .await;
     let xdo_type = |delay: &str| {
         let display = display.clone();
         let t = thousand.clone();
