@@ -331,6 +331,10 @@ pub async fn bench(n: usize) {
         xdo_type0,
     );
     println!(
+        "| 10,000 characters typed | {:.1} | {:.1} | — | — | — | — |",
+        typed_10k.0, typed_10k.1
+    );
+    println!(
         "| window-opening click → settled screenshot | {:.0} | {:.0} | click + fixed 2 s sleep + screenshot | ≥ 2000 | — | {:.1}x |",
         opened.0,
         opened.1,
