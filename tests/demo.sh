@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds berth-agent, starts it on this machine (127.0.0.1:${PORT:-5000}) and shows it working:
-# an OSWorld-style /execute, a native exec, a background command and its replayed output.
-# The agent then keeps running until Ctrl-C (or exits at once with --once).
+# Builds berth-agent, starts it on this machine (127.0.0.1:${PORT:-5000}) on a fresh X display
+# (Xvfb) and shows it working: an OSWorld-style /execute, a native exec, a background command
+# and its replayed output, input and a screenshot saved to a file. The agent then keeps running
+# until Ctrl-C (or exits at once with --once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,10 +14,17 @@ base="http://127.0.0.1:$port"
 work="$(mktemp -d /tmp/berth-demo.XXXXXX)"
 token="demo-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')"
 mkdir -p "$work/home"
-BERTH_AGENT_TOKEN="$token" ./target/debug/berth-agent \
+# An X display of its own: Xvfb picks a free number and writes it to fd 3.
+exec 3> "$work/display"
+Xvfb -displayfd 3 -nolisten tcp -screen 0 1280x800x24 >/dev/null 2>&1 &
+xvfb=$!
+exec 3>&-
+for _ in $(seq 1 200); do [ -s "$work/display" ] && break; sleep 0.05; done
+display=":$(head -n1 "$work/display")"
+BERTH_AGENT_TOKEN="$token" ./target/debug/berth-agent --display "$display" \
   --listen "127.0.0.1:$port" --state-dir "$work/state" --home "$work/home" &
 agent=$!
-trap 'kill -INT $agent 2>/dev/null; wait $agent 2>/dev/null; rm -rf "$work"' EXIT
+trap 'kill -INT $agent 2>/dev/null; wait $agent 2>/dev/null; kill $xvfb 2>/dev/null; rm -rf "$work"' EXIT
 
 for _ in $(seq 1 200); do
   curl -fsS "$base/healthz" >/dev/null 2>&1 && break
@@ -37,9 +45,13 @@ id=$(curl -sS -X POST "$base/v1/exec" "${auth[@]}" \
 echo "started background command $id"
 show "curl -sS '$base/v1/commands/$id/output?from_seq=0&follow=true' -H 'Accept: text/event-stream' $hdr"
 show "curl -sS $base/v1/commands/$id $hdr"
+show "curl -sS -X POST $base/v1/input $hdr -d '{\"actions\": [{\"type\": \"move\", \"x\": 640, \"y\": 400}, {\"type\": \"click\"}]}'"
+shot="$PWD/berth-demo-screenshot.png"
+curl -sS "$base/screenshot" -o "$shot"
+echo "screenshot of $display saved to $shot ($(stat -c %s "$shot") bytes)"
 
 cat <<INFO
-berth-agent is running on $base (state in $work).
+berth-agent is running on $base with display $display (state in $work).
   native API token: $token
   compat surface:   curl -X POST $base/execute -H 'Content-Type: application/json' -d '{"command": "ls -la", "shell": true}'
 INFO
