@@ -360,6 +360,14 @@ async fn keys_and_chords_arrive_in_order_and_bad_names_are_400() {
         ),
         (json!([{"type": "teleport"}]), "teleport"),
         (json!([{"type": "click", "x": 5}]), "x and y"),
+        (
+            json!([{"type": "move", "x": 320, "y": 0}]),
+            "outside the 320x240 screen",
+        ),
+        (
+            json!([{"type": "drag", "path": [[0, 0], [-1, 5]]}]),
+            "outside",
+        ),
     ] {
         let r = input(&a, bad).await;
         assert_eq!(r.status(), 400);

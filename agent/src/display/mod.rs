@@ -353,6 +353,16 @@ impl Display {
     ) -> Result<(i32, i32), DisplayError> {
         let plan = plan(actions)?;
         let result = self.with_input(|i| {
+            let (w, h) = i.x.screen_size()?;
+            for step in &plan {
+                if let Step::Move(x, y) = *step
+                    && (x < 0 || y < 0 || x >= w as i32 || y >= h as i32)
+                {
+                    return Err(DisplayError::Invalid(format!(
+                        "({x}, {y}) is outside the {w}x{h} screen"
+                    )));
+                }
+            }
             i.refresh_layout()?;
             i.restore_idle()?;
             let r = execute(i, &plan);
