@@ -10,7 +10,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use berth_protocol::{
-    BackgroundStarted, CommandList, ExecRequest, ExecResult, SignalRequest, StdinRequest,
+    BackgroundStarted, CommandList, CommandState, ExecRequest, ExecResult, SignalRequest,
+    StdinRequest,
 };
 use serde::Deserialize;
 use serde_json::json;
@@ -141,7 +142,12 @@ pub async fn get(
     State(agent): State<Arc<Agent>>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(agent.commands.require(&id)?.info()).into_response())
+    let cmd = agent.commands.require(&id)?;
+    let info = cmd.info();
+    if info.state != CommandState::Running {
+        agent.commands.ensure_reported(&cmd);
+    }
+    Ok(Json(info).into_response())
 }
 
 #[derive(Deserialize)]
@@ -175,10 +181,15 @@ pub async fn output(
     }
     let max = q.max_bytes.unwrap_or(PAGE_BYTES).clamp(1, PAGE_BYTES_MAX);
     if !q.follow {
-        return Ok(Json(cmd.page(q.from_seq, max)?).into_response());
+        let page = cmd.page(q.from_seq, max)?;
+        if page.done {
+            agent.commands.ensure_reported(&cmd);
+        }
+        return Ok(Json(page).into_response());
     }
     let stall = follow::stall(q.stall_ms);
     let src = Arc::new(OutputSource {
+        table: agent.commands.clone(),
         cmd: cmd.clone(),
         first: std::sync::atomic::AtomicBool::new(true),
     });
@@ -201,6 +212,9 @@ pub async fn output(
     loop {
         changes.borrow_and_update();
         let page = cmd.page(q.from_seq, max)?;
+        if page.done {
+            agent.commands.ensure_reported(&cmd);
+        }
         if !page.chunks.is_empty() || page.done || page.next_seq > q.from_seq {
             return Ok(Json(page).into_response());
         }
@@ -214,6 +228,7 @@ pub async fn output(
 }
 
 struct OutputSource {
+    table: Arc<crate::exec::CommandTable>,
     cmd: Arc<Command>,
     first: std::sync::atomic::AtomicBool,
 }
@@ -236,6 +251,9 @@ impl Followable for OutputSource {
         for chunk in crate::exec::to_chunks(&out) {
             let seq = chunk.seq;
             messages.push((seq, serde_json::to_string(&chunk).unwrap_or_default()));
+        }
+        if out.done {
+            self.table.ensure_reported(&self.cmd);
         }
         let end = out.done.then(|| match self.cmd.exit() {
             Some(e) => json!({"exit_code": e.exit_code}).to_string(),

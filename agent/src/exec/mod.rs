@@ -253,7 +253,17 @@ impl CommandTable {
     }
 
     pub fn list(&self) -> Vec<CommandInfo> {
-        let mut infos: Vec<CommandInfo> = self.all().iter().map(|c| c.info()).collect();
+        let mut infos: Vec<CommandInfo> = self
+            .all()
+            .iter()
+            .map(|c| {
+                let info = c.info();
+                if info.state != CommandState::Running {
+                    self.ensure_reported(c);
+                }
+                info
+            })
+            .collect();
         infos.sort_by(|a, b| a.started_at.cmp(&b.started_at).then(a.id.cmp(&b.id)));
         infos
     }
@@ -414,6 +424,12 @@ impl CommandTable {
                 return;
             }
         }
+    }
+
+    /// Called after a reader saw `cmd` ended and before it tells anyone: the end is then
+    /// already on the timeline (a reporter on another thread finishes first).
+    pub fn ensure_reported(&self, cmd: &Command) {
+        self.refresh(cmd);
     }
 
     fn refresh(&self, cmd: &Command) {
