@@ -13,6 +13,7 @@ packages=(
   xvfb xfwm4 xfce4-panel xfdesktop4 xfconf dbus-x11 x11-utils xauth  # a real display and desktop
   python3-tk python3-xlib                # Tk test windows, pyautogui's needs
   scrot xdotool xclip                    # benchmark peers; a second clipboard client
+  ffmpeg                                 # judges recordings (ffprobe, decoding); recording peer
 )
 
 sudo=""

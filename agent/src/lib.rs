@@ -12,6 +12,7 @@ pub mod fs;
 pub mod proc;
 pub mod pty;
 pub mod reaper;
+pub mod record;
 pub mod server;
 pub mod text;
 pub mod time;
@@ -49,6 +50,8 @@ pub struct Agent {
     pub ptys: Arc<pty::PtyTable>,
     pub files: fs::Files,
     pub display: Arc<display::Display>,
+    pub recorder: Arc<record::Recorder>,
+    pub viewers: api::viewer::Viewers,
     shutdown: watch::Sender<Option<ShutdownKind>>,
 }
 

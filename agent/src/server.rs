@@ -84,6 +84,9 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         });
     }
     let (shutdown_tx, mut shutdown_rx) = watch::channel(None);
+    let display = crate::display::Display::new(args.display.clone());
+    let recorder = crate::record::Recorder::open(&display, &state_dir, events.clone())
+        .context("recordings directory")?;
     let agent = Arc::new(Agent {
         token,
         compat_auth: args.compat_auth,
@@ -94,7 +97,9 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         commands: commands.clone(),
         ptys: ptys.clone(),
         files: crate::fs::Files::new(home.clone(), account.uid, account.gid),
-        display: crate::display::Display::new(args.display.clone()),
+        display,
+        recorder: recorder.clone(),
+        viewers: api::viewer::Viewers::default(),
         shutdown: shutdown_tx,
     });
 
@@ -128,6 +133,10 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         _ = sigint.recv() => ShutdownKind::Full,
         _ = shutdown_rx.wait_for(Option::is_some) => ShutdownKind::Full,
     };
+    // Recordings end properly either way: their files are complete and say how long they are.
+    tokio::task::spawn_blocking(move || recorder.shutdown())
+        .await
+        .ok();
     match kind {
         ShutdownKind::Restart => {
             tracing::info!("SIGTERM: restarting; background commands keep running");

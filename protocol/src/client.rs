@@ -15,6 +15,7 @@ use crate::events::EventsPage;
 use crate::exec::*;
 use crate::fs::*;
 use crate::pty::*;
+use crate::record::*;
 
 pub type WebSocket = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
@@ -333,6 +334,43 @@ impl AgentClient {
                 .query(&[("path", path), ("recursive", &recursive.to_string())]),
         )
         .await
+    }
+
+    pub async fn start_recording(&self, req: &RecordingRequest) -> Result<RecordingInfo> {
+        self.call_json(reqwest::Method::POST, "/v1/recordings", req)
+            .await
+    }
+
+    pub async fn recordings(&self) -> Result<RecordingList> {
+        self.get("/v1/recordings").await
+    }
+
+    pub async fn recording(&self, id: &str) -> Result<RecordingInfo> {
+        self.get(&format!("/v1/recordings/{id}")).await
+    }
+
+    pub async fn stop_recording(&self, id: &str) -> Result<RecordingInfo> {
+        Self::call(self.request(reqwest::Method::POST, &format!("/v1/recordings/{id}/stop"))).await
+    }
+
+    pub async fn delete_recording(&self, id: &str) -> Result<serde_json::Value> {
+        Self::call(self.request(reqwest::Method::DELETE, &format!("/v1/recordings/{id}"))).await
+    }
+
+    /// The recording's MP4 (complete fragments so far, when it is still recording).
+    pub async fn recording_file(&self, id: &str) -> Result<Vec<u8>> {
+        let resp = check(
+            self.request(reqwest::Method::GET, &format!("/v1/recordings/{id}/file"))
+                .send()
+                .await?,
+        )
+        .await?;
+        Ok(resp.bytes().await?.to_vec())
+    }
+
+    pub async fn viewer_token(&self, req: &ViewerTokenRequest) -> Result<ViewerToken> {
+        self.call_json(reqwest::Method::POST, "/v1/viewer-tokens", req)
+            .await
     }
 
     pub async fn shutdown(&self) -> Result<serde_json::Value> {

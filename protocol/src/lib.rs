@@ -11,6 +11,7 @@ pub mod events;
 pub mod exec;
 pub mod fs;
 pub mod pty;
+pub mod record;
 
 pub use client::{AgentClient, ClientError};
 pub use display::*;
@@ -19,6 +20,7 @@ pub use events::{Event, EventsPage};
 pub use exec::*;
 pub use fs::*;
 pub use pty::*;
+pub use record::*;
 
 /// Header carrying the native API's bearer token.
 pub const AUTHORIZATION: &str = "authorization";

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use berth_protocol::AgentClient;
 
+pub mod video;
 pub mod x;
 
 pub const TOKEN: &str = "test-token-0123456789";
@@ -116,6 +117,9 @@ pub struct AgentOptions {
     pub env: Vec<(String, String)>,
     /// The sandbox home (default: a fresh directory beside the state dir).
     pub home: Option<PathBuf>,
+    /// A command the agent runs under (`exec`s the agent with its arguments appended), e.g.
+    /// a mount namespace with a tiny file system.
+    pub wrapper: Vec<String>,
 }
 
 /// A running berth-agent with its own state dir, home and port. Dropping it shuts it down
@@ -162,7 +166,14 @@ impl AgentProcess {
     /// Starts (again) on the same state dir and home: what a restart looks like.
     pub async fn launch(&mut self) {
         let _ = std::fs::remove_file(self.state_dir.join("endpoints.json"));
-        let mut cmd = Command::new(workspace_bin("berth-agent"));
+        let mut cmd = match self.opts.wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(workspace_bin("berth-agent"));
+                c
+            }
+            None => Command::new(workspace_bin("berth-agent")),
+        };
         cmd.arg("--listen")
             .arg("127.0.0.1:0")
             .arg("--state-dir")

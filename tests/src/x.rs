@@ -206,3 +206,50 @@ pub fn pixel(img: &(u32, u32, Vec<u8>), x: u32, y: u32) -> [u8; 3] {
     let i = ((y * img.0 + x) * 3) as usize;
     [img.2[i], img.2[i + 1], img.2[i + 2]]
 }
+
+/// Repaints a window in another solid colour; returns once the server has drawn it.
+pub fn recolour(c: &RustConnection, w: u32, rgb: u32) {
+    use x11rb::protocol::xproto::ChangeWindowAttributesAux;
+    c.change_window_attributes(w, &ChangeWindowAttributesAux::new().background_pixel(rgb))
+        .unwrap();
+    c.clear_area(false, w, 0, 0, 0, 0).unwrap();
+    c.get_input_focus().unwrap().reply().unwrap();
+}
+
+/// Fills a window with noise (different for every `seed`): the hardest picture to compress.
+/// Returns once the server has drawn it.
+pub fn paint_noise(c: &RustConnection, w: u32, width: u16, height: u16, seed: u64) {
+    use x11rb::protocol::xproto::{CreateGCAux, ImageFormat};
+    let gc = c.generate_id().unwrap();
+    c.create_gc(gc, w, &CreateGCAux::new()).unwrap();
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let strip = 16u16;
+    let mut y = 0u16;
+    while y < height {
+        let rows = strip.min(height - y);
+        let mut data = vec![0u8; width as usize * rows as usize * 4];
+        for chunk in data.chunks_mut(8) {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let bytes = state.to_le_bytes();
+            chunk.copy_from_slice(&bytes[..chunk.len()]);
+        }
+        c.put_image(
+            ImageFormat::Z_PIXMAP,
+            w,
+            gc,
+            width,
+            rows,
+            0,
+            y as i16,
+            0,
+            24,
+            &data,
+        )
+        .unwrap();
+        y += rows;
+    }
+    c.free_gc(gc).unwrap();
+    c.get_input_focus().unwrap().reply().unwrap();
+}

@@ -7,6 +7,8 @@ pub mod extract;
 pub mod follow;
 pub mod fs;
 pub mod pty;
+pub mod record;
+pub mod viewer;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,7 +31,7 @@ use error::ApiError;
 use follow::{Batch, Followable};
 
 pub fn router(agent: Arc<Agent>) -> Router<Arc<Agent>> {
-    Router::new()
+    let bearer = Router::new()
         .route("/exec", post(exec::exec))
         .route("/commands", get(exec::list))
         .route("/commands/{id}", get(exec::get).delete(exec::delete))
@@ -61,10 +63,24 @@ pub fn router(agent: Arc<Agent>) -> Router<Arc<Agent>> {
             get(display::clipboard_get).put(display::clipboard_put),
         )
         .route("/computer", post(display::computer))
+        .route("/recordings", post(record::start).get(record::list))
+        .route("/recordings/{id}", get(record::get).delete(record::delete))
+        .route("/recordings/{id}/stop", post(record::stop))
+        .route("/recordings/{id}/file", get(record::file))
+        .route("/viewer-tokens", post(viewer::mint))
         .route("/events", get(events))
         .route("/shutdown", post(shutdown))
         .fallback(not_found)
-        .route_layer(middleware::from_fn_with_state(agent, require_token))
+        .route_layer(middleware::from_fn_with_state(agent.clone(), require_token));
+    // Browser-facing routes (API.md's "(V)"): the bearer token or a viewer cookie.
+    let browser = Router::new()
+        .route("/stream.mp4", get(record::stream_mp4))
+        .route("/stream", get(record::stream_ws))
+        .route_layer(middleware::from_fn_with_state(
+            agent,
+            viewer::require_viewer,
+        ));
+    bearer.merge(browser)
 }
 
 async fn not_found(req: Request) -> ApiError {

@@ -7,6 +7,7 @@ pub mod display;
 pub mod execute;
 pub mod files;
 pub mod python;
+pub mod record;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -57,7 +58,9 @@ pub fn router(agent: Arc<Agent>) -> Router<Arc<Agent>> {
         .route("/setup/close_window", post(display::close_window))
         .route("/setup/open_file", post(display::open_file))
         .route("/wallpaper", post(display::wallpaper))
-        .route("/setup/change_wallpaper", post(display::change_wallpaper));
+        .route("/setup/change_wallpaper", post(display::change_wallpaper))
+        .route("/start_recording", post(record::start_recording))
+        .route("/end_recording", post(record::end_recording));
     if agent.compat_auth == CompatAuth::Token {
         r = r.route_layer(middleware::from_fn_with_state(agent, require_token));
     }

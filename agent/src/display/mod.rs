@@ -161,6 +161,11 @@ impl Display {
         })
     }
 
+    /// Where the screen is and its change watch, for a capture of another domain's own.
+    pub fn target_for_recording(&self) -> Option<(Target, Option<Arc<ScreenWatch>>)> {
+        self.target.clone().map(|t| (t, self.watch.clone()))
+    }
+
     pub fn name(&self) -> Option<&str> {
         self.target.as_ref().map(|t| t.display.as_str())
     }

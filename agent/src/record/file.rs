@@ -1,0 +1,476 @@
+//! A recording: a fragmented MP4 on disk, written a fragment at a time (each one a complete
+//! `moof` + `mdat`, so the file plays up to its last fragment whatever happens next), with
+//! live statistics and a record beside it that survives the agent.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use berth_protocol::events::kinds;
+use berth_protocol::{RecordingInfo, RecordingState};
+use serde_json::json;
+use tokio::sync::watch;
+
+use super::mp4::{self, Sample, TIMESCALE};
+use super::pipeline::{Picture, Settings, Sink, Tick, Verdict};
+use crate::events::EventLog;
+
+/// A fragment is written at least this often while pictures arrive.
+const FRAGMENT_EVERY: Duration = Duration::from_secs(1);
+/// …or when this many bytes wait.
+const FRAGMENT_BYTES: usize = 8 << 20;
+
+/// How a start-up went: still waiting for the first picture, or its outcome.
+pub type Started = Option<Result<(), String>>;
+
+struct Writer {
+    file: File,
+    /// Bytes of complete boxes in the file.
+    committed: u64,
+    mehd_at: Option<usize>,
+    sequence: u32,
+    /// Decode time of the first buffered sample (90 kHz).
+    decode: u64,
+    /// The latest picture: its duration is known when the next one comes.
+    pending: Option<(u64, Vec<u8>, bool)>,
+    buffered: Vec<Sample>,
+    buffered_bytes: usize,
+    last_flush: Instant,
+}
+
+#[derive(Default)]
+struct Counts {
+    encoded: u64,
+    skipped: u64,
+    dropped: u64,
+    keyframes: u64,
+}
+
+struct Inner {
+    state: RecordingState,
+    writer: Option<Writer>,
+    t0: Option<Instant>,
+    counts: Counts,
+    bytes: u64,
+    duration_ms: u64,
+    ended_at: Option<String>,
+    end_reason: Option<String>,
+    error: Option<String>,
+}
+
+pub struct Recording {
+    pub id: String,
+    pub compat: bool,
+    pub settings: Settings,
+    pub path: PathBuf,
+    record_path: PathBuf,
+    max_duration: Option<Duration>,
+    started_at: String,
+    events: Arc<EventLog>,
+    inner: Mutex<Inner>,
+    started: watch::Sender<Started>,
+}
+
+/// Ticks of the 90 kHz clock in `d`.
+fn ticks(d: Duration) -> u64 {
+    (d.as_nanos() * TIMESCALE as u128 / 1_000_000_000) as u64
+}
+
+impl Recording {
+    /// Creates the (empty) file and the record beside it; pictures come once a pipeline has
+    /// it as a consumer.
+    pub fn create(
+        dir: &Path,
+        id: String,
+        compat: bool,
+        settings: Settings,
+        max_duration: Option<Duration>,
+        events: Arc<EventLog>,
+    ) -> std::io::Result<Arc<Recording>> {
+        let path = dir.join(format!("{id}.mp4"));
+        let file = File::options().write(true).create_new(true).open(&path)?;
+        let rec = Arc::new(Recording {
+            record_path: dir.join(format!("{id}.json")),
+            id,
+            compat,
+            settings,
+            path,
+            max_duration,
+            started_at: crate::time::now_rfc3339(),
+            events,
+            inner: Mutex::new(Inner {
+                state: RecordingState::Recording,
+                writer: Some(Writer {
+                    file,
+                    committed: 0,
+                    mehd_at: None,
+                    sequence: 1,
+                    decode: 0,
+                    pending: None,
+                    buffered: Vec::new(),
+                    buffered_bytes: 0,
+                    last_flush: Instant::now(),
+                }),
+                t0: None,
+                counts: Counts::default(),
+                bytes: 0,
+                duration_ms: 0,
+                ended_at: None,
+                end_reason: None,
+                error: None,
+            }),
+            started: watch::channel(None).0,
+        });
+        if let Err(e) = rec.save() {
+            let _ = std::fs::remove_file(&rec.path);
+            return Err(e);
+        }
+        Ok(rec)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Resolves when the first picture is in the file (or the start failed).
+    pub fn started(&self) -> watch::Receiver<Started> {
+        self.started.subscribe()
+    }
+
+    pub fn info(&self) -> RecordingInfo {
+        let inner = self.lock();
+        self.info_locked(&inner)
+    }
+
+    fn info_locked(&self, inner: &Inner) -> RecordingInfo {
+        let duration_ms = match (inner.state, inner.t0) {
+            (RecordingState::Recording, Some(t0)) => t0.elapsed().as_millis() as u64,
+            _ => inner.duration_ms,
+        };
+        let secs = duration_ms as f64 / 1000.0;
+        let per_second = |n: u64| {
+            if secs > 0.0 {
+                (n as f64 / secs * 100.0).round() / 100.0
+            } else {
+                0.0
+            }
+        };
+        let c = &inner.counts;
+        RecordingInfo {
+            id: self.id.clone(),
+            state: inner.state,
+            compat: self.compat,
+            width: self.settings.width,
+            height: self.settings.height,
+            fps: self.settings.fps,
+            bitrate_kbps: self.settings.bitrate_kbps,
+            keyframe_interval_ms: self.settings.keyframe_interval_ms,
+            cursor: self.settings.cursor,
+            frames_encoded: c.encoded,
+            frames_skipped: c.skipped,
+            frames_dropped: c.dropped,
+            keyframes: c.keyframes,
+            bytes: inner.bytes,
+            duration_ms,
+            achieved_fps: per_second(c.encoded + c.skipped),
+            encoded_fps: per_second(c.encoded),
+            started_at: self.started_at.clone(),
+            ended_at: inner.ended_at.clone(),
+            end_reason: inner.end_reason.clone(),
+            error: inner.error.clone(),
+        }
+    }
+
+    /// The file's complete part: what a download may serve while recording.
+    pub fn committed_len(&self) -> u64 {
+        self.lock().bytes
+    }
+
+    pub fn is_live(&self) -> bool {
+        self.lock().state == RecordingState::Recording
+    }
+
+    /// Writes the record beside the file (atomically).
+    fn save(&self) -> std::io::Result<()> {
+        let info = self.info();
+        save_record(&self.record_path, &info)
+    }
+
+    /// Ends the recording: the last picture lasts until now, the remaining pictures are
+    /// written, the total duration goes into the header. No-op when already ended.
+    pub fn finish(&self, reason: &str) -> RecordingInfo {
+        let mut inner = self.lock();
+        if inner.state != RecordingState::Recording {
+            return self.info_locked(&inner);
+        }
+        let now = Instant::now();
+        let result = match (inner.t0, inner.writer.as_mut()) {
+            (Some(t0), Some(w)) => close(w, ticks(now - t0)),
+            _ => Ok(()),
+        };
+        match result {
+            Ok(()) => {
+                inner.state = RecordingState::Stopped;
+                inner.end_reason = Some(reason.to_string());
+                if inner.t0.is_none() {
+                    // Stopped before its first picture: nothing to play.
+                    inner.end_reason = Some(format!("{reason} before the first frame"));
+                    self.started.send_replace(Some(Err(format!(
+                        "the recording ended ({reason}) before its first frame"
+                    ))));
+                }
+            }
+            Err(e) => {
+                inner.state = RecordingState::Failed;
+                inner.end_reason = Some("error".into());
+                inner.error = Some(format!("writing {}: {e}", self.path.display()));
+            }
+        }
+        self.ended(&mut inner);
+        self.info_locked(&inner)
+    }
+
+    /// Common end: totals, the record, the event.
+    fn ended(&self, inner: &mut Inner) {
+        if let Some(w) = inner.writer.take() {
+            inner.bytes = w.committed;
+            inner.duration_ms = w.decode * 1000 / TIMESCALE as u64;
+            let _ = w.file.sync_data();
+        }
+        inner.ended_at = Some(crate::time::now_rfc3339());
+        let info = self.info_locked(inner);
+        if let Err(e) = save_record(&self.record_path, &info) {
+            tracing::warn!(id = %self.id, error = %e, "cannot save the recording's record");
+        }
+        self.events.emit(
+            kinds::RECORDING_STOPPED,
+            json!({
+                "id": info.id,
+                "state": info.state,
+                "reason": info.end_reason,
+                "error": info.error,
+                "frames_encoded": info.frames_encoded,
+                "frames_skipped": info.frames_skipped,
+                "frames_dropped": info.frames_dropped,
+                "keyframes": info.keyframes,
+                "bytes": info.bytes,
+                "duration_ms": info.duration_ms,
+            }),
+        );
+    }
+
+    /// A write failed: keep the complete fragments, end with the error.
+    fn failed(&self, inner: &mut Inner, error: String) {
+        if let Some(w) = inner.writer.as_mut() {
+            // Drop a partly written fragment so the file stays playable to its end.
+            let _ = w.file.set_len(w.committed);
+        }
+        inner.state = RecordingState::Failed;
+        inner.end_reason = Some("error".into());
+        inner.error = Some(error.clone());
+        if inner.t0.is_none() {
+            self.started.send_replace(Some(Err(error)));
+        }
+        self.ended(inner);
+    }
+
+    pub fn delete_files(&self) {
+        let _ = std::fs::remove_file(&self.path);
+        let _ = std::fs::remove_file(&self.record_path);
+    }
+}
+
+impl Sink for Recording {
+    fn push(&self, pic: &Picture<'_>) -> Verdict {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        if inner.state != RecordingState::Recording {
+            return Verdict::Done;
+        }
+        let Some(w) = inner.writer.as_mut() else {
+            return Verdict::Done;
+        };
+        let t0 = match inner.t0 {
+            Some(t) => t,
+            None if !pic.sync => return Verdict::Keep, // a keyframe was asked for on joining
+            None => {
+                let init = mp4::init_segment(pic.track, true);
+                if let Err(e) = w.file.write_all(&init.bytes) {
+                    let msg = format!("writing {}: {e}", self.path.display());
+                    self.failed(inner, msg);
+                    return Verdict::Done;
+                }
+                w.committed = init.bytes.len() as u64;
+                w.mehd_at = init.mehd_duration_offset;
+                w.last_flush = Instant::now();
+                inner.t0 = Some(pic.at);
+                self.events.emit(
+                    kinds::RECORDING_STARTED,
+                    json!({
+                        "id": self.id,
+                        "width": self.settings.width,
+                        "height": self.settings.height,
+                        "fps": self.settings.fps,
+                        "compat": self.compat,
+                    }),
+                );
+                self.started.send_replace(Some(Ok(())));
+                pic.at
+            }
+        };
+        let mut pts = ticks(pic.at.saturating_duration_since(t0));
+        if let Some((prev, data, sync)) = w.pending.take() {
+            pts = pts.max(prev + 1);
+            w.buffered_bytes += data.len();
+            w.buffered.push(Sample {
+                data,
+                duration: (pts - prev).min(u32::MAX as u64) as u32,
+                sync,
+            });
+        }
+        w.pending = Some((pts, pic.data.to_vec(), pic.sync));
+        let due = w.last_flush.elapsed() >= FRAGMENT_EVERY || w.buffered_bytes >= FRAGMENT_BYTES;
+        let result = if due { flush(w) } else { Ok(()) };
+        inner.bytes = w.committed;
+        inner.counts.encoded += 1;
+        if pic.sync {
+            inner.counts.keyframes += 1;
+        }
+        if let Err(e) = result {
+            let msg = format!("writing {}: {e}", self.path.display());
+            self.failed(inner, msg);
+            return Verdict::Done;
+        }
+        Verdict::Keep
+    }
+
+    fn tick(&self, now: Instant, tick: Tick) -> Verdict {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        if inner.state != RecordingState::Recording {
+            return Verdict::Done;
+        }
+        let Some(t0) = inner.t0 else {
+            return Verdict::Keep;
+        };
+        match tick {
+            Tick::Encoded => {}
+            Tick::Skipped => inner.counts.skipped += 1,
+            Tick::Dropped(n) => inner.counts.dropped += n,
+        }
+        if self.max_duration.is_some_and(|m| now - t0 >= m) {
+            drop(guard);
+            self.finish("max_duration");
+            return Verdict::Done;
+        }
+        let w = inner
+            .writer
+            .as_mut()
+            .expect("live recordings have a writer");
+        if !w.buffered.is_empty()
+            && w.last_flush.elapsed() >= FRAGMENT_EVERY
+            && let Err(e) = flush(w)
+        {
+            let msg = format!("writing {}: {e}", self.path.display());
+            self.failed(inner, msg);
+            return Verdict::Done;
+        }
+        if let Some(w) = inner.writer.as_ref() {
+            inner.bytes = w.committed;
+        }
+        Verdict::Keep
+    }
+
+    fn fail(&self, error: &str) {
+        let mut inner = self.lock();
+        if inner.state == RecordingState::Recording {
+            self.failed(&mut inner, error.to_string());
+        }
+    }
+}
+
+/// Writes the buffered pictures as one fragment.
+fn flush(w: &mut Writer) -> std::io::Result<()> {
+    w.last_flush = Instant::now();
+    if w.buffered.is_empty() {
+        return Ok(());
+    }
+    let frag = mp4::fragment(w.sequence, w.decode, &w.buffered);
+    if let Err(e) = w.file.write_all(&frag) {
+        let _ = w.file.set_len(w.committed);
+        return Err(e);
+    }
+    w.committed += frag.len() as u64;
+    w.sequence += 1;
+    w.decode += w.buffered.iter().map(|s| s.duration as u64).sum::<u64>();
+    w.buffered.clear();
+    w.buffered_bytes = 0;
+    Ok(())
+}
+
+/// The last picture lasts until `end`; everything is written and the total duration goes
+/// into the header.
+fn close(w: &mut Writer, end: u64) -> std::io::Result<()> {
+    if let Some((pts, data, sync)) = w.pending.take() {
+        w.buffered.push(Sample {
+            data,
+            duration: end.saturating_sub(pts).clamp(1, u32::MAX as u64) as u32,
+            sync,
+        });
+    }
+    flush(w)?;
+    if let Some(at) = w.mehd_at {
+        w.file
+            .write_all_at(&mp4::mehd_duration(w.decode), at as u64)?;
+    }
+    Ok(())
+}
+
+pub fn save_record(path: &Path, info: &RecordingInfo) -> std::io::Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(info)?)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// A recording left by an earlier agent: its record, with a recording that was still running
+/// marked interrupted and its file cut back to the last complete box.
+pub fn load_record(record: &Path) -> Option<RecordingInfo> {
+    let mut info: RecordingInfo = serde_json::from_slice(&std::fs::read(record).ok()?).ok()?;
+    if info.state == RecordingState::Recording {
+        let mp4 = record.with_extension("mp4");
+        let len = complete_prefix(&mp4).unwrap_or(0);
+        let _ = File::options()
+            .write(true)
+            .open(&mp4)
+            .and_then(|f| f.set_len(len));
+        info.state = RecordingState::Interrupted;
+        info.end_reason = Some("agent_died".into());
+        info.bytes = len;
+        info.ended_at = std::fs::metadata(&mp4)
+            .and_then(|m| m.modified())
+            .ok()
+            .map(crate::time::rfc3339);
+        let _ = save_record(record, &info);
+    }
+    Some(info)
+}
+
+/// Length of the file's run of complete top-level boxes.
+fn complete_prefix(path: &Path) -> std::io::Result<u64> {
+    let file = File::open(path)?;
+    let len = file.metadata()?.len();
+    let mut at = 0u64;
+    let mut header = [0u8; 8];
+    while at + 8 <= len {
+        file.read_exact_at(&mut header, at)?;
+        let size = u32::from_be_bytes(header[..4].try_into().expect("4 bytes")) as u64;
+        if size < 8 || at + size > len {
+            break;
+        }
+        at += size;
+    }
+    Ok(at)
+}
