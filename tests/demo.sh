@@ -16,7 +16,7 @@ token="demo-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')"
 mkdir -p "$work/home"
 # An X display of its own: Xvfb picks a free number and writes it to fd 3.
 exec 3> "$work/display"
-Xvfb -displayfd 3 -nolisten tcp -screen 0 1280x800x24 >/dev/null 2>&1 &
+Xvfb -displayfd 3 -nolisten tcp -noreset -screen 0 1280x800x24 >/dev/null 2>&1 &
 xvfb=$!
 exec 3>&-
 for _ in $(seq 1 200); do [ -s "$work/display" ] && break; sleep 0.05; done

@@ -31,6 +31,7 @@ impl XServer {
                 &fd.to_string(),
                 "-nolisten",
                 "tcp",
+                "-noreset",
                 "-screen",
                 "0",
             ])
@@ -60,7 +61,14 @@ impl XServer {
         }
     }
 
+    /// The X server's process id (to account its CPU time).
+    pub fn pid(&self) -> u32 {
+        self.xvfb.id()
+    }
+
     /// Kills the server and starts a new one on the same display number (an X restart).
+    /// `-noreset` keeps the server from regenerating when its last client leaves: without it
+    /// the readiness probe's own disconnect resets the server and the next connect is refused.
     pub fn restart(&mut self) {
         let _ = self.xvfb.kill();
         let _ = self.xvfb.wait();
@@ -69,7 +77,7 @@ impl XServer {
         let _ = std::fs::remove_file(&lock);
         self.xvfb = Command::new("Xvfb")
             .arg(&self.display)
-            .args(["-nolisten", "tcp", "-screen", "0"])
+            .args(["-nolisten", "tcp", "-noreset", "-screen", "0"])
             .arg(format!("{}x{}x24", self.width, self.height))
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -22,7 +22,9 @@ pub async fn start_recording(State(agent): State<Arc<Agent>>) -> Response {
         Err(CompatError::AlreadyRecording) => {
             error(StatusCode::BAD_REQUEST, "Recording is already in progress.")
         }
-        Err(CompatError::NotRecording) => unreachable!("only /end_recording reports this"),
+        Err(CompatError::NotRecording) => {
+            error(StatusCode::BAD_REQUEST, "No recording in progress to stop.")
+        }
         Err(CompatError::Failed(e)) => error(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("Failed to start recording. {e}"),
@@ -57,7 +59,9 @@ pub async fn end_recording(State(agent): State<Arc<Agent>>) -> Response {
         Err(CompatError::NotRecording) => {
             error(StatusCode::BAD_REQUEST, "No recording in progress to stop.")
         }
-        Err(CompatError::AlreadyRecording) => unreachable!("only /start_recording reports this"),
+        Err(CompatError::AlreadyRecording) => {
+            error(StatusCode::BAD_REQUEST, "Recording is already in progress.")
+        }
         Err(CompatError::Failed(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }

@@ -141,7 +141,13 @@ impl H264 {
             // Keyframes are the pipeline's decision (time-based, and on demand for joiners).
             .intra_frame_period(IntraFramePeriod::from_num_frames(0))
             .sps_pps_strategy(SpsPpsStrategy::ConstantId)
-            .vui(VuiConfig::bt601());
+            .vui(VuiConfig::bt601())
+            // Keyframes are placed by the pipeline, and adaptive quantisation's per-frame
+            // variance pass buys nothing on screen content: both off took a near-still 1080p
+            // frame from 10.1 to 7.6 ms here. Background detection stays: without it 11.2 ms.
+            .scene_change_detect(false)
+            .adaptive_quantization(false)
+            .background_detection(true);
         let encoder = Encoder::with_api_config(OpenH264API::from_source(), config)
             .map_err(|e| format!("cannot create the H.264 encoder: {e}"))?;
         Ok(H264 {

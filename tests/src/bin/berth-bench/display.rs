@@ -1,23 +1,12 @@
 //! The display benchmark: a 1920x1080 Xvfb with a busy XFCE desktop (xfwm4, panel, desktop,
 //! windows with text), everything measured in one run.
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use berth_tests::x::XServer;
+use crate::desktop::Desktop;
 use berth_tests::{AgentOptions, AgentProcess, raw_http};
 use serde_json::{Value, json};
-
-struct Kill(Vec<Child>);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 fn percentiles(mut v: Vec<Duration>) -> (f64, f64) {
     v.sort();
@@ -70,54 +59,8 @@ fn run_timed(n: usize, mut f: impl FnMut()) -> (f64, f64) {
 }
 
 pub async fn bench(n: usize) {
-    let x = XServer::start(1920, 1080);
-    let home = tempfile::tempdir().unwrap();
-    let mut kids = Kill(Vec::new());
-    kids.0.push(
-        Command::new("dbus-run-session")
-            .args([
-                "--",
-                "sh",
-                "-c",
-                "xfwm4 --compositor=off & xfce4-panel & xfdesktop & wait",
-            ])
-            .env("DISPLAY", &x.display)
-            .env("HOME", home.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("xfwm4, xfce4-panel, xfdesktop"),
-    );
-    let probe = concat!(env!("CARGO_MANIFEST_DIR"), "/apps/probe.py");
-    let out = tempfile::tempdir().unwrap();
-    for (i, geometry) in ["900x600+60+80", "700x500+1000+200"].iter().enumerate() {
-        let dir = out.path().join(format!("w{i}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut args = vec![
-            "--out".to_string(),
-            dir.display().to_string(),
-            "--geometry".into(),
-            geometry.to_string(),
-        ];
-        if i == 0 {
-            args.push("--opener".into());
-        }
-        kids.0.push(
-            Command::new("/usr/bin/python3")
-                .arg(probe)
-                .args(&args)
-                .env("DISPLAY", &x.display)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("python3-tk"),
-        );
-        berth_tests::wait_until("a probe window", Duration::from_secs(20), || {
-            dir.join("ready").exists()
-        });
-    }
+    let desk = Desktop::start();
+    let x = &desk.x;
     let a = AgentProcess::start_with(AgentOptions {
         extra_args: vec!["--display".into(), x.display.clone()],
         ..Default::default()

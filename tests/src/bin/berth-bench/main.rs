@@ -1,7 +1,8 @@
 //! berth's benchmarks, each figure printed beside the peer it is compared with, measured in
 //! the same run on the same machine.
 //!
-//!   cargo run -p berth-tests --bin berth-bench -- [exec] [display] [--requests N]
+//!   cargo run -p berth-tests --bin berth-bench -- [exec] [display] [record] [--requests N]
+//!                                                 [--seconds S]
 //!
 //! `exec`: `/execute` round trip for `echo hi`, a new TCP connection per request as OSWorld's
 //! client makes them, against berth-agent and against a Flask + `subprocess.run` server.
@@ -13,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use berth_tests::{AgentProcess, raw_http};
 
+mod desktop;
 mod display;
+mod record;
 
 const BODY: &str = r#"{"command": ["echo", "hi"], "shell": false}"#;
 
@@ -36,6 +39,15 @@ async fn main() {
     }
     if which.is_empty() || which.contains(&"display") {
         display::bench(requests.min(200)).await;
+    }
+    if which.is_empty() || which.contains(&"record") {
+        let seconds = args
+            .iter()
+            .position(|a| a == "--seconds")
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(20);
+        record::bench(seconds).await;
     }
 }
 
