@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Builds berth-agent, starts it on this machine (127.0.0.1:${PORT:-5000}) on a fresh X display
-# (Xvfb) and shows it working: an OSWorld-style /execute, a native exec, a background command
-# and its replayed output, input and a screenshot saved to a file. The agent then keeps running
-# until Ctrl-C (or exits at once with --once).
+# Builds berth-agent and starts it on this machine (127.0.0.1:${PORT:-5000}) with its desktop
+# (Xvnc, XFCE, Chromium, supervised by the agent), waits until it is strictly ready and shows it
+# working: an OSWorld-style /execute, a native exec, a background command and its replayed
+# output, input, a screenshot saved to a file, and a one-time noVNC viewer URL. The agent then
+# keeps running until Ctrl-C (or exits at once with --once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,17 +15,11 @@ base="http://127.0.0.1:$port"
 work="$(mktemp -d /tmp/berth-demo.XXXXXX)"
 token="demo-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')"
 mkdir -p "$work/home"
-# An X display of its own: Xvfb picks a free number and writes it to fd 3.
-exec 3> "$work/display"
-Xvfb -displayfd 3 -nolisten tcp -noreset -screen 0 1280x800x24 >/dev/null 2>&1 &
-xvfb=$!
-exec 3>&-
-for _ in $(seq 1 200); do [ -s "$work/display" ] && break; sleep 0.05; done
-display=":$(head -n1 "$work/display")"
-BERTH_AGENT_TOKEN="$token" ./target/debug/berth-agent --display "$display" \
-  --listen "127.0.0.1:$port" --state-dir "$work/state" --home "$work/home" &
+BERTH_AGENT_TOKEN="$token" ./target/debug/berth-agent --desktop --screen 1280x800 \
+  --listen "127.0.0.1:$port" --cdp-listen "127.0.0.1:${CDP_PORT:-9222}" \
+  --state-dir "$work/state" --home "$work/home" &
 agent=$!
-trap 'kill -INT $agent 2>/dev/null; wait $agent 2>/dev/null; kill $xvfb 2>/dev/null; rm -rf "$work"' EXIT
+trap 'kill -INT $agent 2>/dev/null; wait $agent 2>/dev/null; rm -rf "$work"' EXIT
 
 for _ in $(seq 1 200); do
   curl -fsS "$base/healthz" >/dev/null 2>&1 && break
@@ -37,6 +32,10 @@ show() { printf '\n$ %s\n' "$*"; eval "$@"; echo; }
 auth=(-H "Authorization: Bearer $token")
 hdr="-H 'Authorization: Bearer $token'"
 
+# Strict readiness: the viewer, the window manager and panel, the browser and both CDP relays.
+show "curl -sS '$base/v1/ready?wait=60s' $hdr | python3 -c 'import json,sys; r=json.load(sys.stdin); print(\"ready:\", r[\"ready\"]); [print(\" \", k, v[\"state\"], v[\"reason\"]) for k, v in sorted(r[\"components\"].items())]'"
+curl -fsS "$base/v1/ready" "${auth[@]}" >/dev/null || { echo "the desktop did not become ready" >&2; exit 1; }
+display=$(curl -sS "$base/v1/display" "${auth[@]}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["display"])')
 show "curl -sS -X POST $base/execute -H 'Content-Type: application/json' -d '{\"command\": [\"uname\", \"-sr\"]}'"
 show "curl -sS -X POST $base/v1/exec $hdr -d '{\"shell\": \"echo hello from \$USER in \$PWD\"}'"
 id=$(curl -sS -X POST "$base/v1/exec" "${auth[@]}" \
@@ -50,8 +49,12 @@ shot="$PWD/berth-demo-screenshot.png"
 curl -sS "$base/screenshot" -o "$shot"
 echo "screenshot of $display saved to $shot ($(stat -c %s "$shot") bytes)"
 
+viewer=$(curl -sS -X POST "$base/v1/viewer-tokens" "${auth[@]}" -d '{"ttl_seconds": 600, "view_only": false}' |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["url"])')
 cat <<INFO
-berth-agent is running on $base with display $display (state in $work).
+berth-agent is running on $base with its desktop on display $display (state in $work).
+  viewer (noVNC, one-time URL, 10 min): $base$viewer
+  browser over CDP: http://127.0.0.1:${CDP_PORT:-9222} (GET $base/v1/browser for more)
   native API token: $token
   compat surface:   curl -X POST $base/execute -H 'Content-Type: application/json' -d '{"command": "ls -la", "shell": true}'
 INFO

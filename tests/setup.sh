@@ -14,6 +14,8 @@ packages=(
   python3-tk python3-xlib                # Tk test windows, pyautogui's needs
   scrot xdotool xclip                    # benchmark peers; a second clipboard client
   ffmpeg                                 # judges recordings (ffprobe, decoding); recording peer
+  tigervnc-standalone-server novnc       # the desktop: Xvnc and the noVNC viewer
+  xfce4-settings at-spi2-core dbus chromium  # its settings daemon, AT-SPI bus, session bus, browser
 )
 
 sudo=""
@@ -49,6 +51,14 @@ if ! has python3 PIL; then
   echo "setup: installing Pillow" >&2
   python3 -m pip install --quiet pillow 2>/dev/null \
     || python3 -m pip install --quiet --break-system-packages pillow
+fi
+
+# Playwright for Python drives the desktop's Chromium over CDP in the tests (no browser
+# download: it connects to the running one).
+if ! has python3 playwright; then
+  echo "setup: installing Playwright for Python" >&2
+  python3 -m pip install --quiet playwright 2>/dev/null \
+    || python3 -m pip install --quiet --break-system-packages playwright
 fi
 
 if ! command -v cargo-nextest >/dev/null 2>&1; then

@@ -147,6 +147,10 @@ pub struct EnvInputs<'a> {
     pub runtime_dir: &'a Path,
     /// Directory holding helper commands (the `python` shim) appended to PATH when needed.
     pub helper_bin: Option<&'a Path>,
+    /// The desktop's session bus socket (else `<runtime_dir>/bus` when it exists).
+    pub session_bus: Option<&'a Path>,
+    /// The desktop's commands (`google-chrome`), appended to PATH.
+    pub desktop_bin: Option<&'a Path>,
 }
 
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -164,8 +168,11 @@ impl ChildEnv {
         );
         vars.insert("LANG".into(), "C.UTF-8".into());
         let runtime = inputs.runtime_dir.to_string_lossy().into_owned();
-        let bus = inputs.runtime_dir.join("bus");
-        if bus.exists() {
+        let bus = inputs
+            .session_bus
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| inputs.runtime_dir.join("bus"));
+        if inputs.session_bus.is_some() || bus.exists() {
             vars.insert(
                 "DBUS_SESSION_BUS_ADDRESS".into(),
                 format!("unix:path={}", bus.display()),
@@ -183,6 +190,9 @@ impl ChildEnv {
         if let Some(bin) = inputs.helper_bin
             && find_in_path(&path, "python").is_none()
         {
+            path = format!("{path}:{}", bin.display());
+        }
+        if let Some(bin) = inputs.desktop_bin {
             path = format!("{path}:{}", bin.display());
         }
         vars.insert("PATH".into(), path);
@@ -244,6 +254,8 @@ mod tests {
             xauthority: Path::new("/home/x/.Xauthority"),
             runtime_dir: Path::new("/run/user/1000"),
             helper_bin: None,
+            session_bus: None,
+            desktop_bin: None,
         });
         let vars: BTreeMap<_, _> = env.with(None).into_iter().collect();
         for key in [
@@ -273,6 +285,8 @@ mod tests {
             xauthority: Path::new("/h/.Xauthority"),
             runtime_dir: Path::new("/tmp"),
             helper_bin: None,
+            session_bus: None,
+            desktop_bin: None,
         });
         let mut o = BTreeMap::new();
         o.insert("LANG".to_string(), "fr_FR.UTF-8".to_string());

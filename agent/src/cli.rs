@@ -64,6 +64,27 @@ pub struct AgentArgs {
     /// X display children use (DISPLAY), e.g. `:1`.
     #[arg(long, env = "BERTH_AGENT_DISPLAY")]
     pub display: Option<String>,
+    /// Start and supervise the desktop: Xvnc (on a free display unless --display names one),
+    /// a session bus and the AT-SPI bus, XFCE's settings daemon, window manager, panel and
+    /// desktop, and Chromium; serve noVNC at /v1/vnc/ and relay CDP.
+    #[arg(long, env = "BERTH_AGENT_DESKTOP")]
+    pub desktop: bool,
+    /// Screen size of the desktop's X server.
+    #[arg(long, env = "BERTH_AGENT_SCREEN", default_value = "1920x1080", value_parser = parse_screen)]
+    pub screen: (u16, u16),
+    /// Where the CDP byte relay to the desktop's Chromium listens (with --desktop).
+    #[arg(long, env = "BERTH_AGENT_CDP_LISTEN", default_value = "0.0.0.0:9222")]
+    pub cdp_listen: SocketAddr,
+    /// noVNC's static files (Debian's `novnc` package).
+    #[arg(
+        long,
+        env = "BERTH_AGENT_NOVNC_DIR",
+        default_value = "/usr/share/novnc"
+    )]
+    pub novnc_dir: PathBuf,
+    /// The browser the desktop runs.
+    #[arg(long, env = "BERTH_AGENT_CHROMIUM", default_value = "chromium")]
+    pub chromium: String,
     /// Account commands run as. Default: `user` when that account exists, else the agent's own.
     #[arg(long, env = "BERTH_AGENT_USER")]
     pub user: Option<String>,
@@ -95,6 +116,19 @@ pub struct AgentArgs {
         default_value = "text"
     )]
     pub log_format: LogFormat,
+}
+
+fn parse_screen(s: &str) -> Result<(u16, u16), String> {
+    let (w, h) = s
+        .split_once('x')
+        .ok_or_else(|| format!("{s:?}: expected WIDTHxHEIGHT, e.g. 1920x1080"))?;
+    let side = |v: &str| {
+        v.parse::<u16>()
+            .ok()
+            .filter(|n| (64..=8192).contains(n))
+            .ok_or_else(|| format!("{s:?}: each side must be 64 to 8192 pixels"))
+    };
+    Ok((side(w)?, side(h)?))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

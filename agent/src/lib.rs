@@ -3,8 +3,10 @@
 
 pub mod account;
 pub mod api;
+pub mod browser;
 pub mod cli;
 pub mod compat;
+pub mod desktop;
 pub mod display;
 pub mod events;
 pub mod exec;
@@ -52,6 +54,12 @@ pub struct Agent {
     pub display: Arc<display::Display>,
     pub recorder: Arc<record::Recorder>,
     pub viewers: api::viewer::Viewers,
+    /// The supervised desktop (`--desktop`).
+    pub desktop: Option<Arc<desktop::Desktop>>,
+    pub readiness: Arc<desktop::ready::Readiness>,
+    /// Where the CDP byte relay listens (`--desktop`).
+    pub cdp_listen: Option<std::net::SocketAddr>,
+    pub novnc_dir: PathBuf,
     shutdown: watch::Sender<Option<ShutdownKind>>,
 }
 

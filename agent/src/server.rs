@@ -14,6 +14,8 @@ use tokio::sync::watch;
 
 use crate::account::{Account, ChildEnv, EnvInputs};
 use crate::cli::AgentArgs;
+use crate::desktop::ready::{Loopback, Readiness};
+use crate::desktop::{Desktop, DesktopConfig};
 use crate::events::EventLog;
 use crate::exec::{CommandTable, ExecConfig};
 use crate::pty::PtyTable;
@@ -38,20 +40,62 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let xauthority = home.join(".Xauthority");
     prepare_home(&home, &xauthority, &account);
     let helper_bin = write_helpers(&state_dir)?;
-    let env = ChildEnv::new(EnvInputs {
-        account: &account,
-        home: &home,
-        display: args.display.as_deref(),
-        xauthority: &xauthority,
-        runtime_dir: &runtime_dir,
-        helper_bin: Some(&helper_bin),
-    });
 
     if let Err(e) = crate::proc::become_subreaper() {
         tracing::warn!(error = %e, "cannot become a subreaper; orphans may escape to init");
     }
     let reaper = Reaper::start().context("SIGCHLD handler")?;
     let events = Arc::new(EventLog::open(&state_dir.join("events.log")).context("event log")?);
+
+    // The listeners bind before the desktop starts (clients may connect and wait for ready).
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let bound = listener.local_addr()?;
+    let cdp_listener = match args.desktop {
+        true => Some(crate::browser::bind_relay(args.cdp_listen).await?),
+        false => None,
+    };
+    let cdp_bound = match &cdp_listener {
+        Some(l) => Some(l.local_addr()?),
+        None => None,
+    };
+    let desktop = match args.desktop {
+        true => Some(
+            Desktop::start(
+                DesktopConfig {
+                    state_dir: state_dir.clone(),
+                    home: home.clone(),
+                    account: account.clone(),
+                    screen: args.screen,
+                    display: args.display.clone(),
+                    chromium: args.chromium.clone(),
+                },
+                events.clone(),
+                reaper.clone(),
+            )
+            .await
+            .context("starting the desktop's X server")?,
+        ),
+        false => None,
+    };
+    let display_name = match &desktop {
+        Some(d) => Some(d.display.clone()),
+        None => args.display.clone(),
+    };
+    let env = ChildEnv::new(EnvInputs {
+        account: &account,
+        home: &home,
+        display: display_name.as_deref(),
+        xauthority: &xauthority,
+        runtime_dir: &runtime_dir,
+        helper_bin: Some(&helper_bin),
+        session_bus: desktop.as_ref().map(|d| d.session_bus.as_path()),
+        desktop_bin: desktop.as_ref().map(|d| d.bin_dir.as_path()),
+    });
+    if let Some(d) = &desktop {
+        d.run(env.with(None));
+    }
     let commands_dir = state_dir.join("commands");
     make_dir(&commands_dir, 0o700)?;
     let agent_exe = std::env::current_exe().context("locating the agent binary")?;
@@ -84,7 +128,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         });
     }
     let (shutdown_tx, mut shutdown_rx) = watch::channel(None);
-    let display = crate::display::Display::new(args.display.clone());
+    let display = crate::display::Display::new(display_name.clone());
     let recorder = crate::record::Recorder::open(&display, &state_dir, events.clone())
         .context("recordings directory")?;
     let agent = Arc::new(Agent {
@@ -100,18 +144,31 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         display,
         recorder: recorder.clone(),
         viewers: api::viewer::Viewers::default(),
+        desktop: desktop.clone(),
+        readiness: Readiness::new(desktop.clone()),
+        cdp_listen: cdp_bound,
+        novnc_dir: args.novnc_dir.clone(),
         shutdown: shutdown_tx,
     });
+    if let (Some(d), Some(l), Some(cdp)) = (&desktop, cdp_listener, cdp_bound) {
+        crate::browser::serve_relay(l, d.clone());
+        agent.readiness.start(Loopback {
+            listen: bound,
+            token: agent.token.clone(),
+            cdp_listen: cdp,
+        });
+    }
 
     let app = router(agent.clone());
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("binding {}", args.listen))?;
-    let bound = listener.local_addr()?;
     crate::exec::record::write_json(
         &state_dir,
         ENDPOINTS_FILE,
-        &json!({"listen": bound.to_string(), "pid": std::process::id()}),
+        &json!({
+            "listen": bound.to_string(),
+            "pid": std::process::id(),
+            "cdp_listen": cdp_bound.map(|a| a.to_string()),
+            "display": display_name,
+        }),
     )?;
     tracing::info!(
         listen = %bound,
@@ -137,6 +194,10 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     tokio::task::spawn_blocking(move || recorder.shutdown())
         .await
         .ok();
+    // Desktop components stop with the agent on any exit; the next agent starts them afresh.
+    if let Some(d) = &desktop {
+        d.shutdown().await;
+    }
     match kind {
         ShutdownKind::Restart => {
             tracing::info!("SIGTERM: restarting; background commands keep running");

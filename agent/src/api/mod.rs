@@ -1,5 +1,6 @@
 //! The native surface `/v1/*`: bearer-token auth and thin handlers over the domains.
 
+pub mod desktop;
 pub mod display;
 pub mod error;
 pub mod exec;
@@ -68,6 +69,11 @@ pub fn router(agent: Arc<Agent>) -> Router<Arc<Agent>> {
         .route("/recordings/{id}/stop", post(record::stop))
         .route("/recordings/{id}/file", get(record::file))
         .route("/viewer-tokens", post(viewer::mint))
+        .route("/ready", get(desktop::ready))
+        .route("/browser", get(desktop::browser_info))
+        .route("/browser/restart", post(desktop::browser_restart))
+        .route("/browser/cdp", get(desktop::browser_cdp))
+        .route("/browser/cdp/{kind}/{id}", get(desktop::browser_cdp_target))
         .route("/events", get(events))
         .route("/shutdown", post(shutdown))
         .fallback(not_found)
@@ -76,6 +82,9 @@ pub fn router(agent: Arc<Agent>) -> Router<Arc<Agent>> {
     let browser = Router::new()
         .route("/stream.mp4", get(record::stream_mp4))
         .route("/stream", get(record::stream_ws))
+        .route("/vnc/", get(desktop::vnc_index))
+        .route("/vnc/websockify", get(desktop::vnc_ws))
+        .route("/vnc/{*path}", get(desktop::vnc_file))
         .route_layer(middleware::from_fn_with_state(
             agent,
             viewer::require_viewer,

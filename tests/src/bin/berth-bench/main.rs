@@ -1,13 +1,15 @@
 //! berth's benchmarks, each figure printed beside the peer it is compared with, measured in
 //! the same run on the same machine.
 //!
-//!   cargo run -p berth-tests --bin berth-bench -- [exec] [display] [record] [--requests N]
-//!                                                 [--seconds S]
+//!   cargo run -p berth-tests --bin berth-bench -- [exec] [display] [record] [workstation]
+//!                                                 [--requests N] [--seconds S] [--runs R]
 //!
 //! `exec`: `/execute` round trip for `echo hi`, a new TCP connection per request as OSWorld's
 //! client makes them, against berth-agent and against a Flask + `subprocess.run` server.
 //! `display`: screenshots, input and settle on a 1920x1080 XFCE desktop, against scrot +
 //! Pillow, Pillow's ImageGrab and xdotool.
+//! `record`: CPU per recorded minute against OSWorld's and Daytona's ffmpeg commands.
+//! `workstation`: `--desktop` cold start to strict readiness, agent and desktop memory.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -17,6 +19,7 @@ use berth_tests::{AgentProcess, raw_http};
 mod desktop;
 mod display;
 mod record;
+mod workstation;
 
 const BODY: &str = r#"{"command": ["echo", "hi"], "shell": false}"#;
 
@@ -48,6 +51,15 @@ async fn main() {
             .and_then(|v| v.parse().ok())
             .unwrap_or(20);
         record::bench(seconds).await;
+    }
+    if which.is_empty() || which.contains(&"workstation") {
+        let runs = args
+            .iter()
+            .position(|a| a == "--runs")
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(5);
+        workstation::bench(runs).await;
     }
 }
 

@@ -1,0 +1,344 @@
+//! `/v1/ready`, the noVNC viewer (`/v1/vnc/…`) and the browser (`/v1/browser…`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Extension;
+use axum::Json;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures_util::{SinkExt, StreamExt};
+use serde::Deserialize;
+use serde_json::json;
+use tokio_tungstenite::tungstenite;
+
+use super::error::ApiError;
+use super::viewer::Grant;
+use crate::Agent;
+use crate::desktop::Desktop;
+
+type WsResult = Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>;
+
+/// Largest CDP message relayed (screenshots and DOM snapshots are big).
+const CDP_MESSAGE_LIMIT: usize = 256 << 20;
+
+#[derive(Deserialize)]
+pub struct ReadyQuery {
+    wait: Option<String>,
+}
+
+pub async fn ready(
+    State(agent): State<Arc<Agent>>,
+    q: Result<Query<ReadyQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = q?;
+    let wait = match q.wait.as_deref() {
+        None | Some("") => Duration::ZERO,
+        Some(w) => humantime::parse_duration(w)
+            .or_else(|_| w.parse::<u64>().map(Duration::from_secs))
+            .map_err(|_| ApiError::bad_request(format!("wait: {w:?} is not a duration (30s, 2m)")))?
+            .min(Duration::from_secs(300)),
+    };
+    let report = agent.readiness.wait(wait).await;
+    let status = if report.ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    Ok((status, Json(report)).into_response())
+}
+
+fn desktop(agent: &Agent) -> Result<&Arc<Desktop>, ApiError> {
+    agent.desktop.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no_desktop",
+            "this agent runs without --desktop: there is no viewer or browser",
+        )
+    })
+}
+
+/// `/v1/vnc/`: noVNC's page, told where its WebSocket is and whether it only watches.
+pub async fn vnc_index(
+    State(agent): State<Arc<Agent>>,
+    Extension(grant): Extension<Grant>,
+) -> Result<Response, ApiError> {
+    desktop(&agent)?;
+    let location = format!(
+        "vnc.html?autoconnect=true&reconnect=true&resize=scale&path=v1/vnc/websockify&view_only={}",
+        grant.view_only
+    );
+    let mut resp = (StatusCode::FOUND, "").into_response();
+    if let Ok(v) = HeaderValue::from_str(&location) {
+        resp.headers_mut().insert(header::LOCATION, v);
+    }
+    Ok(resp)
+}
+
+/// noVNC's static files.
+pub async fn vnc_file(
+    State(agent): State<Arc<Agent>>,
+    Path(path): Path<String>,
+) -> Result<Response, ApiError> {
+    desktop(&agent)?;
+    let clean: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    if clean
+        .iter()
+        .any(|p| *p == ".." || *p == "." || p.contains('\\'))
+    {
+        return Err(ApiError::bad_request("no such path in noVNC"));
+    }
+    let file = clean
+        .iter()
+        .fold(agent.novnc_dir.clone(), |acc, p| acc.join(p));
+    let data = match tokio::fs::read(&file).await {
+        Ok(d) => d,
+        Err(_) => {
+            return Err(ApiError::not_found(format!(
+                "{path}: not in noVNC ({})",
+                agent.novnc_dir.display()
+            )));
+        }
+    };
+    let mime = mime_guess::from_path(&file).first_or_octet_stream();
+    Ok((
+        [
+            (header::CONTENT_TYPE, mime.essence_str().to_string()),
+            (header::CACHE_CONTROL, "no-cache".to_string()),
+        ],
+        data,
+    )
+        .into_response())
+}
+
+/// `/v1/vnc/websockify`: noVNC's WebSocket to the VNC server.
+pub async fn vnc_ws(
+    State(agent): State<Arc<Agent>>,
+    Extension(grant): Extension<Grant>,
+    ws: WsResult,
+) -> Result<Response, ApiError> {
+    let d = desktop(&agent)?.clone();
+    let Ok(ws) = ws else {
+        return Err(ApiError::bad_request(
+            "this route is noVNC's WebSocket; open /v1/vnc/ in a browser",
+        ));
+    };
+    let socket = d.vnc_socket.clone();
+    Ok(ws.protocols(["binary"]).on_upgrade(move |ws| async move {
+        crate::desktop::vnc::relay(ws, &socket, grant.view_only).await
+    }))
+}
+
+/// `GET /v1/browser`.
+pub async fn browser_info(
+    State(agent): State<Arc<Agent>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let d = desktop(&agent)?;
+    let dt = d.devtools().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "browser_down",
+            "the browser is not running (see GET /v1/ready)",
+        )
+    })?;
+    let unavailable = |e: String| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "browser_down", e);
+    let (version, targets) = tokio::join!(
+        crate::browser::version(dt.port),
+        crate::browser::targets(dt.port)
+    );
+    let version = version.map_err(unavailable)?;
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("127.0.0.1");
+    // Each target is reached through this surface's relay, not the browser's loopback port.
+    let targets: Vec<serde_json::Value> = targets
+        .map_err(unavailable)?
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| {
+            json!({
+                "id": t["id"],
+                "type": t["type"],
+                "title": t["title"],
+                "url": t["url"],
+                "ws_url": format!("ws://{host}/v1/browser/cdp/{}/{}",
+                    if t["type"] == "browser" { "browser" } else { "page" },
+                    t["id"].as_str().unwrap_or_default()),
+            })
+        })
+        .collect();
+    Ok(Json(json!({
+        "version": version["Browser"],
+        "protocol_version": version["Protocol-Version"],
+        "user_agent": version["User-Agent"],
+        "ws_url": format!("ws://{host}/v1/browser/cdp"),
+        "targets": targets,
+        "cdp_listen": agent.cdp_listen.map(|a| a.to_string()),
+        "pid": d.pid("chromium"),
+    }))
+    .into_response())
+}
+
+/// `POST /v1/browser/restart`: a fresh browser; answers once it is up.
+pub async fn browser_restart(
+    State(agent): State<Arc<Agent>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let d = desktop(&agent)?.clone();
+    let before = d.pid("chromium");
+    let mut changed = d.changed.subscribe();
+    d.request_restart("chromium");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = d.statuses().get("chromium").cloned();
+        if let Some(s) = s
+            && s.ok
+            && s.pid.is_some()
+            && s.pid != before
+        {
+            return browser_info(State(agent), headers).await;
+        }
+        if tokio::time::timeout_at(deadline, changed.changed())
+            .await
+            .is_err()
+        {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "browser_down",
+                "the browser did not come back within 60 s (see GET /v1/ready)",
+            ));
+        }
+    }
+}
+
+/// `/v1/browser/cdp`: the browser target; `/v1/browser/cdp/page/{id}`: one page.
+pub async fn browser_cdp(
+    State(agent): State<Arc<Agent>>,
+    ws: WsResult,
+) -> Result<Response, ApiError> {
+    cdp(agent, None, ws).await
+}
+
+pub async fn browser_cdp_target(
+    State(agent): State<Arc<Agent>>,
+    Path((kind, id)): Path<(String, String)>,
+    ws: WsResult,
+) -> Result<Response, ApiError> {
+    if !matches!(kind.as_str(), "page" | "browser")
+        || id.is_empty()
+        || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    {
+        return Err(ApiError::not_found(format!("no CDP target {kind}/{id}")));
+    }
+    cdp(agent, Some(format!("/devtools/{kind}/{id}")), ws).await
+}
+
+async fn cdp(agent: Arc<Agent>, path: Option<String>, ws: WsResult) -> Result<Response, ApiError> {
+    let d = desktop(&agent)?;
+    let Ok(ws) = ws else {
+        return Err(ApiError::bad_request(
+            "this route is a CDP WebSocket; GET /v1/browser describes the browser",
+        ));
+    };
+    let dt = d.devtools().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "browser_down",
+            "the browser is not running (see GET /v1/ready)",
+        )
+    })?;
+    if let Some(p) = &path {
+        // Chromium answers an unknown target with a bare HTTP error; say what it is.
+        let id = p.rsplit('/').next().unwrap_or_default();
+        let targets = crate::browser::targets(dt.port)
+            .await
+            .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "browser_down", e))?;
+        let known = targets
+            .as_array()
+            .is_some_and(|ts| ts.iter().any(|t| t["id"] == id));
+        if !known && !p.starts_with("/devtools/browser/") {
+            return Err(ApiError::not_found(format!(
+                "no CDP target {id} (GET /v1/browser lists them)"
+            )));
+        }
+    }
+    let url = format!(
+        "ws://127.0.0.1:{}{}",
+        dt.port,
+        path.unwrap_or(dt.browser_path)
+    );
+    let config = tungstenite::protocol::WebSocketConfig::default()
+        .max_message_size(Some(CDP_MESSAGE_LIMIT))
+        .max_frame_size(Some(CDP_MESSAGE_LIMIT));
+    let upstream = tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio_tungstenite::connect_async_with_config(&url, Some(config), true),
+    )
+    .await
+    .map_err(|_| {
+        ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "browser",
+            "the browser did not accept the CDP connection within 5 s",
+        )
+    })?
+    .map_err(|e| match e {
+        tungstenite::Error::Http(r) if r.status() == StatusCode::NOT_FOUND => {
+            ApiError::not_found("no such CDP target")
+        }
+        e => ApiError::new(StatusCode::BAD_GATEWAY, "browser", format!("CDP: {e}")),
+    })?
+    .0;
+    Ok(ws
+        .max_message_size(CDP_MESSAGE_LIMIT)
+        .max_frame_size(CDP_MESSAGE_LIMIT)
+        .on_upgrade(move |socket| pump_cdp(socket, upstream)))
+}
+
+async fn pump_cdp(
+    client: WebSocket,
+    upstream: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+) {
+    let (mut c_tx, mut c_rx) = client.split();
+    let (mut u_tx, mut u_rx) = upstream.split();
+    let up = async {
+        while let Some(Ok(m)) = c_rx.next().await {
+            let m = match m {
+                Message::Text(t) => tungstenite::Message::text(t.as_str()),
+                Message::Binary(b) => tungstenite::Message::binary(b),
+                Message::Close(_) => break,
+                _ => continue,
+            };
+            if u_tx.send(m).await.is_err() {
+                break;
+            }
+        }
+        let _ = u_tx.close().await;
+    };
+    let down = async {
+        while let Some(Ok(m)) = u_rx.next().await {
+            let m = match m {
+                tungstenite::Message::Text(t) => Message::text(t.as_str()),
+                tungstenite::Message::Binary(b) => Message::binary(b),
+                tungstenite::Message::Close(_) => break,
+                _ => continue,
+            };
+            if c_tx.send(m).await.is_err() {
+                break;
+            }
+        }
+        let _ = c_tx.send(Message::Close(None)).await;
+    };
+    tokio::select! {
+        _ = up => {}
+        _ = down => {}
+    }
+}

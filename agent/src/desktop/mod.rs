@@ -1,0 +1,955 @@
+//! The desktop: the agent starts the visible workstation itself and keeps it alive. Xvnc (the
+//! X server with VNC on a private Unix socket), a session D-Bus and the AT-SPI bus, XFCE's
+//! parts started one by one — no `xfce4-session`, whose own restarting would hide crashes —
+//! and Chromium. Each component is started after the one before it is ready, restarted with
+//! exponential backoff when it dies, and given up on after repeated crashes; every change is
+//! an event. When the X server dies, everything that draws on it is restarted with it, which
+//! does not count as their crash. Components die with the agent on any exit (a parent-death
+//! signal), and the next agent starts them afresh.
+
+pub mod probe;
+pub mod ready;
+mod spawn;
+pub mod vnc;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::json;
+use tokio::sync::{Notify, watch};
+
+use crate::account::Account;
+use crate::events::EventLog;
+use crate::reaper::{Exit, Reaper};
+use spawn::{Launch, Spawner};
+
+/// A component that does not become ready within this long counts as a failed start.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Crashes in a row (each within `STABLE` of its start) before giving up.
+const MAX_CRASHES: u32 = 5;
+/// A component that stayed up this long has its crash count cleared.
+const STABLE: Duration = Duration::from_secs(60);
+const BACKOFF_FIRST: Duration = Duration::from_millis(250);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// How long a component gets between SIGTERM and SIGKILL when it is stopped.
+const STOP_GRACE: Duration = Duration::from_secs(3);
+
+/// The desktop components, in start order.
+pub const COMPONENTS: &[&str] = &[
+    "x",
+    "session-bus",
+    "a11y-bus",
+    "xfsettingsd",
+    "xfwm4",
+    "xfce4-panel",
+    "xfdesktop",
+    "chromium",
+];
+
+pub struct DesktopConfig {
+    pub state_dir: PathBuf,
+    pub home: PathBuf,
+    pub account: Account,
+    pub screen: (u16, u16),
+    /// A display number asked for (`--display`); otherwise Xvnc picks a free one.
+    pub display: Option<String>,
+    pub chromium: String,
+}
+
+/// One component's condition, as `/v1/ready` reports it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    pub ok: bool,
+    /// `starting`, `up`, `down`, `gave_up`, `stopped`.
+    pub state: &'static str,
+    pub reason: String,
+    pub since: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    pub restarts: u32,
+}
+
+impl Status {
+    fn new(state: &'static str, reason: impl Into<String>) -> Status {
+        Status {
+            ok: state == "up",
+            state,
+            reason: reason.into(),
+            since: crate::time::now_rfc3339(),
+            pid: None,
+            restarts: 0,
+        }
+    }
+}
+
+/// Where Chromium's DevTools endpoint is while it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DevTools {
+    pub port: u16,
+    /// `/devtools/browser/<id>`.
+    pub browser_path: String,
+}
+
+pub struct Desktop {
+    cfg: DesktopConfig,
+    pub display: String,
+    pub vnc_socket: PathBuf,
+    pub session_bus: PathBuf,
+    pub bin_dir: PathBuf,
+    dir: PathBuf,
+    logs: PathBuf,
+    profile: PathBuf,
+    env: Mutex<Vec<(String, String)>>,
+    chromium_no_sandbox: Mutex<bool>,
+    statuses: Mutex<BTreeMap<&'static str, Status>>,
+    pids: Mutex<BTreeMap<&'static str, u32>>,
+    /// Moves whenever a status changes.
+    pub changed: watch::Sender<u64>,
+    /// Moves when the X server goes away (its dependents restart with it).
+    x_epoch: watch::Sender<u64>,
+    restart: BTreeMap<&'static str, Notify>,
+    /// Set once when the agent exits; every supervisor stops its component.
+    stop: watch::Sender<bool>,
+    stopping: AtomicBool,
+    devtools: Mutex<Option<DevTools>>,
+    spawner: Spawner,
+    events: Arc<EventLog>,
+    reaper: Arc<Reaper>,
+    /// The X server started before the agent's domains were built, handed to its supervisor.
+    first_x: Mutex<Option<(u32, tokio::sync::oneshot::Receiver<Exit>)>>,
+}
+
+enum Ended {
+    Exited(Exit),
+    XGone,
+    Requested,
+    Stopping,
+}
+
+impl Desktop {
+    /// Starts the X server (so its display is known before anything else is built) and the
+    /// session bus (so every child's environment can name it). The rest starts in `run`.
+    pub async fn start(
+        cfg: DesktopConfig,
+        events: Arc<EventLog>,
+        reaper: Arc<Reaper>,
+    ) -> anyhow::Result<Arc<Desktop>> {
+        let dir = cfg.state_dir.join("desktop");
+        make_dir(&dir, 0o700)?;
+        let logs = cfg.state_dir.join("components");
+        make_dir(&logs, 0o700)?;
+        // The session bus socket lives where the sandbox user can create it.
+        let session_dir = cfg.state_dir.join("session");
+        make_dir(&session_dir, 0o700)?;
+        if cfg.account.needs_switch() {
+            std::os::unix::fs::chown(&session_dir, Some(cfg.account.uid), Some(cfg.account.gid))?;
+        }
+        let bin_dir = cfg.state_dir.join("desktop-bin");
+        make_dir(&bin_dir, 0o755)?;
+        let profile = cfg.home.join(".config").join("chromium");
+        write_browser_command(&bin_dir, &cfg.chromium, &profile)?;
+        let spawner = Spawner::start()?;
+        let (changed, _) = watch::channel(0);
+        let (x_epoch, _) = watch::channel(0);
+        let restart = COMPONENTS.iter().map(|c| (*c, Notify::new())).collect();
+        let statuses = COMPONENTS
+            .iter()
+            .map(|c| (*c, Status::new("starting", "not started yet")))
+            .collect();
+        let mut desktop = Desktop {
+            display: String::new(),
+            vnc_socket: dir.join("vnc.sock"),
+            session_bus: session_dir.join("bus"),
+            bin_dir,
+            dir,
+            logs,
+            profile,
+            env: Mutex::new(Vec::new()),
+            chromium_no_sandbox: Mutex::new(false),
+            statuses: Mutex::new(statuses),
+            pids: Mutex::new(BTreeMap::new()),
+            changed,
+            x_epoch,
+            restart,
+            stop: watch::channel(false).0,
+            stopping: AtomicBool::new(false),
+            devtools: Mutex::new(None),
+            spawner,
+            events,
+            reaper,
+            first_x: Mutex::new(None),
+            cfg,
+        };
+        let _ = std::fs::remove_file(&desktop.vnc_socket);
+        let (display, pid) = desktop.start_x_first().await?;
+        desktop.display = display;
+        let exit = desktop.reaper.watch(pid);
+        *desktop.first_x.lock().unwrap() = Some((pid, exit));
+        Ok(Arc::new(desktop))
+    }
+
+    /// Supervises every component. `env` is the sandbox user's environment (DISPLAY, the
+    /// session bus, …).
+    pub fn run(self: &Arc<Self>, env: Vec<(String, String)>) {
+        *self.env.lock().unwrap() = env;
+        let me = self.clone();
+        tokio::spawn(async move {
+            *me.chromium_no_sandbox.lock().unwrap() = me.chromium_needs_no_sandbox().await;
+            // Start in order, each after the one before it is ready (or failed to be).
+            for name in COMPONENTS {
+                let ready = me.watch_ready(name);
+                let d = me.clone();
+                tokio::spawn(async move { d.supervise(name).await });
+                ready.await;
+            }
+        });
+    }
+
+    /// Resolves once `name` is up or has failed a start attempt.
+    fn watch_ready(
+        self: &Arc<Self>,
+        name: &'static str,
+    ) -> impl std::future::Future<Output = ()> + use<> {
+        let mut rx = self.changed.subscribe();
+        let me = self.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+            loop {
+                let settled = me
+                    .statuses
+                    .lock()
+                    .unwrap()
+                    .get(name)
+                    .is_some_and(|s| s.state != "starting");
+                if settled
+                    || tokio::time::timeout_at(deadline, rx.changed())
+                        .await
+                        .is_err()
+                {
+                    return;
+                }
+            }
+        }
+    }
+
+    pub fn statuses(&self) -> BTreeMap<&'static str, Status> {
+        self.statuses.lock().unwrap().clone()
+    }
+
+    pub fn devtools(&self) -> Option<DevTools> {
+        self.devtools.lock().unwrap().clone()
+    }
+
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.pids.lock().unwrap().get(name).copied()
+    }
+
+    /// Asks for a fresh start of one component (clears a give-up).
+    pub fn request_restart(&self, name: &str) -> bool {
+        match self.restart.get(name) {
+            Some(n) => {
+                n.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn set(&self, name: &'static str, f: impl FnOnce(&mut Status)) {
+        let mut map = self.statuses.lock().unwrap();
+        let s = map
+            .entry(name)
+            .or_insert_with(|| Status::new("starting", ""));
+        let before = (s.ok, s.state, s.reason.clone());
+        f(s);
+        s.ok = s.state == "up";
+        if (s.ok, s.state, s.reason.clone()) != before {
+            s.since = crate::time::now_rfc3339();
+        }
+        drop(map);
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    fn env(&self) -> Vec<(String, String)> {
+        self.env.lock().unwrap().clone()
+    }
+
+    fn identity(&self) -> Option<(u32, u32, Vec<u32>)> {
+        let a = &self.cfg.account;
+        a.needs_switch().then(|| (a.uid, a.gid, a.groups.clone()))
+    }
+
+    fn xvnc_argv(&self, display: Option<&str>, displayfd: Option<i32>) -> Vec<String> {
+        let (w, h) = self.cfg.screen;
+        let mut argv = vec!["Xvnc".to_string()];
+        if let Some(d) = display {
+            argv.push(d.to_string());
+        }
+        if let Some(fd) = displayfd {
+            argv.extend(["-displayfd".into(), fd.to_string()]);
+        }
+        argv.extend(
+            [
+                "-geometry",
+                &format!("{w}x{h}"),
+                "-depth",
+                "24",
+                "-rfbunixpath",
+                &self.vnc_socket.to_string_lossy(),
+                "-rfbunixmode",
+                "0600",
+                // No TCP listener: the agent's relay is the only way in.
+                "-rfbport",
+                "-1",
+                "-SecurityTypes",
+                "None",
+                // Xvnc blacklists an address after a few connections that end before the
+                // handshake (readiness probes do); every viewer arrives from the same socket,
+                // already authenticated by the agent.
+                "-BlacklistThreshold",
+                "1000000",
+                "-AlwaysShared",
+                "-AcceptSetDesktopSize=0",
+                "-desktop",
+                "berth",
+                "-nolisten",
+                "tcp",
+                "-noreset",
+            ]
+            .map(String::from),
+        );
+        argv
+    }
+
+    /// The first X server: on the display asked for, or a free one it reports (`-displayfd`).
+    async fn start_x_first(&self) -> anyhow::Result<(String, u32)> {
+        if let Some(d) = &self.cfg.display {
+            let pid = self
+                .spawn_component("x", self.xvnc_argv(Some(d), None), None)
+                .await?;
+            return Ok((d.clone(), pid));
+        }
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let pid = self
+            .spawn_component("x", self.xvnc_argv(None, Some(3)), Some((write, 3)))
+            .await?;
+        let mut rx = tokio::net::unix::pipe::Receiver::from_owned_fd(read)?;
+        let mut got = Vec::new();
+        let read_number = async {
+            use tokio::io::AsyncReadExt;
+            let mut buf = [0u8; 16];
+            while !got.contains(&b'\n') {
+                let n = rx.read(&mut buf).await?;
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+            std::io::Result::Ok(())
+        };
+        match tokio::time::timeout(Duration::from_secs(15), read_number).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => anyhow::bail!("reading Xvnc's display number: {e}"),
+            Err(_) => anyhow::bail!("Xvnc did not report a display within 15 s"),
+        }
+        let number = String::from_utf8_lossy(&got).trim().to_string();
+        if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit()) {
+            anyhow::bail!(
+                "Xvnc exited before reporting its display (see {})",
+                self.logs.join("x.log").display()
+            );
+        }
+        Ok((format!(":{number}"), pid))
+    }
+
+    async fn spawn_component(
+        &self,
+        name: &'static str,
+        argv: Vec<String>,
+        pass_fd: Option<(std::os::fd::OwnedFd, i32)>,
+    ) -> std::io::Result<u32> {
+        // The X server runs as the agent (its VNC socket must be the agent's alone); the rest
+        // as the sandbox user.
+        let as_user = name != "x";
+        let mut env = if as_user {
+            self.env()
+        } else {
+            vec![(
+                "PATH".to_string(),
+                std::env::var("PATH").unwrap_or_else(|_| crate::account::DEFAULT_PATH.into()),
+            )]
+        };
+        if name == "chromium" {
+            env.push(("CHROME_DESKTOP".into(), "chromium.desktop".into()));
+        }
+        let pid = self
+            .spawner
+            .spawn(Launch {
+                argv,
+                env,
+                cwd: if as_user {
+                    self.cfg.home.clone()
+                } else {
+                    self.dir.clone()
+                },
+                identity: if as_user { self.identity() } else { None },
+                log: self.logs.join(format!("{name}.log")),
+                pass_fd,
+            })
+            .await?;
+        self.pids.lock().unwrap().insert(name, pid);
+        Ok(pid)
+    }
+
+    fn argv(&self, name: &str) -> Vec<String> {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        match name {
+            "x" => self.xvnc_argv(Some(&self.display), None),
+            "session-bus" => vec![
+                "dbus-daemon".into(),
+                "--session".into(),
+                "--nofork".into(),
+                "--nopidfile".into(),
+                format!("--address=unix:path={}", self.session_bus.display()),
+            ],
+            "a11y-bus" => s(&["/usr/libexec/at-spi-bus-launcher", "--launch-immediately"]),
+            "xfsettingsd" => s(&["xfsettingsd", "--no-daemon", "--replace"]),
+            "xfwm4" => s(&["xfwm4", "--compositor=off", "--replace"]),
+            "xfce4-panel" => s(&["xfce4-panel"]),
+            "xfdesktop" => s(&["xfdesktop"]),
+            "chromium" => self.chromium_argv(),
+            other => unreachable!("unknown component {other}"),
+        }
+    }
+
+    fn chromium_argv(&self) -> Vec<String> {
+        let mut argv = vec![
+            self.cfg.chromium.clone(),
+            format!("--user-data-dir={}", self.profile.display()),
+            // Loopback only, on a port the browser picks (written to DevToolsActivePort).
+            "--remote-debugging-address=127.0.0.1".into(),
+            "--remote-debugging-port=0".into(),
+            "--remote-allow-origins=*".into(),
+            "--password-store=basic".into(),
+            "--no-first-run".into(),
+            "--no-default-browser-check".into(),
+            "--disable-background-networking".into(),
+            "--disable-component-update".into(),
+            "--disable-sync".into(),
+            "--disable-default-apps".into(),
+            "--disable-breakpad".into(),
+            "--disable-domain-reliability".into(),
+            "--metrics-recording-only".into(),
+            "--disable-features=Translate,MediaRouter,OptimizationHints".into(),
+            "--force-renderer-accessibility".into(),
+            "--start-maximized".into(),
+        ];
+        if *self.chromium_no_sandbox.lock().unwrap() {
+            argv.push("--no-sandbox".into());
+        }
+        argv.push("about:blank".into());
+        argv
+    }
+
+    /// Chromium's sandbox needs unprivileged user namespaces (Debian ships no setuid sandbox);
+    /// as root, or where namespaces are refused (many containers), it must run without.
+    async fn chromium_needs_no_sandbox(&self) -> bool {
+        let runs_as_root = if self.cfg.account.needs_switch() {
+            self.cfg.account.uid == 0
+        } else {
+            nix::unistd::Uid::effective().is_root()
+        };
+        if runs_as_root {
+            tracing::info!("chromium runs as root: --no-sandbox");
+            return true;
+        }
+        let probe = self
+            .spawner
+            .spawn(Launch {
+                argv: vec!["unshare".into(), "--user".into(), "true".into()],
+                env: self.env(),
+                cwd: self.cfg.home.clone(),
+                identity: self.identity(),
+                log: self.logs.join("sandbox-probe.log"),
+                pass_fd: None,
+            })
+            .await;
+        let works = match probe {
+            Ok(pid) => {
+                let exit = self.reaper.watch(pid);
+                matches!(
+                    tokio::time::timeout(Duration::from_secs(5), exit).await,
+                    Ok(Ok(Exit { code: Some(0), .. }))
+                )
+            }
+            Err(_) => false,
+        };
+        if !works {
+            tracing::info!("user namespaces are not available here: chromium gets --no-sandbox");
+        }
+        !works
+    }
+
+    /// The component's readiness probe, polled until it passes.
+    async fn probe(&self, name: &str) -> probe::Probe {
+        let display = self.display.clone();
+        let blocking = |f: Box<dyn FnOnce() -> probe::Probe + Send>| async move {
+            tokio::task::spawn_blocking(f)
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()))
+        };
+        match name {
+            "x" => {
+                blocking(Box::new(move || probe::x_server(&display))).await?;
+                probe::rfb_socket(&self.vnc_socket).await
+            }
+            "session-bus" => probe::socket_accepts(&self.session_bus).await,
+            "xfsettingsd" => {
+                blocking(Box::new(move || {
+                    probe::selection_owned(&display, "_XSETTINGS_S0", "settings daemon")
+                }))
+                .await
+            }
+            "xfwm4" => {
+                blocking(Box::new(move || {
+                    probe::selection_owned(&display, "WM_S0", "window manager")
+                }))
+                .await
+            }
+            "xfce4-panel" => {
+                blocking(Box::new(move || {
+                    probe::window_mapped(&display, "xfce4-panel")
+                }))
+                .await
+            }
+            "xfdesktop" => {
+                blocking(Box::new(move || {
+                    probe::window_mapped(&display, "xfdesktop")
+                }))
+                .await
+            }
+            "chromium" => self.probe_devtools().await,
+            // The AT-SPI launcher has no cheap outside sign of life; it is up while it runs.
+            _ => Ok(()),
+        }
+    }
+
+    async fn probe_devtools(&self) -> probe::Probe {
+        let file = self.profile.join("DevToolsActivePort");
+        let text = std::fs::read_to_string(&file)
+            .map_err(|_| "the browser has not opened its DevTools port yet".to_string())?;
+        let mut lines = text.lines();
+        let port: u16 = lines
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .ok_or("DevToolsActivePort holds no port")?;
+        let browser_path = lines
+            .next()
+            .map(|l| l.trim().to_string())
+            .filter(|p| p.starts_with("/devtools/browser/"))
+            .ok_or("DevToolsActivePort holds no browser path")?;
+        crate::browser::version(port).await?;
+        *self.devtools.lock().unwrap() = Some(DevTools { port, browser_path });
+        Ok(())
+    }
+
+    /// Before a start: what a previous run of the component left behind.
+    fn clean_before_start(&self, name: &str) {
+        match name {
+            "x" => {
+                let _ = std::fs::remove_file(&self.vnc_socket);
+            }
+            "session-bus" => {
+                let _ = std::fs::remove_file(&self.session_bus);
+            }
+            "chromium" => {
+                *self.devtools.lock().unwrap() = None;
+                let _ = std::fs::remove_file(self.profile.join("DevToolsActivePort"));
+                // Locks of a browser that died with a previous agent (no supervised browser
+                // runs now), so the profile is not "in use by another computer".
+                for f in ["SingletonLock", "SingletonSocket", "SingletonCookie"] {
+                    let _ = std::fs::remove_file(self.profile.join(f));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn needs_x(name: &str) -> bool {
+        !matches!(name, "x" | "session-bus")
+    }
+
+    async fn x_reachable(&self) -> bool {
+        let display = self.display.clone();
+        tokio::task::spawn_blocking(move || probe::x_server(&display).is_ok())
+            .await
+            .unwrap_or(false)
+    }
+
+    async fn wait_for_x(&self) {
+        let mut rx = self.changed.subscribe();
+        loop {
+            if self.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            if self.statuses.lock().unwrap().get("x").is_some_and(|s| s.ok) {
+                return;
+            }
+            let _ = rx.changed().await;
+        }
+    }
+
+    /// One component's life: start, wait until ready, watch, restart.
+    async fn supervise(self: Arc<Self>, name: &'static str) {
+        let mut crashes = 0u32;
+        let mut restarts = 0u32;
+        let mut cause: Option<&'static str> = None;
+        loop {
+            if self.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            if Self::needs_x(name) {
+                self.wait_for_x().await;
+                if self.stopping.load(Ordering::SeqCst) {
+                    return;
+                }
+            }
+            let mut x_epoch = self.x_epoch.subscribe();
+            x_epoch.mark_unchanged();
+            let epoch_at_start = *x_epoch.borrow();
+            let started = Instant::now();
+            // The first X server was started before the agent's domains existed.
+            let first = if name == "x" {
+                self.first_x.lock().unwrap().take()
+            } else {
+                None
+            };
+            let (pid, mut exit) = match first {
+                Some(p) => p,
+                None => {
+                    self.clean_before_start(name);
+                    match self.spawn_component(name, self.argv(name), None).await {
+                        Ok(pid) => (pid, self.reaper.watch(pid)),
+                        Err(e) => {
+                            let reason = format!("cannot start: {e}");
+                            self.set(name, |s| {
+                                s.state = "down";
+                                s.reason = reason.clone();
+                                s.pid = None;
+                            });
+                            self.events.emit(
+                                "component.down",
+                                json!({"component": name, "reason": reason}),
+                            );
+                            crashes += 1;
+                            if !self.back_off(name, &mut crashes).await {
+                                return;
+                            }
+                            continue;
+                        }
+                    }
+                }
+            };
+            self.set(name, |s| {
+                s.state = "starting";
+                s.reason = "started; waiting until it is ready".into();
+                s.pid = Some(pid);
+                s.restarts = restarts;
+            });
+            let mut ended = self
+                .until_ended(name, pid, &mut exit, x_epoch, restarts, cause)
+                .await;
+            if self.stopping.load(Ordering::SeqCst) {
+                ended = Ended::Stopping;
+            }
+            // A client of the X server often notices its death first and exits on its own:
+            // that is the X server's failure, not this component's.
+            if matches!(ended, Ended::Exited(_)) && Self::needs_x(name) {
+                let epoch_moved = *self.x_epoch.borrow() != epoch_at_start;
+                if epoch_moved || !self.x_reachable().await {
+                    ended = Ended::XGone;
+                    if !epoch_moved {
+                        let mut rx = self.x_epoch.subscribe();
+                        let _ = tokio::time::timeout(
+                            Duration::from_secs(5),
+                            rx.wait_for(|e| *e != epoch_at_start),
+                        )
+                        .await;
+                    }
+                }
+            }
+            self.pids.lock().unwrap().remove(name);
+            if name == "chromium" {
+                *self.devtools.lock().unwrap() = None;
+            }
+            if name == "x" {
+                self.x_epoch.send_modify(|n| *n += 1);
+            }
+            let (reason, exit, crashed) = match &ended {
+                Ended::Exited(e) => (describe(e), Some(*e), true),
+                Ended::XGone => ("the X server went away".to_string(), None, false),
+                Ended::Requested => ("restart requested".to_string(), None, false),
+                Ended::Stopping => ("the agent is stopping".to_string(), None, false),
+            };
+            self.set(name, |s| {
+                s.state = if matches!(ended, Ended::Stopping) {
+                    "stopped"
+                } else {
+                    "down"
+                };
+                s.reason = reason.clone();
+                s.pid = None;
+            });
+            if matches!(ended, Ended::Stopping) {
+                return;
+            }
+            self.events.emit(
+                "component.down",
+                json!({
+                    "component": name,
+                    "pid": pid,
+                    "reason": reason,
+                    "exit_code": exit.and_then(|e| e.code),
+                    "signal": exit.and_then(|e| e.signal).map(crate::proc::signal_name),
+                }),
+            );
+            restarts += 1;
+            cause = Some(match ended {
+                Ended::Exited(_) => "crash",
+                Ended::XGone => "x_restart",
+                _ => "request",
+            });
+            match ended {
+                Ended::Requested => crashes = 0,
+                _ if crashed => {
+                    if started.elapsed() >= STABLE {
+                        crashes = 0;
+                    }
+                    crashes += 1;
+                    if !self.back_off(name, &mut crashes).await {
+                        return;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Waits out the backoff after a crash, or gives up (until a restart is requested).
+    /// False when the agent is stopping.
+    async fn back_off(&self, name: &'static str, crashes: &mut u32) -> bool {
+        if *crashes > MAX_CRASHES {
+            let reason = format!("gave up after {MAX_CRASHES} crashes in a row");
+            self.set(name, |s| {
+                s.state = "gave_up";
+                s.reason = reason.clone();
+            });
+            self.events.emit(
+                "component.gave_up",
+                json!({"component": name, "crashes": MAX_CRASHES, "reason": reason,
+                       "log": self.logs.join(format!("{name}.log"))}),
+            );
+            tracing::error!(component = name, "{reason}");
+            tokio::select! {
+                _ = self.restart[name].notified() => {}
+                _ = self.stopped() => return false,
+            }
+            *crashes = 0;
+            return true;
+        }
+        let delay = BACKOFF_FIRST
+            .saturating_mul(1 << (*crashes - 1).min(10))
+            .min(BACKOFF_MAX);
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => true,
+            _ = self.restart[name].notified() => { *crashes = 0; true }
+            _ = self.stopped() => false,
+        }
+    }
+
+    /// From start to end: readiness, then watching. Kills the component when it has to go.
+    async fn until_ended(
+        &self,
+        name: &'static str,
+        pid: u32,
+        exit: &mut tokio::sync::oneshot::Receiver<Exit>,
+        mut x_epoch: watch::Receiver<u64>,
+        restarts: u32,
+        cause: Option<&'static str>,
+    ) -> Ended {
+        let needs_x = Self::needs_x(name);
+        let x_gone = async move {
+            if needs_x {
+                let _ = x_epoch.changed().await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::pin!(x_gone);
+        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+        let mut last_reason = String::new();
+        // Readiness.
+        let became_ready = loop {
+            tokio::select! {
+                e = &mut *exit => return Ended::Exited(e.unwrap_or(Exit { code: None, signal: None })),
+                _ = &mut x_gone => { self.kill(name, pid, exit).await; return Ended::XGone; }
+                _ = self.restart[name].notified() => { self.kill(name, pid, exit).await; return Ended::Requested; }
+                _ = self.stopped() => { self.kill(name, pid, exit).await; return Ended::Stopping; }
+                r = self.probe(name) => match r {
+                    Ok(()) => break true,
+                    Err(reason) => {
+                        if reason != last_reason {
+                            self.set(name, |s| s.reason = format!("not ready yet: {reason}"));
+                            last_reason = reason;
+                        }
+                        if tokio::time::Instant::now() >= deadline {
+                            break false;
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        };
+        if !became_ready {
+            // Running but useless: restart it like a crash.
+            tracing::warn!(component = name, reason = %last_reason, "not ready in time; restarting it");
+            self.kill(name, pid, exit).await;
+            return Ended::Exited(Exit {
+                code: None,
+                signal: None,
+            });
+        }
+        self.set(name, |s| {
+            s.state = "up";
+            s.reason = "running".into();
+        });
+        self.events.emit(
+            "component.up",
+            json!({"component": name, "pid": pid, "restarts": restarts}),
+        );
+        if let Some(cause) = cause {
+            self.events.emit(
+                "component.restarted",
+                json!({"component": name, "pid": pid, "restarts": restarts, "cause": cause}),
+            );
+            if name == "chromium" {
+                self.events
+                    .emit("browser.restarted", json!({"pid": pid, "cause": cause}));
+            }
+        }
+        tracing::info!(component = name, pid, "up");
+        tokio::select! {
+            e = &mut *exit => Ended::Exited(e.unwrap_or(Exit { code: None, signal: None })),
+            _ = &mut x_gone => { self.kill(name, pid, exit).await; Ended::XGone }
+            _ = self.restart[name].notified() => { self.kill(name, pid, exit).await; Ended::Requested }
+            _ = self.stopped() => { self.kill(name, pid, exit).await; Ended::Stopping }
+        }
+    }
+
+    /// SIGTERM to the component's process group, SIGKILL after the grace period.
+    async fn kill(&self, name: &str, pid: u32, exit: &mut tokio::sync::oneshot::Receiver<Exit>) {
+        use nix::sys::signal::Signal;
+        // Its whole tree, taken now: once it is gone its children belong to the agent.
+        let tree: Vec<(u32, u64)> = crate::proc::descendants(pid)
+            .into_iter()
+            .filter_map(|d| crate::proc::start_time(d).map(|s| (d, s)))
+            .collect();
+        crate::proc::signal_group(pid, Signal::SIGTERM);
+        if tokio::time::timeout(STOP_GRACE, &mut *exit).await.is_err() {
+            tracing::warn!(component = name, pid, "did not stop on SIGTERM; killing it");
+            crate::proc::signal_group(pid, Signal::SIGKILL);
+            let _ = tokio::time::timeout(STOP_GRACE, &mut *exit).await;
+        }
+        // Helpers that left the group (a browser's children) go too.
+        for (d, start) in tree {
+            if crate::proc::is_alive(d, start) {
+                let _ =
+                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(d as i32), Signal::SIGKILL);
+            }
+        }
+    }
+
+    /// Resolves once the agent is stopping (at once if it already is).
+    fn stopped(&self) -> impl std::future::Future<Output = ()> + use<> {
+        let mut rx = self.stop.subscribe();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    }
+
+    /// Stops every component at once (each supervisor: SIGTERM, SIGKILL after the grace
+    /// period), then sweeps up whatever is left. Used on every agent exit.
+    pub async fn shutdown(&self) {
+        use nix::sys::signal::Signal;
+        // Every process of the desktop, with its start time (a pid may be reused later).
+        let trees: Vec<(u32, u64)> = {
+            let p = self.pids.lock().unwrap();
+            p.values()
+                .flat_map(|pid| {
+                    let mut t = crate::proc::descendants(*pid);
+                    t.push(*pid);
+                    t
+                })
+                .filter_map(|pid| crate::proc::start_time(pid).map(|s| (pid, s)))
+                .collect()
+        };
+        self.stopping.store(true, Ordering::SeqCst);
+        self.stop.send_replace(true);
+        let mut changed = self.changed.subscribe();
+        let deadline = tokio::time::Instant::now() + STOP_GRACE * 2 + Duration::from_secs(1);
+        while !self.pids.lock().unwrap().is_empty() {
+            if tokio::time::timeout_at(deadline, changed.changed())
+                .await
+                .is_err()
+            {
+                tracing::warn!("desktop components still running after the grace period");
+                break;
+            }
+        }
+        for (pid, start) in trees {
+            if crate::proc::is_alive(pid, start) {
+                let _ =
+                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGKILL);
+            }
+        }
+    }
+}
+
+fn describe(e: &Exit) -> String {
+    match (e.code, e.signal) {
+        (Some(c), _) => format!("exited with code {c}"),
+        (None, Some(s)) => format!("killed by {}", crate::proc::signal_name(s)),
+        (None, None) => "did not become ready in time".into(),
+    }
+}
+
+fn make_dir(dir: &Path, mode: u32) -> std::io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
+}
+
+/// `google-chrome` (what OSWorld tasks launch; Debian has none) opens a window in the
+/// desktop's own browser: the same profile hands the request to the running instance.
+fn write_browser_command(bin_dir: &Path, chromium: &str, profile: &Path) -> std::io::Result<()> {
+    let script = format!(
+        "#!/bin/sh\n# berth: open in the desktop's browser (the same profile reaches the running instance).\nexec {} --user-data-dir='{}' \"$@\"\n",
+        chromium,
+        profile.display()
+    );
+    for name in ["google-chrome", "google-chrome-stable"] {
+        let path = bin_dir.join(name);
+        let tmp = bin_dir.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, &script)?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
+        std::fs::rename(&tmp, &path)?;
+    }
+    Ok(())
+}

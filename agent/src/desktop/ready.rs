@@ -1,0 +1,295 @@
+//! Strict readiness: the desktop is ready only when what a user touches works end to end —
+//! the noVNC page is served and an RFB handshake completes through the agent's own relay, the
+//! window manager owns its selection and the panel is mapped, the browser answers CDP, the TCP
+//! relay answers `/json/version`, and a CDP round trip completes through the WebSocket relay.
+//! The checks go through the agent's real listener, as a client would.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio_tungstenite::tungstenite::{self, client::IntoClientRequest};
+
+use super::{Desktop, Status, probe};
+
+const CHECK_TIMEOUT: Duration = Duration::from_secs(3);
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Report {
+    pub ready: bool,
+    pub components: BTreeMap<String, Status>,
+}
+
+pub struct Readiness {
+    desktop: Option<Arc<Desktop>>,
+    /// The latest results of the end-to-end checks.
+    checks: watch::Sender<BTreeMap<&'static str, Status>>,
+}
+
+/// Where the checks reach the agent: its listener, its token, the CDP relay.
+pub struct Loopback {
+    pub listen: SocketAddr,
+    pub token: String,
+    pub cdp_listen: SocketAddr,
+}
+
+fn loopback(addr: SocketAddr) -> SocketAddr {
+    let mut a = addr;
+    if a.ip().is_unspecified() {
+        a.set_ip(if a.is_ipv4() {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        });
+    }
+    a
+}
+
+impl Readiness {
+    /// `desktop`: what to check; without one there is nothing to wait for.
+    pub fn new(desktop: Option<Arc<Desktop>>) -> Arc<Readiness> {
+        let (checks, _) = watch::channel(BTreeMap::new());
+        Arc::new(Readiness { desktop, checks })
+    }
+
+    /// Runs the end-to-end checks: quickly while something fails, once a second while all
+    /// pass, and at once whenever a component changes.
+    pub fn start(self: &Arc<Self>, lb: Loopback) {
+        let Some(desktop) = self.desktop.clone() else {
+            return;
+        };
+        let me = self.clone();
+        let lb = Arc::new(Loopback {
+            listen: loopback(lb.listen),
+            token: lb.token,
+            cdp_listen: loopback(lb.cdp_listen),
+        });
+        tokio::spawn(async move {
+            let mut changed = desktop.changed.subscribe();
+            loop {
+                let results = run_checks(&desktop, &lb).await;
+                let mut all_ok = true;
+                me.checks.send_modify(|checks| {
+                    for (name, r) in results {
+                        let entry = checks
+                            .entry(name)
+                            .or_insert_with(|| Status::new("down", "not checked yet"));
+                        let (ok, reason) = match r {
+                            Ok(()) => (true, "ok".to_string()),
+                            Err(e) => (false, e),
+                        };
+                        all_ok &= ok;
+                        if entry.ok != ok || entry.reason != reason {
+                            entry.ok = ok;
+                            entry.state = if ok { "up" } else { "down" };
+                            entry.reason = reason;
+                            entry.since = crate::time::now_rfc3339();
+                        }
+                    }
+                });
+                let pause = if all_ok {
+                    Duration::from_secs(1)
+                } else {
+                    Duration::from_millis(200)
+                };
+                let _ = tokio::time::timeout(pause, changed.changed()).await;
+            }
+        });
+    }
+
+    /// Components as they are this moment, with the latest end-to-end checks.
+    pub fn report(&self) -> Report {
+        let Some(desktop) = &self.desktop else {
+            return Report {
+                ready: true,
+                components: BTreeMap::new(),
+            };
+        };
+        let mut components: BTreeMap<String, Status> = desktop
+            .statuses()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        for name in CHECKS {
+            let s = self
+                .checks
+                .borrow()
+                .get(name)
+                .cloned()
+                .unwrap_or_else(|| Status::new("down", "not checked yet"));
+            components.insert(name.to_string(), s);
+        }
+        let ready = components.values().all(|s| s.ok);
+        Report { ready, components }
+    }
+
+    /// The report now, or once ready if that happens within `wait`.
+    pub async fn wait(&self, wait: Duration) -> Report {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut checks = self.checks.subscribe();
+        let mut changed = self.desktop.as_ref().map(|d| d.changed.subscribe());
+        loop {
+            let r = self.report();
+            if r.ready {
+                return r;
+            }
+            let more = async {
+                match &mut changed {
+                    Some(c) => {
+                        tokio::select! {
+                            _ = checks.changed() => {}
+                            _ = c.changed() => {}
+                        }
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            if tokio::time::timeout_at(deadline, more).await.is_err() {
+                return self.report();
+            }
+        }
+    }
+}
+
+/// The end-to-end checks, beside the components' own states.
+const CHECKS: [&str; 6] = [
+    "novnc",
+    "vnc",
+    "window_manager",
+    "browser_cdp",
+    "cdp_relay",
+    "cdp_ws_relay",
+];
+
+async fn timed(f: impl std::future::Future<Output = probe::Probe>) -> probe::Probe {
+    tokio::time::timeout(CHECK_TIMEOUT, f)
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer within {} s", CHECK_TIMEOUT.as_secs())))
+}
+
+async fn run_checks(desktop: &Arc<Desktop>, lb: &Loopback) -> Vec<(&'static str, probe::Probe)> {
+    let (novnc, vnc, wm, browser, relay, ws_relay) = tokio::join!(
+        timed(novnc_page(lb)),
+        timed(rfb_through_relay(lb)),
+        timed(window_manager(desktop)),
+        timed(browser_cdp(desktop)),
+        timed(tcp_relay(desktop, lb)),
+        timed(ws_relay_round_trip(desktop, lb)),
+    );
+    let results = [novnc, vnc, wm, browser, relay, ws_relay];
+    CHECKS.into_iter().zip(results).collect()
+}
+
+async fn novnc_page(lb: &Loopback) -> probe::Probe {
+    let url = format!("http://{}/v1/vnc/vnc.html", lb.listen);
+    let r = crate::browser::http()
+        .get(&url)
+        .bearer_auth(&lb.token)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    if !r.status().is_success() {
+        return Err(format!("GET /v1/vnc/vnc.html: HTTP {}", r.status()));
+    }
+    let body = r.text().await.map_err(|e| e.to_string())?;
+    if body.contains("noVNC") {
+        Ok(())
+    } else {
+        Err("/v1/vnc/vnc.html is not noVNC's page".into())
+    }
+}
+
+fn ws_request(
+    lb: &Loopback,
+    path: &str,
+) -> Result<tungstenite::handshake::client::Request, String> {
+    let mut req = format!("ws://{}{path}", lb.listen)
+        .into_client_request()
+        .map_err(|e| e.to_string())?;
+    let auth = format!("Bearer {}", lb.token)
+        .parse()
+        .map_err(|_| "token is not a header value".to_string())?;
+    req.headers_mut().insert("authorization", auth);
+    Ok(req)
+}
+
+async fn rfb_through_relay(lb: &Loopback) -> probe::Probe {
+    let (mut ws, _) = tokio_tungstenite::connect_async(ws_request(lb, "/v1/vnc/websockify")?)
+        .await
+        .map_err(|e| format!("the VNC relay refused: {e}"))?;
+    let mut got = Vec::new();
+    while got.len() < 12 {
+        match ws.next().await {
+            Some(Ok(tungstenite::Message::Binary(b))) => got.extend_from_slice(&b),
+            Some(Ok(_)) => continue,
+            Some(Err(e)) => return Err(format!("the VNC relay failed: {e}")),
+            None => return Err("the VNC relay closed before the server's greeting".into()),
+        }
+    }
+    let _ = ws.close(None).await;
+    probe::check_rfb_greeting(&got[..12])
+}
+
+async fn window_manager(desktop: &Arc<Desktop>) -> probe::Probe {
+    let display = desktop.display.clone();
+    tokio::task::spawn_blocking(move || {
+        probe::selection_owned(&display, "WM_S0", "window manager")?;
+        probe::window_mapped(&display, "xfce4-panel")
+    })
+    .await
+    .unwrap_or_else(|e| Err(e.to_string()))
+}
+
+/// The relays are only tried once the browser is up (they would only say it is not).
+fn browser_known(desktop: &Desktop) -> Result<super::DevTools, String> {
+    desktop
+        .devtools()
+        .ok_or_else(|| "the browser's DevTools endpoint is not known yet".to_string())
+}
+
+async fn browser_cdp(desktop: &Arc<Desktop>) -> probe::Probe {
+    let dt = browser_known(desktop)?;
+    crate::browser::version(dt.port).await.map(|_| ())
+}
+
+async fn tcp_relay(desktop: &Arc<Desktop>, lb: &Loopback) -> probe::Probe {
+    browser_known(desktop)?;
+    let v = crate::browser::get_json(&format!("http://{}/json/version", lb.cdp_listen)).await?;
+    if v.get("webSocketDebuggerUrl").is_some() {
+        Ok(())
+    } else {
+        Err("/json/version through the relay has no webSocketDebuggerUrl".into())
+    }
+}
+
+async fn ws_relay_round_trip(desktop: &Arc<Desktop>, lb: &Loopback) -> probe::Probe {
+    browser_known(desktop)?;
+    let (mut ws, _) = tokio_tungstenite::connect_async(ws_request(lb, "/v1/browser/cdp")?)
+        .await
+        .map_err(|e| format!("the CDP relay refused: {e}"))?;
+    ws.send(tungstenite::Message::text(
+        r#"{"id":1,"method":"Browser.getVersion"}"#,
+    ))
+    .await
+    .map_err(|e| e.to_string())?;
+    while let Some(msg) = ws.next().await {
+        let msg = msg.map_err(|e| e.to_string())?;
+        if let tungstenite::Message::Text(t) = msg {
+            let v: serde_json::Value =
+                serde_json::from_str(t.as_str()).map_err(|e| e.to_string())?;
+            if v["id"] == 1 {
+                let _ = ws.close(None).await;
+                return if v["result"]["product"].is_string() {
+                    Ok(())
+                } else {
+                    Err(format!("Browser.getVersion answered {v}"))
+                };
+            }
+        }
+    }
+    Err("the CDP relay closed before answering".into())
+}

@@ -1,0 +1,599 @@
+//! `berth-agent --desktop` end to end: the real Xvnc, XFCE and Chromium it supervises, strict
+//! readiness, the noVNC page and its RFB relay (view-only enforced by the relay), Chromium
+//! driven through both CDP relays (Playwright for one), components killed and brought back,
+//! and nothing of the desktop left after the agent goes.
+
+use std::time::Duration;
+
+use berth_protocol::ViewerTokenRequest;
+use berth_tests::{AgentOptions, AgentProcess, pid_alive, wait_for, wait_until};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::{self, client::IntoClientRequest};
+
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+const WIDTH: u32 = 1280;
+const HEIGHT: u32 = 800;
+
+async fn desktop_agent() -> AgentProcess {
+    AgentProcess::start_with(AgentOptions {
+        extra_args: vec![
+            "--desktop".into(),
+            "--cdp-listen".into(),
+            "127.0.0.1:0".into(),
+            "--screen".into(),
+            format!("{WIDTH}x{HEIGHT}"),
+        ],
+        ..Default::default()
+    })
+    .await
+}
+
+async fn ready(a: &AgentProcess, wait: &str) -> (u16, Value) {
+    let r = a
+        .client()
+        .request(reqwest::Method::GET, &format!("/v1/ready?wait={wait}"))
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+async fn wait_ready(a: &AgentProcess) -> Value {
+    let (status, body) = ready(a, "90s").await;
+    assert_eq!(status, 200, "not ready: {body:#}");
+    body
+}
+
+async fn get_json(a: &AgentProcess, path: &str) -> Value {
+    let r = a
+        .client()
+        .request(reqwest::Method::GET, path)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{path}: {}", r.status());
+    r.json().await.unwrap()
+}
+
+/// Every pid the readiness report names (the desktop's processes).
+fn component_pids(report: &Value) -> Vec<u32> {
+    report["components"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter_map(|c| c["pid"].as_u64().map(|p| p as u32))
+        .collect()
+}
+
+fn ws_request(
+    a: &AgentProcess,
+    path: &str,
+    header: (&'static str, String),
+) -> tungstenite::handshake::client::Request {
+    let url = format!("ws://{}{path}", berth_tests::host_port(&a.base));
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut()
+        .insert(header.0, header.1.parse().unwrap());
+    req
+}
+
+/// Reads until `buf` holds at least `n` bytes.
+async fn fill(ws: &mut Ws, buf: &mut Vec<u8>, n: usize) {
+    let read = async {
+        while buf.len() < n {
+            match ws.next().await {
+                Some(Ok(tungstenite::Message::Binary(b))) => buf.extend_from_slice(&b),
+                Some(Ok(_)) => {}
+                other => panic!("the VNC relay ended: {other:?}"),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("the VNC server answered within 10 s");
+}
+
+/// An RFB 3.8 handshake (security None) through the relay; returns the framebuffer size.
+async fn rfb_handshake(ws: &mut Ws) -> (u32, u32) {
+    let mut buf = Vec::new();
+    fill(ws, &mut buf, 12).await;
+    assert!(
+        buf.starts_with(b"RFB 003.00"),
+        "{:?}",
+        String::from_utf8_lossy(&buf)
+    );
+    buf.drain(..12);
+    ws.send(tungstenite::Message::binary(b"RFB 003.008\n".to_vec()))
+        .await
+        .unwrap();
+    fill(ws, &mut buf, 1).await;
+    let n = buf[0] as usize;
+    fill(ws, &mut buf, 1 + n).await;
+    assert!(
+        buf[1..1 + n].contains(&1),
+        "security types {:?}",
+        &buf[1..1 + n]
+    );
+    buf.drain(..1 + n);
+    ws.send(tungstenite::Message::binary(vec![1u8]))
+        .await
+        .unwrap();
+    fill(ws, &mut buf, 4).await;
+    assert_eq!(&buf[..4], &[0, 0, 0, 0], "SecurityResult");
+    buf.drain(..4);
+    ws.send(tungstenite::Message::binary(vec![1u8]))
+        .await
+        .unwrap(); // shared
+    fill(ws, &mut buf, 24).await;
+    let w = u16::from_be_bytes([buf[0], buf[1]]) as u32;
+    let h = u16::from_be_bytes([buf[2], buf[3]]) as u32;
+    let name_len = u32::from_be_bytes([buf[20], buf[21], buf[22], buf[23]]) as usize;
+    fill(ws, &mut buf, 24 + name_len).await;
+    (w, h)
+}
+
+/// A pointer move to (x, y), then a full update request: once the update arrives, the server
+/// has handled the move (messages are handled in order).
+async fn point_and_sync(ws: &mut Ws, x: u16, y: u16) {
+    let mut msg = vec![5u8, 0];
+    msg.extend_from_slice(&x.to_be_bytes());
+    msg.extend_from_slice(&y.to_be_bytes());
+    msg.extend_from_slice(&[3, 0, 0, 0, 0, 0]);
+    msg.extend_from_slice(&(WIDTH as u16).to_be_bytes());
+    msg.extend_from_slice(&(HEIGHT as u16).to_be_bytes());
+    ws.send(tungstenite::Message::binary(msg)).await.unwrap();
+    let mut buf = Vec::new();
+    fill(ws, &mut buf, 1).await;
+    assert_eq!(buf[0], 0, "a FramebufferUpdate");
+}
+
+async fn cursor(a: &AgentProcess) -> Value {
+    get_json(a, "/cursor_position").await
+}
+
+async fn viewer_cookie(a: &AgentProcess, view_only: bool) -> String {
+    let token = a
+        .client()
+        .viewer_token(&ViewerTokenRequest {
+            view_only: Some(view_only),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(token.url.starts_with("/v1/vnc/?t="), "{token:?}");
+    let browser = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let r = browser.get(a.url(&token.url)).send().await.unwrap();
+    assert_eq!(r.status(), 303);
+    r.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test]
+async fn the_viewer_is_served_and_view_only_viewers_cannot_touch() {
+    let a = desktop_agent().await;
+    let report = wait_ready(&a).await;
+    for name in [
+        "x",
+        "session-bus",
+        "a11y-bus",
+        "xfsettingsd",
+        "xfwm4",
+        "xfce4-panel",
+        "xfdesktop",
+        "chromium",
+        "novnc",
+        "vnc",
+        "window_manager",
+        "browser_cdp",
+        "cdp_relay",
+        "cdp_ws_relay",
+    ] {
+        assert_eq!(report["components"][name]["ok"], true, "{name}: {report:#}");
+    }
+    let display = get_json(&a, "/v1/display").await;
+    assert_eq!(
+        (display["width"].as_u64(), display["height"].as_u64()),
+        (Some(1280), Some(800))
+    );
+
+    let browser = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    assert_eq!(
+        browser
+            .get(a.url("/v1/vnc/vnc.html"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    let cookie = viewer_cookie(&a, false).await;
+    let r = browser
+        .get(a.url("/v1/vnc/"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 302);
+    let location = r.headers()["location"].to_str().unwrap().to_string();
+    assert!(
+        location.starts_with("vnc.html?") && location.contains("path=v1/vnc/websockify"),
+        "{location}"
+    );
+    let page = browser
+        .get(a.url(&format!("/v1/vnc/{location}")))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    assert!(page.text().await.unwrap().contains("noVNC"));
+    let js = browser
+        .get(a.url("/v1/vnc/app/ui.js"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(js.status(), 200);
+    assert!(
+        js.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .contains("javascript"),
+        "{:?}",
+        js.headers()
+    );
+    let r = browser
+        .get(a.url("/v1/vnc/../token"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_client_error());
+
+    // A full viewer through the relay moves the pointer.
+    let (mut full, _) = tokio_tungstenite::connect_async(ws_request(
+        &a,
+        "/v1/vnc/websockify",
+        ("cookie", cookie.clone()),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(rfb_handshake(&mut full).await, (WIDTH, HEIGHT));
+    point_and_sync(&mut full, 600, 400).await;
+    let c = a.client();
+    wait_for("the viewer's pointer move", Duration::from_secs(5), || {
+        let c = c.clone();
+        async move {
+            let v: Value = c
+                .request(reqwest::Method::GET, "/cursor_position")
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            (v == json!([600, 400])).then_some(())
+        }
+    })
+    .await;
+
+    // A view-only viewer sees the screen but its pointer never arrives.
+    let view_only = viewer_cookie(&a, true).await;
+    let (mut watcher, _) = tokio_tungstenite::connect_async(ws_request(
+        &a,
+        "/v1/vnc/websockify",
+        ("cookie", view_only),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(rfb_handshake(&mut watcher).await, (WIDTH, HEIGHT));
+    point_and_sync(&mut watcher, 100, 100).await;
+    assert_eq!(cursor(&a).await, json!([600, 400]));
+}
+
+/// Runs Playwright for Python against the CDP relay: a new page, a local file, its title.
+fn playwright_title(cdp: &str, url: &str) -> String {
+    let script = r#"
+import sys
+from playwright.sync_api import sync_playwright
+with sync_playwright() as p:
+    browser = p.chromium.connect_over_cdp(sys.argv[1], timeout=30000)
+    page = browser.contexts[0].new_page()
+    page.goto(sys.argv[2])
+    print(page.title())
+    print(page.evaluate("document.querySelectorAll('li').length"))
+    page.close()
+"#;
+    let out = std::process::Command::new("timeout")
+        .args(["90", "python3", "-c", script, cdp, url])
+        .output()
+        .expect("python3 with playwright (tests/setup.sh installs it)");
+    assert!(
+        out.status.success(),
+        "playwright: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+async fn cdp_call<S>(
+    ws: &mut tokio_tungstenite::WebSocketStream<S>,
+    id: u64,
+    method: &str,
+    params: Value,
+) -> Value
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    ws.send(tungstenite::Message::text(
+        json!({"id": id, "method": method, "params": params}).to_string(),
+    ))
+    .await
+    .unwrap();
+    let answer = async {
+        loop {
+            match ws.next().await {
+                Some(Ok(tungstenite::Message::Text(t))) => {
+                    let v: Value = serde_json::from_str(t.as_str()).unwrap();
+                    if v["id"] == id {
+                        return v;
+                    }
+                }
+                Some(Ok(_)) => {}
+                other => panic!("the CDP relay ended: {other:?}"),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), answer)
+        .await
+        .expect("a CDP answer within 20 s")
+}
+
+#[tokio::test]
+async fn chromium_is_driven_through_both_cdp_relays() {
+    let a = desktop_agent().await;
+    wait_ready(&a).await;
+    let page = a.home.join("page.html");
+    let items: String = (0..50).map(|i| format!("<li>item {i}</li>")).collect();
+    std::fs::write(
+        &page,
+        format!("<!doctype html><title>berth page</title><ul>{items}</ul>"),
+    )
+    .unwrap();
+    let url = format!("file://{}", page.display());
+    let info = get_json(&a, "/v1/browser").await;
+    assert!(
+        info["version"].as_str().unwrap().starts_with("Chrome/"),
+        "{info}"
+    );
+    let cdp = info["cdp_listen"].as_str().unwrap().to_string();
+
+    // Relay 1 with a real client.
+    let out = tokio::task::spawn_blocking({
+        let (cdp, url) = (cdp.clone(), url.clone());
+        move || playwright_title(&format!("http://{cdp}"), &url)
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.lines().collect::<Vec<_>>(), ["berth page", "50"]);
+
+    // A client that names the sandbox by a DNS name: Chromium refuses such a Host, the relay
+    // rewrites it and points the URLs back at that name.
+    let port = cdp.rsplit(':').next().unwrap();
+    let raw = berth_tests::raw_http(
+        &cdp,
+        format!("GET /json/version HTTP/1.1\r\nHost: sandbox-7:{port}\r\n\r\n").as_bytes(),
+    )
+    .await;
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    let body: Value = serde_json::from_str(text.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    let ws_url = body["webSocketDebuggerUrl"].as_str().unwrap().to_string();
+    assert!(
+        ws_url.starts_with(&format!("ws://sandbox-7:{port}/devtools/browser/")),
+        "{ws_url}"
+    );
+    let tcp = tokio::net::TcpStream::connect(&cdp).await.unwrap();
+    let (mut named, _) = tokio_tungstenite::client_async(ws_url.as_str(), tcp)
+        .await
+        .expect("the browser endpoint under the DNS name");
+    let v = cdp_call(&mut named, 1, "Browser.getVersion", json!({})).await;
+    assert!(
+        v["result"]["product"]
+            .as_str()
+            .unwrap()
+            .starts_with("Chrome/"),
+        "{v}"
+    );
+
+    // Relay 2: the native surface's WebSocket.
+    let bearer = ("authorization", format!("Bearer {}", berth_tests::TOKEN));
+    let (mut browser, _) =
+        tokio_tungstenite::connect_async(ws_request(&a, "/v1/browser/cdp", bearer.clone()))
+            .await
+            .unwrap();
+    let created = cdp_call(&mut browser, 1, "Target.createTarget", json!({"url": url})).await;
+    let target = created["result"]["targetId"].as_str().unwrap().to_string();
+    let (mut tab, _) = tokio_tungstenite::connect_async(ws_request(
+        &a,
+        &format!("/v1/browser/cdp/page/{target}"),
+        bearer,
+    ))
+    .await
+    .unwrap();
+    // Poll the page (no sleeps: each evaluation is a round trip) until it has loaded.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut id = 0;
+    let title = loop {
+        id += 1;
+        let v = cdp_call(
+            &mut tab,
+            id,
+            "Runtime.evaluate",
+            json!({"expression": "document.readyState === 'complete' ? document.title : ''",
+                   "returnByValue": true, "awaitPromise": true}),
+        )
+        .await;
+        let t = v["result"]["result"]["value"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if !t.is_empty() {
+            break t;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the page did not load: {v}"
+        );
+        tokio::task::yield_now().await;
+    };
+    assert_eq!(title, "berth page");
+    let listed = get_json(&a, "/v1/browser").await;
+    assert!(
+        listed["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["id"] == target.as_str()
+                && t["ws_url"]
+                    .as_str()
+                    .unwrap()
+                    .ends_with(&format!("/v1/browser/cdp/page/{target}"))),
+        "{listed:#}"
+    );
+    // A target that does not exist is a clear 404, not a hang.
+    let r = a
+        .client()
+        .request(reqwest::Method::GET, "/v1/browser/cdp/page/NOPE")
+        .header("connection", "upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+}
+
+async fn events_since(a: &AgentProcess, from: u64) -> Vec<Value> {
+    get_json(a, &format!("/v1/events?from_seq={from}")).await["events"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+#[tokio::test]
+async fn killed_components_come_back_and_readiness_follows() {
+    let a = desktop_agent().await;
+    wait_ready(&a).await;
+    for victim in ["chromium", "x", "xfwm4"] {
+        let (_, before) = ready(&a, "0s").await;
+        let pid = before["components"][victim]["pid"].as_u64().unwrap() as i32;
+        let from = get_json(&a, "/v1/events?from_seq=0&limit=10000").await["next_seq"]
+            .as_u64()
+            .unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        let a = &a;
+        wait_for(
+            &format!("readiness to drop after killing {victim}"),
+            Duration::from_secs(10),
+            || async move {
+                let (status, r) = ready(a, "0s").await;
+                (status == 503 && r["components"][victim]["ok"] == false).then_some(())
+            },
+        )
+        .await;
+        let after = wait_ready(a).await;
+        let new_pid = after["components"][victim]["pid"].as_u64().unwrap() as i32;
+        assert_ne!(new_pid, pid, "{victim} was restarted");
+        let events = events_since(a, from).await;
+        let has = |kind: &str, component: &str| {
+            events
+                .iter()
+                .any(|e| e["kind"] == kind && e["component"] == component)
+        };
+        assert!(has("component.down", victim), "{events:#?}");
+        assert!(has("component.restarted", victim), "{events:#?}");
+        if victim == "x" {
+            // Its dependents came back with it, and that was not their crash.
+            for dep in ["xfwm4", "xfce4-panel", "chromium"] {
+                assert!(
+                    events.iter().any(|e| e["kind"] == "component.restarted"
+                        && e["component"] == dep
+                        && e["cause"] == "x_restart"),
+                    "{dep}: {events:#?}"
+                );
+            }
+            // Screenshots reconnect to the new server.
+            let r = a
+                .client()
+                .request(reqwest::Method::GET, "/v1/screenshot")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+        }
+        if victim == "chromium" {
+            assert!(
+                events.iter().any(|e| e["kind"] == "browser.restarted"),
+                "{events:#?}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn nothing_of_the_desktop_outlives_the_agent() {
+    let mut a = desktop_agent().await;
+    let report = wait_ready(&a).await;
+    let mut pids = component_pids(&report);
+    for p in pids.clone() {
+        pids.extend(berth_tests::processes_with_root(p));
+    }
+    assert!(pids.len() >= 8, "{pids:?}");
+    // SIGTERM is a restart: the desktop stops with the agent …
+    a.signal(nix::sys::signal::Signal::SIGTERM);
+    a.wait_exit(Duration::from_secs(20));
+    let alive: Vec<u32> = pids.iter().copied().filter(|p| pid_alive(*p)).collect();
+    assert!(alive.is_empty(), "left running after SIGTERM: {alive:?}");
+    // … and the next agent starts it afresh.
+    a.launch().await;
+    let report = wait_ready(&a).await;
+    let pids = component_pids(&report);
+    // A SIGKILL of the agent takes the desktop with it (parent-death signal).
+    a.kill9();
+    wait_until(
+        "the desktop to die with the agent",
+        Duration::from_secs(10),
+        || pids.iter().all(|p| !pid_alive(*p)),
+    );
+    a.launch().await;
+    let report = wait_ready(&a).await;
+    let mut pids = component_pids(&report);
+    for p in pids.clone() {
+        pids.extend(berth_tests::processes_with_root(p));
+    }
+    let r = a.client().shutdown().await;
+    assert!(r.is_ok(), "{r:?}");
+    a.wait_exit(Duration::from_secs(20));
+    let alive: Vec<u32> = pids.iter().copied().filter(|p| pid_alive(*p)).collect();
+    assert!(alive.is_empty(), "left running after shutdown: {alive:?}");
+}
