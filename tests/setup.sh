@@ -16,6 +16,8 @@ packages=(
   ffmpeg                                 # judges recordings (ffprobe, decoding); recording peer
   tigervnc-standalone-server novnc       # the desktop: Xvnc and the noVNC viewer
   xfce4-settings at-spi2-core dbus chromium  # its settings daemon, AT-SPI bus, session bus, browser
+  xfce4-terminal                         # a terminal for /terminal
+  python3-pyatspi python3-lxml           # the accessibility benchmark's peer (OSWorld's way)
 )
 
 sudo=""

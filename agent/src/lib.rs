@@ -1,6 +1,7 @@
 //! berth-agent: the guest daemon of a berth workstation. It serves the OSWorld-compatible
 //! surface at root paths and the native `/v1` API, and supervises what runs in the sandbox.
 
+pub mod a11y;
 pub mod account;
 pub mod api;
 pub mod browser;
@@ -60,6 +61,8 @@ pub struct Agent {
     /// Where the CDP byte relay listens (`--desktop`).
     pub cdp_listen: Option<std::net::SocketAddr>,
     pub novnc_dir: PathBuf,
+    /// The accessibility tree (AT-SPI on the session bus).
+    pub a11y: a11y::A11y,
     shutdown: watch::Sender<Option<ShutdownKind>>,
 }
 

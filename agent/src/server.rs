@@ -96,6 +96,10 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     if let Some(d) = &desktop {
         d.run(env.with(None));
     }
+    let session_bus = env
+        .get("DBUS_SESSION_BUS_ADDRESS")
+        .and_then(|a| a.strip_prefix("unix:path="))
+        .map(PathBuf::from);
     let commands_dir = state_dir.join("commands");
     make_dir(&commands_dir, 0o700)?;
     let agent_exe = std::env::current_exe().context("locating the agent binary")?;
@@ -148,6 +152,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         readiness: Readiness::new(desktop.clone()),
         cdp_listen: cdp_bound,
         novnc_dir: args.novnc_dir.clone(),
+        a11y: crate::a11y::A11y::new(session_bus),
         shutdown: shutdown_tx,
     });
     if let (Some(d), Some(l), Some(cdp)) = (&desktop, cdp_listener, cdp_bound) {

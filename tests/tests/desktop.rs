@@ -597,3 +597,188 @@ async fn nothing_of_the_desktop_outlives_the_agent() {
     let alive: Vec<u32> = pids.iter().copied().filter(|p| pid_alive(*p)).collect();
     assert!(alive.is_empty(), "left running after shutdown: {alive:?}");
 }
+
+/// The attribute `name="value"` of the first element matching `needle` in the XML.
+fn xml_attr(xml: &str, needle: &str, name: &str) -> Option<String> {
+    let at = xml.find(needle)?;
+    let end = at + xml[at..].find('>')?;
+    let element = &xml[at..end];
+    let key = format!(" {name}=\"");
+    let start = element.find(&key)? + key.len();
+    Some(element[start..start + element[start..].find('"')?].to_string())
+}
+
+fn pair(v: &str) -> (i64, i64) {
+    let inner = v.trim_start_matches('(').trim_end_matches(')');
+    let (a, b) = inner.split_once(", ").expect("(a, b)");
+    (a.parse().unwrap(), b.parse().unwrap())
+}
+
+async fn compat_json(a: &AgentProcess, path: &str) -> Value {
+    reqwest::get(a.url(path))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_accessibility_tree_shows_the_page_where_it_is_and_the_terminal_text() {
+    let a = desktop_agent().await;
+    wait_ready(&a).await;
+    let page = a.home.join("a11y.html");
+    let links: String = (0..150)
+        .map(|i| format!("<li><a href='#l{i}'>link {i}</a></li>"))
+        .collect();
+    std::fs::write(
+        &page,
+        format!(
+            "<!doctype html><title>a11y page</title><h1>Heading one</h1>\
+             <button id=b1 style='margin:40px;width:160px;height:60px' \
+             onclick=\"document.title='clicked'\">Press me</button><ul>{links}</ul>"
+        ),
+    )
+    .unwrap();
+    let info = get_json(&a, "/v1/browser").await;
+    let cdp = info["cdp_listen"].as_str().unwrap().to_string();
+    let created = reqwest::Client::new()
+        .put(format!("http://{cdp}/json/new?file://{}", page.display()))
+        .send()
+        .await
+        .unwrap();
+    assert!(created.status().is_success());
+    let target: Value = created.json().await.unwrap();
+
+    let xml = wait_for(
+        "the page in the accessibility tree",
+        Duration::from_secs(30),
+        || async {
+            let v = compat_json(&a, "/accessibility").await;
+            let xml = v["AT"].as_str()?.to_string();
+            (xml.contains("link 149") && xml.contains("<push-button name=\"Press me\""))
+                .then_some(xml)
+        },
+    )
+    .await;
+    assert!(xml.starts_with(
+        "<desktop-frame xmlns:st=\"https://accessibility.ubuntu.example.org/ns/state\""
+    ));
+    assert!(
+        xml.contains("<application name=\"xfce4-panel\""),
+        "the panel's tree"
+    );
+    let button = "<push-button name=\"Press me\"";
+    for state in ["st:enabled", "st:showing", "st:visible", "st:focusable"] {
+        assert_eq!(
+            xml_attr(&xml, button, state).as_deref(),
+            Some("true"),
+            "{state}"
+        );
+    }
+    let (x, y) = pair(&xml_attr(&xml, button, "cp:screencoord").unwrap());
+    let (w, h) = pair(&xml_attr(&xml, button, "cp:size").unwrap());
+    // As styled, give or take the rounding of a fractional position.
+    assert!(
+        (w - 160).abs() <= 1 && (h - 60).abs() <= 1,
+        "size ({w}, {h})"
+    );
+    assert!(
+        x > 0 && y > 0 && x + w <= 1280 && y + h <= 800,
+        "({x}, {y}) on screen"
+    );
+    // Where the tree says the button is, a click lands on it.
+    let click = a
+        .client()
+        .request(reqwest::Method::POST, "/v1/input")
+        .json(&json!({"actions": [{"type": "click", "x": x + w / 2, "y": y + h / 2}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(click.status(), 200);
+    let id = target["id"].as_str().unwrap().to_string();
+    let c = a.client();
+    wait_for(
+        "the click to reach the button",
+        Duration::from_secs(10),
+        || {
+            let (c, id) = (c.clone(), id.clone());
+            async move {
+                let v: Value = c
+                    .request(reqwest::Method::GET, "/v1/browser")
+                    .send()
+                    .await
+                    .ok()?
+                    .json()
+                    .await
+                    .ok()?;
+                v["targets"]
+                    .as_array()?
+                    .iter()
+                    .any(|t| t["id"] == id.as_str() && t["title"] == "clicked")
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    // The same tree as JSON.
+    let tree = get_json(&a, "/v1/a11y").await;
+    assert!(
+        tree["applications"].as_array().unwrap().len() >= 3,
+        "{tree}"
+    );
+
+    // /terminal: the focused terminal's text.
+    assert_eq!(
+        compat_json(&a, "/terminal").await,
+        json!({"output": null, "status": "success"})
+    );
+    let launched = reqwest::Client::new()
+        .post(a.url("/setup/launch"))
+        .json(&json!({"command": ["xfce4-terminal"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(launched.status(), 200);
+    wait_for("a focused terminal", Duration::from_secs(30), || async {
+        compat_json(&a, "/terminal").await["output"]
+            .as_str()
+            .map(|_| ())
+    })
+    .await;
+    let typed = a
+        .client()
+        .request(reqwest::Method::POST, "/v1/input")
+        .json(&json!({"actions": [{"type": "type", "text": "echo berth-$((6*7))-check\n"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(typed.status(), 200);
+    let out = wait_for(
+        "the command's output in /terminal",
+        Duration::from_secs(20),
+        || async {
+            let out = compat_json(&a, "/terminal").await["output"]
+                .as_str()?
+                .to_string();
+            out.contains("berth-42-check\n").then_some(out)
+        },
+    )
+    .await;
+    assert_eq!(out, out.trim_end(), "right-trimmed");
+}
+
+#[tokio::test]
+async fn without_a_desktop_accessibility_answers_at_once() {
+    let a = AgentProcess::start().await;
+    assert_eq!(
+        compat_json(&a, "/terminal").await,
+        json!({"output": null, "status": "success"})
+    );
+    let r = reqwest::get(a.url("/accessibility")).await.unwrap();
+    assert_eq!(r.status(), 503);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["status"], "error");
+    let (status, report) = ready(&a, "0s").await;
+    assert_eq!((status, report["ready"].clone()), (200, json!(true)));
+}

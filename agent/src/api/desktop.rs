@@ -342,3 +342,24 @@ async fn pump_cdp(
         _ = down => {}
     }
 }
+
+/// `GET /v1/a11y`: the accessibility tree as JSON (what `/accessibility` serialises as XML).
+pub async fn a11y(State(agent): State<Arc<Agent>>) -> Result<Response, ApiError> {
+    let apps = tokio::time::timeout(Duration::from_secs(20), agent.a11y.tree())
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "a11y_timeout",
+                "the accessibility tree took longer than 20 s",
+            )
+        })?
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "a11y_unavailable",
+                e.to_string(),
+            )
+        })?;
+    Ok(Json(json!({"applications": apps})).into_response())
+}

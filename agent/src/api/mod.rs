@@ -70,6 +70,7 @@ pub fn router(agent: Arc<Agent>) -> Router<Arc<Agent>> {
         .route("/recordings/{id}/file", get(record::file))
         .route("/viewer-tokens", post(viewer::mint))
         .route("/ready", get(desktop::ready))
+        .route("/a11y", get(desktop::a11y))
         .route("/browser", get(desktop::browser_info))
         .route("/browser/restart", post(desktop::browser_restart))
         .route("/browser/cdp", get(desktop::browser_cdp))

@@ -3,6 +3,7 @@
 //! debugger page, a hang) we answer `{"message", "status": "error"}` with a 4xx/5xx instead.
 //! JSON bodies are written the way Flask's `jsonify` writes them (sorted keys, ASCII only).
 
+pub mod a11y;
 pub mod display;
 pub mod execute;
 pub mod files;
@@ -60,7 +61,9 @@ pub fn router(agent: Arc<Agent>) -> Router<Arc<Agent>> {
         .route("/wallpaper", post(display::wallpaper))
         .route("/setup/change_wallpaper", post(display::change_wallpaper))
         .route("/start_recording", post(record::start_recording))
-        .route("/end_recording", post(record::end_recording));
+        .route("/end_recording", post(record::end_recording))
+        .route("/accessibility", get(a11y::accessibility))
+        .route("/terminal", get(a11y::terminal));
     if agent.compat_auth == CompatAuth::Token {
         r = r.route_layer(middleware::from_fn_with_state(agent, require_token));
     }

@@ -386,6 +386,8 @@ impl Desktop {
         };
         if name == "chromium" {
             env.push(("CHROME_DESKTOP".into(), "chromium.desktop".into()));
+            // Expose the browser's tree (pages included) on the AT-SPI bus.
+            env.push(("ACCESSIBILITY_ENABLED".into(), "1".into()));
         }
         let pid = self
             .spawner

@@ -1,0 +1,437 @@
+//! The accessibility tree, read from AT-SPI in process over D-Bus (zbus): every application
+//! on the registry, every node's role, name, states, attributes, geometry, text, value and
+//! actions, with applications and siblings queried concurrently. `/accessibility` serialises
+//! it in OSWorld's XML format (`xml.rs`); `/v1/a11y` gives it as JSON; `/terminal` finds the
+//! focused terminal's text in it.
+
+pub mod xml;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use serde::Serialize;
+use zbus::zvariant::{OwnedObjectPath, OwnedValue};
+
+/// OSWorld's limits: depth 50 (the application is depth 1), 1024 children per node.
+const MAX_DEPTH: usize = 50;
+const MAX_CHILDREN: usize = 1024;
+/// One D-Bus call; an application that does not answer loses that part of its subtree.
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+const REGISTRY: &str = "org.a11y.atspi.Registry";
+const ROOT: &str = "/org/a11y/atspi/accessible/root";
+const ACCESSIBLE: &str = "org.a11y.atspi.Accessible";
+
+/// AT-SPI's state enum, in order (pyatspi's `STATE_*` names, lowercased).
+pub const STATES: [&str; 44] = [
+    "invalid",
+    "active",
+    "armed",
+    "busy",
+    "checked",
+    "collapsed",
+    "defunct",
+    "editable",
+    "enabled",
+    "expandable",
+    "expanded",
+    "focusable",
+    "focused",
+    "has_tooltip",
+    "horizontal",
+    "iconified",
+    "modal",
+    "multi_line",
+    "multiselectable",
+    "opaque",
+    "pressed",
+    "resizable",
+    "selectable",
+    "selected",
+    "sensitive",
+    "showing",
+    "single_line",
+    "stale",
+    "transient",
+    "vertical",
+    "visible",
+    "manages_descendants",
+    "indeterminate",
+    "required",
+    "truncated",
+    "animated",
+    "invalid_entry",
+    "supports_autocompletion",
+    "selectable_text",
+    "is_default",
+    "visited",
+    "checkable",
+    "has_popup",
+    "read_only",
+];
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Action {
+    pub name: String,
+    pub description: String,
+    pub keybinding: String,
+}
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Value {
+    pub current: f64,
+    pub min: f64,
+    pub max: f64,
+    pub step: f64,
+}
+
+/// One accessible object.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Node {
+    /// The role name with spaces as dashes (`push-button`), `unknown` when empty.
+    pub role: String,
+    pub name: String,
+    pub states: Vec<&'static str>,
+    pub attributes: BTreeMap<String, String>,
+    /// Screen position and size, for nodes that are visible and showing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub screencoord: Option<(i32, i32)>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size: Option<(i32, i32)>,
+    pub image: bool,
+    pub selection: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value: Option<Value>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub actions: Vec<Action>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<Node>,
+}
+
+impl Node {
+    pub fn has_state(&self, s: &str) -> bool {
+        self.states.contains(&s)
+    }
+}
+
+type Ref = (String, OwnedObjectPath);
+
+pub struct A11y {
+    session_bus: Option<PathBuf>,
+    conn: tokio::sync::Mutex<Option<zbus::Connection>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum A11yError {
+    #[error("no accessibility bus: this agent runs without --desktop")]
+    NoBus,
+    #[error("the accessibility bus is unreachable: {0}")]
+    Bus(String),
+}
+
+async fn timed<T>(f: impl std::future::Future<Output = zbus::Result<T>>) -> Result<T, String> {
+    match tokio::time::timeout(CALL_TIMEOUT, f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("no answer within 2 s".into()),
+    }
+}
+
+impl A11y {
+    pub fn new(session_bus: Option<PathBuf>) -> A11y {
+        A11y {
+            session_bus,
+            conn: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The AT-SPI bus (its address from the session bus's `org.a11y.Bus`), connected once and
+    /// reconnected when it went away.
+    async fn connection(&self) -> Result<zbus::Connection, A11yError> {
+        let Some(bus) = &self.session_bus else {
+            return Err(A11yError::NoBus);
+        };
+        let mut slot = self.conn.lock().await;
+        if let Some(c) = slot.as_ref()
+            && timed(c.call_method(
+                Some("org.freedesktop.DBus"),
+                "/org/freedesktop/DBus",
+                Some("org.freedesktop.DBus"),
+                "GetId",
+                &(),
+            ))
+            .await
+            .is_ok()
+        {
+            return Ok(c.clone());
+        }
+        let bus_err = |e: String| A11yError::Bus(e);
+        let session = timed(
+            zbus::connection::Builder::address(format!("unix:path={}", bus.display()).as_str())
+                .map_err(|e| bus_err(e.to_string()))?
+                .build(),
+        )
+        .await
+        .map_err(bus_err)?;
+        let reply = timed(session.call_method(
+            Some("org.a11y.Bus"),
+            "/org/a11y/bus",
+            Some("org.a11y.Bus"),
+            "GetAddress",
+            &(),
+        ))
+        .await
+        .map_err(bus_err)?;
+        let address: String = reply
+            .body()
+            .deserialize()
+            .map_err(|e| bus_err(e.to_string()))?;
+        // Toolkits that ask (Qt, Gecko) expose their trees only when this says so.
+        let _ = timed(session.call_method(
+            Some("org.a11y.Bus"),
+            "/org/a11y/bus",
+            Some("org.freedesktop.DBus.Properties"),
+            "Set",
+            &(
+                "org.a11y.Status",
+                "IsEnabled",
+                zbus::zvariant::Value::from(true),
+            ),
+        ))
+        .await;
+        let conn = timed(
+            zbus::connection::Builder::address(address.as_str())
+                .map_err(|e| bus_err(e.to_string()))?
+                .build(),
+        )
+        .await
+        .map_err(bus_err)?;
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// The whole desktop: one node per application, in the registry's order.
+    pub async fn tree(&self) -> Result<Vec<Node>, A11yError> {
+        let conn = self.connection().await?;
+        let apps = children(&conn, &(REGISTRY.to_string(), root_path()))
+            .await
+            .map_err(A11yError::Bus)?;
+        let nodes = join_all(apps.iter().map(|app| node(&conn, app, 1))).await;
+        Ok(nodes.into_iter().flatten().collect())
+    }
+}
+
+fn root_path() -> OwnedObjectPath {
+    OwnedObjectPath::try_from(ROOT).expect("a valid object path")
+}
+
+async fn call<B, R>(
+    conn: &zbus::Connection,
+    r: &Ref,
+    iface: &str,
+    method: &str,
+    body: &B,
+) -> Result<R, String>
+where
+    B: serde::Serialize + zbus::zvariant::DynamicType,
+    R: for<'d> serde::Deserialize<'d> + zbus::zvariant::Type,
+{
+    let reply =
+        timed(conn.call_method(Some(r.0.as_str()), r.1.as_str(), Some(iface), method, body))
+            .await?;
+    reply.body().deserialize().map_err(|e| e.to_string())
+}
+
+async fn property(
+    conn: &zbus::Connection,
+    r: &Ref,
+    iface: &str,
+    name: &str,
+) -> Result<OwnedValue, String> {
+    call(
+        conn,
+        r,
+        "org.freedesktop.DBus.Properties",
+        "Get",
+        &(iface, name),
+    )
+    .await
+}
+
+async fn children(conn: &zbus::Connection, r: &Ref) -> Result<Vec<Ref>, String> {
+    call(conn, r, ACCESSIBLE, "GetChildren", &()).await
+}
+
+fn f64_of(v: Result<OwnedValue, String>) -> f64 {
+    v.ok().and_then(|v| f64::try_from(v).ok()).unwrap_or(0.0)
+}
+
+/// One node and its subtree; `None` when the object does not answer (it went away).
+fn node<'a>(
+    conn: &'a zbus::Connection,
+    r: &'a Ref,
+    depth: usize,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<Node>> + Send + 'a>> {
+    Box::pin(async move {
+        let (role, name, state, attrs, ifaces) = tokio::join!(
+            call::<_, String>(conn, r, ACCESSIBLE, "GetRoleName", &()),
+            property(conn, r, ACCESSIBLE, "Name"),
+            call::<_, Vec<u32>>(conn, r, ACCESSIBLE, "GetState", &()),
+            call::<_, std::collections::HashMap<String, String>>(
+                conn,
+                r,
+                ACCESSIBLE,
+                "GetAttributes",
+                &()
+            ),
+            call::<_, Vec<String>>(conn, r, ACCESSIBLE, "GetInterfaces", &()),
+        );
+        let role = role.ok()?;
+        let role = match role.trim() {
+            "" => "unknown".to_string(),
+            r => r.replace(' ', "-"),
+        };
+        let name = name
+            .ok()
+            .and_then(|v| String::try_from(v).ok())
+            .unwrap_or_default();
+        let bits = state.unwrap_or_default();
+        let states: Vec<&'static str> = STATES
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| bits.get(i / 32).is_some_and(|w| w & (1 << (i % 32)) != 0))
+            .map(|(_, n)| *n)
+            .collect();
+        let ifaces = ifaces.unwrap_or_default();
+        let has = |i: &str| ifaces.iter().any(|x| x == i);
+        let mut n = Node {
+            role,
+            name,
+            attributes: attrs.unwrap_or_default().into_iter().collect(),
+            image: has("org.a11y.atspi.Image"),
+            selection: has("org.a11y.atspi.Selection"),
+            ..Default::default()
+        };
+        n.states = states;
+        let geometry = async {
+            if has("org.a11y.atspi.Component") && n.has_state("visible") && n.has_state("showing") {
+                call::<_, (i32, i32, i32, i32)>(
+                    conn,
+                    r,
+                    "org.a11y.atspi.Component",
+                    "GetExtents",
+                    &(0u32,),
+                )
+                .await
+                .ok()
+            } else {
+                None
+            }
+        };
+        let text = async {
+            if has("org.a11y.atspi.Text") {
+                call::<_, String>(conn, r, "org.a11y.atspi.Text", "GetText", &(0i32, -1i32))
+                    .await
+                    .ok()
+                    .map(|t| t.replace(['\u{fffc}', '\u{fffd}'], ""))
+            } else {
+                None
+            }
+        };
+        let value = async {
+            if has("org.a11y.atspi.Value") {
+                let iface = "org.a11y.atspi.Value";
+                let (c, lo, hi, step) = tokio::join!(
+                    property(conn, r, iface, "CurrentValue"),
+                    property(conn, r, iface, "MinimumValue"),
+                    property(conn, r, iface, "MaximumValue"),
+                    property(conn, r, iface, "MinimumIncrement"),
+                );
+                Some(Value {
+                    current: f64_of(c),
+                    min: f64_of(lo),
+                    max: f64_of(hi),
+                    step: f64_of(step),
+                })
+            } else {
+                None
+            }
+        };
+        let actions = async {
+            if has("org.a11y.atspi.Action") {
+                call::<_, Vec<(String, String, String)>>(
+                    conn,
+                    r,
+                    "org.a11y.atspi.Action",
+                    "GetActions",
+                    &(),
+                )
+                .await
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(name, description, keybinding)| Action {
+                    name,
+                    description,
+                    keybinding,
+                })
+                .collect()
+            } else {
+                Vec::new()
+            }
+        };
+        let kids = async {
+            if depth >= MAX_DEPTH {
+                return Vec::new();
+            }
+            let mut refs = children(conn, r).await.unwrap_or_default();
+            refs.truncate(MAX_CHILDREN);
+            join_all(refs.iter().map(|c| node(conn, c, depth + 1)))
+                .await
+                .into_iter()
+                .flatten()
+                .collect()
+        };
+        let (geometry, text, value, actions, kids) =
+            tokio::join!(geometry, text, value, actions, kids);
+        if let Some((x, y, w, h)) = geometry {
+            n.screencoord = Some((x, y));
+            n.size = Some((w, h));
+        }
+        n.text = text;
+        n.value = value;
+        n.actions = actions;
+        n.children = kids;
+        Some(n)
+    })
+}
+
+/// `/terminal`: the text of the focused terminal in an active window, right-trimmed; `None`
+/// unless exactly one matches.
+pub fn focused_terminal(apps: &[Node]) -> Option<String> {
+    fn focused<'a>(n: &'a Node, out: &mut Vec<&'a Node>) {
+        if n.role == "terminal" && n.has_state("focused") {
+            out.push(n);
+        }
+        for c in &n.children {
+            focused(c, out);
+        }
+    }
+    let mut found = Vec::new();
+    for app in apps {
+        for frame in app
+            .children
+            .iter()
+            .filter(|f| f.role == "frame" && f.has_state("active"))
+        {
+            focused(frame, &mut found);
+        }
+    }
+    match found.as_slice() {
+        [one] => Some(one.text.clone().unwrap_or_default().trim_end().to_string()),
+        _ => None,
+    }
+}
