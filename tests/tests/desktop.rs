@@ -782,3 +782,84 @@ async fn without_a_desktop_accessibility_answers_at_once() {
     let (status, report) = ready(&a, "0s").await;
     assert_eq!((status, report["ready"].clone()), (200, json!(true)));
 }
+
+fn uid_of(pid: u32) -> u32 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_desktop_runs_as_the_sandbox_user_and_the_browser_restarts_on_request() {
+    let Some(user) = berth_tests::test_account("berthdesk") else {
+        return;
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("berth-desk-")
+        .tempdir()
+        .unwrap();
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::os::unix::fs::chown(&home, Some(user.uid.as_raw()), Some(user.gid.as_raw())).unwrap();
+    let a = AgentProcess::start_in(
+        dir,
+        AgentOptions {
+            extra_args: vec![
+                "--desktop".into(),
+                "--user".into(),
+                "berthdesk".into(),
+                "--cdp-listen".into(),
+                "127.0.0.1:0".into(),
+                "--screen".into(),
+                format!("{WIDTH}x{HEIGHT}"),
+            ],
+            home: Some(home.clone()),
+            ..Default::default()
+        },
+    )
+    .await;
+    let report = wait_ready(&a).await;
+    let pid = |name: &str| report["components"][name]["pid"].as_u64().unwrap() as u32;
+    let uid = user.uid.as_raw();
+    for name in ["chromium", "xfwm4", "xfce4-panel", "session-bus"] {
+        assert_eq!(uid_of(pid(name)), uid, "{name} runs as the sandbox user");
+    }
+    assert_eq!(
+        uid_of(pid("x")),
+        0,
+        "Xvnc runs as the agent (its VNC socket is the agent's alone)"
+    );
+    let profile = home.join(".config/chromium");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        std::fs::metadata(&profile).unwrap().uid(),
+        uid,
+        "the profile is in the user's home"
+    );
+
+    // A browser restart on request: a new process, an event, and readiness comes back.
+    let from = get_json(&a, "/v1/events?from_seq=0&limit=10000").await["next_seq"]
+        .as_u64()
+        .unwrap();
+    let r = a
+        .client()
+        .request(reqwest::Method::POST, "/v1/browser/restart")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let info: Value = r.json().await.unwrap();
+    assert_ne!(info["pid"].as_u64().unwrap() as u32, pid("chromium"));
+    let events = events_since(&a, from).await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e["kind"] == "browser.restarted" && e["cause"] == "request"),
+        "{events:#?}"
+    );
+    wait_ready(&a).await;
+}
