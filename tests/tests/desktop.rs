@@ -542,6 +542,25 @@ async fn killed_components_come_back_and_readiness_follows() {
                     "{dep}: {events:#?}"
                 );
             }
+            // … one by one, in start order.
+            let order: Vec<&str> = events
+                .iter()
+                .filter(|e| e["kind"] == "component.up")
+                .filter_map(|e| e["component"].as_str())
+                .collect();
+            assert_eq!(
+                order,
+                [
+                    "x",
+                    "a11y-bus",
+                    "xfsettingsd",
+                    "xfwm4",
+                    "xfce4-panel",
+                    "xfdesktop",
+                    "chromium"
+                ],
+                "{events:#?}"
+            );
             // Screenshots reconnect to the new server.
             let r = a
                 .client()

@@ -189,17 +189,19 @@ impl Desktop {
         let (display, pid) = desktop.start_x_first().await?;
         desktop.display = display;
         let exit = desktop.reaper.watch(pid);
-        *desktop.first_x.lock().unwrap() = Some((pid, exit));
+        *desktop.first_x.lock().unwrap_or_else(|p| p.into_inner()) = Some((pid, exit));
         Ok(Arc::new(desktop))
     }
 
     /// Supervises every component. `env` is the sandbox user's environment (DISPLAY, the
     /// session bus, …).
     pub fn run(self: &Arc<Self>, env: Vec<(String, String)>) {
-        *self.env.lock().unwrap() = env;
+        *self.env.lock().unwrap_or_else(|p| p.into_inner()) = env;
         let me = self.clone();
         tokio::spawn(async move {
-            *me.chromium_no_sandbox.lock().unwrap() = me.chromium_needs_no_sandbox().await;
+            *me.chromium_no_sandbox
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = me.chromium_needs_no_sandbox().await;
             // Start in order, each after the one before it is ready (or failed to be).
             for name in COMPONENTS {
                 let ready = me.watch_ready(name);
@@ -223,7 +225,7 @@ impl Desktop {
                 let settled = me
                     .statuses
                     .lock()
-                    .unwrap()
+                    .unwrap_or_else(|p| p.into_inner())
                     .get(name)
                     .is_some_and(|s| s.state != "starting");
                 if settled
@@ -238,15 +240,25 @@ impl Desktop {
     }
 
     pub fn statuses(&self) -> BTreeMap<&'static str, Status> {
-        self.statuses.lock().unwrap().clone()
+        self.statuses
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub fn devtools(&self) -> Option<DevTools> {
-        self.devtools.lock().unwrap().clone()
+        self.devtools
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub fn pid(&self, name: &str) -> Option<u32> {
-        self.pids.lock().unwrap().get(name).copied()
+        self.pids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .copied()
     }
 
     /// Asks for a fresh start of one component (clears a give-up).
@@ -261,7 +273,7 @@ impl Desktop {
     }
 
     fn set(&self, name: &'static str, f: impl FnOnce(&mut Status)) {
-        let mut map = self.statuses.lock().unwrap();
+        let mut map = self.statuses.lock().unwrap_or_else(|p| p.into_inner());
         let s = map
             .entry(name)
             .or_insert_with(|| Status::new("starting", ""));
@@ -276,7 +288,7 @@ impl Desktop {
     }
 
     fn env(&self) -> Vec<(String, String)> {
-        self.env.lock().unwrap().clone()
+        self.env.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     fn identity(&self) -> Option<(u32, u32, Vec<u32>)> {
@@ -404,7 +416,10 @@ impl Desktop {
                 pass_fd,
             })
             .await?;
-        self.pids.lock().unwrap().insert(name, pid);
+        self.pids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name, pid);
         Ok(pid)
     }
 
@@ -425,7 +440,8 @@ impl Desktop {
             "xfce4-panel" => s(&["xfce4-panel"]),
             "xfdesktop" => s(&["xfdesktop"]),
             "chromium" => self.chromium_argv(),
-            other => unreachable!("unknown component {other}"),
+            // Not a component: an empty command fails to start, with that reason.
+            _ => Vec::new(),
         }
     }
 
@@ -451,7 +467,11 @@ impl Desktop {
             "--force-renderer-accessibility".into(),
             "--start-maximized".into(),
         ];
-        if *self.chromium_no_sandbox.lock().unwrap() {
+        if *self
+            .chromium_no_sandbox
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+        {
             argv.push("--no-sandbox".into());
         }
         argv.push("about:blank".into());
@@ -556,7 +576,8 @@ impl Desktop {
             .filter(|p| p.starts_with("/devtools/browser/"))
             .ok_or("DevToolsActivePort holds no browser path")?;
         crate::browser::version(port).await?;
-        *self.devtools.lock().unwrap() = Some(DevTools { port, browser_path });
+        *self.devtools.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(DevTools { port, browser_path });
         Ok(())
     }
 
@@ -570,7 +591,7 @@ impl Desktop {
                 let _ = std::fs::remove_file(&self.session_bus);
             }
             "chromium" => {
-                *self.devtools.lock().unwrap() = None;
+                *self.devtools.lock().unwrap_or_else(|p| p.into_inner()) = None;
                 let _ = std::fs::remove_file(self.profile.join("DevToolsActivePort"));
                 // Locks of a browser that died with a previous agent (no supervised browser
                 // runs now), so the profile is not "in use by another computer".
@@ -593,13 +614,48 @@ impl Desktop {
             .unwrap_or(false)
     }
 
+    /// Until the component started before this one is up (or given up on), at most
+    /// `READY_TIMEOUT`: one that cannot start must not hold the rest back for ever.
+    async fn wait_for_predecessor(&self, name: &str) {
+        let Some(i) = COMPONENTS.iter().position(|c| *c == name) else {
+            return;
+        };
+        let Some(prev) = i.checked_sub(1).map(|p| COMPONENTS[p]) else {
+            return;
+        };
+        let mut rx = self.changed.subscribe();
+        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+        loop {
+            let settled = self
+                .statuses
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(prev)
+                .is_some_and(|s| matches!(s.state, "up" | "gave_up"));
+            if settled
+                || self.stopping.load(Ordering::SeqCst)
+                || tokio::time::timeout_at(deadline, rx.changed())
+                    .await
+                    .is_err()
+            {
+                return;
+            }
+        }
+    }
+
     async fn wait_for_x(&self) {
         let mut rx = self.changed.subscribe();
         loop {
             if self.stopping.load(Ordering::SeqCst) {
                 return;
             }
-            if self.statuses.lock().unwrap().get("x").is_some_and(|s| s.ok) {
+            if self
+                .statuses
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get("x")
+                .is_some_and(|s| s.ok)
+            {
                 return;
             }
             let _ = rx.changed().await;
@@ -617,6 +673,8 @@ impl Desktop {
             }
             if Self::needs_x(name) {
                 self.wait_for_x().await;
+                // After an X restart the dependents come back one by one, in start order.
+                self.wait_for_predecessor(name).await;
                 if self.stopping.load(Ordering::SeqCst) {
                     return;
                 }
@@ -627,7 +685,10 @@ impl Desktop {
             let started = Instant::now();
             // The first X server was started before the agent's domains existed.
             let first = if name == "x" {
-                self.first_x.lock().unwrap().take()
+                self.first_x
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()
             } else {
                 None
             };
@@ -685,9 +746,12 @@ impl Desktop {
                     }
                 }
             }
-            self.pids.lock().unwrap().remove(name);
+            self.pids
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(name);
             if name == "chromium" {
-                *self.devtools.lock().unwrap() = None;
+                *self.devtools.lock().unwrap_or_else(|p| p.into_inner()) = None;
             }
             if name == "x" {
                 self.x_epoch.send_modify(|n| *n += 1);
@@ -890,7 +954,7 @@ impl Desktop {
         use nix::sys::signal::Signal;
         // Every process of the desktop, with its start time (a pid may be reused later).
         let trees: Vec<(u32, u64)> = {
-            let p = self.pids.lock().unwrap();
+            let p = self.pids.lock().unwrap_or_else(|p| p.into_inner());
             p.values()
                 .flat_map(|pid| {
                     let mut t = crate::proc::descendants(*pid);
@@ -904,7 +968,12 @@ impl Desktop {
         self.stop.send_replace(true);
         let mut changed = self.changed.subscribe();
         let deadline = tokio::time::Instant::now() + STOP_GRACE * 2 + Duration::from_secs(1);
-        while !self.pids.lock().unwrap().is_empty() {
+        while !self
+            .pids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+        {
             if tokio::time::timeout_at(deadline, changed.changed())
                 .await
                 .is_err()
