@@ -47,6 +47,17 @@ async fn wait_ready(a: &AgentProcess) -> Value {
     body
 }
 
+/// A GET through the client, `None` on any failure (for conditions polled until they hold).
+async fn try_json(c: &berth_protocol::AgentClient, path: &str) -> Option<Value> {
+    c.request(reqwest::Method::GET, path)
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()
+}
+
 async fn get_json(a: &AgentProcess, path: &str) -> Value {
     let r = a
         .client()
@@ -277,17 +288,7 @@ async fn the_viewer_is_served_and_view_only_viewers_cannot_touch() {
     let c = a.client();
     wait_for("the viewer's pointer move", Duration::from_secs(5), || {
         let c = c.clone();
-        async move {
-            let v: Value = c
-                .request(reqwest::Method::GET, "/cursor_position")
-                .send()
-                .await
-                .ok()?
-                .json()
-                .await
-                .ok()?;
-            (v == json!([600, 400])).then_some(())
-        }
+        async move { (try_json(&c, "/cursor_position").await? == json!([600, 400])).then_some(()) }
     })
     .await;
 
@@ -723,15 +724,7 @@ async fn the_accessibility_tree_shows_the_page_where_it_is_and_the_terminal_text
         || {
             let (c, id) = (c.clone(), id.clone());
             async move {
-                let v: Value = c
-                    .request(reqwest::Method::GET, "/v1/browser")
-                    .send()
-                    .await
-                    .ok()?
-                    .json()
-                    .await
-                    .ok()?;
-                v["targets"]
+                try_json(&c, "/v1/browser").await?["targets"]
                     .as_array()?
                     .iter()
                     .any(|t| t["id"] == id.as_str() && t["title"] == "clicked")

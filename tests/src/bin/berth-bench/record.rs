@@ -369,34 +369,16 @@ pub async fn bench(seconds: u64) {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let ours = berth(&a, x.pid(), seconds).await;
         let xp = x.pid();
-        let o = tokio::task::spawn_blocking({
+        let peer = |args: &[&str]| {
             let out = out.clone();
-            let args: Vec<String> = osworld.iter().map(|s| s.to_string()).collect();
-            move || {
-                ffmpeg(
-                    &args.iter().map(String::as_str).collect::<Vec<_>>(),
-                    xp,
-                    seconds,
-                    &out,
-                )
-            }
-        })
-        .await
-        .unwrap();
-        let d = tokio::task::spawn_blocking({
-            let out = out.clone();
-            let args: Vec<String> = daytona.iter().map(|s| s.to_string()).collect();
-            move || {
-                ffmpeg(
-                    &args.iter().map(String::as_str).collect::<Vec<_>>(),
-                    xp,
-                    seconds,
-                    &out,
-                )
-            }
-        })
-        .await
-        .unwrap();
+            let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+            tokio::task::spawn_blocking(move || {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                ffmpeg(&args, xp, seconds, &out)
+            })
+        };
+        let o = peer(&osworld).await.unwrap();
+        let d = peer(&daytona).await.unwrap();
         drop(scroller);
         drop(cover);
         rows.push((scenario, ours, o, d));
