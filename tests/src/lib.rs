@@ -222,6 +222,28 @@ impl AgentProcess {
         format!("{}{}", self.base, path)
     }
 
+    /// GET a native route with the token: the JSON body of a 2xx answer (panics otherwise).
+    pub async fn get_json(&self, path: &str) -> serde_json::Value {
+        let r = self
+            .client()
+            .request(reqwest::Method::GET, path)
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{path}: {}", r.status());
+        r.json().await.unwrap()
+    }
+
+    /// GET a compat route (no token): the JSON body, whatever the status.
+    pub async fn compat_json(&self, path: &str) -> serde_json::Value {
+        reqwest::get(self.url(path))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("agent running").id()
     }
@@ -391,6 +413,17 @@ pub fn unique_sleep(secs: u32) -> String {
 fn getrandom_bytes(b: &mut [u8]) {
     use std::io::Read;
     let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(b));
+}
+
+/// GET through a client, `None` on any failure (for conditions polled until they hold).
+pub async fn try_json(c: &AgentClient, path: &str) -> Option<serde_json::Value> {
+    c.request(reqwest::Method::GET, path)
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()
 }
 
 /// Sends one raw HTTP/1.1 request on a new connection and reads the whole answer.

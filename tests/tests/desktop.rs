@@ -47,28 +47,6 @@ async fn wait_ready(a: &AgentProcess) -> Value {
     body
 }
 
-/// A GET through the client, `None` on any failure (for conditions polled until they hold).
-async fn try_json(c: &berth_protocol::AgentClient, path: &str) -> Option<Value> {
-    c.request(reqwest::Method::GET, path)
-        .send()
-        .await
-        .ok()?
-        .json()
-        .await
-        .ok()
-}
-
-async fn get_json(a: &AgentProcess, path: &str) -> Value {
-    let r = a
-        .client()
-        .request(reqwest::Method::GET, path)
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success(), "{path}: {}", r.status());
-    r.json().await.unwrap()
-}
-
 /// Every pid the readiness report names (the desktop's processes).
 fn component_pids(report: &Value) -> Vec<u32> {
     report["components"]
@@ -162,7 +140,7 @@ async fn point_and_sync(ws: &mut Ws, x: u16, y: u16) {
 }
 
 async fn cursor(a: &AgentProcess) -> Value {
-    get_json(a, "/cursor_position").await
+    a.get_json("/cursor_position").await
 }
 
 async fn viewer_cookie(a: &AgentProcess, view_only: bool) -> String {
@@ -212,7 +190,7 @@ async fn the_viewer_is_served_and_view_only_viewers_cannot_touch() {
     ] {
         assert_eq!(report["components"][name]["ok"], true, "{name}: {report:#}");
     }
-    let display = get_json(&a, "/v1/display").await;
+    let display = a.get_json("/v1/display").await;
     assert_eq!(
         (display["width"].as_u64(), display["height"].as_u64()),
         (Some(1280), Some(800))
@@ -288,7 +266,10 @@ async fn the_viewer_is_served_and_view_only_viewers_cannot_touch() {
     let c = a.client();
     wait_for("the viewer's pointer move", Duration::from_secs(5), || {
         let c = c.clone();
-        async move { (try_json(&c, "/cursor_position").await? == json!([600, 400])).then_some(()) }
+        async move {
+            (berth_tests::try_json(&c, "/cursor_position").await? == json!([600, 400]))
+                .then_some(())
+        }
     })
     .await;
 
@@ -376,7 +357,7 @@ async fn chromium_is_driven_through_both_cdp_relays() {
     )
     .unwrap();
     let url = format!("file://{}", page.display());
-    let info = get_json(&a, "/v1/browser").await;
+    let info = a.get_json("/v1/browser").await;
     assert!(
         info["version"].as_str().unwrap().starts_with("Chrome/"),
         "{info}"
@@ -463,7 +444,7 @@ async fn chromium_is_driven_through_both_cdp_relays() {
         tokio::task::yield_now().await;
     };
     assert_eq!(title, "berth page");
-    let listed = get_json(&a, "/v1/browser").await;
+    let listed = a.get_json("/v1/browser").await;
     assert!(
         listed["targets"]
             .as_array()
@@ -491,7 +472,7 @@ async fn chromium_is_driven_through_both_cdp_relays() {
 }
 
 async fn events_since(a: &AgentProcess, from: u64) -> Vec<Value> {
-    get_json(a, &format!("/v1/events?from_seq={from}")).await["events"]
+    a.get_json(&format!("/v1/events?from_seq={from}")).await["events"]
         .as_array()
         .unwrap()
         .clone()
@@ -504,7 +485,7 @@ async fn killed_components_come_back_and_readiness_follows() {
     for victim in ["chromium", "x", "xfwm4"] {
         let (_, before) = ready(&a, "0s").await;
         let pid = before["components"][victim]["pid"].as_u64().unwrap() as i32;
-        let from = get_json(&a, "/v1/events?from_seq=0&limit=10000").await["next_seq"]
+        let from = a.get_json("/v1/events?from_seq=0&limit=10000").await["next_seq"]
             .as_u64()
             .unwrap();
         nix::sys::signal::kill(
@@ -634,15 +615,6 @@ fn pair(v: &str) -> (i64, i64) {
     (a.parse().unwrap(), b.parse().unwrap())
 }
 
-async fn compat_json(a: &AgentProcess, path: &str) -> Value {
-    reqwest::get(a.url(path))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
 #[tokio::test]
 async fn the_accessibility_tree_shows_the_page_where_it_is_and_the_terminal_text() {
     let a = desktop_agent().await;
@@ -660,7 +632,7 @@ async fn the_accessibility_tree_shows_the_page_where_it_is_and_the_terminal_text
         ),
     )
     .unwrap();
-    let info = get_json(&a, "/v1/browser").await;
+    let info = a.get_json("/v1/browser").await;
     let cdp = info["cdp_listen"].as_str().unwrap().to_string();
     let created = reqwest::Client::new()
         .put(format!("http://{cdp}/json/new?file://{}", page.display()))
@@ -674,7 +646,7 @@ async fn the_accessibility_tree_shows_the_page_where_it_is_and_the_terminal_text
         "the page in the accessibility tree",
         Duration::from_secs(30),
         || async {
-            let v = compat_json(&a, "/accessibility").await;
+            let v = a.compat_json("/accessibility").await;
             let xml = v["AT"].as_str()?.to_string();
             (xml.contains("link 149") && xml.contains("<push-button name=\"Press me\""))
                 .then_some(xml)
@@ -724,7 +696,7 @@ async fn the_accessibility_tree_shows_the_page_where_it_is_and_the_terminal_text
         || {
             let (c, id) = (c.clone(), id.clone());
             async move {
-                try_json(&c, "/v1/browser").await?["targets"]
+                berth_tests::try_json(&c, "/v1/browser").await?["targets"]
                     .as_array()?
                     .iter()
                     .any(|t| t["id"] == id.as_str() && t["title"] == "clicked")
@@ -734,7 +706,7 @@ async fn the_accessibility_tree_shows_the_page_where_it_is_and_the_terminal_text
     )
     .await;
     // The same tree as JSON.
-    let tree = get_json(&a, "/v1/a11y").await;
+    let tree = a.get_json("/v1/a11y").await;
     assert!(
         tree["applications"].as_array().unwrap().len() >= 3,
         "{tree}"
@@ -742,7 +714,7 @@ async fn the_accessibility_tree_shows_the_page_where_it_is_and_the_terminal_text
 
     // /terminal: the focused terminal's text.
     assert_eq!(
-        compat_json(&a, "/terminal").await,
+        a.compat_json("/terminal").await,
         json!({"output": null, "status": "success"})
     );
     let launched = reqwest::Client::new()
@@ -753,7 +725,7 @@ async fn the_accessibility_tree_shows_the_page_where_it_is_and_the_terminal_text
         .unwrap();
     assert_eq!(launched.status(), 200);
     wait_for("a focused terminal", Duration::from_secs(30), || async {
-        compat_json(&a, "/terminal").await["output"]
+        a.compat_json("/terminal").await["output"]
             .as_str()
             .map(|_| ())
     })
@@ -770,7 +742,7 @@ async fn the_accessibility_tree_shows_the_page_where_it_is_and_the_terminal_text
         "the command's output in /terminal",
         Duration::from_secs(20),
         || async {
-            let out = compat_json(&a, "/terminal").await["output"]
+            let out = a.compat_json("/terminal").await["output"]
                 .as_str()?
                 .to_string();
             out.contains("berth-42-check\n").then_some(out)
@@ -781,10 +753,10 @@ async fn the_accessibility_tree_shows_the_page_where_it_is_and_the_terminal_text
 }
 
 #[tokio::test]
-async fn without_a_desktop_accessibility_answers_at_once() {
+async fn without_a_desktop_terminal_is_null_and_accessibility_a_clear_503() {
     let a = AgentProcess::start().await;
     assert_eq!(
-        compat_json(&a, "/terminal").await,
+        a.compat_json("/terminal").await,
         json!({"output": null, "status": "success"})
     );
     let r = reqwest::get(a.url("/accessibility")).await.unwrap();
@@ -854,7 +826,7 @@ async fn the_desktop_runs_as_the_sandbox_user_and_the_browser_restarts_on_reques
     );
 
     // A browser restart on request: a new process, an event, and readiness comes back.
-    let from = get_json(&a, "/v1/events?from_seq=0&limit=10000").await["next_seq"]
+    let from = a.get_json("/v1/events?from_seq=0&limit=10000").await["next_seq"]
         .as_u64()
         .unwrap();
     let r = a

@@ -287,12 +287,7 @@ async fn mouse_actions_arrive_at_a_real_window() {
             .iter()
             .any(|e| matches!(e, Event::MotionNotify(m) if (m.event_x, m.event_y) == (150, 120)))
     );
-    let r: Value = reqwest::get(a.url("/cursor_position"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r: Value = a.compat_json("/cursor_position").await;
     assert_eq!(r, json!([0, 0]));
 }
 
@@ -549,15 +544,7 @@ async fn window_routes_work_against_real_windows() {
         .and_then(|mut v| v.next())
         .unwrap_or(0)
     };
-    let windows: Value = a
-        .client()
-        .request(reqwest::Method::GET, "/v1/windows")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let windows: Value = a.get_json("/v1/windows").await;
     let id_of = |title: &str| {
         windows["windows"]
             .as_array()
@@ -615,14 +602,7 @@ async fn window_routes_work_against_real_windows() {
     berth_tests::wait_for("the window to close", Duration::from_secs(10), || {
         let client = client.clone();
         async move {
-            let v: Value = client
-                .request(reqwest::Method::GET, "/v1/windows")
-                .send()
-                .await
-                .ok()?
-                .json()
-                .await
-                .ok()?;
+            let v = berth_tests::try_json(&client, "/v1/windows").await?;
             (!v["windows"]
                 .as_array()?
                 .iter()
@@ -778,12 +758,7 @@ async fn computer_use_actions_map_coordinates_and_answer_screenshots() {
         v["base64_image"].is_string(),
         "an action answers with the screen after it"
     );
-    let pos: Value = reqwest::get(a.url("/cursor_position"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let pos: Value = a.compat_json("/cursor_position").await;
     assert_eq!(
         pos,
         json!([640, 400]),
@@ -848,12 +823,7 @@ async fn osworlds_pyautogui_call_moves_the_pointer() {
         .unwrap();
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["returncode"], 0, "{v}");
-    let pos: Value = reqwest::get(a.url("/cursor_position"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let pos: Value = a.compat_json("/cursor_position").await;
     assert_eq!(pos, json!([123, 234]));
 }
 
@@ -929,12 +899,7 @@ async fn every_computer_use_action_runs() {
         assert!(v["base64_image"].is_string(), "{body}: {v}");
         assert!(v.get("error").is_none(), "{body}: {v}");
     }
-    let pos: Value = reqwest::get(a.url("/cursor_position"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let pos: Value = a.compat_json("/cursor_position").await;
     assert_eq!(
         pos,
         json!([400, 300]),

@@ -193,16 +193,7 @@ pub async fn open_file(State(agent): State<Arc<Agent>>, CompatJson(data): Compat
     };
     let started = agent
         .commands
-        .start_background(
-            p,
-            Background {
-                id: None,
-                stdin: None,
-                stdin_open: false,
-                timeout: None,
-                merge_stderr: false,
-            },
-        )
+        .start_background(p, Background::default())
         .await;
     if let Err(e) = started {
         return text(

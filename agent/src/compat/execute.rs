@@ -343,16 +343,7 @@ pub async fn launch(State(agent): State<Arc<Agent>>, CompatJson(data): CompatJso
     // shutdown.
     let started = agent
         .commands
-        .start_background(
-            p,
-            Background {
-                id: None,
-                stdin: None,
-                stdin_open: false,
-                timeout: None,
-                merge_stderr: false,
-            },
-        )
+        .start_background(p, Background::default())
         .await;
     match started {
         Ok(_) => text(

@@ -105,7 +105,7 @@ pub struct Desktop {
     logs: PathBuf,
     profile: PathBuf,
     env: Mutex<Vec<(String, String)>>,
-    chromium_no_sandbox: Mutex<bool>,
+    chromium_no_sandbox: AtomicBool,
     statuses: Mutex<BTreeMap<&'static str, Status>>,
     pids: Mutex<BTreeMap<&'static str, u32>>,
     /// Moves whenever a status changes.
@@ -170,7 +170,7 @@ impl Desktop {
             logs,
             profile,
             env: Mutex::new(Vec::new()),
-            chromium_no_sandbox: Mutex::new(false),
+            chromium_no_sandbox: AtomicBool::new(false),
             statuses: Mutex::new(statuses),
             pids: Mutex::new(BTreeMap::new()),
             changed,
@@ -199,9 +199,8 @@ impl Desktop {
         *self.env.lock().unwrap_or_else(|p| p.into_inner()) = env;
         let me = self.clone();
         tokio::spawn(async move {
-            *me.chromium_no_sandbox
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()) = me.chromium_needs_no_sandbox().await;
+            let no_sandbox = me.chromium_needs_no_sandbox().await;
+            me.chromium_no_sandbox.store(no_sandbox, Ordering::SeqCst);
             // Start in order, each after the one before it is ready (or failed to be).
             for name in COMPONENTS {
                 let ready = me.watch_ready(name);
@@ -467,11 +466,7 @@ impl Desktop {
             "--force-renderer-accessibility".into(),
             "--start-maximized".into(),
         ];
-        if *self
-            .chromium_no_sandbox
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-        {
+        if self.chromium_no_sandbox.load(Ordering::SeqCst) {
             argv.push("--no-sandbox".into());
         }
         argv.push("about:blank".into());

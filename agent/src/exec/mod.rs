@@ -115,6 +115,7 @@ pub struct ForegroundOutcome {
     pub duration: Duration,
 }
 
+#[derive(Default)]
 pub struct Background {
     pub id: Option<String>,
     pub stdin: Option<Vec<u8>>,

@@ -123,15 +123,7 @@ async fn accessibility(a: &AgentProcess, runs: usize) -> (f64, f64, usize) {
         ),
     )
     .unwrap();
-    let info: Value = a
-        .client()
-        .request(reqwest::Method::GET, "/v1/browser")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let info = a.get_json("/v1/browser").await;
     let cdp = info["cdp_listen"].as_str().unwrap().to_string();
     reqwest::Client::new()
         .put(format!("http://{cdp}/json/new?file://{}", page.display()))
@@ -160,15 +152,7 @@ async fn accessibility(a: &AgentProcess, runs: usize) -> (f64, f64, usize) {
         ours.push(fetch().await.0);
     }
     ours.sort_by(f64::total_cmp);
-    let display: Value = a
-        .client()
-        .request(reqwest::Method::GET, "/v1/display")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let display = a.get_json("/v1/display").await;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/pyatspi_tree.py");
     let out = std::process::Command::new("/usr/bin/python3")
         .arg(script)
