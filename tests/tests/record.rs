@@ -690,6 +690,25 @@ async fn a_stream_viewer_that_joins_late_starts_at_a_keyframe() {
 
     // Joining a still screen: a keyframe arrives at once anyway, over plain HTTP too.
     recolour(&c, w, BLUE);
+    // The X server has drawn it; wait until the agent has seen that damage too, so the
+    // joiner's keyframe is of the blue screen (not the last noise frame it knew).
+    wait_for(
+        "the agent to see the blue screen",
+        Duration::from_secs(10),
+        || {
+            let client = client.clone();
+            async move {
+                let r = client
+                    .request(reqwest::Method::GET, "/v1/screenshot?cursor=false")
+                    .send()
+                    .await
+                    .ok()?;
+                let img = berth_tests::x::decode_png(&r.bytes().await.ok()?);
+                (berth_tests::x::pixel(&img, 50, 50) == rgb(BLUE)).then_some(())
+            }
+        },
+    )
+    .await;
     let resp = client
         .request(reqwest::Method::GET, "/v1/stream.mp4")
         .send()
