@@ -748,9 +748,6 @@ impl Desktop {
             if name == "chromium" {
                 *self.devtools.lock().unwrap_or_else(|p| p.into_inner()) = None;
             }
-            if name == "x" {
-                self.x_epoch.send_modify(|n| *n += 1);
-            }
             let (reason, exit, crashed) = match &ended {
                 Ended::Exited(e) => (describe(e), Some(*e), true),
                 Ended::XGone => ("the X server went away".to_string(), None, false),
@@ -766,6 +763,11 @@ impl Desktop {
                 s.reason = reason.clone();
                 s.pid = None;
             });
+            // Only once X reads as down: a dependent that sees the epoch move must not find
+            // the old server's "up" and start again before the new one is ready.
+            if name == "x" {
+                self.x_epoch.send_modify(|n| *n += 1);
+            }
             if matches!(ended, Ended::Stopping) {
                 return;
             }
