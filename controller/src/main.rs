@@ -1,21 +1,25 @@
-//! `berth`: the controller and its command line. The controller itself (sandboxes, leases,
-//! warm pools, providers) is built on top of berth-agent; until it lands this binary only
-//! reports what it is.
+//! `berth`: the controller service and its command line.
 
 use clap::Parser;
 
-#[derive(Parser, Debug)]
-#[command(
-    name = "berth",
-    version,
-    about = "berth controller: provisions workstation sandboxes running berth-agent"
-)]
-struct Cli {}
-
 fn main() {
-    let _ = Cli::parse();
-    println!(
-        "berth {}: the controller is not built yet; run berth-agent (see the README)",
-        env!("CARGO_PKG_VERSION")
-    );
+    let cli = berth_controller::cli::Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("BERTH_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+    match rt.block_on(berth_controller::cli::run(cli)) {
+        Ok(code) => {
+            rt.shutdown_timeout(std::time::Duration::from_secs(1));
+            std::process::exit(code)
+        }
+        Err(e) => {
+            eprintln!("berth: {e:#}");
+            std::process::exit(1)
+        }
+    }
 }

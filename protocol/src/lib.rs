@@ -5,6 +5,7 @@
 //! older clients keep working.
 
 pub mod client;
+pub mod controller;
 pub mod display;
 pub mod error;
 pub mod events;

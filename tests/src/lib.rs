@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use berth_protocol::AgentClient;
 
+pub mod controller;
 pub mod video;
 pub mod x;
 

@@ -1,7 +1,7 @@
 //! berth's benchmarks, each figure printed beside the peer it is compared with, measured in
 //! the same run on the same machine.
 //!
-//!   cargo run -p berth-tests --bin berth-bench -- [exec] [display] [record] [workstation]
+//!   cargo run -p berth-tests --bin berth-bench -- [exec] [display] [record] [workstation] [controller]
 //!                                                 [--requests N] [--seconds S] [--runs R]
 //!
 //! `exec`: `/execute` round trip for `echo hi`, a new TCP connection per request as OSWorld's
@@ -10,12 +10,14 @@
 //! Pillow, Pillow's ImageGrab and xdotool.
 //! `record`: CPU per recorded minute against OSWorld's and Daytona's ffmpeg commands.
 //! `workstation`: `--desktop` cold start to strict readiness, agent and desktop memory.
+//! `controller`: warm-pool claim latency and cold create-to-ready through `berth serve`.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use berth_tests::{AgentProcess, raw_http};
 
+mod controller;
 mod desktop;
 mod display;
 mod record;
@@ -60,6 +62,15 @@ async fn main() {
             .and_then(|v| v.parse().ok())
             .unwrap_or(5);
         workstation::bench(runs).await;
+    }
+    if which.is_empty() || which.contains(&"controller") {
+        let runs = args
+            .iter()
+            .position(|a| a == "--runs")
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(5);
+        controller::bench(runs).await;
     }
 }
 

@@ -1,0 +1,244 @@
+//! The JSON routes: sandboxes, runs, leases, catalog, pools, health and metrics.
+
+use axum::Router;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use berth_protocol::controller::{
+    AcquireLease, CatalogList, CreateSandbox, RenewLease, RunRequest, SandboxList, ViewerUrl,
+};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{ApiError, ApiState, Json, Query};
+use crate::error::Error;
+use crate::sandbox::Request;
+
+type Result<T> = std::result::Result<T, ApiError>;
+
+pub fn open() -> Router<ApiState> {
+    Router::new()
+        .route(
+            "/healthz",
+            get(|| async { axum::Json(json!({"ok": true})) }),
+        )
+        .route("/metrics", get(metrics))
+}
+
+pub fn keyed() -> Router<ApiState> {
+    Router::new()
+        .route("/sandbox/sandboxes/v1", post(create).get(list))
+        .route("/sandbox/sandboxes/v1/{id}", get(show).delete(delete))
+        .route("/sandbox/sandboxes/v1/{id}/viewer", post(viewer))
+        .route("/sandbox/sandboxes/v1/{id}/exec", post(exec))
+        .route("/sandbox/sandboxes/v1/{id}/runs/{run_id}", get(run))
+        .route(
+            "/sandbox/sandboxes/v1/{id}/runs/{run_id}/output",
+            get(run_output),
+        )
+        .route("/sandbox/sandboxes/v1/{id}/events", get(events))
+        .route("/sandbox/v1/leases", post(acquire))
+        .route("/sandbox/v1/leases/{id}/renew", post(renew))
+        .route("/sandbox/v1/leases/{id}", axum::routing::delete(release))
+        .route("/sandbox/v1/catalog", get(catalog))
+        .route("/sandbox/v1/pools", get(pools))
+        .route(
+            "/sandbox/v1/pools/{profile}",
+            axum::routing::put(adjust_pool),
+        )
+        .merge(super::proxy::keyed_proxies())
+}
+
+async fn metrics(State(s): State<ApiState>) -> Response {
+    let by_state = s.c.store.count_by_status().unwrap_or_default();
+    let pools: Vec<_> =
+        s.c.pool_status()
+            .into_iter()
+            .map(|p| (p.pool, p.size, p.ready, p.starting, p.failing.is_some()))
+            .collect();
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.c.metrics.render(&by_state, &pools),
+    )
+        .into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateQuery {
+    /// false: answer at once (`pending`/`starting`) and let readiness happen in the background.
+    wait: Option<bool>,
+}
+
+async fn create(
+    State(s): State<ApiState>,
+    Query(q): Query<CreateQuery>,
+    Json(body): Json<CreateSandbox>,
+) -> Result<Response> {
+    let req = Request {
+        profile: body.profile,
+        image_ref: body.image_ref,
+        labels: body.labels,
+        ttl_seconds: body.ttl_seconds,
+    };
+    let row = match q.wait.unwrap_or(true) {
+        true => s.c.provision(&req).await?.0,
+        false => s.c.provision_nowait(&req).await?,
+    };
+    Ok((StatusCode::CREATED, s.c.to_wire(&row).into_json()).into_response())
+}
+
+trait IntoJson {
+    fn into_json(self) -> axum::Json<serde_json::Value>;
+}
+
+impl<T: serde::Serialize> IntoJson for T {
+    fn into_json(self) -> axum::Json<serde_json::Value> {
+        axum::Json(serde_json::to_value(self).unwrap_or_default())
+    }
+}
+
+async fn list(State(s): State<ApiState>, RawQuery(q): RawQuery) -> Result<Response> {
+    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(q.as_deref().unwrap_or(""))
+        .map_err(|e| Error::BadRequest(format!("query: {e}")))?;
+    let mut labels = Vec::new();
+    let mut status = None;
+    for (k, v) in pairs {
+        match k.as_str() {
+            "label" => {
+                let (lk, lv) = v.split_once('=').ok_or_else(|| {
+                    Error::BadRequest(format!("label filter {v:?}: use label=key=value"))
+                })?;
+                labels.push((lk.to_string(), lv.to_string()));
+            }
+            "status" => status = Some(v),
+            other => {
+                return Err(Error::BadRequest(format!("unknown query parameter {other:?}")).into());
+            }
+        }
+    }
+    let sandboxes = s.c.list(&labels, status.as_deref())?;
+    Ok(SandboxList { sandboxes }.into_json().into_response())
+}
+
+async fn show(State(s): State<ApiState>, Path(id): Path<String>) -> Result<Response> {
+    let row = s.c.visible_row(&id)?;
+    Ok(s.c.to_wire(&row).into_json().into_response())
+}
+
+async fn delete(State(s): State<ApiState>, Path(id): Path<String>) -> Result<Response> {
+    s.c.delete(&id).await?;
+    let row = s.c.get_row(&id)?;
+    Ok(s.c.to_wire(&row).into_json().into_response())
+}
+
+async fn viewer(State(s): State<ApiState>, Path(id): Path<String>) -> Result<Response> {
+    let url = s.c.mint_viewer_url(&id)?;
+    Ok(ViewerUrl { url }.into_json().into_response())
+}
+
+async fn exec(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    Json(body): Json<RunRequest>,
+) -> Result<Response> {
+    let run = s.c.exec(&id, body).await?;
+    Ok(run.into_json().into_response())
+}
+
+async fn run(
+    State(s): State<ApiState>,
+    Path((id, run_id)): Path<(String, String)>,
+) -> Result<Response> {
+    Ok(s.c.run(&id, &run_id)?.into_json().into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FromSeq {
+    #[serde(default)]
+    from_seq: u64,
+    limit: Option<usize>,
+}
+
+async fn run_output(
+    State(s): State<ApiState>,
+    Path((id, run_id)): Path<(String, String)>,
+    Query(q): Query<FromSeq>,
+) -> Result<Response> {
+    Ok(axum::Json(s.c.run_output(&id, &run_id, q.from_seq).await?).into_response())
+}
+
+async fn events(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    Query(q): Query<FromSeq>,
+) -> Result<Response> {
+    let page =
+        s.c.timeline(&id, q.from_seq, q.limit.unwrap_or(1000))
+            .await?;
+    Ok(axum::Json(page).into_response())
+}
+
+async fn acquire(State(s): State<ApiState>, Json(body): Json<AcquireLease>) -> Result<Response> {
+    Ok(s.c.acquire(&body).await?.into_json().into_response())
+}
+
+async fn renew(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    Json(body): Json<RenewLease>,
+) -> Result<Response> {
+    Ok(s.c
+        .renew(&id, body.ttl_seconds)
+        .await?
+        .into_json()
+        .into_response())
+}
+
+async fn release(State(s): State<ApiState>, Path(id): Path<String>) -> Result<Response> {
+    s.c.release(&id, "released by its holder").await?;
+    Ok(axum::Json(json!({"lease_id": id, "released": true})).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KindQuery {
+    kind: Option<String>,
+}
+
+async fn catalog(State(s): State<ApiState>, Query(q): Query<KindQuery>) -> Result<Response> {
+    let kind = q.kind.unwrap_or_else(|| "profile".into());
+    let items = s.c.catalog.list(&kind).ok_or_else(|| {
+        Error::BadRequest(format!(
+            "kind {kind:?}: use profile, desktop_app or desktop_app_bundle"
+        ))
+    })?;
+    Ok(CatalogList { kind, items }.into_json().into_response())
+}
+
+async fn pools(State(s): State<ApiState>) -> Response {
+    axum::Json(json!({"pools": s.c.pool_status()})).into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AdjustPool {
+    paused: Option<bool>,
+    size: Option<usize>,
+}
+
+async fn adjust_pool(
+    State(s): State<ApiState>,
+    Path(profile): Path<String>,
+    Json(body): Json<AdjustPool>,
+) -> Result<Response> {
+    if body.size.is_some_and(|n| n > 1000) {
+        return Err(Error::BadRequest("a pool holds at most 1000 members".into()).into());
+    }
+    if !s.c.pools.adjust(&profile, body.paused, body.size) {
+        return Err(Error::NotFound(format!("no pool serves profile {profile:?}")).into());
+    }
+    Ok(axum::Json(json!({"pools": s.c.pool_status()})).into_response())
+}

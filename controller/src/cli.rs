@@ -1,0 +1,520 @@
+//! The `berth` command line: `serve`, `demo`, and clients for sandboxes and leases.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use berth_protocol::controller::{
+    AcquireLease, Command, ControllerClient, CreateSandbox, RunRequest, Sandbox,
+};
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::Config;
+use crate::serve;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "berth",
+    version,
+    about = "berth controller: isolated Linux workstations for computer-use agents"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Top,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Top {
+    /// Run the controller service.
+    Serve(ServeArgs),
+    /// Run the controller in-process on embedded defaults, create a desktop sandbox, save a
+    /// screenshot and print a one-time viewer URL; stays up until Ctrl-C.
+    Demo(DemoArgs),
+    /// Sandboxes on a running controller.
+    #[command(subcommand)]
+    Sandbox(SandboxCmd),
+    /// Leases on a running controller.
+    #[command(subcommand)]
+    Lease(LeaseCmd),
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    #[arg(long, env = "BERTH_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    #[arg(long, env = "BERTH_DATA_DIR", default_value = "/var/lib/berth")]
+    pub data_dir: PathBuf,
+    /// TOML configuration (API keys, pools, timeouts).
+    #[arg(long, env = "BERTH_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The berth-agent binary the process provider runs (default: the one beside `berth`).
+    #[arg(long, env = "BERTH_AGENT_BIN")]
+    pub agent_bin: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    #[arg(long, default_value = "berth-demo-data")]
+    pub data_dir: PathBuf,
+    #[arg(long, env = "BERTH_AGENT_BIN")]
+    pub agent_bin: Option<PathBuf>,
+    /// Where the screenshot goes.
+    #[arg(long, default_value = "berth-demo.png")]
+    pub screenshot: PathBuf,
+    /// Delete the sandbox and exit after showing it works (instead of waiting for Ctrl-C).
+    #[arg(long)]
+    pub once: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct Remote {
+    /// The controller's URL.
+    #[arg(
+        long,
+        env = "BERTH_URL",
+        default_value = "http://127.0.0.1:8080",
+        global = true
+    )]
+    pub url: String,
+    #[arg(long, env = "BERTH_API_KEY", global = true, hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Machine-readable output.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SandboxCmd {
+    Create {
+        #[arg(long, default_value = "desktop")]
+        profile: String,
+        #[arg(long)]
+        image_ref: Option<String>,
+        /// key=value, repeatable.
+        #[arg(long = "label", value_parser = parse_label)]
+        labels: Vec<(String, String)>,
+        #[arg(long)]
+        ttl: Option<u64>,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    Get {
+        id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    List {
+        #[arg(long = "label", value_parser = parse_label)]
+        labels: Vec<(String, String)>,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    Rm {
+        id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Run a command (argv after `--`) and print its output; exits with its exit code.
+    Exec {
+        id: String,
+        #[arg(long)]
+        timeout_ms: Option<u64>,
+        #[arg(long)]
+        run_id: Option<String>,
+        #[arg(required = true, last = true)]
+        command: Vec<String>,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    Screenshot {
+        id: String,
+        #[arg(short, long, default_value = "screenshot.png")]
+        output: PathBuf,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// A one-time viewer URL for a browser.
+    Viewer {
+        id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum LeaseCmd {
+    Acquire {
+        #[arg(long)]
+        thread: String,
+        #[arg(long, default_value = "desktop")]
+        profile: String,
+        #[arg(long = "label", value_parser = parse_label)]
+        labels: Vec<(String, String)>,
+        #[arg(long)]
+        ttl: Option<u64>,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    Renew {
+        lease_id: String,
+        #[arg(long)]
+        ttl: u64,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    Release {
+        lease_id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("{s:?}: use key=value"))
+}
+
+pub async fn run(cli: Cli) -> anyhow::Result<i32> {
+    match cli.command {
+        Top::Serve(a) => serve_forever(a).await,
+        Top::Demo(a) => demo(a).await,
+        Top::Sandbox(c) => sandbox(c).await,
+        Top::Lease(c) => lease(c).await,
+    }
+}
+
+async fn serve_forever(a: ServeArgs) -> anyhow::Result<i32> {
+    let config = match &a.config {
+        Some(p) => Config::load(p)?,
+        None => Config::default(),
+    };
+    let running = serve::start(serve::Options {
+        listen: a.listen,
+        data_dir: a.data_dir,
+        config,
+        agent_bin: a.agent_bin,
+        env_keys: std::env::var("BERTH_API_KEYS").ok(),
+    })
+    .await?;
+    if let Some(k) = &running.generated_key {
+        println!("No API key was configured; generated one (shown only this once, stored hashed):");
+        println!("  X-Api-Key: {k}");
+    }
+    println!("berth serving on http://{}", running.addr);
+    shutdown_signal().await;
+    Ok(0)
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+async fn demo(a: DemoArgs) -> anyhow::Result<i32> {
+    let key = format!("demo_{}", crate::util::random_hex(16));
+    let running = serve::start(serve::Options {
+        listen: a.listen,
+        data_dir: a.data_dir.clone(),
+        config: Config::default(),
+        agent_bin: a.agent_bin,
+        env_keys: Some(key.clone()),
+    })
+    .await?;
+    let base = format!("http://{}", running.addr);
+    println!(
+        "berth controller on {base} (process provider, SQLite in {})",
+        a.data_dir.display()
+    );
+    let client = ControllerClient::new(&base, Some(key.clone()));
+    let started = Instant::now();
+    let created = client
+        .request(reqwest::Method::POST, "/sandbox/sandboxes/v1?wait=false")
+        .json(&CreateSandbox {
+            profile: "desktop".into(),
+            labels: BTreeMap::from([("purpose".into(), "demo".into())]),
+            ..Default::default()
+        })
+        .send()
+        .await?;
+    let created: Sandbox = berth_protocol::client::check(created).await?.json().await?;
+    println!(
+        "sandbox {} created; waiting for strict readiness…",
+        created.id
+    );
+    let sb = wait_running(&client, &created.id, true).await?;
+    println!(
+        "  running after {:.1} s (X server, VNC, window manager, panel, Chromium and both CDP relays checked)",
+        started.elapsed().as_secs_f64()
+    );
+    let png = client.screenshot(&sb.id).await?;
+    std::fs::write(&a.screenshot, &png)
+        .with_context(|| format!("writing {}", a.screenshot.display()))?;
+    println!(
+        "  screenshot: {} ({} bytes)",
+        a.screenshot.display(),
+        png.len()
+    );
+    let run = client
+        .exec(
+            &sb.id,
+            &RunRequest {
+                command: Command::Line(
+                    "echo \"hello from $(hostname) as $(id -un)\"; uname -sr".into(),
+                ),
+                ..Default::default()
+            },
+        )
+        .await?;
+    println!(
+        "  exec: exit {} — {}",
+        run.exit_code.unwrap_or(-1),
+        run.stdout.trim().replace('\n', " | ")
+    );
+    let viewer = client.viewer(&sb.id).await?;
+    println!(
+        "\nWatch the desktop (one-time link, sets a viewer cookie):\n  {}",
+        viewer.url
+    );
+    if let Some(cdp) = &sb.endpoints.cdp {
+        println!("Chromium over CDP (Playwright connect_over_cdp): {cdp}");
+    }
+    if let Some(compat) = &sb.endpoints.compat {
+        println!("OSWorld-compatible API: {compat}/screenshot, {compat}/execute, …");
+    }
+    println!(
+        "API: curl -H 'X-Api-Key: {key}' {base}/sandbox/sandboxes/v1/{}",
+        sb.id
+    );
+    if !a.once {
+        println!("\nCtrl-C deletes the sandbox and stops.");
+        shutdown_signal().await;
+    }
+    client.delete(&sb.id).await?;
+    println!("sandbox {} deleted", sb.id);
+    Ok(0)
+}
+
+/// Polls a sandbox until it runs, printing status changes; an error when it fails.
+async fn wait_running(
+    client: &ControllerClient,
+    id: &str,
+    progress: bool,
+) -> anyhow::Result<Sandbox> {
+    let mut last = String::new();
+    let started = Instant::now();
+    loop {
+        let sb = client.get(id).await?;
+        if progress && sb.status != last {
+            eprintln!(
+                "  [{:>5.1} s] {}",
+                started.elapsed().as_secs_f64(),
+                sb.status
+            );
+            last = sb.status.clone();
+        }
+        match sb.status.as_str() {
+            "running" => return Ok(sb),
+            "pending" | "starting" => tokio::time::sleep(Duration::from_millis(100)).await,
+            other => anyhow::bail!("sandbox {id} is {other}: {}", sb.error.unwrap_or_default()),
+        }
+    }
+}
+
+fn client(r: &Remote) -> ControllerClient {
+    ControllerClient::new(&r.url, r.api_key.clone())
+}
+
+fn show_sandbox(sb: &Sandbox, json: bool) {
+    if json {
+        println!("{}", serde_json::to_string_pretty(sb).unwrap_or_default());
+        return;
+    }
+    println!("{}  {}  {}", sb.id, sb.profile, sb.status);
+    if let Some(e) = &sb.error {
+        println!("  error: {e}");
+    }
+    if let Some(u) = &sb.viewer.url {
+        println!(
+            "  viewer: {u} (needs auth: `berth sandbox viewer {}` for a one-time link)",
+            sb.id
+        );
+    }
+    if let Some(c) = &sb.endpoints.compat {
+        println!("  compat: {c}");
+    }
+    if let Some(c) = &sb.endpoints.cdp {
+        println!("  cdp:    {c}");
+    }
+    if !sb.labels.is_empty() {
+        let l: Vec<String> = sb.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!("  labels: {}", l.join(" "));
+    }
+    println!("  image:  {}", sb.image_ref);
+}
+
+async fn sandbox(c: SandboxCmd) -> anyhow::Result<i32> {
+    match c {
+        SandboxCmd::Create {
+            profile,
+            image_ref,
+            labels,
+            ttl,
+            remote,
+        } => {
+            let cl = client(&remote);
+            let resp = cl
+                .request(reqwest::Method::POST, "/sandbox/sandboxes/v1?wait=false")
+                .json(&CreateSandbox {
+                    profile,
+                    image_ref,
+                    labels: labels.into_iter().collect(),
+                    ttl_seconds: ttl,
+                })
+                .send()
+                .await?;
+            let sb: Sandbox = berth_protocol::client::check(resp).await?.json().await?;
+            if !remote.json {
+                eprintln!("sandbox {} created; waiting until ready", sb.id);
+            }
+            let sb = wait_running(&cl, &sb.id, !remote.json).await?;
+            show_sandbox(&sb, remote.json);
+        }
+        SandboxCmd::Get { id, remote } => {
+            show_sandbox(&client(&remote).get(&id).await?, remote.json)
+        }
+        SandboxCmd::List { labels, remote } => {
+            let list = client(&remote).list(&labels).await?;
+            if remote.json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                for sb in &list.sandboxes {
+                    println!(
+                        "{}  {:<8} {:<9} {}",
+                        sb.id, sb.profile, sb.status, sb.created_at
+                    );
+                }
+            }
+        }
+        SandboxCmd::Rm { id, remote } => {
+            client(&remote).delete(&id).await?;
+            if !remote.json {
+                println!("deleted {id}");
+            }
+        }
+        SandboxCmd::Exec {
+            id,
+            timeout_ms,
+            run_id,
+            command,
+            remote,
+        } => {
+            let run = client(&remote)
+                .exec(
+                    &id,
+                    &RunRequest {
+                        command: Command::Argv(command),
+                        timeout_ms,
+                        run_id,
+                        ..Default::default()
+                    },
+                )
+                .await?;
+            if remote.json {
+                println!("{}", serde_json::to_string_pretty(&run)?);
+            } else {
+                print!("{}", run.stdout);
+                eprint!("{}", run.stderr);
+                if !run.done() {
+                    eprintln!(
+                        "run {} still running; `GET …/runs/{}` reads it later",
+                        run.id, run.id
+                    );
+                }
+                if let Some(e) = &run.error {
+                    eprintln!("run {}: {e}", run.status);
+                }
+            }
+            return Ok(run.exit_code.unwrap_or(if run.done() { 1 } else { 0 }));
+        }
+        SandboxCmd::Screenshot { id, output, remote } => {
+            let png = client(&remote).screenshot(&id).await?;
+            std::fs::write(&output, &png)?;
+            if !remote.json {
+                println!("{} ({} bytes)", output.display(), png.len());
+            }
+        }
+        SandboxCmd::Viewer { id, remote } => {
+            let v = client(&remote).viewer(&id).await?;
+            match remote.json {
+                true => println!("{}", serde_json::to_string(&v)?),
+                false => println!("{}", v.url),
+            }
+        }
+    }
+    Ok(0)
+}
+
+async fn lease(c: LeaseCmd) -> anyhow::Result<i32> {
+    match c {
+        LeaseCmd::Acquire {
+            thread,
+            profile,
+            labels,
+            ttl,
+            remote,
+        } => {
+            let l = client(&remote)
+                .acquire(&AcquireLease {
+                    thread_id: thread,
+                    profile,
+                    image_ref: None,
+                    labels: labels.into_iter().collect(),
+                    ttl_seconds: ttl,
+                })
+                .await?;
+            match remote.json {
+                true => println!("{}", serde_json::to_string_pretty(&l)?),
+                false => {
+                    println!(
+                        "lease {} ({}) until {}",
+                        l.lease_id,
+                        l.how.clone().unwrap_or_default(),
+                        l.expires_at.clone().unwrap_or_default()
+                    );
+                    show_sandbox(&l.sandbox, false);
+                }
+            }
+        }
+        LeaseCmd::Renew {
+            lease_id,
+            ttl,
+            remote,
+        } => {
+            let l = client(&remote).renew(&lease_id, ttl).await?;
+            match remote.json {
+                true => println!("{}", serde_json::to_string_pretty(&l)?),
+                false => println!(
+                    "lease {} until {}",
+                    l.lease_id,
+                    l.expires_at.unwrap_or_default()
+                ),
+            }
+        }
+        LeaseCmd::Release { lease_id, remote } => {
+            client(&remote).release(&lease_id).await?;
+            if !remote.json {
+                println!("released {lease_id}");
+            }
+        }
+    }
+    Ok(0)
+}

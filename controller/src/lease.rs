@@ -1,0 +1,186 @@
+//! Leases: one sandbox per thread, reused across its runs while it stays ready and carries the
+//! required labels, replaced when it does not. Acquire is idempotent per thread; renew only
+//! extends (clamped); release and expiry destroy the sandbox (a used sandbox never returns to
+//! a pool).
+
+use std::sync::Arc;
+
+use berth_protocol::controller::{AcquireLease, Lease};
+use serde_json::json;
+
+use crate::error::{Error, Result};
+use crate::sandbox::{Controller, Request};
+use crate::store::{LeaseRow, SandboxRow};
+use crate::util::{new_id, now_ms, rfc3339, valid_id};
+
+impl Controller {
+    pub async fn acquire(self: &Arc<Self>, req: &AcquireLease) -> Result<Lease> {
+        if !valid_id(&req.thread_id) {
+            return Err(Error::BadRequest(format!(
+                "thread_id {:?}: use 1-128 letters, digits, '.', '_' or '-'",
+                req.thread_id
+            )));
+        }
+        crate::sandbox::validate_labels(&req.labels)?;
+        let (image, _) = self.resolve(&req.profile, req.image_ref.as_deref())?;
+        let lock = self.lease_locks.get(&req.thread_id);
+        let _held = lock.lock().await;
+        let want = Request {
+            profile: req.profile.clone(),
+            image_ref: Some(image.clone()),
+            labels: req.labels.clone(),
+            ttl_seconds: req.ttl_seconds,
+        };
+        if let Some(lease) = self.store.active_lease_for_thread(&req.thread_id)? {
+            let current = self.store.sandbox(&lease.sandbox_id)?;
+            let stale = match &current {
+                Some(row) => self.staleness(row, req, &image).await,
+                None => Some("its sandbox is unknown".to_string()),
+            };
+            let Some(reason) = stale else {
+                let row = current.expect("checked above");
+                return Ok(self.lease_wire(&lease, &row, "reused"));
+            };
+            // Re-provision under the same lease; the old sandbox goes.
+            tracing::info!(lease = %lease.id, %reason, "lease re-provisions");
+            if let Some(old) = &current {
+                let me = self.clone();
+                let id = old.id.clone();
+                self.event(
+                    &id,
+                    "lease.released",
+                    json!({"lease_id": lease.id, "reason": reason}),
+                );
+                tokio::spawn(async move { me.destroy(&id).await });
+            }
+            let want = Request {
+                ttl_seconds: Some(((lease.expires_at - now_ms()).max(1000) / 1000) as u64),
+                ..want
+            };
+            let (row, how) = self.provision(&want).await?;
+            self.store.set_lease_sandbox(&lease.id, &row.id)?;
+            self.store.set_expiry(&row.id, Some(lease.expires_at))?;
+            self.event(
+                &row.id,
+                "lease.acquired",
+                json!({"lease_id": lease.id, "thread_id": lease.thread_id, "claim": how,
+                       "reprovisioned": reason}),
+            );
+            let lease = LeaseRow {
+                sandbox_id: row.id.clone(),
+                ..lease
+            };
+            let row = self.get_row(&row.id)?;
+            return Ok(self.lease_wire(&lease, &row, how));
+        }
+        let (row, how) = self.provision(&want).await?;
+        let now = now_ms();
+        let lease = LeaseRow {
+            id: new_id("ls"),
+            thread_id: req.thread_id.clone(),
+            sandbox_id: row.id.clone(),
+            profile: req.profile.clone(),
+            status: "active".into(),
+            created_at: now,
+            expires_at: self.expiry(req.ttl_seconds),
+        };
+        self.store.insert_lease(&lease)?;
+        self.store.set_expiry(&row.id, Some(lease.expires_at))?;
+        self.event(
+            &row.id,
+            "lease.acquired",
+            json!({"lease_id": lease.id, "thread_id": lease.thread_id, "claim": how}),
+        );
+        let row = self.get_row(&row.id)?;
+        Ok(self.lease_wire(&lease, &row, how))
+    }
+
+    /// Why a leased sandbox cannot be reused for `req`, or `None` when it can.
+    async fn staleness(&self, row: &SandboxRow, req: &AcquireLease, image: &str) -> Option<String> {
+        if row.status != "running" {
+            return Some(format!("its sandbox is {}", row.status));
+        }
+        if row.profile != req.profile || row.image_ref != image {
+            return Some(format!(
+                "its sandbox runs {} from {}, not {} from {image}",
+                row.profile, row.image_ref, req.profile
+            ));
+        }
+        if let Some((k, v)) = req
+            .labels
+            .iter()
+            .find(|(k, v)| row.labels.get(*k) != Some(*v))
+        {
+            return Some(format!("its sandbox lacks the required label {k}={v}"));
+        }
+        if let Err(reason) = self.probe(row).await {
+            self.fail(
+                &row.id,
+                &format!("failed its probe at lease reuse: {reason}"),
+            );
+            return Some(format!("its sandbox is not ready: {reason}"));
+        }
+        None
+    }
+
+    pub async fn renew(self: &Arc<Self>, lease_id: &str, ttl_seconds: u64) -> Result<Lease> {
+        let lease = self
+            .store
+            .lease(lease_id)?
+            .ok_or_else(|| Error::NotFound(format!("no lease {lease_id}")))?;
+        if lease.status != "active" {
+            return Err(Error::Conflict(format!(
+                "lease {lease_id} is {}",
+                lease.status
+            )));
+        }
+        let lease = self
+            .store
+            .extend_lease(lease_id, self.expiry(Some(ttl_seconds)))?
+            .ok_or_else(|| Error::Conflict(format!("lease {lease_id} ended")))?;
+        self.store
+            .set_expiry(&lease.sandbox_id, Some(lease.expires_at))?;
+        self.event(
+            &lease.sandbox_id,
+            "lease.renewed",
+            json!({"lease_id": lease.id, "expires_at": rfc3339(lease.expires_at)}),
+        );
+        let row = self.get_row(&lease.sandbox_id)?;
+        Ok(self.lease_wire(&lease, &row, "reused"))
+    }
+
+    /// Ends the lease and destroys its sandbox. Releasing twice is not an error.
+    pub async fn release(self: &Arc<Self>, lease_id: &str, reason: &str) -> Result<()> {
+        let lease = self
+            .store
+            .lease(lease_id)?
+            .ok_or_else(|| Error::NotFound(format!("no lease {lease_id}")))?;
+        let status = if reason == "expired" {
+            "expired"
+        } else {
+            "released"
+        };
+        if self.store.end_lease(lease_id, status)? {
+            self.event(
+                &lease.sandbox_id,
+                "lease.released",
+                json!({"lease_id": lease.id, "reason": reason}),
+            );
+        }
+        let me = self.clone();
+        let id = lease.sandbox_id.clone();
+        tokio::spawn(async move { me.destroy(&id).await })
+            .await
+            .map_err(|e| Error::Internal(format!("release task: {e}")))
+    }
+
+    fn lease_wire(&self, lease: &LeaseRow, row: &SandboxRow, how: &str) -> Lease {
+        Lease {
+            lease_id: lease.id.clone(),
+            sandbox: self.to_wire(row),
+            thread_id: lease.thread_id.clone(),
+            expires_at: Some(rfc3339(lease.expires_at)),
+            how: Some(how.to_string()),
+        }
+    }
+}

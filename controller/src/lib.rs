@@ -1,0 +1,21 @@
+//! The berth controller: provisions sandboxes through providers, tracks them in SQLite, hands
+//! them out by lease, keeps warm pools, proxies runs, files and the viewer to each sandbox's
+//! berth-agent, and reconciles with the world after its own restart.
+
+pub mod api;
+pub mod catalog;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod lease;
+pub mod metrics;
+pub mod pool;
+pub mod provider;
+pub mod recovery;
+pub mod run;
+pub mod sandbox;
+pub mod serve;
+pub mod store;
+pub mod timeline;
+pub mod util;
+pub mod viewer;

@@ -1,0 +1,246 @@
+//! Warm pools: per profile + image, a target number of ready sandboxes nobody owns yet.
+//!
+//! The store is the only count: a refill inserts the member's row before it starts anything,
+//! under a cap on concurrent starts, so a slow or failing start can never make the loop create
+//! more (the over-creation runaway). Repeated failures stop a pool's refill and are reported.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::{Notify, Semaphore};
+
+use crate::config::PoolConfig;
+use crate::sandbox::{Controller, Request};
+
+/// The pool a profile + image belongs to.
+pub fn key(profile: &str, image_ref: &str) -> String {
+    format!("{profile}@{image_ref}")
+}
+
+pub struct PoolState {
+    pub key: String,
+    pub profile: String,
+    pub image_ref: String,
+    pub size: AtomicUsize,
+    pub paused: AtomicBool,
+    failures: AtomicU32,
+    failing: Mutex<Option<String>>,
+    wake: Notify,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PoolStatus {
+    pub pool: String,
+    pub profile: String,
+    pub image_ref: String,
+    pub size: usize,
+    pub ready: usize,
+    pub starting: usize,
+    pub paused: bool,
+    /// Set when refill stopped after repeated failures: the last one.
+    pub failing: Option<String>,
+}
+
+#[derive(Default)]
+pub struct Pools {
+    configured: Vec<PoolConfig>,
+    pools: Mutex<BTreeMap<String, Arc<PoolState>>>,
+    starts: Mutex<Option<Arc<Semaphore>>>,
+}
+
+impl Pools {
+    pub fn new(configured: &[PoolConfig]) -> Pools {
+        Pools {
+            configured: configured.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    pub fn has(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+
+    fn get(&self, key: &str) -> Option<Arc<PoolState>> {
+        self.pools
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .cloned()
+    }
+
+    pub fn all(&self) -> Vec<Arc<PoolState>> {
+        self.pools
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// A member was taken: refill.
+    pub fn claimed(&self, key: &str) {
+        if let Some(p) = self.get(key) {
+            p.wake.notify_one();
+        }
+    }
+
+    pub fn member_ready(&self, key: &str) {
+        if let Some(p) = self.get(key) {
+            p.failures.store(0, Ordering::SeqCst);
+        }
+    }
+
+    /// Pauses or resumes every pool of `profile`, optionally with a new size; resuming clears
+    /// a failed refill. False when no pool serves that profile.
+    pub fn adjust(&self, profile: &str, paused: Option<bool>, size: Option<usize>) -> bool {
+        let mut found = false;
+        for p in self.all().into_iter().filter(|p| p.profile == profile) {
+            found = true;
+            if let Some(paused) = paused {
+                p.paused.store(paused, Ordering::SeqCst);
+                if !paused {
+                    p.failures.store(0, Ordering::SeqCst);
+                    *p.failing.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                }
+            }
+            if let Some(size) = size {
+                p.size.store(size, Ordering::SeqCst);
+            }
+            p.wake.notify_one();
+        }
+        found
+    }
+}
+
+impl Controller {
+    /// Resolves the configured pools and starts their refill loops.
+    pub fn start_pools(self: &Arc<Self>) -> anyhow::Result<()> {
+        *self.pools.starts.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(Arc::new(Semaphore::new(self.config.refill_concurrency)));
+        for c in self.pools.configured.clone() {
+            let (image, key) = self
+                .resolve(&c.profile, c.image_ref.as_deref())
+                .map_err(|e| anyhow::anyhow!("pool for {}: {e}", c.profile))?;
+            let state = Arc::new(PoolState {
+                key: key.clone(),
+                profile: c.profile.clone(),
+                image_ref: image,
+                size: AtomicUsize::new(c.size),
+                paused: AtomicBool::new(false),
+                failures: AtomicU32::new(0),
+                failing: Mutex::new(None),
+                wake: Notify::new(),
+            });
+            self.pools
+                .pools
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key, state.clone());
+            let me = self.clone();
+            tokio::spawn(async move { me.refill_loop(state).await });
+        }
+        Ok(())
+    }
+
+    pub fn pool_status(&self) -> Vec<PoolStatus> {
+        self.pools
+            .all()
+            .iter()
+            .map(|p| {
+                let (ready, starting) = self.store.pool_members(&p.key).unwrap_or((0, 0));
+                PoolStatus {
+                    pool: p.key.clone(),
+                    profile: p.profile.clone(),
+                    image_ref: p.image_ref.clone(),
+                    size: p.size.load(Ordering::SeqCst),
+                    ready,
+                    starting,
+                    paused: p.paused.load(Ordering::SeqCst),
+                    failing: p.failing.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+                }
+            })
+            .collect()
+    }
+
+    async fn refill_loop(self: Arc<Self>, pool: Arc<PoolState>) {
+        let Some(starts) = self
+            .pools
+            .starts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        else {
+            return;
+        };
+        loop {
+            let _ = tokio::time::timeout(Duration::from_secs(1), pool.wake.notified()).await;
+            loop {
+                if pool.paused.load(Ordering::SeqCst)
+                    || pool
+                        .failing
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .is_some()
+                {
+                    break;
+                }
+                // A permit first, then the count: a member's row exists before the next count.
+                let Ok(permit) = starts.clone().acquire_owned().await else {
+                    return;
+                };
+                let (ready, starting) = match self.store.pool_members(&pool.key) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::error!(pool = %pool.key, error = %e, "cannot count the pool");
+                        break;
+                    }
+                };
+                if ready + starting >= pool.size.load(Ordering::SeqCst)
+                    || pool.paused.load(Ordering::SeqCst)
+                {
+                    break;
+                }
+                let req = Request {
+                    profile: pool.profile.clone(),
+                    image_ref: Some(pool.image_ref.clone()),
+                    labels: Default::default(),
+                    ttl_seconds: None,
+                };
+                let row = match self.insert_row(&req, &pool.image_ref, Some(&pool.key)) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        self.refill_failed(&pool, &e.to_string());
+                        break;
+                    }
+                };
+                let me = self.clone();
+                let p = pool.clone();
+                tokio::spawn(async move {
+                    let result = match me.launch(&row).await {
+                        Ok(_) => me.clone().await_ready(row.id.clone()).await.map(|_| ()),
+                        Err(e) => Err(e),
+                    };
+                    drop(permit);
+                    match result {
+                        Ok(()) => p.failures.store(0, Ordering::SeqCst),
+                        Err(e) => me.refill_failed(&p, &e.to_string()),
+                    }
+                    p.wake.notify_one();
+                });
+            }
+        }
+    }
+
+    fn refill_failed(&self, pool: &PoolState, reason: &str) {
+        let n = pool.failures.fetch_add(1, Ordering::SeqCst) + 1;
+        tracing::warn!(pool = %pool.key, failures = n, reason, "pool member failed to start");
+        if n >= self.config.refill_max_failures {
+            let msg = format!("refill stopped after {n} failed starts in a row; last: {reason}");
+            tracing::error!(pool = %pool.key, "{msg}");
+            *pool.failing.lock().unwrap_or_else(|e| e.into_inner()) = Some(msg);
+        }
+    }
+}

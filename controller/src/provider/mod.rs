@@ -1,0 +1,100 @@
+//! Providers: where sandboxes physically run. Code above this trait never branches on which
+//! provider it talks to.
+//!
+//! A provider labels what it creates with the fixed identity only (controller id, sandbox id,
+//! profile, image ref): lease ids and user labels live in the store, because some providers
+//! (Docker) cannot relabel a running sandbox.
+
+pub mod process;
+
+use std::collections::BTreeMap;
+
+pub const LABEL_CONTROLLER: &str = "berth.controller";
+pub const LABEL_SANDBOX: &str = "berth.sandbox";
+pub const LABEL_PROFILE: &str = "berth.profile";
+pub const LABEL_IMAGE: &str = "berth.image_ref";
+
+/// The labels every provider sandbox carries.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Identity {
+    pub controller_id: String,
+    pub sandbox_id: String,
+    pub profile: String,
+    pub image_ref: String,
+}
+
+impl Identity {
+    pub fn labels(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (LABEL_CONTROLLER.to_string(), self.controller_id.clone()),
+            (LABEL_SANDBOX.to_string(), self.sandbox_id.clone()),
+            (LABEL_PROFILE.to_string(), self.profile.clone()),
+            (LABEL_IMAGE.to_string(), self.image_ref.clone()),
+        ])
+    }
+}
+
+/// What to create.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    pub identity: Identity,
+    /// Start the desktop (X server, VNC, window manager, browser) with the agent.
+    pub desktop: bool,
+    /// The bearer token the agent's native API will require.
+    pub agent_token: String,
+}
+
+/// How to reach a created sandbox's agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// The agent's listener (`http://host:port`): native `/v1` and compat surface.
+    pub agent_url: String,
+    /// Chromium's CDP through the agent's TCP relay, for desktop sandboxes.
+    pub cdp_url: Option<String>,
+}
+
+/// A provider sandbox as observed now.
+#[derive(Debug, Clone)]
+pub struct Observed {
+    pub identity: Identity,
+    /// Whether the sandbox's agent process / container is alive.
+    pub alive: bool,
+    pub endpoint: Option<Endpoint>,
+    pub created_at_ms: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderError {
+    /// The request cannot be served by this provider (an image it cannot run, …).
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+pub type Result<T> = std::result::Result<T, ProviderError>;
+
+#[async_trait::async_trait]
+pub trait Provider: Send + Sync {
+    fn name(&self) -> &'static str;
+
+    /// The image a profile runs from when the caller names none.
+    fn default_image(&self, profile: &str) -> Result<String>;
+
+    /// Whether this provider can run `image_ref` for `profile`.
+    fn check_image(&self, profile: &str, image_ref: &str) -> Result<()>;
+
+    /// Creates and starts the sandbox; answers once its agent can be reached (not once it is
+    /// ready: readiness is the controller's to check). Labels are in place before anything
+    /// starts, so a controller that dies mid-create finds what it began.
+    async fn create(&self, spec: &Spec) -> Result<Endpoint>;
+
+    /// The sandbox as it is now; `None` when the provider has no trace of it.
+    async fn inspect(&self, sandbox_id: &str) -> Result<Option<Observed>>;
+
+    /// Every sandbox labelled with this controller's id.
+    async fn list(&self, controller_id: &str) -> Result<Vec<Observed>>;
+
+    /// Stops everything the sandbox runs and removes it. Idempotent.
+    async fn destroy(&self, sandbox_id: &str) -> Result<()>;
+}

@@ -1,0 +1,433 @@
+//! Runs: commands started through the agent's background exec with the run id as the command
+//! id, so starting is idempotent and the agent's own record (which survives a controller
+//! restart) says how a run ended. The store keeps each run and, once it ends, its output.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use berth_protocol::controller::{Command, Run, RunRequest};
+use berth_protocol::{AgentClient, ClientError, CommandState, ExecRequest, OutputChunk, Stream};
+use serde_json::{Value, json};
+
+use crate::error::{Error, Result};
+use crate::sandbox::Controller;
+use crate::store::{RunRow, SandboxRow};
+use crate::util::{new_id, now_ms, valid_id};
+
+/// One agent call of the run machinery.
+const AGENT_CALL: Duration = Duration::from_secs(15);
+
+impl Controller {
+    /// `POST …/{id}/exec`.
+    pub async fn exec(self: &Arc<Self>, sandbox_id: &str, req: RunRequest) -> Result<Run> {
+        let (row, agent) = self.running_agent(sandbox_id)?;
+        let run_id = match &req.run_id {
+            Some(id) if !valid_id(id) => {
+                return Err(Error::BadRequest(format!(
+                    "run_id {id:?}: use 1-128 letters, digits, '.', '_' or '-', not starting with '.'"
+                )));
+            }
+            Some(id) => id.clone(),
+            None => new_id("run"),
+        };
+        let (argv, shell) = match (&req.command, req.shell) {
+            (Command::Argv(a), Some(true)) => (None, Some(shell_join(a))),
+            (Command::Argv(a), _) => (Some(a.clone()), None),
+            (Command::Line(l), Some(false)) => (Some(vec![l.clone()]), None),
+            (Command::Line(l), _) => (None, Some(l.clone())),
+        };
+        if argv
+            .as_ref()
+            .is_some_and(|a| a.is_empty() || a[0].is_empty())
+            || shell.as_ref().is_some_and(|s| s.trim().is_empty())
+        {
+            return Err(Error::BadRequest("command is empty".into()));
+        }
+        for k in req.env.keys().chain(req.secrets.keys()) {
+            if k.is_empty() || k.contains('=') || k.contains('\0') {
+                return Err(Error::BadRequest(format!(
+                    "environment name {k:?} is not valid"
+                )));
+            }
+        }
+        let command = match (&argv, &shell) {
+            (Some(a), _) => json!({"argv": a}),
+            (_, Some(s)) => json!({"shell": s}),
+            _ => Value::Null,
+        };
+        let fresh = RunRow {
+            sandbox_id: row.id.clone(),
+            id: run_id.clone(),
+            status: "pending".into(),
+            command,
+            timeout_ms: req.timeout_ms,
+            exit_code: None,
+            stdout: String::new(),
+            stderr: String::new(),
+            output: None,
+            truncated: false,
+            created_at: now_ms(),
+            started_at: None,
+            ended_at: None,
+            unreachable_since: None,
+            error: None,
+        };
+        let (run, new) = self.store.insert_run(&fresh)?;
+        if new {
+            // Secrets join the environment of this run only; the timeline gets their names.
+            let mut env = req.env.clone();
+            env.extend(req.secrets.clone());
+            let exec = ExecRequest {
+                argv,
+                shell,
+                cwd: req.cwd.clone(),
+                env: (!env.is_empty()).then_some(env),
+                timeout_ms: req.timeout_ms,
+                background: Some(true),
+                id: Some(run_id.clone()),
+                ..Default::default()
+            };
+            let me = self.clone();
+            let r = run.clone();
+            // Its own task: the agent call and its record complete even if the caller leaves.
+            tokio::spawn(async move { me.start_run(&agent, &r, &exec).await })
+                .await
+                .map_err(|e| Error::Internal(format!("exec task: {e}")))??;
+            if !req.secrets.is_empty() {
+                let names: Vec<&String> = req.secrets.keys().collect();
+                self.event(
+                    &row.id,
+                    "secrets.injected",
+                    json!({"run_id": run_id, "names": names}),
+                );
+            }
+        }
+        if req.wait.unwrap_or(true) {
+            let bound = Duration::from_secs(self.config.exec_wait_secs);
+            let me = self.clone();
+            let (sid, rid) = (row.id.clone(), run_id.clone());
+            tokio::spawn(async move { me.wait_run(&sid, &rid, bound).await })
+                .await
+                .map_err(|e| Error::Internal(format!("wait task: {e}")))??;
+        }
+        self.run(&row.id, &run_id)
+    }
+
+    async fn start_run(&self, agent: &AgentClient, run: &RunRow, exec: &ExecRequest) -> Result<()> {
+        let started = tokio::time::timeout(AGENT_CALL, agent.exec_background(exec)).await;
+        match started {
+            Ok(Ok(_)) => {
+                self.store.run_started(&run.sandbox_id, &run.id, now_ms())?;
+                self.event(
+                    &run.sandbox_id,
+                    "run.started",
+                    json!({"run_id": run.id, "command": run.command}),
+                );
+                Ok(())
+            }
+            Ok(Err(e)) if e.status().is_some_and(|s| (400..500).contains(&s)) => {
+                self.end_run(
+                    run,
+                    "failed",
+                    None,
+                    None,
+                    Some(format!("the agent refused it: {e}")),
+                )?;
+                Err(Error::BadRequest(format!(
+                    "the agent refused the command: {e}"
+                )))
+            }
+            Ok(Err(e)) => {
+                let reason = format!("the agent could not start it: {e}");
+                self.end_run(run, "failed", None, None, Some(reason.clone()))?;
+                Ok(())
+            }
+            Err(_) => {
+                // The agent may have started it; the reconciler finds out by id.
+                tracing::warn!(run = %run.id, "starting the run timed out; the reconciler checks it");
+                Ok(())
+            }
+        }
+    }
+
+    pub fn run(&self, sandbox_id: &str, run_id: &str) -> Result<Run> {
+        self.visible_row(sandbox_id)?;
+        self.store
+            .run(sandbox_id, run_id)?
+            .map(|r| r.to_wire())
+            .ok_or_else(|| Error::NotFound(format!("no run {run_id} in sandbox {sandbox_id}")))
+    }
+
+    /// Waits until the run ends or `bound` passes; finishing it when it ended.
+    async fn wait_run(&self, sandbox_id: &str, run_id: &str, bound: Duration) -> Result<()> {
+        let deadline = Instant::now() + bound;
+        let row = self.get_row(sandbox_id)?;
+        let agent = self.agent(&row)?;
+        let mut seq = 0;
+        loop {
+            let Some(run) = self.store.run(sandbox_id, run_id)? else {
+                return Ok(());
+            };
+            if run.done() || Instant::now() >= deadline {
+                return Ok(());
+            }
+            if run.status == "pending" {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+            // A long-poll: answers at new output or the end.
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left.min(AGENT_CALL), agent.output_wait(run_id, seq)).await {
+                Ok(Ok(page)) => {
+                    seq = page.next_seq;
+                    if page.done {
+                        self.check_run(&row, &run, false).await?;
+                    }
+                }
+                Ok(Err(_)) => {
+                    self.check_run(&row, &run, false).await?;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// Asks the agent about a run and records its end when it ended. `adopting`: the
+    /// reconciler is asking (the end is then reported as adopted).
+    pub async fn check_run(
+        &self,
+        sandbox: &SandboxRow,
+        run: &RunRow,
+        adopting: bool,
+    ) -> Result<()> {
+        let agent = match self.agent(sandbox) {
+            Ok(a) if sandbox.status == "running" => a,
+            _ => {
+                let why = format!(
+                    "its sandbox is {}{}",
+                    sandbox.status,
+                    sandbox
+                        .error
+                        .as_ref()
+                        .map(|e| format!(": {e}"))
+                        .unwrap_or_default()
+                );
+                return self.end_run(run, "lost", None, None, Some(why)).map(|_| ());
+            }
+        };
+        match tokio::time::timeout(AGENT_CALL, agent.command(&run.id)).await {
+            Ok(Ok(info)) => {
+                self.store.run_unreachable(&run.sandbox_id, &run.id, None)?;
+                if run.status == "pending" {
+                    self.store.run_started(&run.sandbox_id, &run.id, now_ms())?;
+                }
+                match info.state {
+                    CommandState::Running => Ok(()),
+                    CommandState::Exited | CommandState::Lost => {
+                        let (chunks, truncated) = self.fetch_output(&agent, &run.id).await?;
+                        let status = match info.state {
+                            CommandState::Lost => "lost",
+                            _ => "exited",
+                        };
+                        let error = (status == "lost")
+                            .then(|| "the agent lost track of the command's end".to_string());
+                        let wrote = self.end_run(
+                            run,
+                            status,
+                            info.exit_code,
+                            Some((chunks, truncated)),
+                            error,
+                        )?;
+                        if wrote && adopting {
+                            self.metrics.run_adopted();
+                            self.event(
+                                &run.sandbox_id,
+                                "run.adopted",
+                                json!({"run_id": run.id, "exit_code": info.exit_code}),
+                            );
+                        }
+                        Ok(())
+                    }
+                }
+            }
+            Ok(Err(e)) if e.status() == Some(404) => {
+                if run.status == "pending" && now_ms() - run.created_at < 30_000 {
+                    return Ok(()); // its start may still be on the way
+                }
+                self.end_run(
+                    run,
+                    "failed",
+                    None,
+                    None,
+                    Some(
+                        "the agent has no record of it (the controller stopped before starting it)"
+                            .into(),
+                    ),
+                )
+                .map(|_| ())
+            }
+            other => {
+                let e = match other {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "timed out".into(),
+                };
+                let since = run.unreachable_since.unwrap_or_else(now_ms);
+                self.store
+                    .run_unreachable(&run.sandbox_id, &run.id, Some(since))?;
+                if now_ms() - since >= self.config.run_lost_after_secs as i64 * 1000 {
+                    return self
+                        .end_run(
+                            run,
+                            "failed",
+                            None,
+                            None,
+                            Some(format!(
+                                "the agent stayed unreachable for {} s: {e}",
+                                self.config.run_lost_after_secs
+                            )),
+                        )
+                        .map(|_| ());
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The whole combined output, up to the store's cap.
+    async fn fetch_output(
+        &self,
+        agent: &AgentClient,
+        id: &str,
+    ) -> Result<(Vec<OutputChunk>, bool)> {
+        let cap = self.config.max_stored_output_bytes;
+        let mut chunks = Vec::new();
+        let mut seq = 0;
+        let mut bytes = 0usize;
+        loop {
+            let page = tokio::time::timeout(AGENT_CALL, agent.output(id, seq))
+                .await
+                .map_err(|_| Error::Agent("reading the run's output timed out".into()))?
+                .map_err(|e: ClientError| Error::Agent(format!("reading the run's output: {e}")))?;
+            let empty = page.chunks.is_empty();
+            for c in page.chunks {
+                bytes += c.bytes().len();
+                if bytes > cap {
+                    return Ok((chunks, true));
+                }
+                chunks.push(c);
+            }
+            if empty || page.next_seq == seq {
+                return Ok((chunks, page.truncated_before_seq.is_some()));
+            }
+            seq = page.next_seq;
+        }
+    }
+
+    /// Records a run's end once; true for the caller that wrote it.
+    fn end_run(
+        &self,
+        run: &RunRow,
+        status: &str,
+        exit_code: Option<i32>,
+        output: Option<(Vec<OutputChunk>, bool)>,
+        error: Option<String>,
+    ) -> Result<bool> {
+        let (chunks, truncated) = output.unwrap_or_default();
+        let mut stdout = Vec::new();
+        let mut stderr = Vec::new();
+        for c in &chunks {
+            match c.stream {
+                Stream::Stderr => stderr.extend(c.bytes()),
+                _ => stdout.extend(c.bytes()),
+            }
+        }
+        let done = RunRow {
+            status: status.into(),
+            exit_code,
+            stdout: String::from_utf8_lossy(&stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&stderr).into_owned(),
+            output: Some(serde_json::to_value(&chunks).unwrap_or(Value::Null)),
+            truncated,
+            ended_at: Some(now_ms()),
+            started_at: run.started_at.or(Some(now_ms())),
+            error: error.clone(),
+            ..run.clone()
+        };
+        let wrote = self.store.finish_run(&done)?;
+        if wrote && status != "exited" {
+            self.event(
+                &run.sandbox_id,
+                "run.failed",
+                json!({"run_id": run.id, "status": status, "reason": error}),
+            );
+        }
+        Ok(wrote)
+    }
+
+    /// `GET …/runs/{run_id}/output?from_seq=`: the agent's chunks while it has them, the
+    /// stored ones after.
+    pub async fn run_output(&self, sandbox_id: &str, run_id: &str, from_seq: u64) -> Result<Value> {
+        let row = self.visible_row(sandbox_id)?;
+        let run = self
+            .store
+            .run(sandbox_id, run_id)?
+            .ok_or_else(|| Error::NotFound(format!("no run {run_id} in sandbox {sandbox_id}")))?;
+        if row.status == "running"
+            && let Ok(agent) = self.agent(&row)
+            && let Ok(Ok(page)) =
+                tokio::time::timeout(AGENT_CALL, agent.output(run_id, from_seq)).await
+        {
+            return Ok(serde_json::to_value(page).unwrap_or_default());
+        }
+        let chunks: Vec<OutputChunk> = run
+            .output
+            .as_ref()
+            .and_then(|o| serde_json::from_value(o.clone()).ok())
+            .unwrap_or_default();
+        let mut next = from_seq;
+        let mut out = Vec::new();
+        for c in chunks {
+            let len = c.bytes().len() as u64;
+            if c.seq + len > from_seq {
+                next = c.seq + len;
+                out.push(c);
+            }
+        }
+        Ok(json!({"chunks": out, "next_seq": next, "done": run.done()}))
+    }
+
+    /// One reconcile pass over the runs in flight: a `run.reconciling` heartbeat each, then the
+    /// agent's record decides.
+    pub async fn reconcile_runs(self: &Arc<Self>) {
+        let runs = match self.store.runs_in_flight() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot list runs in flight");
+                return;
+            }
+        };
+        self.metrics.set_runs_reconciling(runs.len() as u64);
+        for run in runs {
+            let Ok(Some(sandbox)) = self.store.sandbox(&run.sandbox_id) else {
+                continue;
+            };
+            self.event(
+                &run.sandbox_id,
+                "run.reconciling",
+                json!({"run_id": run.id, "status": run.status}),
+            );
+            if let Err(e) = self.check_run(&sandbox, &run, true).await {
+                tracing::warn!(run = %run.id, error = %e, "reconciling a run");
+            }
+        }
+    }
+}
+
+/// An argv as one `sh -c` line, each word quoted.
+fn shell_join(argv: &[String]) -> String {
+    argv.iter()
+        .map(|a| format!("'{}'", a.replace('\'', "'\\''")))
+        .collect::<Vec<_>>()
+        .join(" ")
+}

@@ -1,0 +1,649 @@
+//! The controller's core: sandboxes from request to deletion. A create claims a warm pool
+//! member when one serves it (a compare-and-swap on the stored row, then a liveness probe),
+//! else creates one cold and waits, to a bounded deadline, until the agent says it is ready.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use berth_protocol::AgentClient;
+use berth_protocol::controller::{Endpoints, Sandbox, Viewer};
+use serde_json::json;
+
+use crate::catalog::{Catalog, Profile};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::pool::Pools;
+use crate::provider::{Identity, Provider, Spec};
+use crate::store::{SandboxRow, SandboxUpdate, Store};
+use crate::util::{new_id, now_ms, random_hex, rfc3339};
+
+/// How long one readiness or liveness probe of an agent may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+pub struct Controller {
+    pub config: Config,
+    pub store: Store,
+    pub catalog: Catalog,
+    pub metrics: Metrics,
+    pub controller_id: String,
+    pub public_url: String,
+    pub data_dir: PathBuf,
+    providers: BTreeMap<String, Arc<dyn Provider>>,
+    pub pools: Pools,
+    pub(crate) lease_locks: crate::util::KeyedLocks,
+    destroy_locks: crate::util::KeyedLocks,
+}
+
+/// What a caller asks for.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub profile: String,
+    pub image_ref: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub ttl_seconds: Option<u64>,
+}
+
+impl Controller {
+    pub fn new(
+        config: Config,
+        store: Store,
+        data_dir: PathBuf,
+        public_url: String,
+        providers: BTreeMap<String, Arc<dyn Provider>>,
+    ) -> Result<Arc<Controller>> {
+        let controller_id = store.meta_init("controller_id", &new_id("ctl"))?;
+        let pools = Pools::new(&config.pools);
+        Ok(Arc::new(Controller {
+            config,
+            store,
+            catalog: Catalog::builtin(),
+            metrics: Metrics::default(),
+            controller_id,
+            public_url: public_url.trim_end_matches('/').to_string(),
+            data_dir,
+            providers,
+            pools,
+            lease_locks: Default::default(),
+            destroy_locks: Default::default(),
+        }))
+    }
+
+    pub fn profile(&self, name: &str) -> Result<&Profile> {
+        let p = self.catalog.profile(name).ok_or_else(|| {
+            let known: Vec<&str> = self
+                .catalog
+                .profiles
+                .iter()
+                .map(|p| p.name.as_str())
+                .collect();
+            Error::BadRequest(format!(
+                "unknown profile {name:?}; known: {}",
+                known.join(", ")
+            ))
+        })?;
+        if !p.enabled {
+            return Err(Error::Unprocessable(format!(
+                "profile {name:?} cannot run here: {}",
+                p.description
+            )));
+        }
+        Ok(p)
+    }
+
+    /// The provider that serves a profile: configured by name, else by its driver hint.
+    pub fn provider_for(&self, profile: &Profile) -> Result<Arc<dyn Provider>> {
+        let name = self
+            .config
+            .providers
+            .get(&profile.name)
+            .unwrap_or(&profile.driver_hint);
+        self.providers.get(name).cloned().ok_or_else(|| {
+            Error::Unprocessable(format!(
+                "profile {:?} needs the {name} provider, which this controller does not run",
+                profile.name
+            ))
+        })
+    }
+
+    pub fn provider_named(&self, name: &str) -> Result<Arc<dyn Provider>> {
+        self.providers
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::Internal(format!("no provider {name}")))
+    }
+
+    pub fn providers(&self) -> impl Iterator<Item = &Arc<dyn Provider>> {
+        self.providers.values()
+    }
+
+    /// Resolves profile and image: the image the sandbox will run, and its pool key.
+    pub fn resolve(&self, profile: &str, image_ref: Option<&str>) -> Result<(String, String)> {
+        let p = self.profile(profile)?;
+        let provider = self.provider_for(p)?;
+        let image = match image_ref {
+            Some(i) => {
+                provider.check_image(profile, i)?;
+                i.to_string()
+            }
+            None => provider.default_image(profile)?,
+        };
+        let key = crate::pool::key(profile, &image);
+        Ok((image, key))
+    }
+
+    pub fn expiry(&self, ttl_seconds: Option<u64>) -> i64 {
+        let ttl = ttl_seconds
+            .unwrap_or(self.config.default_ttl_secs)
+            .min(self.config.max_ttl_secs);
+        now_ms() + ttl as i64 * 1000
+    }
+
+    /// A ready sandbox for `req`: a warm member when a pool serves it, else a cold create.
+    /// Answers with how it was obtained (`warm` or `cold`).
+    pub async fn provision(self: &Arc<Self>, req: &Request) -> Result<(SandboxRow, &'static str)> {
+        let started = Instant::now();
+        validate_labels(&req.labels)?;
+        let (image, key) = self.resolve(&req.profile, req.image_ref.as_deref())?;
+        if let Some(row) = self.claim_warm(&key, req).await? {
+            self.metrics.claim("warm", started.elapsed());
+            return Ok((row, "warm"));
+        }
+        let row = self.start_cold(req, &image).await?;
+        let row = self.clone().await_ready(row.id.clone()).await?;
+        self.metrics.claim("cold", started.elapsed());
+        Ok((row, "cold"))
+    }
+
+    /// Like `provision`, but answers as soon as the sandbox exists (`starting` when cold);
+    /// readiness continues in the background to the same deadline.
+    pub async fn provision_nowait(self: &Arc<Self>, req: &Request) -> Result<SandboxRow> {
+        let started = Instant::now();
+        validate_labels(&req.labels)?;
+        let (image, key) = self.resolve(&req.profile, req.image_ref.as_deref())?;
+        if let Some(row) = self.claim_warm(&key, req).await? {
+            self.metrics.claim("warm", started.elapsed());
+            return Ok(row);
+        }
+        let row = self.start_cold(req, &image).await?;
+        let me = self.clone();
+        let id = row.id.clone();
+        tokio::spawn(async move {
+            if me.clone().await_ready(id).await.is_ok() {
+                me.metrics.claim("cold", started.elapsed());
+            }
+        });
+        Ok(row)
+    }
+
+    /// Takes warm members until one answers its probe; a dead one is discarded.
+    async fn claim_warm(self: &Arc<Self>, key: &str, req: &Request) -> Result<Option<SandboxRow>> {
+        if !self.pools.has(key) {
+            return Ok(None);
+        }
+        let expires_at = Some(self.expiry(req.ttl_seconds));
+        loop {
+            let Some(row) = self.store.claim_warm(key, &req.labels, expires_at)? else {
+                self.pools.claimed(key);
+                return Ok(None);
+            };
+            self.pools.claimed(key);
+            match self.probe(&row).await {
+                Ok(()) => {
+                    self.event(
+                        &row.id,
+                        "sandbox.claimed",
+                        json!({"claim": "warm", "pool": key}),
+                    );
+                    return Ok(Some(row));
+                }
+                Err(reason) => {
+                    tracing::warn!(sandbox = %row.id, %reason, "warm member failed its probe; discarding it");
+                    self.fail(
+                        &row.id,
+                        &format!("warm member failed its probe at claim: {reason}"),
+                    );
+                    let me = self.clone();
+                    let id = row.id.clone();
+                    tokio::spawn(async move { me.destroy(&id).await });
+                }
+            }
+        }
+    }
+
+    /// Records a new sandbox and asks its provider to start it; readiness is awaited
+    /// separately (`await_ready`).
+    pub async fn start_cold(self: &Arc<Self>, req: &Request, image: &str) -> Result<SandboxRow> {
+        let row = self.insert_row(req, image, None)?;
+        self.launch(&row).await
+    }
+
+    /// The new sandbox's row (`pending`), before anything starts. `pool`: the pool it joins as
+    /// a warm member.
+    pub fn insert_row(&self, req: &Request, image: &str, pool: Option<&str>) -> Result<SandboxRow> {
+        let profile = self.profile(&req.profile)?;
+        let provider = self.provider_for(profile)?;
+        let now = now_ms();
+        let row = SandboxRow {
+            id: new_id("sb"),
+            profile: profile.name.clone(),
+            image_ref: image.to_string(),
+            provider: provider.name().to_string(),
+            status: "pending".into(),
+            labels: req.labels.clone(),
+            pool: pool.map(Into::into),
+            claim: if pool.is_some() {
+                None
+            } else {
+                Some("cold".into())
+            },
+            agent_url: None,
+            agent_token: random_hex(24),
+            compat_url: None,
+            cdp_url: None,
+            created_at: now,
+            ready_deadline: now + self.config.create_timeout().as_millis() as i64,
+            ready_at: None,
+            expires_at: if pool.is_some() {
+                None
+            } else {
+                Some(self.expiry(req.ttl_seconds))
+            },
+            ended_at: None,
+            error: None,
+            agent_event_seq: 0,
+        };
+        self.store.insert_sandbox(&row)?;
+        self.event(
+            &row.id,
+            "sandbox.created",
+            json!({"profile": row.profile, "image_ref": row.image_ref, "provider": row.provider,
+                   "pool": pool}),
+        );
+        Ok(row)
+    }
+
+    /// Asks the provider to create a recorded sandbox. The provider's work runs in its own
+    /// task: a caller that goes away mid-create does not leave a half-made sandbox behind (the
+    /// task finishes and the row says how).
+    pub async fn launch(self: &Arc<Self>, row: &SandboxRow) -> Result<SandboxRow> {
+        let profile = self.profile(&row.profile)?.clone();
+        let provider = self.provider_named(&row.provider)?;
+        let me = self.clone();
+        let spec = Spec {
+            identity: Identity {
+                controller_id: self.controller_id.clone(),
+                sandbox_id: row.id.clone(),
+                profile: row.profile.clone(),
+                image_ref: row.image_ref.clone(),
+            },
+            desktop: profile.desktop,
+            agent_token: row.agent_token.clone(),
+        };
+        let id = row.id.clone();
+        let made = tokio::spawn(async move {
+            match provider.create(&spec).await {
+                Ok(ep) => {
+                    me.store.set_status(
+                        &id,
+                        "starting",
+                        &["stopping", "stopped", "failed"],
+                        SandboxUpdate {
+                            agent_url: Some(&ep.agent_url),
+                            compat_url: Some(&ep.agent_url),
+                            cdp_url: ep.cdp_url.as_deref(),
+                            ..Default::default()
+                        },
+                    )?;
+                    Ok(())
+                }
+                Err(e) => {
+                    me.metrics.provider_error();
+                    let reason = format!("the provider could not create it: {e}");
+                    me.fail(&id, &reason);
+                    me.destroy(&id).await;
+                    Err(Error::Unavailable(reason))
+                }
+            }
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("create task: {e}")))?;
+        made?;
+        self.get_row(&row.id)
+    }
+
+    /// Waits until the sandbox is running (or failed), at most until its stored deadline.
+    /// Runs in its own task so it completes even if the caller leaves.
+    pub async fn await_ready(self: Arc<Self>, id: String) -> Result<SandboxRow> {
+        let me = self.clone();
+        tokio::spawn(async move { me.drive_ready(&id).await })
+            .await
+            .map_err(|e| Error::Internal(format!("readiness task: {e}")))?
+    }
+
+    async fn drive_ready(self: &Arc<Self>, id: &str) -> Result<SandboxRow> {
+        let mut last = String::from("not probed yet");
+        loop {
+            let row = self.get_row(id)?;
+            match row.status.as_str() {
+                "running" => return Ok(row),
+                "pending" | "starting" => {}
+                other => {
+                    return Err(Error::Unavailable(format!(
+                        "sandbox {id} is {other}: {}",
+                        row.error.unwrap_or_default()
+                    )));
+                }
+            }
+            if now_ms() >= row.ready_deadline {
+                let reason = format!(
+                    "not ready within {} s: {last}",
+                    self.config.create_timeout_secs
+                );
+                self.fail(id, &reason);
+                self.destroy(id).await;
+                return Err(Error::Unavailable(format!("sandbox {id} failed: {reason}")));
+            }
+            if row.status == "starting" {
+                // A dead agent fails at once, not at the deadline.
+                let provider = self.provider_named(&row.provider)?;
+                if let Ok(Some(o)) = provider.inspect(id).await
+                    && !o.alive
+                {
+                    let reason = format!("its agent exited while starting ({last})");
+                    self.fail(id, &reason);
+                    self.destroy(id).await;
+                    return Err(Error::Unavailable(format!("sandbox {id} failed: {reason}")));
+                }
+                match self.probe_ready(&row, Duration::from_secs(2)).await {
+                    Ok(()) => {
+                        let now = now_ms();
+                        self.store.set_status(
+                            id,
+                            "running",
+                            &["stopping", "stopped", "failed"],
+                            SandboxUpdate {
+                                ready_at: Some(now),
+                                ..Default::default()
+                            },
+                        )?;
+                        self.event(
+                            id,
+                            "sandbox.ready",
+                            json!({"after_ms": now - row.created_at}),
+                        );
+                        if let Some(pool) = &row.pool {
+                            self.pools.member_ready(pool);
+                        }
+                        continue;
+                    }
+                    Err(reason) => last = reason,
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Readiness as the profile defines it: the agent's strict `/v1/ready` for desktops,
+    /// `/healthz` otherwise. `wait`: how long the agent may hold the request.
+    async fn probe_ready(
+        &self,
+        row: &SandboxRow,
+        wait: Duration,
+    ) -> std::result::Result<(), String> {
+        let agent = self.agent(row).map_err(|e| e.to_string())?;
+        let desktop = self
+            .catalog
+            .profile(&row.profile)
+            .is_some_and(|p| p.desktop);
+        let fut = async {
+            if desktop {
+                let path = format!("/v1/ready?wait={}ms", wait.as_millis());
+                let resp = agent
+                    .request(reqwest::Method::GET, &path)
+                    .send()
+                    .await
+                    .map_err(|e| format!("agent unreachable: {e}"))?;
+                if resp.status().is_success() {
+                    return Ok(());
+                }
+                let body: serde_json::Value = resp.json().await.unwrap_or_default();
+                let failing: Vec<String> = body["components"]
+                    .as_object()
+                    .map(|m| {
+                        m.iter()
+                            .filter(|(_, v)| v["ok"] != true)
+                            .map(|(k, v)| format!("{k}: {}", v["reason"].as_str().unwrap_or("")))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                Err(format!("desktop not ready ({})", failing.join("; ")))
+            } else {
+                agent
+                    .healthz()
+                    .await
+                    .map_err(|e| format!("agent unreachable: {e}"))
+            }
+        };
+        tokio::time::timeout(wait + PROBE_TIMEOUT, fut)
+            .await
+            .unwrap_or_else(|_| Err("the readiness probe timed out".into()))
+    }
+
+    /// A quick liveness/readiness probe before handing out a sandbox.
+    pub async fn probe(&self, row: &SandboxRow) -> std::result::Result<(), String> {
+        self.probe_ready(row, Duration::ZERO).await
+    }
+
+    /// A client for the sandbox's agent.
+    pub fn agent(&self, row: &SandboxRow) -> Result<AgentClient> {
+        let url = row.agent_url.clone().ok_or_else(|| {
+            Error::Unavailable(format!(
+                "sandbox {} is {} and has no agent yet",
+                row.id, row.status
+            ))
+        })?;
+        Ok(AgentClient::new(url, Some(row.agent_token.clone())))
+    }
+
+    /// The agent of a running sandbox, or a 409/503 saying why there is none.
+    pub fn running_agent(&self, id: &str) -> Result<(SandboxRow, AgentClient)> {
+        let row = self.visible_row(id)?;
+        if row.status != "running" {
+            return Err(Error::Conflict(format!(
+                "sandbox {id} is {}{}",
+                row.status,
+                row.error
+                    .as_ref()
+                    .map(|e| format!(": {e}"))
+                    .unwrap_or_default()
+            )));
+        }
+        let agent = self.agent(&row)?;
+        Ok((row, agent))
+    }
+
+    pub fn get_row(&self, id: &str) -> Result<SandboxRow> {
+        self.store
+            .sandbox(id)?
+            .ok_or_else(|| Error::NotFound(format!("no sandbox {id}")))
+    }
+
+    /// A sandbox callers may see: unclaimed warm members belong to no one yet.
+    pub fn visible_row(&self, id: &str) -> Result<SandboxRow> {
+        let row = self.get_row(id)?;
+        if row.pool.is_some() {
+            return Err(Error::NotFound(format!("no sandbox {id}")));
+        }
+        Ok(row)
+    }
+
+    pub fn fail(&self, id: &str, reason: &str) {
+        let changed = self
+            .store
+            .set_status(
+                id,
+                "failed",
+                &["stopped", "failed"],
+                SandboxUpdate {
+                    error: Some(reason),
+                    ended_at: Some(now_ms()),
+                    ..Default::default()
+                },
+            )
+            .unwrap_or(false);
+        if changed {
+            tracing::warn!(sandbox = id, reason, "sandbox failed");
+            self.event(id, "sandbox.failed", json!({"reason": reason}));
+        }
+    }
+
+    /// Stops and removes a sandbox; the row ends `stopped` (or keeps `failed` with its reason).
+    /// Safe to call twice and concurrently.
+    pub async fn destroy(self: &Arc<Self>, id: &str) {
+        let lock = self.destroy_locks.get(id);
+        let _one_at_a_time = lock.lock().await;
+        let Ok(Some(row)) = self.store.sandbox(id) else {
+            return;
+        };
+        if row.status == "stopped" {
+            return;
+        }
+        if row.status != "failed" {
+            let _ = self.store.set_status(
+                id,
+                "stopping",
+                &["stopped", "failed"],
+                SandboxUpdate::default(),
+            );
+        }
+        // The last words of its agent go into the timeline before it goes.
+        if row.agent_url.is_some() {
+            let _ =
+                tokio::time::timeout(Duration::from_secs(3), self.import_agent_events(&row)).await;
+        }
+        let provider = match self.provider_named(&row.provider) {
+            Ok(p) => p,
+            Err(_) => return,
+        };
+        match provider.destroy(id).await {
+            Ok(()) => {
+                // A failed sandbox keeps its status and reason.
+                let _ = self.store.set_status(
+                    id,
+                    "stopped",
+                    &["stopped", "failed"],
+                    SandboxUpdate {
+                        ended_at: Some(now_ms()),
+                        ..Default::default()
+                    },
+                );
+                if row.status != "failed" {
+                    self.event(id, "sandbox.deleted", json!({}));
+                }
+            }
+            Err(e) => {
+                self.metrics.provider_error();
+                tracing::error!(sandbox = id, error = %e, "destroy failed; the sweep retries");
+            }
+        }
+    }
+
+    /// `DELETE`: destroys in its own task (a caller that leaves does not stop it halfway).
+    pub async fn delete(self: &Arc<Self>, id: &str) -> Result<()> {
+        let row = self.visible_row(id)?;
+        if let Some(lease) = self.store.lease_for_sandbox(id)? {
+            self.store.end_lease(&lease.id, "released")?;
+            self.event(
+                id,
+                "lease.released",
+                json!({"lease_id": lease.id, "reason": "sandbox deleted"}),
+            );
+        }
+        if row.status == "stopped" {
+            return Ok(());
+        }
+        let me = self.clone();
+        let id = id.to_string();
+        tokio::spawn(async move { me.destroy(&id).await })
+            .await
+            .map_err(|e| Error::Internal(format!("delete task: {e}")))
+    }
+
+    pub fn event(&self, sandbox_id: &str, kind: &str, data: serde_json::Value) {
+        let mut data = data;
+        if let Some(o) = data.as_object_mut() {
+            o.insert("source".into(), "controller".into());
+        }
+        if let Err(e) = self.store.append_event(sandbox_id, now_ms(), kind, &data) {
+            tracing::error!(sandbox = sandbox_id, kind, error = %e, "cannot record an event");
+        }
+    }
+
+    /// The wire form.
+    pub fn to_wire(&self, row: &SandboxRow) -> Sandbox {
+        let desktop = self
+            .catalog
+            .profile(&row.profile)
+            .is_some_and(|p| p.desktop);
+        let lease_id = self
+            .store
+            .lease_for_sandbox(&row.id)
+            .ok()
+            .flatten()
+            .map(|l| l.id);
+        Sandbox {
+            id: row.id.clone(),
+            profile: row.profile.clone(),
+            status: row.status.clone(),
+            viewer: Viewer {
+                kind: if desktop { "novnc" } else { "none" }.into(),
+                url: desktop
+                    .then(|| format!("{}/sandbox/sandboxes/v1/{}/vnc/", self.public_url, row.id)),
+            },
+            endpoints: Endpoints {
+                compat: row.compat_url.clone(),
+                cdp: row.cdp_url.clone(),
+            },
+            labels: row.labels.clone(),
+            image_ref: row.image_ref.clone(),
+            created_at: rfc3339(row.created_at),
+            ready_at: row.ready_at.map(rfc3339),
+            expires_at: row.expires_at.map(rfc3339),
+            error: row.error.clone(),
+            claim: row.claim.clone(),
+            lease_id,
+        }
+    }
+
+    /// Sandboxes callers own, filtered by labels (all must match) and status.
+    pub fn list(&self, labels: &[(String, String)], status: Option<&str>) -> Result<Vec<Sandbox>> {
+        let rows = self.store.sandboxes(&[])?;
+        Ok(rows
+            .iter()
+            .filter(|r| r.pool.is_none())
+            .filter(|r| match status {
+                Some(s) => r.status == s,
+                None => r.status != "stopped",
+            })
+            .filter(|r| labels.iter().all(|(k, v)| r.labels.get(k) == Some(v)))
+            .map(|r| self.to_wire(r))
+            .collect())
+    }
+}
+
+pub fn validate_labels(labels: &BTreeMap<String, String>) -> Result<()> {
+    if labels.len() > 64 {
+        return Err(Error::BadRequest("at most 64 labels".into()));
+    }
+    for (k, v) in labels {
+        if k.is_empty() || k.len() > 128 || v.len() > 1024 || k.contains('=') {
+            return Err(Error::BadRequest(format!(
+                "label {k:?}: keys are 1-128 characters without '=', values at most 1024"
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,152 @@
+//! Starting the controller: data dir, keys, store, providers, reconciliation, loops, listener.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use crate::api::{self, ApiState};
+use crate::config::Config;
+use crate::provider::Provider;
+use crate::provider::process::ProcessProvider;
+use crate::sandbox::Controller;
+use crate::store::Store;
+
+const KEY_HASH_FILE: &str = "api-key.sha256";
+
+pub struct Options {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub config: Config,
+    pub agent_bin: Option<PathBuf>,
+    /// `BERTH_API_KEYS`, comma-separated.
+    pub env_keys: Option<String>,
+}
+
+pub struct Running {
+    pub addr: SocketAddr,
+    pub controller: Arc<Controller>,
+    /// A key generated because none was configured: shown once, stored only hashed.
+    pub generated_key: Option<String>,
+    pub server: tokio::task::JoinHandle<()>,
+}
+
+/// The agent binary: the flag, the config, else the `berth-agent` beside this `berth`.
+pub fn agent_bin(flag: Option<PathBuf>, config: &Config) -> anyhow::Result<PathBuf> {
+    if let Some(p) = flag.or_else(|| config.agent_bin.clone()) {
+        return Ok(p);
+    }
+    let me = std::env::current_exe().context("locating the berth binary")?;
+    let beside = me.with_file_name("berth-agent");
+    if !beside.exists() {
+        anyhow::bail!(
+            "no berth-agent beside {} — build it with `cargo build -p berth-agent` in the same \
+             profile as berth, or pass --agent-bin / BERTH_AGENT_BIN",
+            me.display()
+        );
+    }
+    Ok(beside)
+}
+
+fn key_hashes(opts: &Options, data_dir: &Path) -> anyhow::Result<(Vec<[u8; 32]>, Option<String>)> {
+    let mut keys: Vec<String> = opts.config.api_keys.clone();
+    if let Some(env) = &opts.env_keys {
+        keys.extend(
+            env.split(',')
+                .map(str::trim)
+                .filter(|k| !k.is_empty())
+                .map(String::from),
+        );
+    }
+    if !keys.is_empty() {
+        return Ok((keys.iter().map(|k| api::hash(k)).collect(), None));
+    }
+    let file = data_dir.join(KEY_HASH_FILE);
+    if let Ok(text) = std::fs::read_to_string(&file) {
+        let hashes: Vec<[u8; 32]> = text
+            .lines()
+            .filter_map(|l| {
+                let l = l.trim();
+                (l.len() == 64)
+                    .then(|| {
+                        (0..32)
+                            .map(|i| u8::from_str_radix(&l[2 * i..2 * i + 2], 16))
+                            .collect::<Result<Vec<u8>, _>>()
+                            .ok()
+                    })
+                    .flatten()
+                    .and_then(|v| v.try_into().ok())
+            })
+            .collect();
+        anyhow::ensure!(!hashes.is_empty(), "{} holds no key hash", file.display());
+        return Ok((hashes, None));
+    }
+    let key = format!("bk_{}", crate::util::random_hex(24));
+    let hash = api::hash(&key);
+    write_private(&file, format!("{}\n", crate::util::hex(&hash)).as_bytes())?;
+    Ok((vec![hash], Some(key)))
+}
+
+fn write_private(path: &Path, data: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    f.write_all(data)?;
+    Ok(())
+}
+
+pub async fn start(opts: Options) -> anyhow::Result<Running> {
+    opts.config.validate()?;
+    let data_dir = opts.data_dir.clone();
+    std::fs::create_dir_all(&data_dir)
+        .with_context(|| format!("creating {}", data_dir.display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&data_dir, std::fs::Permissions::from_mode(0o700));
+    }
+    let (hashes, generated_key) = key_hashes(&opts, &data_dir)?;
+    let store = Store::open(&data_dir.join("berth.db")).context("opening the store")?;
+    let bin = agent_bin(opts.agent_bin.clone(), &opts.config)?;
+    let process: Arc<dyn Provider> =
+        Arc::new(ProcessProvider::new(data_dir.join("sandboxes"), bin)?);
+    let providers = BTreeMap::from([("process".to_string(), process)]);
+    let listener = tokio::net::TcpListener::bind(opts.listen)
+        .await
+        .with_context(|| format!("binding {}", opts.listen))?;
+    let addr = listener.local_addr()?;
+    let public_url = opts.config.public_url.clone().unwrap_or_else(|| {
+        let host = match addr.ip().is_unspecified() {
+            true => "127.0.0.1".to_string(),
+            false => addr.ip().to_string(),
+        };
+        format!("http://{host}:{}", addr.port())
+    });
+    let controller = Controller::new(opts.config.clone(), store, data_dir, public_url, providers)?;
+    controller.recover().await?;
+    controller.start_pools()?;
+    controller.start_loops();
+    let app = api::router(ApiState {
+        c: controller.clone(),
+        key_hashes: Arc::new(hashes),
+    });
+    let server = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "the API listener failed");
+        }
+    });
+    tracing::info!(listen = %addr, controller_id = %controller.controller_id, "berth controller serving");
+    Ok(Running {
+        addr,
+        controller,
+        generated_key,
+        server,
+    })
+}

@@ -1,0 +1,310 @@
+//! The controller's wire contract (`/sandbox/...`): sandboxes, runs, leases, the catalog, and a
+//! typed client for the CLI and the tests.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::client::{ClientError, Result, check};
+
+/// Header carrying the controller's API key.
+pub const API_KEY_HEADER: &str = "x-api-key";
+
+pub const SANDBOXES: &str = "/sandbox/sandboxes/v1";
+pub const LEASES: &str = "/sandbox/v1/leases";
+pub const CATALOG: &str = "/sandbox/v1/catalog";
+
+/// `POST /sandbox/sandboxes/v1`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandbox {
+    pub profile: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_ref: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Viewer {
+    /// `novnc`, or `none` for profiles without a desktop.
+    pub kind: String,
+    /// Stable and authenticated; `POST …/{id}/viewer` mints a one-time URL for a browser.
+    #[serde(default)]
+    pub url: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Endpoints {
+    /// The agent's OSWorld-compatible surface (`/screenshot`, `/execute`, …).
+    #[serde(default)]
+    pub compat: Option<String>,
+    /// Chromium's DevTools endpoint through the agent's TCP relay (`connect_over_cdp`).
+    #[serde(default)]
+    pub cdp: Option<String>,
+}
+
+/// A sandbox as the controller reports it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Sandbox {
+    pub id: String,
+    pub profile: String,
+    /// `pending|starting|running|stopping|stopped|failed`.
+    pub status: String,
+    pub viewer: Viewer,
+    pub endpoints: Endpoints,
+    pub labels: BTreeMap<String, String>,
+    pub image_ref: String,
+    pub created_at: String,
+    pub ready_at: Option<String>,
+    pub expires_at: Option<String>,
+    pub error: Option<String>,
+    /// `warm` when the sandbox came from a warm pool, `cold` when it was created for the call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SandboxList {
+    pub sandboxes: Vec<Sandbox>,
+}
+
+/// `POST …/{id}/exec`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RunRequest {
+    /// An argv list (run directly) or a string (run with `sh -c` unless `shell` is false).
+    pub command: Command,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shell: Option<bool>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Environment values that never appear in logs, events or answers.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub secrets: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// Wait (bounded) for the run to end and answer with its output; default true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait: Option<bool>,
+    /// Client-chosen id: repeating a request with the same id returns the same run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum Command {
+    Argv(Vec<String>),
+    Line(String),
+}
+
+impl Default for Command {
+    fn default() -> Self {
+        Command::Argv(Vec::new())
+    }
+}
+
+/// A run (`GET …/{id}/runs/{run_id}`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Run {
+    pub id: String,
+    #[serde(default)]
+    pub sandbox_id: String,
+    /// `pending|running|exited|failed|lost`.
+    pub status: String,
+    pub exit_code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub started_at: Option<String>,
+    pub ended_at: Option<String>,
+    pub error: Option<String>,
+    /// Set when the stored output was cut at the controller's cap; the agent keeps the rest.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub output_truncated: bool,
+}
+
+impl Run {
+    pub fn done(&self) -> bool {
+        matches!(self.status.as_str(), "exited" | "failed" | "lost")
+    }
+}
+
+/// `POST /sandbox/v1/leases`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AcquireLease {
+    pub thread_id: String,
+    pub profile: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_ref: Option<String>,
+    /// Required labels: a sandbox without them is replaced.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Lease {
+    pub lease_id: String,
+    pub sandbox: Sandbox,
+    #[serde(default)]
+    pub thread_id: String,
+    #[serde(default)]
+    pub expires_at: Option<String>,
+    /// `reused`, `warm` or `cold`: how this answer's sandbox was obtained.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub how: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RenewLease {
+    pub ttl_seconds: u64,
+}
+
+/// One catalog entry; the fields present depend on the kind.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CatalogList {
+    pub kind: String,
+    pub items: Vec<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ViewerUrl {
+    pub url: String,
+}
+
+/// A typed client for the controller API.
+#[derive(Clone)]
+pub struct ControllerClient {
+    base: String,
+    key: Option<String>,
+    http: reqwest::Client,
+}
+
+impl ControllerClient {
+    pub fn new(base: impl Into<String>, key: Option<String>) -> Self {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(900))
+            .no_proxy()
+            .build()
+            .expect("reqwest client");
+        ControllerClient {
+            base: base.into().trim_end_matches('/').to_string(),
+            key,
+            http,
+        }
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let rb = self.http.request(method, self.url(path));
+        match &self.key {
+            Some(k) => rb.header(API_KEY_HEADER, k),
+            None => rb,
+        }
+    }
+
+    async fn call<T: DeserializeOwned>(rb: reqwest::RequestBuilder) -> Result<T> {
+        let resp = check(rb.send().await?).await?;
+        let bytes = resp.bytes().await?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| ClientError::Decode(format!("{e}: {}", String::from_utf8_lossy(&bytes))))
+    }
+
+    pub async fn create(&self, req: &CreateSandbox) -> Result<Sandbox> {
+        Self::call(self.request(reqwest::Method::POST, SANDBOXES).json(req)).await
+    }
+
+    pub async fn get(&self, id: &str) -> Result<Sandbox> {
+        Self::call(self.request(reqwest::Method::GET, &format!("{SANDBOXES}/{id}"))).await
+    }
+
+    /// `labels`: `k=v` filters, all of which must match.
+    pub async fn list(&self, labels: &[(String, String)]) -> Result<SandboxList> {
+        let q: Vec<(&str, String)> = labels
+            .iter()
+            .map(|(k, v)| ("label", format!("{k}={v}")))
+            .collect();
+        Self::call(self.request(reqwest::Method::GET, SANDBOXES).query(&q)).await
+    }
+
+    pub async fn delete(&self, id: &str) -> Result<serde_json::Value> {
+        Self::call(self.request(reqwest::Method::DELETE, &format!("{SANDBOXES}/{id}"))).await
+    }
+
+    pub async fn exec(&self, id: &str, req: &RunRequest) -> Result<Run> {
+        Self::call(
+            self.request(reqwest::Method::POST, &format!("{SANDBOXES}/{id}/exec"))
+                .json(req),
+        )
+        .await
+    }
+
+    pub async fn run(&self, id: &str, run_id: &str) -> Result<Run> {
+        Self::call(self.request(
+            reqwest::Method::GET,
+            &format!("{SANDBOXES}/{id}/runs/{run_id}"),
+        ))
+        .await
+    }
+
+    pub async fn viewer(&self, id: &str) -> Result<ViewerUrl> {
+        Self::call(self.request(reqwest::Method::POST, &format!("{SANDBOXES}/{id}/viewer"))).await
+    }
+
+    pub async fn screenshot(&self, id: &str) -> Result<Vec<u8>> {
+        let resp = check(
+            self.request(
+                reqwest::Method::GET,
+                &format!("{SANDBOXES}/{id}/screenshot"),
+            )
+            .send()
+            .await?,
+        )
+        .await?;
+        Ok(resp.bytes().await?.to_vec())
+    }
+
+    pub async fn acquire(&self, req: &AcquireLease) -> Result<Lease> {
+        Self::call(self.request(reqwest::Method::POST, LEASES).json(req)).await
+    }
+
+    pub async fn renew(&self, lease_id: &str, ttl_seconds: u64) -> Result<Lease> {
+        Self::call(
+            self.request(reqwest::Method::POST, &format!("{LEASES}/{lease_id}/renew"))
+                .json(&RenewLease { ttl_seconds }),
+        )
+        .await
+    }
+
+    pub async fn release(&self, lease_id: &str) -> Result<serde_json::Value> {
+        Self::call(self.request(reqwest::Method::DELETE, &format!("{LEASES}/{lease_id}"))).await
+    }
+
+    pub async fn catalog(&self, kind: &str) -> Result<CatalogList> {
+        Self::call(
+            self.request(reqwest::Method::GET, CATALOG)
+                .query(&[("kind", kind)]),
+        )
+        .await
+    }
+}

@@ -1,0 +1,206 @@
+//! The controller with real desktop sandboxes (Xvnc, XFCE, Chromium): the viewer through the
+//! controller, strict readiness, a create that cannot become ready in time, and `berth demo`.
+
+use std::time::Duration;
+
+use berth_protocol::controller::{Command, CreateSandbox, RunRequest};
+use berth_tests::controller::ControllerProcess;
+use berth_tests::{processes_with_root, wait_for};
+use futures_util::{SinkExt, StreamExt};
+use tokio_tungstenite::tungstenite::{self, client::IntoClientRequest};
+
+fn desktop() -> CreateSandbox {
+    CreateSandbox {
+        profile: "desktop".into(),
+        ..Default::default()
+    }
+}
+
+fn no_redirects() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_desktop_sandbox_is_viewed_through_a_one_time_url_and_deleted_without_a_trace() {
+    let c = ControllerProcess::start("").await;
+    let cl = c.client();
+    let sb = cl.create(&desktop()).await.unwrap();
+    assert_eq!(sb.status, "running");
+    assert_eq!(sb.viewer.kind, "novnc");
+    let stable = sb.viewer.url.clone().unwrap();
+    assert!(stable.ends_with(&format!("/sandbox/sandboxes/v1/{}/vnc/", sb.id)));
+    // Exec and a screenshot through the controller.
+    let run = cl
+        .exec(
+            &sb.id,
+            &RunRequest {
+                command: Command::Line("echo $DISPLAY".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(run.stdout.starts_with(':'), "{run:?}");
+    let png = cl.screenshot(&sb.id).await.unwrap();
+    let decoder = png::Decoder::new(std::io::Cursor::new(png));
+    let info = decoder.read_info().unwrap();
+    assert_eq!((info.info().width, info.info().height), (1920, 1080));
+    // The stable URL needs auth.
+    let http = no_redirects();
+    assert_eq!(http.get(&stable).send().await.unwrap().status(), 401);
+    // A one-time URL works once and sets a cookie scoped to this sandbox.
+    let once = cl.viewer(&sb.id).await.unwrap().url;
+    let r = http.get(&once).send().await.unwrap();
+    assert_eq!(r.status(), 303);
+    let cookie = r.headers()["set-cookie"].to_str().unwrap().to_string();
+    assert!(cookie.contains("HttpOnly"), "{cookie}");
+    assert!(
+        cookie.contains(&format!("Path=/sandbox/sandboxes/v1/{}/", sb.id)),
+        "{cookie}"
+    );
+    let location = r.headers()["location"].to_str().unwrap().to_string();
+    assert!(
+        location.contains(&format!(
+            "path=sandbox/sandboxes/v1/{}/vnc/websockify",
+            sb.id
+        )),
+        "{location}"
+    );
+    assert_eq!(
+        http.get(&once).send().await.unwrap().status(),
+        401,
+        "used twice"
+    );
+    let pair = cookie.split(';').next().unwrap().to_string();
+    let base = format!("{}/sandbox/sandboxes/v1/{}", c.base, sb.id);
+    let page = http
+        .get(format!(
+            "{base}/vnc/{}",
+            location.split('?').next().unwrap()
+        ))
+        .header("cookie", &pair)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    assert!(page.text().await.unwrap().contains("noVNC"));
+    // The cookie opens nothing of another sandbox.
+    let other = http
+        .get(format!(
+            "{}/sandbox/sandboxes/v1/sb_other/vnc/vnc.html",
+            c.base
+        ))
+        .header("cookie", &pair)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(other.status(), 401);
+    // noVNC's WebSocket reaches the VNC server through both relays.
+    let mut req = format!("{}/vnc/websockify", base.replace("http://", "ws://"))
+        .into_client_request()
+        .unwrap();
+    req.headers_mut().insert("cookie", pair.parse().unwrap());
+    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+    let mut buf = Vec::new();
+    while buf.len() < 12 {
+        match tokio::time::timeout(Duration::from_secs(10), ws.next())
+            .await
+            .unwrap()
+        {
+            Some(Ok(tungstenite::Message::Binary(b))) => buf.extend_from_slice(&b),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(
+        buf.starts_with(b"RFB 003.00"),
+        "{:?}",
+        String::from_utf8_lossy(&buf)
+    );
+    ws.send(tungstenite::Message::binary(b"RFB 003.008\n".to_vec()))
+        .await
+        .unwrap();
+    let _ = ws.close(None).await;
+    // The live stream too.
+    let mut stream = http
+        .get(format!("{base}/stream.mp4"))
+        .header("cookie", &pair)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let mut head = Vec::new();
+    while head.len() < 8 {
+        head.extend_from_slice(&stream.chunk().await.unwrap().unwrap());
+    }
+    assert_eq!(&head[4..8], b"ftyp");
+    drop(stream);
+    // Delete: the agent and every process under it are gone.
+    let tree = processes_with_root(c.agent_pid(&sb.id) as u32);
+    assert!(tree.len() > 5, "the desktop runs under the agent: {tree:?}");
+    cl.delete(&sb.id).await.unwrap();
+    let left: Vec<u32> = tree
+        .into_iter()
+        .filter(|p| berth_tests::pid_alive(*p))
+        .collect();
+    assert!(left.is_empty(), "left running: {left:?}");
+    assert!(c.sandbox_processes(&sb.id).is_empty());
+    assert_eq!(http.get(&once).send().await.unwrap().status(), 401);
+}
+
+#[tokio::test]
+async fn a_desktop_that_cannot_be_ready_in_time_fails_with_the_reason_and_leaves_nothing() {
+    let c = ControllerProcess::start("create_timeout_secs = 1\n").await;
+    let cl = c.client();
+    let e = cl.create(&desktop()).await.unwrap_err();
+    assert_eq!(e.status(), Some(503), "{e}");
+    assert!(e.to_string().contains("not ready within 1 s"), "{e}");
+    let failed = cl.list(&[]).await.unwrap().sandboxes;
+    let sb = failed
+        .iter()
+        .find(|s| s.status == "failed")
+        .expect("a failed sandbox");
+    assert!(sb.error.as_ref().unwrap().contains("not ready within 1 s"));
+    wait_for("its processes to go", Duration::from_secs(20), || async {
+        c.all_sandbox_processes().is_empty().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn berth_demo_shows_a_ready_desktop_a_screenshot_and_a_viewer_url() {
+    let dir = tempfile::tempdir().unwrap();
+    let shot = dir.path().join("demo.png");
+    let out = tokio::process::Command::new(berth_tests::workspace_bin("berth"))
+        .arg("demo")
+        .arg("--once")
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .arg("--screenshot")
+        .arg(&shot)
+        .env("BERTH_LOG", "warn")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), out)
+        .await
+        .unwrap()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("/vnc/?t="), "{stdout}");
+    assert!(stdout.contains("exec: exit 0"), "{stdout}");
+    assert!(std::fs::metadata(&shot).unwrap().len() > 10_000);
+    assert!(
+        berth_tests::processes_matching(&dir.path().join("data").to_string_lossy()).is_empty(),
+        "the demo leaves nothing running"
+    );
+}
