@@ -200,6 +200,11 @@ impl Controller {
                 };
                 if ready + starting >= pool.size.load(Ordering::SeqCst)
                     || pool.paused.load(Ordering::SeqCst)
+                    || pool
+                        .failing
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .is_some()
                 {
                     break;
                 }
@@ -223,11 +228,12 @@ impl Controller {
                         Ok(_) => me.clone().await_ready(row.id.clone()).await.map(|_| ()),
                         Err(e) => Err(e),
                     };
-                    drop(permit);
+                    // The outcome counts before the permit is free for the next start.
                     match result {
                         Ok(()) => p.failures.store(0, Ordering::SeqCst),
                         Err(e) => me.refill_failed(&p, &e.to_string()),
                     }
+                    drop(permit);
                     p.wake.notify_one();
                 });
             }

@@ -33,6 +33,8 @@ pub struct Controller {
     pub data_dir: PathBuf,
     providers: BTreeMap<String, Arc<dyn Provider>>,
     pub pools: Pools,
+    /// One HTTP client for every agent call (connection pool, TLS set up once).
+    http: reqwest::Client,
     pub(crate) lease_locks: crate::util::KeyedLocks,
     destroy_locks: crate::util::KeyedLocks,
 }
@@ -66,6 +68,11 @@ impl Controller {
             data_dir,
             providers,
             pools,
+            http: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(10))
+                .no_proxy()
+                .build()
+                .map_err(|e| Error::Internal(format!("HTTP client: {e}")))?,
             lease_locks: Default::default(),
             destroy_locks: Default::default(),
         }))
@@ -445,7 +452,11 @@ impl Controller {
                 row.id, row.status
             ))
         })?;
-        Ok(AgentClient::new(url, Some(row.agent_token.clone())))
+        Ok(AgentClient::with_http(
+            url,
+            Some(row.agent_token.clone()),
+            self.http.clone(),
+        ))
     }
 
     /// The agent of a running sandbox, or a 409/503 saying why there is none.

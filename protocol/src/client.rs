@@ -78,6 +78,21 @@ impl AgentClient {
         }
     }
 
+    /// Shares an existing HTTP client (its connection pool and TLS setup): building a client
+    /// loads the system's root certificates, tens of milliseconds that a caller making many
+    /// agent clients should pay once.
+    pub fn with_http(
+        base: impl Into<String>,
+        token: Option<String>,
+        http: reqwest::Client,
+    ) -> Self {
+        AgentClient {
+            base: base.into().trim_end_matches('/').to_string(),
+            token,
+            http,
+        }
+    }
+
     pub fn base(&self) -> &str {
         &self.base
     }

@@ -86,6 +86,33 @@ async fn an_ide_sandbox_runs_commands_and_its_delete_leaves_nothing_running() {
         .await
         .unwrap();
     assert_eq!(r["output"], "compat\n");
+    // Files through the controller, both ways, streamed.
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let put = cl
+        .request(
+            reqwest::Method::PUT,
+            &format!("/sandbox/sandboxes/v1/{}/files?path=~/in/data.bin", sb.id),
+        )
+        .body(data.clone())
+        .send()
+        .await
+        .unwrap();
+    assert!(put.status().is_success(), "{}", put.status());
+    let sum = cl
+        .exec(&sb.id, &shell("wc -c < ~/in/data.bin"))
+        .await
+        .unwrap();
+    assert_eq!(sum.stdout.trim(), "300000");
+    let got = cl
+        .request(
+            reqwest::Method::GET,
+            &format!("/sandbox/sandboxes/v1/{}/files?path=~/in/data.bin", sb.id),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(got.status(), 200);
+    assert_eq!(got.bytes().await.unwrap().to_vec(), data);
     // A background command that would outlive a careless delete.
     cl.exec(
         &sb.id,
@@ -721,4 +748,67 @@ async fn fifty_concurrent_claims_against_a_pool_of_ten_are_exactly_ten_warm() {
         .unwrap();
     assert_eq!(warm_claim as usize, 10 + warm);
     let _ = API_KEY;
+}
+
+#[tokio::test]
+async fn the_cli_creates_execs_lists_and_removes_sandboxes() {
+    let c = ControllerProcess::start("").await;
+    let berth = |args: &[&str]| {
+        let out = std::process::Command::new(berth_tests::workspace_bin("berth"))
+            .args(args)
+            .env("BERTH_URL", &c.base)
+            .env("BERTH_API_KEY", API_KEY)
+            .env("BERTH_LOG", "warn")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, out) = berth(&[
+        "sandbox",
+        "create",
+        "--profile",
+        "ide",
+        "--label",
+        "who=cli",
+        "--json",
+    ]);
+    assert_eq!(code, Some(0), "{out}");
+    let sb: Value = serde_json::from_str(&out).unwrap();
+    let id = sb["id"].as_str().unwrap();
+    assert_eq!(sb["status"], "running");
+    let (code, out) = berth(&["sandbox", "exec", id, "--", "sh", "-c", "echo hi; exit 4"]);
+    assert_eq!((code, out.as_str()), (Some(4), "hi\n"));
+    let (_, out) = berth(&["sandbox", "list", "--label", "who=cli"]);
+    assert!(out.contains(id), "{out}");
+    let (_, out) = berth(&["sandbox", "list", "--label", "who=nobody"]);
+    assert!(!out.contains(id), "{out}");
+    let (code, _) = berth(&["sandbox", "rm", id]);
+    assert_eq!(code, Some(0));
+    assert!(c.sandbox_processes(id).is_empty());
+    let (code, out) = berth(&[
+        "lease",
+        "acquire",
+        "--thread",
+        "t",
+        "--profile",
+        "ide",
+        "--json",
+    ]);
+    assert_eq!(code, Some(0), "{out}");
+    let lease: Value = serde_json::from_str(&out).unwrap();
+    let (code, _) = berth(&["lease", "release", lease["lease_id"].as_str().unwrap()]);
+    assert_eq!(code, Some(0));
+    assert!(c.all_sandbox_processes().is_empty());
+    // Without a key: a clear error and a non-zero exit.
+    let out = std::process::Command::new(berth_tests::workspace_bin("berth"))
+        .args(["sandbox", "list"])
+        .env("BERTH_URL", &c.base)
+        .env_remove("BERTH_API_KEY")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("X-Api-Key"));
 }

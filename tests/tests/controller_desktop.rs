@@ -49,6 +49,30 @@ async fn a_desktop_sandbox_is_viewed_through_a_one_time_url_and_deleted_without_
     let decoder = png::Decoder::new(std::io::Cursor::new(png));
     let info = decoder.read_info().unwrap();
     assert_eq!((info.info().width, info.info().height), (1920, 1080));
+    // Computer-use actions through the controller.
+    let r = cl
+        .request(
+            reqwest::Method::POST,
+            &format!("/sandbox/sandboxes/v1/{}/computer", sb.id),
+        )
+        .json(&serde_json::json!({"action": "mouse_move", "coordinate": [17, 23]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r: serde_json::Value = cl
+        .request(
+            reqwest::Method::POST,
+            &format!("/sandbox/sandboxes/v1/{}/computer", sb.id),
+        )
+        .json(&serde_json::json!({"action": "cursor_position"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(r["output"].as_str().unwrap().contains("17"), "{r}");
     // The stable URL needs auth.
     let http = no_redirects();
     assert_eq!(http.get(&stable).send().await.unwrap().status(), 401);
@@ -203,4 +227,67 @@ async fn berth_demo_shows_a_ready_desktop_a_screenshot_and_a_viewer_url() {
         berth_tests::processes_matching(&dir.path().join("data").to_string_lossy()).is_empty(),
         "the demo leaves nothing running"
     );
+}
+
+#[tokio::test]
+async fn a_pool_whose_members_never_become_ready_stops_refilling_and_says_so() {
+    // Desktops cannot be ready within a second here: every member fails at its deadline.
+    let c = ControllerProcess::start(
+        "create_timeout_secs = 1\nrefill_max_failures = 3\nrefill_concurrency = 2\n\
+         [[pools]]\nprofile = \"desktop\"\nsize = 2\n",
+    )
+    .await;
+    let cl = c.client();
+    let pool = wait_for("the refill to stop", Duration::from_secs(60), || async {
+        let v: serde_json::Value = cl
+            .request(reqwest::Method::GET, "/sandbox/v1/pools")
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        let p = v["pools"][0].clone();
+        p["failing"].is_string().then_some(p)
+    })
+    .await;
+    assert!(
+        pool["failing"]
+            .as_str()
+            .unwrap()
+            .contains("not ready within 1 s"),
+        "{pool}"
+    );
+    wait_for(
+        "the failed members' processes to go",
+        Duration::from_secs(30),
+        || async { c.all_sandbox_processes().is_empty().then_some(()) },
+    )
+    .await;
+    let metrics = reqwest::get(format!("{}/metrics", c.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("berth_pool_refill_failing{pool=\"desktop@"),
+        "{metrics}"
+    );
+    let count = |state: &str| -> u64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("berth_sandboxes{{state=\"{state}\"}}")))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap()
+    };
+    // Three failures in a row stop it; at most the starts already under way finish after.
+    let failed = count("failed");
+    assert!(
+        (3..=4).contains(&failed),
+        "{failed} failed starts: the refill looped"
+    );
+    // A create still works (cold) while the pool is failing… and fails for the same reason.
+    let e = cl.create(&desktop()).await.unwrap_err();
+    assert!(e.to_string().contains("not ready within 1 s"), "{e}");
 }
