@@ -364,7 +364,15 @@ impl Controller {
                     self.destroy(id).await;
                     return Err(Error::Unavailable(format!("sandbox {id} failed: {reason}")));
                 }
-                match self.probe_ready(&row, Duration::from_secs(2)).await {
+                // Never past the deadline: a probe that answers after it does not count.
+                let left = Duration::from_millis((row.ready_deadline - now_ms()).max(0) as u64);
+                match self
+                    .probe_ready(&row, left.min(Duration::from_secs(2)))
+                    .await
+                {
+                    Ok(()) if now_ms() > row.ready_deadline => {
+                        last = "it became ready only after its deadline".into();
+                    }
                     Ok(()) => {
                         let now = now_ms();
                         self.store.set_status(

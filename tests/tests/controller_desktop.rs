@@ -16,6 +16,22 @@ fn desktop() -> CreateSandbox {
     }
 }
 
+/// An agent binary whose desktop can never be ready: its browser does not exist.
+fn agent_without_a_browser(dir: &std::path::Path) -> String {
+    let script = dir.join("berth-agent-no-browser");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nexec {} \"$@\" --chromium /nonexistent/chromium\n",
+            berth_tests::workspace_bin("berth-agent").display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script.display().to_string()
+}
+
 fn no_redirects() -> reqwest::Client {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -177,17 +193,26 @@ async fn a_desktop_sandbox_is_viewed_through_a_one_time_url_and_deleted_without_
 
 #[tokio::test]
 async fn a_desktop_that_cannot_be_ready_in_time_fails_with_the_reason_and_leaves_nothing() {
-    let c = ControllerProcess::start("create_timeout_secs = 1\n").await;
+    let bin = tempfile::tempdir().unwrap();
+    let c = ControllerProcess::start(&format!(
+        "create_timeout_secs = 3\nagent_bin = \"{}\"\n",
+        agent_without_a_browser(bin.path())
+    ))
+    .await;
     let cl = c.client();
     let e = cl.create(&desktop()).await.unwrap_err();
     assert_eq!(e.status(), Some(503), "{e}");
-    assert!(e.to_string().contains("not ready within 1 s"), "{e}");
+    assert!(e.to_string().contains("not ready within 3 s"), "{e}");
+    assert!(
+        e.to_string().contains("chromium"),
+        "the reason names the component: {e}"
+    );
     let failed = cl.list(&[]).await.unwrap().sandboxes;
     let sb = failed
         .iter()
         .find(|s| s.status == "failed")
         .expect("a failed sandbox");
-    assert!(sb.error.as_ref().unwrap().contains("not ready within 1 s"));
+    assert!(sb.error.as_ref().unwrap().contains("not ready within 3 s"));
     wait_for("its processes to go", Duration::from_secs(20), || async {
         c.all_sandbox_processes().is_empty().then_some(())
     })
@@ -231,11 +256,13 @@ async fn berth_demo_shows_a_ready_desktop_a_screenshot_and_a_viewer_url() {
 
 #[tokio::test]
 async fn a_pool_whose_members_never_become_ready_stops_refilling_and_says_so() {
-    // Desktops cannot be ready within a second here: every member fails at its deadline.
-    let c = ControllerProcess::start(
-        "create_timeout_secs = 1\nrefill_max_failures = 3\nrefill_concurrency = 2\n\
-         [[pools]]\nprofile = \"desktop\"\nsize = 2\n",
-    )
+    // Desktops without a browser are never ready: every member fails at its deadline.
+    let bin = tempfile::tempdir().unwrap();
+    let c = ControllerProcess::start(&format!(
+        "create_timeout_secs = 2\nrefill_max_failures = 3\nrefill_concurrency = 2\n\
+         agent_bin = \"{}\"\n[[pools]]\nprofile = \"desktop\"\nsize = 2\n",
+        agent_without_a_browser(bin.path())
+    ))
     .await;
     let cl = c.client();
     let pool = wait_for("the refill to stop", Duration::from_secs(60), || async {
@@ -255,7 +282,7 @@ async fn a_pool_whose_members_never_become_ready_stops_refilling_and_says_so() {
         pool["failing"]
             .as_str()
             .unwrap()
-            .contains("not ready within 1 s"),
+            .contains("not ready within 2 s"),
         "{pool}"
     );
     wait_for(
@@ -289,5 +316,5 @@ async fn a_pool_whose_members_never_become_ready_stops_refilling_and_says_so() {
     );
     // A create still works (cold) while the pool is failing… and fails for the same reason.
     let e = cl.create(&desktop()).await.unwrap_err();
-    assert!(e.to_string().contains("not ready within 1 s"), "{e}");
+    assert!(e.to_string().contains("not ready within 2 s"), "{e}");
 }
