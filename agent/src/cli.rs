@@ -1,5 +1,5 @@
-//! Command line: the agent itself, and the internal `shim` and `exec-as` modes of the same
-//! binary.
+//! Command line: the agent itself, `init` (PID 1 in images), and the internal `shim` and
+//! `exec-as` modes of the same binary.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -28,6 +28,12 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Mode {
+    /// PID 1 in images: reaps orphans, runs `berth-agent ARGS…` and restarts it when it exits;
+    /// SIGTERM/SIGINT is a full shutdown.
+    Init {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Internal: supervise one background command (see the state dir's commands/<id>).
     #[command(hide = true)]
     Shim { dir: PathBuf },
@@ -141,6 +147,7 @@ pub fn main() -> i32 {
     let cli = Cli::parse();
     match cli.command {
         Some(Mode::Shim { dir }) => crate::exec::shim::main(&dir),
+        Some(Mode::Init { args }) => crate::init::main(&args),
         Some(Mode::ExecAs {
             uid,
             gid,

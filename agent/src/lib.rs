@@ -12,6 +12,7 @@ pub mod display;
 pub mod events;
 pub mod exec;
 pub mod fs;
+pub mod init;
 pub mod proc;
 pub mod pty;
 pub mod reaper;
