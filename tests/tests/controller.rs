@@ -812,3 +812,48 @@ async fn the_cli_creates_execs_lists_and_removes_sandboxes() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("X-Api-Key"));
 }
+
+#[tokio::test]
+async fn without_configured_keys_one_is_generated_printed_once_and_stored_hashed() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let start = || {
+        let mut child = std::process::Command::new(berth_tests::workspace_bin("berth"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.path())
+            .env_remove("BERTH_API_KEYS")
+            .env("BERTH_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut key = None;
+        let mut url = String::new();
+        for line in BufReader::new(child.stdout.take().unwrap())
+            .lines()
+            .map_while(Result::ok)
+        {
+            if let Some(k) = line.trim().strip_prefix("X-Api-Key: ") {
+                key = Some(k.to_string());
+            }
+            if let Some(u) = line.strip_prefix("berth serving on ") {
+                url = u.to_string();
+                break;
+            }
+        }
+        (child, key, url)
+    };
+    let (mut first, key, url) = start();
+    let key = key.expect("a generated key is printed");
+    let stored = std::fs::read_to_string(dir.path().join("api-key.sha256")).unwrap();
+    assert!(!stored.contains(&key), "only the hash is stored");
+    let cl = berth_protocol::controller::ControllerClient::new(url.clone(), Some(key.clone()));
+    assert!(cl.list(&[]).await.is_ok());
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let (mut second, again, url) = start();
+    assert_eq!(again, None, "printed only once");
+    let cl = berth_protocol::controller::ControllerClient::new(url, Some(key));
+    assert!(cl.list(&[]).await.is_ok(), "the same key still works");
+    second.kill().unwrap();
+    second.wait().unwrap();
+}
