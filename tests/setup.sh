@@ -18,6 +18,7 @@ packages=(
   xfce4-settings at-spi2-core dbus chromium  # its settings daemon, AT-SPI bus, session bus, browser
   xfce4-terminal                         # a terminal for /terminal
   python3-pyatspi python3-lxml           # the accessibility benchmark's peer (OSWorld's way)
+  debootstrap                            # the image builder's base rootfs
 )
 
 sudo=""

@@ -9,4 +9,6 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 # The end-to-end tests start the workspace's binaries: build them in the test profile first.
 cargo build --workspace --bins
+# The desktop image, once per run (the image tests find it; the ide profile runs from it too).
+./target/debug/berth image build --profile desktop --json
 cargo nextest run --workspace "$@"

@@ -38,6 +38,49 @@ pub enum Top {
     /// Leases on a running controller.
     #[command(subcommand)]
     Lease(LeaseCmd),
+    /// Sandbox images: build (content-addressed, cached) and lock.
+    #[command(subcommand)]
+    Image(ImageCmd),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ImageArgs {
+    #[arg(long, default_value = "desktop")]
+    pub profile: String,
+    #[arg(long)]
+    pub bundle: Option<String>,
+    /// A catalog app to add, repeatable.
+    #[arg(long = "app")]
+    pub apps: Vec<String>,
+    #[arg(long, env = "BERTH_AGENT_BIN")]
+    pub agent_bin: Option<PathBuf>,
+    /// The recipes and lock files (default: the repository's images/).
+    #[arg(long, env = "BERTH_IMAGES_DIR")]
+    pub images_dir: Option<PathBuf>,
+    /// Where intermediate root file systems are kept between builds.
+    #[arg(
+        long,
+        env = "BERTH_IMAGE_CACHE",
+        default_value = "/var/cache/berth/images"
+    )]
+    pub cache_dir: PathBuf,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ImageCmd {
+    /// Build the image (or find it: same inputs, same image_ref) and print its name.
+    Build {
+        #[command(flatten)]
+        args: ImageArgs,
+        /// Print only {"image_ref", "size_bytes", "built", "seconds"} on stdout.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Resolve the packages afresh and rewrite images/<profile>.lock.
+    Lock {
+        #[command(flatten)]
+        args: ImageArgs,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -185,6 +228,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Top::Demo(a) => demo(a).await,
         Top::Sandbox(c) => sandbox(c).await,
         Top::Lease(c) => lease(c).await,
+        Top::Image(c) => image(c).await,
     }
 }
 
@@ -514,6 +558,47 @@ async fn lease(c: LeaseCmd) -> anyhow::Result<i32> {
             if !remote.json {
                 println!("released {lease_id}");
             }
+        }
+    }
+    Ok(0)
+}
+
+async fn image(c: ImageCmd) -> anyhow::Result<i32> {
+    let request = |a: ImageArgs| -> anyhow::Result<crate::image::BuildRequest> {
+        Ok(crate::image::BuildRequest {
+            profile: a.profile,
+            bundle: a.bundle,
+            apps: a.apps,
+            agent_bin: serve::agent_bin(a.agent_bin, &Config::default())?,
+            images_dir: a
+                .images_dir
+                .unwrap_or_else(crate::image::default_images_dir),
+            cache_dir: a.cache_dir,
+        })
+    };
+    match c {
+        ImageCmd::Build { args, json } => {
+            let req = request(args)?;
+            let built = tokio::task::spawn_blocking(move || crate::image::build(&req)).await??;
+            match json {
+                true => println!("{}", serde_json::to_string(&built)?),
+                false => println!(
+                    "{} ({:.0} MB, {} in {:.1} s)",
+                    built.image_ref,
+                    built.size_bytes as f64 / 1e6,
+                    if built.built {
+                        "built"
+                    } else {
+                        "already built"
+                    },
+                    built.seconds
+                ),
+            }
+        }
+        ImageCmd::Lock { args } => {
+            let req = request(args)?;
+            let path = tokio::task::spawn_blocking(move || crate::image::relock(&req)).await??;
+            println!("{}", path.display());
         }
     }
     Ok(0)

@@ -7,6 +7,7 @@ pub mod catalog;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod image;
 pub mod lease;
 pub mod metrics;
 pub mod pool;

@@ -1,0 +1,632 @@
+//! The image builder: `images/recipes.toml` → a Debian rootfs (debootstrap, then the profile's
+//! packages, cached per stage so a failed build resumes) → berth-agent baked in as PID 1
+//! (`berth-agent init`) → `docker import`. The result is named by a content hash of the recipe
+//! selection, its lock file and the agent binary, so the name is known before building and the
+//! same inputs always give the same `image_ref`.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use serde::{Deserialize, Serialize};
+
+use crate::catalog::Catalog;
+use crate::util::sha256_hex;
+
+const BUILTIN_RECIPES: &str = include_str!("../../images/recipes.toml");
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Recipes {
+    pub suite: String,
+    pub mirror: String,
+    pub base_packages: Vec<String>,
+    pub profiles: std::collections::BTreeMap<String, ProfileRecipe>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileRecipe {
+    pub description: String,
+    pub desktop: bool,
+    pub packages: Vec<String>,
+    #[serde(default)]
+    pub pip: Vec<String>,
+}
+
+/// What to build.
+#[derive(Debug, Clone)]
+pub struct BuildRequest {
+    pub profile: String,
+    pub bundle: Option<String>,
+    pub apps: Vec<String>,
+    pub agent_bin: PathBuf,
+    /// Holds `recipes.toml` and the lock files.
+    pub images_dir: PathBuf,
+    /// Intermediate root file systems, reused across builds.
+    pub cache_dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Built {
+    pub image_ref: String,
+    pub size_bytes: u64,
+    pub built: bool,
+    pub seconds: f64,
+}
+
+/// The resolved selection: every input of the image but the agent.
+#[derive(Debug, Clone, Serialize)]
+struct Selection {
+    name: String,
+    suite: String,
+    mirror: String,
+    base_packages: Vec<String>,
+    packages: Vec<String>,
+    pip: Vec<String>,
+    desktop: bool,
+}
+
+/// The default images dir: the repository's when this binary was built from one.
+pub fn default_images_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("BERTH_IMAGES_DIR") {
+        return PathBuf::from(d);
+    }
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../images"))
+}
+
+fn load_recipes(images_dir: &Path) -> anyhow::Result<Recipes> {
+    let text = std::fs::read_to_string(images_dir.join("recipes.toml"))
+        .unwrap_or_else(|_| BUILTIN_RECIPES.to_string());
+    toml::from_str(&text).context("images/recipes.toml")
+}
+
+fn select(req: &BuildRequest, recipes: &Recipes) -> anyhow::Result<Selection> {
+    let p = recipes.profiles.get(&req.profile).with_context(|| {
+        format!(
+            "no recipe for profile {:?} (recipes: {})",
+            req.profile,
+            recipes
+                .profiles
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })?;
+    let catalog = Catalog::builtin();
+    let mut packages: BTreeSet<String> = p.packages.iter().cloned().collect();
+    let mut apps: BTreeSet<String> = req.apps.iter().cloned().collect();
+    if let Some(b) = &req.bundle {
+        let bundle = catalog
+            .bundles
+            .iter()
+            .find(|x| &x.name == b)
+            .with_context(|| format!("no bundle {b:?} in the catalog"))?;
+        apps.extend(bundle.apps.iter().cloned());
+        packages.extend(bundle.packages.iter().cloned());
+    }
+    for a in &apps {
+        let app = catalog
+            .apps
+            .iter()
+            .find(|x| &x.name == a)
+            .with_context(|| format!("no app {a:?} in the catalog"))?;
+        packages.extend(app.packages.iter().cloned());
+    }
+    let mut name = req.profile.clone();
+    if let Some(b) = &req.bundle {
+        name.push('-');
+        name.push_str(b);
+    }
+    for a in &req.apps {
+        name.push('-');
+        name.push_str(a);
+    }
+    Ok(Selection {
+        name,
+        suite: recipes.suite.clone(),
+        mirror: recipes.mirror.clone(),
+        base_packages: recipes.base_packages.clone(),
+        packages: packages.into_iter().collect(),
+        pip: p.pip.clone(),
+        desktop: p.desktop,
+    })
+}
+
+/// `pkg=version` lines for the top-level packages.
+fn read_lock(path: &Path) -> Vec<(String, String)> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(p, v)| (p.trim().to_string(), v.trim().to_string()))
+        .collect()
+}
+
+fn image_ref(sel: &Selection, lock: &str, agent_digest: &str) -> String {
+    let recipe = serde_json::to_string(sel).unwrap_or_default();
+    let h = sha256_hex(format!("{recipe}\n{lock}\n{agent_digest}").as_bytes());
+    format!("berth-{}:{}", sel.name, &h[..24])
+}
+
+/// Progress for the long steps on stderr: one rewritten line on a terminal, a line per step
+/// otherwise.
+struct Progress {
+    tty: bool,
+    step: String,
+    started: Instant,
+}
+
+impl Progress {
+    fn step(step: &str) -> Progress {
+        eprintln!("==> {step}");
+        Progress {
+            tty: std::io::stderr().is_terminal(),
+            step: step.to_string(),
+            started: Instant::now(),
+        }
+    }
+
+    fn line(&self, n: usize, line: &str) {
+        if self.tty {
+            let mut l: String = line.chars().take(70).collect();
+            l = l.replace('\r', "");
+            eprint!(
+                "\r\x1b[2K  [{:>5.1} s, {n} lines] {l}",
+                self.started.elapsed().as_secs_f64()
+            );
+            let _ = std::io::stderr().flush();
+        }
+    }
+
+    fn done(&self) {
+        if self.tty {
+            eprint!("\r\x1b[2K");
+        }
+        eprintln!(
+            "    {} done in {:.1} s",
+            self.step,
+            self.started.elapsed().as_secs_f64()
+        );
+    }
+}
+
+/// Runs a command with its output shown as progress; on failure the error names the step and
+/// carries the output's last lines.
+fn run_step(step: &str, cmd: &mut Command) -> anyhow::Result<Vec<String>> {
+    let p = Progress::step(step);
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("{step}: cannot start {:?}", cmd.get_program()))?;
+    let stderr = child.stderr.take().expect("piped");
+    let err_lines = std::thread::spawn(move || {
+        BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<_>>()
+    });
+    let mut lines = Vec::new();
+    for line in BufReader::new(child.stdout.take().expect("piped"))
+        .lines()
+        .map_while(Result::ok)
+    {
+        p.line(lines.len(), &line);
+        lines.push(line);
+    }
+    let status = child.wait()?;
+    let errs = err_lines.join().unwrap_or_default();
+    lines.extend(errs);
+    if !status.success() {
+        if p.tty {
+            eprintln!();
+        }
+        let tail: Vec<&String> = lines
+            .iter()
+            .rev()
+            .take(12)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        let problems: Vec<&String> = lines.iter().filter(|l| l.starts_with("E:")).collect();
+        bail!(
+            "{step} failed ({status}){}\n{}",
+            if problems.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ": {}",
+                    problems
+                        .iter()
+                        .map(|s| s.as_str())
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                )
+            },
+            tail.iter()
+                .map(|s| format!("  | {s}"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    p.done();
+    Ok(lines)
+}
+
+fn docker_has(image: &str) -> bool {
+    Command::new("docker")
+        .args(["image", "inspect", "--format", "{{.Id}}", image])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn docker_size(image: &str) -> u64 {
+    Command::new("docker")
+        .args(["image", "inspect", "--format", "{{.Size}}", image])
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Holds an exclusive lock on the cache while building (two builds never share a stage dir).
+fn lock_cache(dir: &Path) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {
+    std::fs::create_dir_all(dir)?;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(".lock"))?;
+    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| anyhow::anyhow!("locking the image cache {}: {e}", dir.display()))
+}
+
+/// Builds (or finds) the image.
+pub fn build(req: &BuildRequest) -> anyhow::Result<Built> {
+    let started = Instant::now();
+    let recipes = load_recipes(&req.images_dir)?;
+    let sel = select(req, &recipes)?;
+    let agent = std::fs::read(&req.agent_bin).with_context(|| {
+        format!(
+            "the berth-agent binary {} cannot be read; build it with `cargo build -p berth-agent` \
+             (same profile as berth) or pass --agent-bin",
+            req.agent_bin.display()
+        )
+    })?;
+    let agent_digest = sha256_hex(&agent);
+    let lock_path = req.images_dir.join(format!("{}.lock", sel.name));
+    let lock_text = std::fs::read_to_string(&lock_path).unwrap_or_default();
+    let mut image = image_ref(&sel, &lock_text, &agent_digest);
+    if docker_has(&image) {
+        return Ok(Built {
+            size_bytes: docker_size(&image),
+            image_ref: image,
+            built: false,
+            seconds: started.elapsed().as_secs_f64(),
+        });
+    }
+    let _guard = lock_cache(&req.cache_dir)?;
+    let rootfs = packages_stage(req, &sel, &lock_path, false)?;
+    // A re-resolved lock changes the name.
+    let new_lock = std::fs::read_to_string(&lock_path).unwrap_or_default();
+    if new_lock != lock_text {
+        image = image_ref(&sel, &new_lock, &agent_digest);
+    }
+    let bin = rootfs.join("usr/local/bin/berth-agent");
+    std::fs::write(&bin, &agent).context("installing berth-agent into the image")?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755))?;
+    }
+    let cmd = match sel.desktop {
+        true => r#"CMD ["--listen", "0.0.0.0:5000", "--cdp-listen", "0.0.0.0:9222", "--desktop"]"#,
+        false => r#"CMD ["--listen", "0.0.0.0:5000"]"#,
+    };
+    let mut tar = Command::new("tar")
+        .arg("-C")
+        .arg(&rootfs)
+        .args([
+            "--numeric-owner",
+            "--exclude=./proc/*",
+            "--exclude=./sys/*",
+            "--exclude=./dev/*",
+            "-cf",
+            "-",
+            ".",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("docker import: tar")?;
+    run_step(
+        "docker import",
+        Command::new("docker")
+            .args(["import"])
+            .args([
+                "--change",
+                r#"ENTRYPOINT ["/usr/local/bin/berth-agent", "init"]"#,
+            ])
+            .args(["--change", cmd])
+            .args(["--change", "ENV LANG=C.UTF-8"])
+            .args(["--change", "EXPOSE 5000 9222"])
+            .args(["--change", &format!("LABEL berth.image_ref={image}")])
+            .args(["-", &image])
+            .stdin(tar.stdout.take().expect("piped")),
+    )?;
+    let tar_status = tar.wait()?;
+    if !tar_status.success() {
+        bail!("docker import: tar of the rootfs failed ({tar_status})");
+    }
+    if docker_size(&image) == 0 {
+        bail!("docker import produced an empty image {image}");
+    }
+    Ok(Built {
+        size_bytes: docker_size(&image),
+        image_ref: image,
+        built: true,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// `berth image lock`: resolves the selection afresh and rewrites its lock file.
+pub fn relock(req: &BuildRequest) -> anyhow::Result<PathBuf> {
+    let recipes = load_recipes(&req.images_dir)?;
+    let sel = select(req, &recipes)?;
+    let lock_path = req.images_dir.join(format!("{}.lock", sel.name));
+    let _guard = lock_cache(&req.cache_dir)?;
+    packages_stage(req, &sel, &lock_path, true)?;
+    Ok(lock_path)
+}
+
+fn base_stage(req: &BuildRequest, sel: &Selection) -> anyhow::Result<PathBuf> {
+    let key =
+        sha256_hex(format!("{}|{}|{:?}", sel.suite, sel.mirror, sel.base_packages).as_bytes());
+    let dir = req.cache_dir.join(format!("base-{}", &key[..16]));
+    let rootfs = dir.join("rootfs");
+    if dir.join(".done").exists() {
+        eprintln!("==> base rootfs (cached)");
+        return Ok(rootfs);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    run_step(
+        &format!("debootstrap {}", sel.suite),
+        Command::new("debootstrap")
+            .stdin(Stdio::null())
+            .args([
+                "--variant=minbase",
+                &format!("--include={}", sel.base_packages.join(",")),
+            ])
+            .arg(&sel.suite)
+            .arg(&rootfs)
+            .arg(&sel.mirror),
+    )?;
+    std::fs::write(dir.join(".done"), "")?;
+    Ok(rootfs)
+}
+
+/// The base plus the profile's packages (pinned to the lock when it has them). `relock`: ignore
+/// the pins and write the lock from what got installed.
+fn packages_stage(
+    req: &BuildRequest,
+    sel: &Selection,
+    lock_path: &Path,
+    relock: bool,
+) -> anyhow::Result<PathBuf> {
+    let base = base_stage(req, sel)?;
+    let lock = if relock {
+        Vec::new()
+    } else {
+        read_lock(lock_path)
+    };
+    let key = sha256_hex(
+        format!(
+            "{}|{:?}|{:?}|{:?}",
+            base.display(),
+            sel.packages,
+            sel.pip,
+            lock
+        )
+        .as_bytes(),
+    );
+    let dir = req.cache_dir.join(format!("{}-{}", sel.name, &key[..16]));
+    let rootfs = dir.join("rootfs");
+    if dir.join(".done").exists() && !relock {
+        eprintln!("==> {} packages (cached)", sel.name);
+        return Ok(rootfs);
+    }
+    // An interrupted build may have left its /proc mounted: never recurse into it.
+    let _ = Command::new("umount")
+        .arg(rootfs.join("proc"))
+        .stderr(Stdio::null())
+        .status();
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    run_step(
+        "copy the base rootfs",
+        Command::new("cp").arg("-a").arg(&base).arg(&rootfs),
+    )?;
+    let chroot = |step: &str, script: &str| -> anyhow::Result<Vec<String>> {
+        run_step(
+            step,
+            Command::new("chroot")
+                .stdin(Stdio::null())
+                .arg(&rootfs)
+                .args(["/bin/sh", "-c", script])
+                .env_clear()
+                .env(
+                    "PATH",
+                    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                )
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .env("LANG", "C.UTF-8"),
+        )
+    };
+    std::fs::write(rootfs.join("usr/sbin/policy-rc.d"), "#!/bin/sh\nexit 101\n")?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(
+            rootfs.join("usr/sbin/policy-rc.d"),
+            std::fs::Permissions::from_mode(0o755),
+        )?;
+    }
+    let proc_dir = rootfs.join("proc");
+    let mounted = Command::new("mount")
+        .args(["-t", "proc", "proc"])
+        .arg(&proc_dir)
+        .status()
+        .is_ok_and(|s| s.success());
+    let result = (|| -> anyhow::Result<()> {
+        chroot("apt-get update", "apt-get update")?;
+        let pinned: Vec<String> = sel
+            .packages
+            .iter()
+            .map(|p| match lock.iter().find(|(n, _)| n == p) {
+                Some((_, v)) => format!("{p}={v}"),
+                None => p.clone(),
+            })
+            .collect();
+        let install = |pkgs: &[String]| {
+            chroot(
+                &format!("install {} packages", pkgs.len()),
+                &format!(
+                    "apt-get install -y --no-install-recommends {}",
+                    pkgs.join(" ")
+                ),
+            )
+        };
+        if let Err(e) = install(&pinned) {
+            if lock.is_empty() {
+                return Err(e);
+            }
+            // The mirror keeps only current versions: re-resolve, and the lock follows.
+            eprintln!(
+                "warning: a locked version is gone from the mirror ({e}); re-resolving and rewriting {}",
+                lock_path.display()
+            );
+            install(&sel.packages)?;
+        }
+        if !sel.pip.is_empty() {
+            // Downloads trust what the build host trusts (a proxy's CA, say); the bundle is
+            // used for this step only and not left in the image.
+            let host_ca = std::env::var_os("SSL_CERT_FILE")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("/etc/ssl/certs/ca-certificates.crt"));
+            let ca = rootfs.join("tmp/berth-build-ca.crt");
+            let cert = match std::fs::copy(&host_ca, &ca) {
+                Ok(_) => "PIP_CERT=/tmp/berth-build-ca.crt",
+                Err(_) => "",
+            };
+            // Debian's setuptools and wheel build the sdists: no second download round.
+            let r = chroot(
+                "pip install",
+                &format!(
+                    "{cert} pip install --no-cache-dir --break-system-packages \
+                     --no-build-isolation {}",
+                    sel.pip.join(" ")
+                ),
+            );
+            let _ = std::fs::remove_file(&ca);
+            r?;
+        }
+        chroot(
+            "the sandbox user and shims",
+            "id user >/dev/null 2>&1 || useradd -m -u 1000 -s /bin/bash user; \
+             if command -v chromium >/dev/null; then \
+               printf '#!/bin/sh\\nexec chromium \"$@\"\\n' > /usr/local/bin/google-chrome; \
+               chmod 755 /usr/local/bin/google-chrome; fi; \
+             apt-get clean; rm -rf /var/lib/apt/lists/*",
+        )?;
+        let versions = chroot(
+            "read the installed versions",
+            "dpkg-query -W -f '${Package}=${Version}\\n'",
+        )?;
+        let wanted: BTreeSet<&str> = sel.packages.iter().map(String::as_str).collect();
+        let mut out = format!(
+            "# Resolved versions of {}'s packages (berth image lock rewrites this file).\n",
+            sel.name
+        );
+        for l in versions {
+            if let Some((p, _)) = l.split_once('=')
+                && wanted.contains(p)
+            {
+                out.push_str(&l);
+                out.push('\n');
+            }
+        }
+        if std::fs::read_to_string(lock_path).unwrap_or_default() != out {
+            std::fs::write(lock_path, &out)
+                .with_context(|| format!("writing {}", lock_path.display()))?;
+            eprintln!("    wrote {}", lock_path.display());
+        }
+        Ok(())
+    })();
+    if mounted {
+        let _ = Command::new("umount").arg(&proc_dir).status();
+    }
+    result?;
+    std::fs::write(dir.join(".done"), "")?;
+    Ok(rootfs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_image_ref_follows_every_input_and_nothing_else() {
+        let recipes: Recipes = toml::from_str(BUILTIN_RECIPES).unwrap();
+        let req = BuildRequest {
+            profile: "desktop".into(),
+            bundle: None,
+            apps: vec![],
+            agent_bin: PathBuf::new(),
+            images_dir: PathBuf::new(),
+            cache_dir: PathBuf::new(),
+        };
+        let sel = select(&req, &recipes).unwrap();
+        let a = image_ref(&sel, "x=1\n", "d1");
+        assert_eq!(a, image_ref(&sel, "x=1\n", "d1"));
+        assert!(a.starts_with("berth-desktop:"));
+        assert_ne!(a, image_ref(&sel, "x=2\n", "d1"));
+        assert_ne!(a, image_ref(&sel, "x=1\n", "d2"));
+        let with_app = select(
+            &BuildRequest {
+                apps: vec!["gimp".into()],
+                ..req.clone()
+            },
+            &recipes,
+        )
+        .unwrap();
+        assert!(with_app.packages.contains(&"gimp".to_string()));
+        assert_ne!(a, image_ref(&with_app, "x=1\n", "d1"));
+        assert!(
+            select(
+                &BuildRequest {
+                    profile: "nope".into(),
+                    ..req.clone()
+                },
+                &recipes
+            )
+            .is_err()
+        );
+        assert!(
+            select(
+                &BuildRequest {
+                    bundle: Some("nope".into()),
+                    ..req
+                },
+                &recipes
+            )
+            .is_err()
+        );
+    }
+}

@@ -1,0 +1,214 @@
+//! The `desktop` image: built from images/recipes.toml with berth-agent baked in as PID 1,
+//! named by content, and working inside a real Docker container the way OSWorld's harness uses
+//! it. `tests/test.sh` builds the image once before the tests; here a build finds it.
+
+use std::process::Command;
+use std::time::Duration;
+
+use berth_tests::{TOKEN, wait_for, workspace_bin};
+use serde_json::Value;
+
+fn build() -> Value {
+    let out = Command::new(workspace_bin("berth"))
+        .args(["image", "build", "--profile", "desktop", "--json"])
+        .env("BERTH_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("only the JSON on stdout")
+}
+
+/// A detached container of the image, removed on drop.
+struct Container(String);
+
+impl Container {
+    fn run(image: &str, cmd: &[&str]) -> Container {
+        let out = Command::new("docker")
+            .args(["run", "-d", "--label", "berth.test=images"])
+            .args(["-p", "127.0.0.1::5000", "-p", "127.0.0.1::9222"])
+            .args([
+                "-e",
+                &format!("BERTH_AGENT_TOKEN={TOKEN}"),
+                "--shm-size",
+                "512m",
+            ])
+            .arg(image)
+            .args(cmd)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Container(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    fn port(&self, inner: u16) -> String {
+        let out = Command::new("docker")
+            .args(["port", &self.0, &inner.to_string()])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        format!("http://{}", text.lines().next().unwrap().trim())
+    }
+
+    fn logs(&self) -> String {
+        let out = Command::new("docker")
+            .args(["logs", &self.0])
+            .output()
+            .unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = Command::new("docker").args(["rm", "-f", &self.0]).output();
+    }
+}
+
+#[tokio::test]
+async fn identical_inputs_give_the_identical_image_ref_and_a_built_image_is_found_in_seconds() {
+    let a = build();
+    let b = build();
+    assert_eq!(a["image_ref"], b["image_ref"]);
+    assert_eq!(b["built"], false);
+    assert!(b["seconds"].as_f64().unwrap() < 10.0, "{b}");
+    assert!(
+        a["image_ref"]
+            .as_str()
+            .unwrap()
+            .starts_with("berth-desktop:")
+    );
+    assert!(b["size_bytes"].as_u64().unwrap() > 100_000_000);
+}
+
+#[tokio::test]
+async fn a_desktop_container_is_strictly_ready_and_serves_osworld_and_cdp_through_its_ports() {
+    let image = build()["image_ref"].as_str().unwrap().to_string();
+    let c = Container::run(&image, &[]);
+    let api = c.port(5000);
+    let http = reqwest::Client::new();
+    wait_for(
+        "strict readiness inside the container",
+        Duration::from_secs(90),
+        || async {
+            let r = http
+                .get(format!("{api}/v1/ready?wait=5s"))
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .ok()?;
+            (r.status() == 200).then_some(())
+        },
+    )
+    .await;
+    // OSWorld's harness: a screenshot of the container's desktop…
+    let png = http
+        .get(format!("{api}/screenshot"))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let info = png::Decoder::new(std::io::Cursor::new(png))
+        .read_info()
+        .unwrap()
+        .info()
+        .clone();
+    assert_eq!((info.width, info.height), (1920, 1080));
+    // … pyautogui through /execute, as its harness sends it …
+    let r: Value = http
+        .post(format!("{api}/execute"))
+        .json(&serde_json::json!({"command": ["python", "-c", "import pyautogui; pyautogui.click(10, 10)"], "shell": false}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["returncode"], 0, "{r}\n{}", c.logs());
+    let pos: Value = http
+        .get(format!("{api}/cursor_position"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(pos, serde_json::json!([10, 10]));
+    // … and Chromium's CDP through the published relay port.
+    let v: Value = http
+        .get(format!("{}/json/version", c.port(9222)))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(v["Browser"].as_str().unwrap().contains("Chrome"), "{v}");
+    // The sandbox user runs the commands, with `python` on the PATH.
+    let r: Value = http
+        .post(format!("{api}/execute"))
+        .json(&serde_json::json!({"command": "id -un; python --version", "shell": true}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        r["output"].as_str().unwrap().starts_with("user\nPython 3"),
+        "{r}"
+    );
+}
+
+#[tokio::test]
+async fn the_ide_profile_runs_from_the_desktop_image_without_a_desktop() {
+    let image = build()["image_ref"].as_str().unwrap().to_string();
+    let c = Container::run(&image, &["--listen", "0.0.0.0:5000"]);
+    let api = c.port(5000);
+    let http = reqwest::Client::new();
+    wait_for(
+        "the agent in the container",
+        Duration::from_secs(30),
+        || async {
+            let r = http.get(format!("{api}/healthz")).send().await.ok()?;
+            (r.status() == 200).then_some(())
+        },
+    )
+    .await;
+    let r = http
+        .get(format!("{api}/v1/ready"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        v["components"],
+        serde_json::json!({}),
+        "no desktop components"
+    );
+    let r: Value = http
+        .post(format!("{api}/execute"))
+        .json(&serde_json::json!({"command": "git --version >/dev/null 2>&1 || echo no-git; pgrep -c Xvnc || true", "shell": true}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["output"], "0\n", "{r}");
+}
