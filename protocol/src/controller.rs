@@ -15,6 +15,7 @@ pub const API_KEY_HEADER: &str = "x-api-key";
 pub const SANDBOXES: &str = "/sandbox/sandboxes/v1";
 pub const LEASES: &str = "/sandbox/v1/leases";
 pub const CATALOG: &str = "/sandbox/v1/catalog";
+pub const POOLS: &str = "/sandbox/v1/pools";
 
 /// `POST /sandbox/sandboxes/v1`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -298,6 +299,47 @@ impl ControllerClient {
 
     pub async fn release(&self, lease_id: &str) -> Result<serde_json::Value> {
         Self::call(self.request(reqwest::Method::DELETE, &format!("{LEASES}/{lease_id}"))).await
+    }
+
+    /// A sandbox's timeline from `from_seq`: `{"events": [...], "next_seq"}`.
+    pub async fn events(&self, id: &str, from_seq: u64) -> Result<serde_json::Value> {
+        Self::call(self.request(
+            reqwest::Method::GET,
+            &format!("{SANDBOXES}/{id}/events?from_seq={from_seq}&limit=10000"),
+        ))
+        .await
+    }
+
+    /// Warm pools: `{"pools": [{"pool", "profile", "size", "ready", "starting", "paused", "failing"}]}`.
+    pub async fn pools(&self) -> Result<serde_json::Value> {
+        Self::call(self.request(reqwest::Method::GET, POOLS)).await
+    }
+
+    /// Pauses/resumes or resizes the pools of a profile.
+    pub async fn adjust_pool(
+        &self,
+        profile: &str,
+        paused: Option<bool>,
+        size: Option<usize>,
+    ) -> Result<serde_json::Value> {
+        let mut body = serde_json::Map::new();
+        if let Some(p) = paused {
+            body.insert("paused".into(), p.into());
+        }
+        if let Some(s) = size {
+            body.insert("size".into(), s.into());
+        }
+        Self::call(
+            self.request(reqwest::Method::PUT, &format!("{POOLS}/{profile}"))
+                .json(&body),
+        )
+        .await
+    }
+
+    /// `GET /metrics` (no key needed): the Prometheus text.
+    pub async fn metrics(&self) -> Result<String> {
+        let resp = check(self.http.get(self.url("/metrics")).send().await?).await?;
+        Ok(resp.text().await?)
     }
 
     pub async fn catalog(&self, kind: &str) -> Result<CatalogList> {

@@ -24,18 +24,7 @@ fn shell(line: &str) -> RunRequest {
 }
 
 async fn events(c: &ControllerProcess, id: &str) -> Vec<Value> {
-    let v: Value = c
-        .client()
-        .request(
-            reqwest::Method::GET,
-            &format!("/sandbox/sandboxes/v1/{id}/events?from_seq=0&limit=10000"),
-        )
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = c.client().events(id, 0).await.unwrap();
     v["events"].as_array().unwrap().clone()
 }
 
@@ -282,12 +271,7 @@ async fn every_authenticated_route_without_a_key_is_401() {
             .status(),
         200
     );
-    let metrics = reqwest::get(format!("{}/metrics", c.base))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = c.client().metrics().await.unwrap();
     for series in [
         "berth_sandboxes{state=\"running\"}",
         "berth_claim_latency_seconds_bucket{claim=\"warm\"",
@@ -676,27 +660,14 @@ async fn burst(c: &ControllerProcess, n: usize) -> (usize, usize) {
 }
 
 async fn pool(c: &ControllerProcess) -> Value {
-    let v: Value = c
-        .client()
-        .request(reqwest::Method::GET, "/sandbox/v1/pools")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    v["pools"][0].clone()
+    c.client().pools().await.unwrap()["pools"][0].clone()
 }
 
-async fn set_pool(c: &ControllerProcess, body: Value) {
-    let r = c
-        .client()
-        .request(reqwest::Method::PUT, "/sandbox/v1/pools/ide")
-        .json(&body)
-        .send()
+async fn set_pool(c: &ControllerProcess, paused: bool) {
+    c.client()
+        .adjust_pool("ide", Some(paused), None)
         .await
         .unwrap();
-    assert_eq!(r.status(), 200);
 }
 
 #[tokio::test]
@@ -707,7 +678,7 @@ async fn fifty_concurrent_claims_against_a_pool_of_ten_are_exactly_ten_warm() {
     })
     .await;
     // Refill paused: exactly the ten members are warm, the rest cold.
-    set_pool(&c, serde_json::json!({"paused": true})).await;
+    set_pool(&c, true).await;
     assert_eq!(burst(&c, 50).await, (10, 40));
     let p = pool(&c).await;
     assert_eq!(
@@ -716,7 +687,7 @@ async fn fifty_concurrent_claims_against_a_pool_of_ten_are_exactly_ten_warm() {
         "{p}"
     );
     // Refill on: at least the ten warm, and the pool refills to its size, never beyond.
-    set_pool(&c, serde_json::json!({"paused": false})).await;
+    set_pool(&c, false).await;
     wait_for("the pool to refill", Duration::from_secs(60), || async {
         (pool(&c).await["ready"] == 10).then_some(())
     })
@@ -736,10 +707,9 @@ async fn fifty_concurrent_claims_against_a_pool_of_ten_are_exactly_ten_warm() {
         .unwrap()
         .count();
     assert_eq!(dirs, 10);
-    let warm_claim: u64 = reqwest::get(format!("{}/metrics", c.base))
-        .await
-        .unwrap()
-        .text()
+    let warm_claim: u64 = c
+        .client()
+        .metrics()
         .await
         .unwrap()
         .lines()

@@ -266,15 +266,7 @@ async fn a_pool_whose_members_never_become_ready_stops_refilling_and_says_so() {
     .await;
     let cl = c.client();
     let pool = wait_for("the refill to stop", Duration::from_secs(60), || async {
-        let v: serde_json::Value = cl
-            .request(reqwest::Method::GET, "/sandbox/v1/pools")
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
-        let p = v["pools"][0].clone();
+        let p = cl.pools().await.ok()?["pools"][0].clone();
         p["failing"].is_string().then_some(p)
     })
     .await;
@@ -291,12 +283,7 @@ async fn a_pool_whose_members_never_become_ready_stops_refilling_and_says_so() {
         || async { c.all_sandbox_processes().is_empty().then_some(()) },
     )
     .await;
-    let metrics = reqwest::get(format!("{}/metrics", c.base))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = c.client().metrics().await.unwrap();
     assert!(
         metrics.contains("berth_pool_refill_failing{pool=\"desktop@"),
         "{metrics}"

@@ -15,26 +15,15 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 }
 
 async fn pools(c: &ControllerProcess) -> Vec<Value> {
-    let v: Value = c
-        .client()
-        .request(reqwest::Method::GET, "/sandbox/v1/pools")
-        .send()
-        .await
+    c.client().pools().await.unwrap()["pools"]
+        .as_array()
         .unwrap()
-        .json()
-        .await
-        .unwrap();
-    v["pools"].as_array().unwrap().clone()
+        .clone()
 }
 
 async fn set_size(c: &ControllerProcess, profile: &str, size: usize) {
     c.client()
-        .request(
-            reqwest::Method::PUT,
-            &format!("/sandbox/v1/pools/{profile}"),
-        )
-        .json(&serde_json::json!({"size": size}))
-        .send()
+        .adjust_pool(profile, None, Some(size))
         .await
         .unwrap();
 }
