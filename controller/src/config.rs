@@ -35,8 +35,11 @@ pub struct Config {
     /// Refill stops for a pool after this many failed starts in a row.
     pub refill_max_failures: u32,
     pub pools: Vec<PoolConfig>,
-    /// Profile names mapped to providers (by the profile's `driver_hint` otherwise).
+    /// Profile names mapped to providers (`process`, `docker`); by the profile's
+    /// `driver_hint` otherwise.
     pub providers: std::collections::BTreeMap<String, String>,
+    /// The image Docker sandboxes run when a create names none (`berth image build`).
+    pub docker_image: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -66,6 +69,7 @@ impl Default for Config {
             refill_max_failures: 5,
             pools: Vec::new(),
             providers: Default::default(),
+            docker_image: None,
         }
     }
 }

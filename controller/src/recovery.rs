@@ -164,6 +164,27 @@ impl Controller {
 
     /// The loops that keep the world matching the store.
     pub fn start_loops(self: &Arc<Self>) {
+        // Deaths the providers report (Docker's die/oom events) are acted on at once.
+        for p in self.providers() {
+            if let Some(mut deaths) = p.deaths(&self.controller_id) {
+                let me = self.clone();
+                tokio::spawn(async move {
+                    while let Some(d) = deaths.recv().await {
+                        let live = me
+                            .store
+                            .sandbox(&d.sandbox_id)
+                            .ok()
+                            .flatten()
+                            .is_some_and(|r| r.live());
+                        if live {
+                            me.fail(&d.sandbox_id, &d.reason);
+                            let me2 = me.clone();
+                            tokio::spawn(async move { me2.destroy(&d.sandbox_id).await });
+                        }
+                    }
+                });
+            }
+        }
         let me = self.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(me.config.reconcile_interval());

@@ -117,7 +117,16 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
     let bin = agent_bin(opts.agent_bin.clone(), &opts.config)?;
     let process: Arc<dyn Provider> =
         Arc::new(ProcessProvider::new(data_dir.join("sandboxes"), bin)?);
-    let providers = BTreeMap::from([("process".to_string(), process)]);
+    let mut providers = BTreeMap::from([("process".to_string(), process)]);
+    let wants_docker =
+        opts.config.docker_image.is_some() || opts.config.providers.values().any(|p| p == "docker");
+    if wants_docker {
+        let docker =
+            crate::provider::docker::DockerProvider::connect(opts.config.docker_image.clone())
+                .await
+                .context("connecting to Docker (the config routes profiles to it)")?;
+        providers.insert("docker".to_string(), Arc::new(docker) as Arc<dyn Provider>);
+    }
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
         .with_context(|| format!("binding {}", opts.listen))?;

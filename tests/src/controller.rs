@@ -19,6 +19,8 @@ pub struct ControllerProcess {
     pub config: String,
     /// Where the controller's stderr (its log) goes.
     pub log: PathBuf,
+    /// The controller's id (its provider labels carry it).
+    pub id: String,
 }
 
 impl ControllerProcess {
@@ -34,6 +36,7 @@ impl ControllerProcess {
             log: dir.path().join("controller.log"),
             dir,
             base: String::new(),
+            id: String::new(),
             config: format!("reconcile_interval_secs = 1.0\n{config}"),
         };
         c.launch();
@@ -71,16 +74,21 @@ impl ControllerProcess {
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
+            let mut id = String::new();
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(i) = line.strip_prefix("controller id ") {
+                    id = i.trim().to_string();
+                }
                 if let Some(url) = line.strip_prefix("berth serving on ") {
-                    let _ = tx.send(url.trim().to_string());
+                    let _ = tx.send((url.trim().to_string(), id.clone()));
                 }
             }
         });
-        let url = rx
+        let (url, id) = rx
             .recv_timeout(Duration::from_secs(60))
             .unwrap_or_else(|_| panic!("berth serve did not start: {}", self.log_text()));
         self.base = url;
+        self.id = id;
         self.child = Some(child);
     }
 
@@ -114,6 +122,21 @@ impl ControllerProcess {
         processes_matching(&self.data_dir().join("sandboxes").to_string_lossy())
     }
 
+    /// The ids of every container labelled with this controller's id.
+    pub fn containers(&self) -> Vec<String> {
+        let out = Command::new("docker")
+            .args(["ps", "-aq", "--filter"])
+            .arg(format!("label=berth.controller={}", self.id))
+            .output();
+        match out {
+            Ok(o) => String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .map(String::from)
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
     /// The pid of a sandbox's agent.
     pub fn agent_pid(&self, sandbox_id: &str) -> i32 {
         let p = self
@@ -129,6 +152,13 @@ impl ControllerProcess {
 impl Drop for ControllerProcess {
     fn drop(&mut self) {
         self.kill9();
+        let containers = self.containers();
+        if !containers.is_empty() {
+            let _ = Command::new("docker")
+                .args(["rm", "-f", "-v"])
+                .args(&containers)
+                .output();
+        }
         // The agents outlive the controller by design: stop them (SIGINT = full shutdown).
         let pids = self.all_sandbox_processes();
         for p in &pids {

@@ -5,6 +5,7 @@
 //! profile, image ref): lease ids and user labels live in the store, because some providers
 //! (Docker) cannot relabel a running sandbox.
 
+pub mod docker;
 pub mod process;
 
 use std::collections::BTreeMap;
@@ -97,4 +98,17 @@ pub trait Provider: Send + Sync {
 
     /// Stops everything the sandbox runs and removes it. Idempotent.
     async fn destroy(&self, sandbox_id: &str) -> Result<()>;
+
+    /// Sandboxes of this controller that die, as the provider learns it (Docker's events);
+    /// `None` when the provider has no such feed (the sweep notices within seconds anyway).
+    fn deaths(&self, _controller_id: &str) -> Option<tokio::sync::mpsc::Receiver<Death>> {
+        None
+    }
+}
+
+/// A sandbox that died on its own.
+#[derive(Debug, Clone)]
+pub struct Death {
+    pub sandbox_id: String,
+    pub reason: String,
 }

@@ -1,0 +1,344 @@
+//! The `docker` provider: one container per sandbox from a berth image (berth-agent as PID 1),
+//! on a private bridge network, addressed by its IP — no host ports. Containers carry the
+//! identity labels from creation on, so a restarted controller finds exactly what it owns.
+//! Docker's die/oom events are passed up at once.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use bollard::Docker;
+use bollard::models::{ContainerCreateBody, HostConfig, NetworkCreateRequest};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, EventsOptionsBuilder, InspectContainerOptions,
+    ListContainersOptionsBuilder, RemoveContainerOptionsBuilder, StartContainerOptions,
+};
+use futures_util::StreamExt;
+
+use super::{Death, Endpoint, Identity, Observed, Provider, ProviderError, Result, Spec};
+use super::{LABEL_CONTROLLER, LABEL_IMAGE, LABEL_PROFILE, LABEL_SANDBOX};
+
+/// The private network every sandbox container joins.
+pub const NETWORK: &str = "berth";
+const AGENT_PORT: u16 = 5000;
+const CDP_PORT: u16 = 9222;
+/// Every Docker API call: a daemon that hangs must not hang the controller.
+const CALL: Duration = Duration::from_secs(60);
+
+pub struct DockerProvider {
+    docker: Docker,
+    default_image: Option<String>,
+}
+
+fn failed(what: &str, e: impl std::fmt::Display) -> ProviderError {
+    ProviderError::Failed(format!("docker {what}: {e}"))
+}
+
+fn name(sandbox_id: &str) -> String {
+    format!("berth-{sandbox_id}")
+}
+
+fn identity(labels: &HashMap<String, String>) -> Option<Identity> {
+    Some(Identity {
+        controller_id: labels.get(LABEL_CONTROLLER)?.clone(),
+        sandbox_id: labels.get(LABEL_SANDBOX)?.clone(),
+        profile: labels.get(LABEL_PROFILE)?.clone(),
+        image_ref: labels.get(LABEL_IMAGE).cloned().unwrap_or_default(),
+    })
+}
+
+async fn timed<T, E: std::fmt::Display>(
+    what: &str,
+    f: impl std::future::Future<Output = std::result::Result<T, E>>,
+) -> Result<T> {
+    tokio::time::timeout(CALL, f)
+        .await
+        .map_err(|_| failed(what, "timed out"))?
+        .map_err(|e| failed(what, e))
+}
+
+impl DockerProvider {
+    /// Connects to the local daemon (its socket), speaking the daemon's API version.
+    pub async fn connect(default_image: Option<String>) -> anyhow::Result<DockerProvider> {
+        let docker = Docker::connect_with_socket_defaults()?;
+        let docker = tokio::time::timeout(CALL, docker.negotiate_version())
+            .await
+            .map_err(|_| anyhow::anyhow!("the Docker daemon did not answer"))??;
+        Ok(DockerProvider {
+            docker,
+            default_image,
+        })
+    }
+
+    async fn ensure_network(&self) -> Result<()> {
+        let exists = self
+            .docker
+            .inspect_network(
+                NETWORK,
+                None::<bollard::query_parameters::InspectNetworkOptions>,
+            )
+            .await
+            .is_ok();
+        if exists {
+            return Ok(());
+        }
+        let r = self
+            .docker
+            .create_network(NetworkCreateRequest {
+                name: NETWORK.into(),
+                driver: Some("bridge".into()),
+                labels: Some(HashMap::from([("berth.managed".into(), "true".into())])),
+                ..Default::default()
+            })
+            .await;
+        match r {
+            Ok(_) => Ok(()),
+            // Created by a concurrent create meanwhile.
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 409, ..
+            }) => Ok(()),
+            Err(e) => Err(failed("creating the network", e)),
+        }
+    }
+
+    async fn observe(&self, sandbox_id: &str) -> Result<Option<Observed>> {
+        let c = match self
+            .docker
+            .inspect_container(&name(sandbox_id), None::<InspectContainerOptions>)
+            .await
+        {
+            Ok(c) => c,
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => {
+                return Ok(None);
+            }
+            Err(e) => return Err(failed("inspect", e)),
+        };
+        let labels = c
+            .config
+            .as_ref()
+            .and_then(|c| c.labels.clone())
+            .unwrap_or_default();
+        let Some(identity) = identity(&labels) else {
+            return Ok(None);
+        };
+        let alive = c.state.as_ref().and_then(|s| s.running).unwrap_or(false);
+        let ip = c
+            .network_settings
+            .as_ref()
+            .and_then(|n| n.networks.as_ref())
+            .and_then(|n| n.get(NETWORK))
+            .and_then(|e| e.ip_address.clone())
+            .filter(|ip| !ip.is_empty());
+        let created_at_ms = c
+            .created
+            .as_deref()
+            .and_then(|t| humantime::parse_rfc3339_weak(t).ok())
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0);
+        let desktop = c
+            .config
+            .as_ref()
+            .and_then(|c| c.cmd.as_ref())
+            .is_some_and(|cmd| cmd.iter().any(|a| a == "--desktop"));
+        Ok(Some(Observed {
+            identity,
+            alive,
+            endpoint: ip.filter(|_| alive).map(|ip| Endpoint {
+                agent_url: format!("http://{ip}:{AGENT_PORT}"),
+                cdp_url: desktop.then(|| format!("http://{ip}:{CDP_PORT}")),
+            }),
+            created_at_ms,
+        }))
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider for DockerProvider {
+    fn name(&self) -> &'static str {
+        "docker"
+    }
+
+    fn default_image(&self, profile: &str) -> Result<String> {
+        self.default_image.clone().ok_or_else(|| {
+            ProviderError::Unsupported(format!(
+                "profile {profile:?} runs on Docker but no image is configured: build one with \
+                 `berth image build --profile desktop` and set docker_image in the config"
+            ))
+        })
+    }
+
+    fn check_image(&self, _profile: &str, image_ref: &str) -> Result<()> {
+        if image_ref.starts_with("berth-") {
+            return Ok(());
+        }
+        Err(ProviderError::Unsupported(format!(
+            "{image_ref} is not a berth image (berth image build names them berth-<name>:<hash>)"
+        )))
+    }
+
+    async fn create(&self, spec: &Spec) -> Result<Endpoint> {
+        self.ensure_network().await?;
+        let mut labels: HashMap<String, String> = spec.identity.labels().into_iter().collect();
+        labels.insert("berth.managed".into(), "true".into());
+        let mut cmd = vec!["--listen".to_string(), format!("0.0.0.0:{AGENT_PORT}")];
+        if spec.desktop {
+            cmd.extend([
+                "--cdp-listen".into(),
+                format!("0.0.0.0:{CDP_PORT}"),
+                "--desktop".into(),
+            ]);
+        }
+        let body = ContainerCreateBody {
+            image: Some(spec.identity.image_ref.clone()),
+            cmd: Some(cmd),
+            env: Some(vec![format!("BERTH_AGENT_TOKEN={}", spec.agent_token)]),
+            labels: Some(labels),
+            host_config: Some(HostConfig {
+                network_mode: Some(NETWORK.into()),
+                // Chromium needs more than Docker's 64 MiB of /dev/shm.
+                shm_size: Some(512 << 20),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let container = name(&spec.identity.sandbox_id);
+        let options = CreateContainerOptionsBuilder::default()
+            .name(&container)
+            .build();
+        timed("create", self.docker.create_container(Some(options), body)).await?;
+        timed(
+            "start",
+            self.docker
+                .start_container(&container, None::<StartContainerOptions>),
+        )
+        .await?;
+        // Answer once the agent accepts connections.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let o = self.observe(&spec.identity.sandbox_id).await?;
+            match o {
+                Some(o) if !o.alive => {
+                    return Err(ProviderError::Failed(format!(
+                        "container {container} exited at start"
+                    )));
+                }
+                Some(Observed {
+                    endpoint: Some(ep), ..
+                }) => {
+                    let addr = ep.agent_url.trim_start_matches("http://").to_string();
+                    if tokio::net::TcpStream::connect(&addr).await.is_ok() {
+                        return Ok(ep);
+                    }
+                }
+                _ => {}
+            }
+            if Instant::now() >= deadline {
+                return Err(ProviderError::Failed(format!(
+                    "the agent in {container} did not accept connections within 30 s"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    async fn inspect(&self, sandbox_id: &str) -> Result<Option<Observed>> {
+        self.observe(sandbox_id).await
+    }
+
+    async fn list(&self, controller_id: &str) -> Result<Vec<Observed>> {
+        let filters = HashMap::from([(
+            "label".to_string(),
+            vec![format!("{LABEL_CONTROLLER}={controller_id}")],
+        )]);
+        let options = ListContainersOptionsBuilder::default()
+            .all(true)
+            .filters(&filters)
+            .build();
+        let list = timed("list", self.docker.list_containers(Some(options))).await?;
+        let mut out = Vec::new();
+        for c in list {
+            let labels = c.labels.unwrap_or_default();
+            if let Some(id) = labels.get(LABEL_SANDBOX)
+                && let Some(o) = self.observe(id).await?
+            {
+                out.push(o);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn destroy(&self, sandbox_id: &str) -> Result<()> {
+        let options = RemoveContainerOptionsBuilder::default()
+            .force(true)
+            .v(true)
+            .build();
+        match tokio::time::timeout(
+            CALL,
+            self.docker
+                .remove_container(&name(sandbox_id), Some(options)),
+        )
+        .await
+        {
+            Err(_) => Err(failed("remove", "timed out")),
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            })) => Ok(()),
+            // Already being removed by a concurrent destroy.
+            Ok(Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 409, ..
+            })) => Ok(()),
+            Ok(Err(e)) => Err(failed("remove", e)),
+        }
+    }
+
+    fn deaths(&self, controller_id: &str) -> Option<tokio::sync::mpsc::Receiver<Death>> {
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        let docker = self.docker.clone();
+        let filters = HashMap::from([
+            ("type".to_string(), vec!["container".to_string()]),
+            (
+                "event".to_string(),
+                vec!["die".to_string(), "oom".to_string()],
+            ),
+            (
+                "label".to_string(),
+                vec![format!("{LABEL_CONTROLLER}={controller_id}")],
+            ),
+        ]);
+        tokio::spawn(async move {
+            loop {
+                let options = EventsOptionsBuilder::default().filters(&filters).build();
+                let mut events = docker.events(Some(options));
+                while let Some(Ok(e)) = events.next().await {
+                    let attrs = e.actor.and_then(|a| a.attributes).unwrap_or_default();
+                    let Some(id) = attrs.get(LABEL_SANDBOX) else {
+                        continue;
+                    };
+                    let reason = match e.action.as_deref() {
+                        Some("oom") => "its container ran out of memory".to_string(),
+                        _ => format!(
+                            "its container died (exit code {})",
+                            attrs.get("exitCode").map(String::as_str).unwrap_or("?")
+                        ),
+                    };
+                    if tx
+                        .send(Death {
+                            sandbox_id: id.clone(),
+                            reason,
+                        })
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                // The stream ended (daemon restart): listen again.
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+        Some(rx)
+    }
+}

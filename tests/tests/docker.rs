@@ -1,0 +1,228 @@
+//! The controller on the Docker provider: sandboxes as containers of the desktop image on a
+//! private network, with the same guarantees as local processes — readiness, leases, pools,
+//! reconciliation after a `kill -9`, `docker kill` noticed at once, no untracked container.
+
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::time::Duration;
+
+use berth_protocol::controller::{AcquireLease, Command as RunCommand, CreateSandbox, RunRequest};
+use berth_tests::controller::ControllerProcess;
+use berth_tests::{wait_for, workspace_bin};
+
+/// The desktop image (`tests/test.sh` builds it; a build here finds it in under a second).
+fn image() -> String {
+    let out = Command::new(workspace_bin("berth"))
+        .args(["image", "build", "--profile", "desktop", "--json"])
+        .env("BERTH_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["image_ref"].as_str().unwrap().to_string()
+}
+
+async fn on_docker(extra: &str) -> ControllerProcess {
+    ControllerProcess::start(&format!(
+        "docker_image = \"{}\"\n{extra}[providers]\ndesktop = \"docker\"\nide = \"docker\"\n",
+        image()
+    ))
+    .await
+}
+
+fn shell(line: &str) -> RunRequest {
+    RunRequest {
+        command: RunCommand::Line(line.into()),
+        ..Default::default()
+    }
+}
+
+fn ide() -> CreateSandbox {
+    CreateSandbox {
+        profile: "ide".into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn a_docker_desktop_is_strictly_ready_runs_as_the_user_and_its_delete_removes_the_container()
+{
+    let c = on_docker("").await;
+    let cl = c.client();
+    let sb = cl
+        .create(&CreateSandbox {
+            profile: "desktop".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(sb.status, "running");
+    assert!(
+        sb.image_ref.starts_with("berth-desktop:"),
+        "{}",
+        sb.image_ref
+    );
+    assert_eq!(c.containers().len(), 1);
+    let run = cl
+        .exec(&sb.id, &shell("id -un; echo $DISPLAY"))
+        .await
+        .unwrap();
+    assert_eq!(run.exit_code, Some(0), "{run:?}");
+    assert!(run.stdout.starts_with("user\n:"), "{run:?}");
+    let png = cl.screenshot(&sb.id).await.unwrap();
+    assert_eq!(&png[1..4], b"PNG");
+    // CDP on the container's address, as a harness would use it.
+    let cdp = sb.endpoints.cdp.clone().unwrap();
+    let v: serde_json::Value = reqwest::get(format!("{cdp}/json/version"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(v["Browser"].as_str().unwrap().contains("Chrome"));
+    // The viewer through the controller.
+    let once = cl.viewer(&sb.id).await.unwrap().url;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    assert_eq!(http.get(&once).send().await.unwrap().status(), 303);
+    cl.delete(&sb.id).await.unwrap();
+    assert!(c.containers().is_empty(), "{:?}", c.containers());
+}
+
+#[tokio::test]
+async fn docker_kill_fails_the_sandbox_at_once_and_its_lease_reprovisions() {
+    let c = on_docker("").await;
+    let cl = c.client();
+    let acquire = AcquireLease {
+        thread_id: "docker-thread".into(),
+        profile: "ide".into(),
+        ..Default::default()
+    };
+    let a = cl.acquire(&acquire).await.unwrap();
+    let run = cl
+        .exec(&a.sandbox.id, &shell("git --version"))
+        .await
+        .unwrap();
+    assert_eq!(run.exit_code, Some(0), "{run:?}");
+    let killed = Command::new("docker")
+        .args(["kill", &format!("berth-{}", a.sandbox.id)])
+        .output()
+        .unwrap();
+    assert!(killed.status.success());
+    let failed = wait_for(
+        "the sandbox to be failed",
+        Duration::from_secs(10),
+        || async {
+            let s = cl.get(&a.sandbox.id).await.unwrap();
+            (s.status == "failed").then_some(s)
+        },
+    )
+    .await;
+    assert!(failed.error.unwrap().contains("container died"));
+    let b = cl.acquire(&acquire).await.unwrap();
+    assert_eq!(b.lease_id, a.lease_id);
+    assert_ne!(b.sandbox.id, a.sandbox.id);
+    assert_eq!(b.sandbox.status, "running");
+    cl.release(&b.lease_id).await.unwrap();
+    wait_for("every container to go", Duration::from_secs(30), || async {
+        c.containers().is_empty().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_controller_killed_during_docker_creates_leaves_no_untracked_container() {
+    let mut c = on_docker("orphan_grace_secs = 0\n").await;
+    let cl = c.client();
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let r: serde_json::Value = cl
+            .request(reqwest::Method::POST, "/sandbox/sandboxes/v1?wait=false")
+            .json(&ide())
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        ids.push(r["id"].as_str().unwrap().to_string());
+    }
+    c.kill9();
+    c.launch();
+    let cl = c.client();
+    for id in &ids {
+        let sb = wait_for("the sandbox to settle", Duration::from_secs(60), || async {
+            let sb = cl.get(id).await.unwrap();
+            matches!(sb.status.as_str(), "running" | "failed").then_some(sb)
+        })
+        .await;
+        if sb.status == "running" {
+            let run = cl.exec(id, &shell("echo adopted")).await.unwrap();
+            assert_eq!(run.stdout, "adopted\n");
+        }
+    }
+    // Every labelled container is one the store has as live.
+    let live: BTreeSet<String> = cl
+        .list(&[])
+        .await
+        .unwrap()
+        .sandboxes
+        .iter()
+        .filter(|s| s.status == "running")
+        .map(|s| format!("berth-{}", s.id))
+        .collect();
+    wait_for(
+        "no untracked container",
+        Duration::from_secs(30),
+        || async {
+            let out = Command::new("docker")
+                .args(["ps", "-a", "--format", "{{.Names}}", "--filter"])
+                .arg(format!("label=berth.controller={}", c.id))
+                .output()
+                .unwrap();
+            let names: BTreeSet<String> = String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .map(String::from)
+                .collect();
+            (names == live).then_some(())
+        },
+    )
+    .await;
+    for id in &ids {
+        cl.delete(id).await.unwrap();
+    }
+    assert!(c.containers().is_empty());
+}
+
+#[tokio::test]
+async fn an_ide_pool_on_docker_hands_each_warm_container_to_exactly_one_caller() {
+    let c = on_docker("[[pools]]\nprofile = \"ide\"\nsize = 2\n").await;
+    let cl = c.client();
+    wait_for("the pool to fill", Duration::from_secs(60), || async {
+        (cl.pools().await.unwrap()["pools"][0]["ready"] == 2).then_some(())
+    })
+    .await;
+    cl.adjust_pool("ide", Some(true), None).await.unwrap();
+    let got = futures_util::future::join_all((0..4).map(|_| {
+        let cl = cl.clone();
+        async move { cl.create(&ide()).await.unwrap() }
+    }))
+    .await;
+    let ids: BTreeSet<&str> = got.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(ids.len(), 4);
+    let warm = got
+        .iter()
+        .filter(|s| s.claim.as_deref() == Some("warm"))
+        .count();
+    assert_eq!(warm, 2);
+    for s in &got {
+        cl.delete(&s.id).await.unwrap();
+    }
+    assert!(c.containers().is_empty(), "{:?}", c.containers());
+}
