@@ -154,6 +154,28 @@ fn image_ref(sel: &Selection, lock: &str, agent_digest: &str) -> String {
     format!("berth-{}:{}", sel.name, &h[..24])
 }
 
+thread_local! {
+    /// Where a build running as a controller job also reports its steps.
+    static STEPS: std::cell::RefCell<Option<std::sync::mpsc::Sender<String>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` (a build on this thread) with its step messages also sent to `to`.
+pub fn with_steps<T>(to: std::sync::mpsc::Sender<String>, f: impl FnOnce() -> T) -> T {
+    STEPS.with(|s| *s.borrow_mut() = Some(to));
+    let out = f();
+    STEPS.with(|s| *s.borrow_mut() = None);
+    out
+}
+
+fn report(msg: String) {
+    STEPS.with(|s| {
+        if let Some(tx) = s.borrow().as_ref() {
+            let _ = tx.send(msg);
+        }
+    });
+}
+
 /// Progress for the long steps on stderr: one rewritten line on a terminal, a line per step
 /// otherwise.
 struct Progress {
@@ -165,6 +187,7 @@ struct Progress {
 impl Progress {
     fn step(step: &str) -> Progress {
         eprintln!("==> {step}");
+        report(format!("{step}: started"));
         Progress {
             tty: std::io::stderr().is_terminal(),
             step: step.to_string(),
@@ -288,6 +311,20 @@ fn lock_cache(dir: &Path) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {
         .open(dir.join(".lock"))?;
     nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| anyhow::anyhow!("locking the image cache {}: {e}", dir.display()))
+}
+
+/// The `image_ref` a build of `req` will produce (unless the lock must be re-resolved), and
+/// whether that image exists already.
+pub fn plan(req: &BuildRequest) -> anyhow::Result<(String, bool)> {
+    let recipes = load_recipes(&req.images_dir)?;
+    let sel = select(req, &recipes)?;
+    let agent = std::fs::read(&req.agent_bin)
+        .with_context(|| format!("reading the agent binary {}", req.agent_bin.display()))?;
+    let lock = std::fs::read_to_string(req.images_dir.join(format!("{}.lock", sel.name)))
+        .unwrap_or_default();
+    let image = image_ref(&sel, &lock, &sha256_hex(&agent));
+    let exists = docker_has(&image);
+    Ok((image, exists))
 }
 
 /// Builds (or finds) the image.

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod config;
 pub mod error;
 pub mod image;
+pub mod image_job;
 pub mod lease;
 pub mod metrics;
 pub mod pool;

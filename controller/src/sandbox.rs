@@ -35,6 +35,7 @@ pub struct Controller {
     pub pools: Pools,
     /// One HTTP client for every agent call (connection pool, TLS set up once).
     http: reqwest::Client,
+    pub image_jobs: crate::image_job::ImageJobs,
     pub(crate) lease_locks: crate::util::KeyedLocks,
     destroy_locks: crate::util::KeyedLocks,
 }
@@ -73,6 +74,7 @@ impl Controller {
                 .no_proxy()
                 .build()
                 .map_err(|e| Error::Internal(format!("HTTP client: {e}")))?,
+            image_jobs: Default::default(),
             lease_locks: Default::default(),
             destroy_locks: Default::default(),
         }))

@@ -115,8 +115,10 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
     let (hashes, generated_key) = key_hashes(&opts, &data_dir)?;
     let store = Store::open(&data_dir.join("berth.db")).context("opening the store")?;
     let bin = agent_bin(opts.agent_bin.clone(), &opts.config)?;
-    let process: Arc<dyn Provider> =
-        Arc::new(ProcessProvider::new(data_dir.join("sandboxes"), bin)?);
+    let process: Arc<dyn Provider> = Arc::new(ProcessProvider::new(
+        data_dir.join("sandboxes"),
+        bin.clone(),
+    )?);
     let mut providers = BTreeMap::from([("process".to_string(), process)]);
     let wants_docker =
         opts.config.docker_image.is_some() || opts.config.providers.values().any(|p| p == "docker");
@@ -139,6 +141,16 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
         format!("http://{host}:{}", addr.port())
     });
     let controller = Controller::new(opts.config.clone(), store, data_dir, public_url, providers)?;
+    let _ = controller
+        .image_jobs
+        .settings
+        .set(crate::image_job::ImageSettings {
+            agent_bin: bin,
+            images_dir: crate::image::default_images_dir(),
+            cache_dir: std::env::var_os("BERTH_IMAGE_CACHE")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("/var/cache/berth/images")),
+        });
     controller.recover().await?;
     controller.start_pools()?;
     controller.start_loops();

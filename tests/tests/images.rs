@@ -212,3 +212,62 @@ async fn the_ide_profile_runs_from_the_desktop_image_without_a_desktop() {
         .unwrap();
     assert_eq!(r["output"], "0\n", "{r}");
 }
+
+#[tokio::test]
+async fn the_controller_answers_an_image_build_with_the_content_addressed_ref() {
+    let expected = build()["image_ref"].as_str().unwrap().to_string();
+    let c = berth_tests::controller::ControllerProcess::start("").await;
+    let cl = c.client();
+    let r = cl
+        .request(reqwest::Method::POST, "/sandbox/sandboxes/v1/images/build")
+        .json(&serde_json::json!({"profile": "desktop"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "an existing image is ready at once");
+    let job: Value = r.json().await.unwrap();
+    assert_eq!(job["image_ref"], expected.as_str());
+    assert_eq!(job["image_uri"], expected.as_str());
+    assert_eq!(job["status"], "ready");
+    let again: Value = cl
+        .request(
+            reqwest::Method::GET,
+            &format!("/sandbox/sandboxes/v1/images/{expected}"),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(again["status"], "ready");
+    for (body, status) in [
+        (serde_json::json!({"profile": "nope"}), 400),
+        (
+            serde_json::json!({"profile": "desktop", "apps": ["nope"]}),
+            400,
+        ),
+        (
+            serde_json::json!({"profile": "desktop", "bundle": "nope"}),
+            400,
+        ),
+        (serde_json::json!({"profile": 3}), 400),
+    ] {
+        let r = cl
+            .request(reqwest::Method::POST, "/sandbox/sandboxes/v1/images/build")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status, "{body}");
+    }
+    let r = cl
+        .request(
+            reqwest::Method::GET,
+            "/sandbox/sandboxes/v1/images/berth-desktop:nope",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+}

@@ -41,6 +41,8 @@ pub fn keyed() -> Router<ApiState> {
         .route("/sandbox/v1/leases", post(acquire))
         .route("/sandbox/v1/leases/{id}/renew", post(renew))
         .route("/sandbox/v1/leases/{id}", axum::routing::delete(release))
+        .route("/sandbox/sandboxes/v1/images/build", post(build_image))
+        .route("/sandbox/sandboxes/v1/images/{image_ref}", get(image_job))
         .route("/sandbox/v1/catalog", get(catalog))
         .route("/sandbox/v1/pools", get(pools))
         .route(
@@ -241,4 +243,28 @@ async fn adjust_pool(
         return Err(Error::NotFound(format!("no pool serves profile {profile:?}")).into());
     }
     Ok(axum::Json(json!({"pools": s.c.pool_status()})).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BuildImage {
+    profile: String,
+    bundle: Option<String>,
+    #[serde(default)]
+    apps: Vec<String>,
+}
+
+async fn build_image(State(s): State<ApiState>, Json(body): Json<BuildImage>) -> Result<Response> {
+    let job =
+        s.c.build_image(body.profile, body.bundle, body.apps)
+            .await?;
+    let status = match job.status.as_str() {
+        "building" => StatusCode::ACCEPTED,
+        _ => StatusCode::OK,
+    };
+    Ok((status, job.into_json()).into_response())
+}
+
+async fn image_job(State(s): State<ApiState>, Path(image_ref): Path<String>) -> Result<Response> {
+    Ok(s.c.image_job(&image_ref)?.into_json().into_response())
 }

@@ -88,9 +88,36 @@ async fn direct_start(desktop: bool) -> f64 {
 
 pub async fn bench(runs: usize) {
     println!("\n== controller: claim latency and create-to-ready (process provider) ==");
-    let c = ControllerProcess::start(
-        "[[pools]]\nprofile = \"ide\"\nsize = 0\n[[pools]]\nprofile = \"desktop\"\nsize = 0\n",
-    )
+    measure(runs, "", true).await;
+    let image = std::process::Command::new(berth_tests::workspace_bin("berth"))
+        .args(["image", "build", "--profile", "desktop", "--json"])
+        .output()
+        .ok()
+        .and_then(|o| serde_json::from_slice::<Value>(&o.stdout).ok())
+        .and_then(|v| v["image_ref"].as_str().map(String::from));
+    match image {
+        Some(image) => {
+            println!("\n== controller: the same on the Docker provider ({image}) ==");
+            let docker = format!(
+                "docker_image = \"{image}\"\n[providers]\ndesktop = \"docker\"\nide = \"docker\"\n"
+            );
+            measure(runs, &docker, false).await;
+        }
+        None => println!(
+            "(no desktop image: `berth image build --profile desktop` for the Docker figures)"
+        ),
+    }
+}
+
+/// `config` is prepended to the pools; `direct`: also start agents directly for comparison.
+async fn measure(runs: usize, config: &str, direct: bool) {
+    let (head, tables) = match config.find("[providers]") {
+        Some(i) => config.split_at(i),
+        None => (config, ""),
+    };
+    let c = ControllerProcess::start(&format!(
+        "{head}[[pools]]\nprofile = \"ide\"\nsize = 0\n[[pools]]\nprofile = \"desktop\"\nsize = 0\n{tables}"
+    ))
     .await;
     // Cold: no member waits.
     let mut ide_cold: Vec<f64> = creates(&c, "ide", runs * 2)
@@ -105,10 +132,16 @@ pub async fn bench(runs: usize) {
         .collect();
     let mut ide_direct = Vec::new();
     let mut desk_direct = Vec::new();
-    for _ in 0..runs {
+    for _ in 0..if direct { runs } else { 0 } {
         ide_direct.push(direct_start(false).await);
         desk_direct.push(direct_start(true).await);
     }
+    let beside = |v: &mut Vec<f64>, what: &str| match v.is_empty() {
+        true => String::new(),
+        false => format!("| {what} started directly: p50 {:>7.1} ms", pct(v, 0.5)),
+    };
+    let ide_beside = beside(&mut ide_direct, "the agent");
+    let desk_beside = beside(&mut desk_direct, "the agent --desktop");
     // Warm: claims from full pools, each claimed member replaced before the next round.
     let mut ide_warm = Vec::new();
     set_size(&c, "ide", 10).await;
@@ -143,15 +176,13 @@ pub async fn bench(runs: usize) {
         pct(&mut desk_warm, 0.99)
     );
     println!(
-        "cold create-to-ready, ide:        p50 {:>7.1} ms   max {:>7.1} ms   | the agent started directly: p50 {:>7.1} ms",
+        "cold create-to-ready, ide:        p50 {:>7.1} ms   max {:>7.1} ms   {ide_beside}",
         pct(&mut ide_cold, 0.5),
         pct(&mut ide_cold, 1.0),
-        pct(&mut ide_direct, 0.5)
     );
     println!(
-        "cold create-to-ready, desktop:    p50 {:>7.1} ms   max {:>7.1} ms   | the agent --desktop started directly: p50 {:>7.1} ms (target 5 s; OSWorld's Docker provider polls up to 300 s)",
+        "cold create-to-ready, desktop:    p50 {:>7.1} ms   max {:>7.1} ms   {desk_beside} (target 5 s; OSWorld's Docker provider polls up to 300 s)",
         pct(&mut desk_cold, 0.5),
         pct(&mut desk_cold, 1.0),
-        pct(&mut desk_direct, 0.5)
     );
 }

@@ -1,0 +1,139 @@
+//! `POST /sandbox/sandboxes/v1/images/build`: the image builder as a controller job. The answer
+//! comes at once with the `image_ref` (known before building) and a status; the job's steps are
+//! kept for `GET /sandbox/sandboxes/v1/images/{image_ref}`. One job per `image_ref` at a time.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::image::BuildRequest;
+use crate::sandbox::Controller;
+use crate::util::{now_ms, rfc3339};
+
+/// Where builds get their inputs.
+#[derive(Debug, Clone)]
+pub struct ImageSettings {
+    pub agent_bin: PathBuf,
+    pub images_dir: PathBuf,
+    pub cache_dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ImageJob {
+    pub image_ref: String,
+    /// The same pin, as the gateway API names it.
+    pub image_uri: String,
+    /// `building`, `ready` or `failed`.
+    pub status: String,
+    pub steps: Vec<String>,
+    pub error: Option<String>,
+    pub started_at: String,
+    pub ended_at: Option<String>,
+}
+
+#[derive(Default)]
+pub struct ImageJobs {
+    pub settings: std::sync::OnceLock<ImageSettings>,
+    jobs: Mutex<HashMap<String, Arc<Mutex<ImageJob>>>>,
+}
+
+impl Controller {
+    pub async fn build_image(
+        self: &Arc<Self>,
+        profile: String,
+        bundle: Option<String>,
+        apps: Vec<String>,
+    ) -> Result<ImageJob> {
+        let settings = self
+            .image_jobs
+            .settings
+            .get()
+            .cloned()
+            .ok_or_else(|| Error::Unprocessable("this controller builds no images".into()))?;
+        let req = BuildRequest {
+            profile,
+            bundle,
+            apps,
+            agent_bin: settings.agent_bin,
+            images_dir: settings.images_dir,
+            cache_dir: settings.cache_dir,
+        };
+        let r = req.clone();
+        let (image, exists) = tokio::task::spawn_blocking(move || crate::image::plan(&r))
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?
+            .map_err(|e| Error::BadRequest(format!("{e:#}")))?;
+        let mut jobs = self
+            .image_jobs
+            .jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(j) = jobs.get(&image) {
+            let j = j.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            if j.status != "failed" {
+                return Ok(j);
+            }
+        }
+        let job = Arc::new(Mutex::new(ImageJob {
+            image_ref: image.clone(),
+            image_uri: image.clone(),
+            status: if exists { "ready" } else { "building" }.into(),
+            steps: Vec::new(),
+            error: None,
+            started_at: rfc3339(now_ms()),
+            ended_at: exists.then(|| rfc3339(now_ms())),
+        }));
+        jobs.insert(image.clone(), job.clone());
+        drop(jobs);
+        if !exists {
+            let j = job.clone();
+            tokio::task::spawn_blocking(move || {
+                let (tx, rx) = std::sync::mpsc::channel::<String>();
+                let j2 = j.clone();
+                let collector = std::thread::spawn(move || {
+                    for step in rx {
+                        j2.lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .steps
+                            .push(step);
+                    }
+                });
+                let result = crate::image::with_steps(tx, || crate::image::build(&req));
+                let _ = collector.join();
+                let mut j = j.lock().unwrap_or_else(|p| p.into_inner());
+                j.ended_at = Some(rfc3339(now_ms()));
+                match result {
+                    Ok(built) => {
+                        j.status = "ready".into();
+                        // A re-resolved lock renames the image: say which one was made.
+                        j.image_ref = built.image_ref.clone();
+                        j.image_uri = built.image_ref;
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %format!("{e:#}"), "image build failed");
+                        j.status = "failed".into();
+                        j.error = Some(format!("{e:#}"));
+                    }
+                }
+            });
+        }
+        let j = job.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        Ok(j)
+    }
+
+    pub fn image_job(&self, image_ref: &str) -> Result<ImageJob> {
+        let jobs = self
+            .image_jobs
+            .jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        jobs.get(image_ref)
+            .map(|j| j.lock().unwrap_or_else(|p| p.into_inner()).clone())
+            .ok_or_else(|| {
+                Error::NotFound(format!("no image build of {image_ref} on this controller"))
+            })
+    }
+}
