@@ -16,6 +16,11 @@ pub struct Profile {
     /// Whether the agent runs the desktop stack.
     pub desktop: bool,
     pub enabled: bool,
+    /// Resource limits where the provider enforces them (Docker).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -96,7 +96,7 @@ impl Controller {
                                 &["stopping", "stopped", "failed"],
                                 SandboxUpdate {
                                     agent_url: Some(&ep.agent_url),
-                                    compat_url: Some(&ep.agent_url),
+                                    compat_url: Some(&ep.compat_url),
                                     cdp_url: ep.cdp_url.as_deref(),
                                     ..Default::default()
                                 },

@@ -290,6 +290,8 @@ impl Controller {
             },
             desktop: profile.desktop,
             agent_token: row.agent_token.clone(),
+            cpus: profile.cpus,
+            memory_mb: profile.memory_mb,
         };
         let id = row.id.clone();
         let made = tokio::spawn(async move {
@@ -301,7 +303,7 @@ impl Controller {
                         &["stopping", "stopped", "failed"],
                         SandboxUpdate {
                             agent_url: Some(&ep.agent_url),
-                            compat_url: Some(&ep.agent_url),
+                            compat_url: Some(&ep.compat_url),
                             cdp_url: ep.cdp_url.as_deref(),
                             ..Default::default()
                         },

@@ -75,8 +75,14 @@ async fn a_docker_desktop_is_strictly_ready_runs_as_the_user_and_its_delete_remo
     assert!(run.stdout.starts_with("user\n:"), "{run:?}");
     let png = cl.screenshot(&sb.id).await.unwrap();
     assert_eq!(&png[1..4], b"PNG");
-    // CDP on the container's address, as a harness would use it.
+    // The compat surface and CDP on loopback ports published for harnesses on this host.
+    let compat = sb.endpoints.compat.clone().unwrap();
+    assert!(compat.starts_with("http://127.0.0.1:"), "{compat}");
+    let shot = reqwest::get(format!("{compat}/screenshot")).await.unwrap();
+    assert_eq!(shot.status(), 200);
+    assert_eq!(&shot.bytes().await.unwrap()[1..4], b"PNG");
     let cdp = sb.endpoints.cdp.clone().unwrap();
+    assert!(cdp.starts_with("http://127.0.0.1:"), "{cdp}");
     let v: serde_json::Value = reqwest::get(format!("{cdp}/json/version"))
         .await
         .unwrap()
@@ -225,4 +231,51 @@ async fn an_ide_pool_on_docker_hands_each_warm_container_to_exactly_one_caller()
         cl.delete(&s.id).await.unwrap();
     }
     assert!(c.containers().is_empty(), "{:?}", c.containers());
+}
+
+#[tokio::test]
+async fn an_agent_killed_inside_its_container_is_restarted_by_init_and_its_run_finishes() {
+    let c = on_docker("").await;
+    let cl = c.client();
+    let sb = cl.create(&ide()).await.unwrap();
+    let run = cl
+        .exec(
+            &sb.id,
+            &RunRequest {
+                wait: Some(false),
+                run_id: Some("outlives-the-agent".into()),
+                ..shell("sleep 3; echo survived; exit 5")
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(run.status, "running");
+    // Kill the agent (not init, PID 1) inside the container.
+    let killed = Command::new("docker")
+        .args(["exec", &format!("berth-{}", sb.id), "sh", "-c"])
+        .arg("kill -9 $(pgrep -f '^/usr/local/bin/berth-agent --listen')")
+        .output()
+        .unwrap();
+    assert!(
+        killed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&killed.stderr)
+    );
+    let done = wait_for("the run to finish", Duration::from_secs(60), || async {
+        let r = cl.run(&sb.id, "outlives-the-agent").await.unwrap();
+        r.done().then_some(r)
+    })
+    .await;
+    assert_eq!(
+        (done.status.as_str(), done.exit_code),
+        ("exited", Some(5)),
+        "{done:?}"
+    );
+    assert_eq!(done.stdout, "survived\n");
+    assert_eq!(
+        cl.get(&sb.id).await.unwrap().status,
+        "running",
+        "the container lived on"
+    );
+    cl.delete(&sb.id).await.unwrap();
 }

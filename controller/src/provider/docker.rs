@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use bollard::Docker;
-use bollard::models::{ContainerCreateBody, HostConfig, NetworkCreateRequest};
+use bollard::models::{ContainerCreateBody, HostConfig, NetworkCreateRequest, PortBinding};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, EventsOptionsBuilder, InspectContainerOptions,
     ListContainersOptionsBuilder, RemoveContainerOptionsBuilder, StartContainerOptions,
@@ -142,12 +142,29 @@ impl DockerProvider {
             .as_ref()
             .and_then(|c| c.cmd.as_ref())
             .is_some_and(|cmd| cmd.iter().any(|a| a == "--desktop"));
+        // The ports published on 127.0.0.1 for harnesses on the host.
+        let published = |port: u16| -> Option<String> {
+            let bindings = c.network_settings.as_ref()?.ports.as_ref()?;
+            let b = bindings.get(&format!("{port}/tcp"))?.as_ref()?.first()?;
+            Some(format!(
+                "http://{}:{}",
+                b.host_ip
+                    .clone()
+                    .filter(|h| !h.is_empty() && h != "0.0.0.0")
+                    .unwrap_or("127.0.0.1".into()),
+                b.host_port.clone()?
+            ))
+        };
         Ok(Some(Observed {
             identity,
             alive,
             endpoint: ip.filter(|_| alive).map(|ip| Endpoint {
                 agent_url: format!("http://{ip}:{AGENT_PORT}"),
-                cdp_url: desktop.then(|| format!("http://{ip}:{CDP_PORT}")),
+                compat_url: published(AGENT_PORT)
+                    .unwrap_or_else(|| format!("http://{ip}:{AGENT_PORT}")),
+                cdp_url: desktop.then(|| {
+                    published(CDP_PORT).unwrap_or_else(|| format!("http://{ip}:{CDP_PORT}"))
+                }),
             }),
             created_at_ms,
         }))
@@ -190,15 +207,38 @@ impl Provider for DockerProvider {
                 "--desktop".into(),
             ]);
         }
+        let ports: Vec<u16> = match spec.desktop {
+            true => vec![AGENT_PORT, CDP_PORT],
+            false => vec![AGENT_PORT],
+        };
         let body = ContainerCreateBody {
             image: Some(spec.identity.image_ref.clone()),
             cmd: Some(cmd),
             env: Some(vec![format!("BERTH_AGENT_TOKEN={}", spec.agent_token)]),
             labels: Some(labels),
+            exposed_ports: Some(ports.iter().map(|p| format!("{p}/tcp")).collect()),
             host_config: Some(HostConfig {
                 network_mode: Some(NETWORK.into()),
+                // Harnesses on the host reach the compat surface and CDP through loopback
+                // ports Docker picks; the controller uses the container's IP.
+                port_bindings: Some(
+                    ports
+                        .iter()
+                        .map(|p| {
+                            (
+                                format!("{p}/tcp"),
+                                Some(vec![PortBinding {
+                                    host_ip: Some("127.0.0.1".into()),
+                                    host_port: Some(String::new()),
+                                }]),
+                            )
+                        })
+                        .collect(),
+                ),
                 // Chromium needs more than Docker's 64 MiB of /dev/shm.
                 shm_size: Some(512 << 20),
+                nano_cpus: spec.cpus.map(|c| (c * 1e9) as i64),
+                memory: spec.memory_mb.map(|m| (m << 20) as i64),
                 ..Default::default()
             }),
             ..Default::default()

@@ -43,13 +43,19 @@ pub struct Spec {
     pub desktop: bool,
     /// The bearer token the agent's native API will require.
     pub agent_token: String,
+    /// Resource limits (providers that can enforce them do).
+    pub cpus: Option<f64>,
+    pub memory_mb: Option<u64>,
 }
 
 /// How to reach a created sandbox's agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
-    /// The agent's listener (`http://host:port`): native `/v1` and compat surface.
+    /// The agent's listener (`http://host:port`) as the controller reaches it: native `/v1`
+    /// and compat surface.
     pub agent_url: String,
+    /// The compat surface as harnesses on this host reach it (often the same).
+    pub compat_url: String,
     /// Chromium's CDP through the agent's TCP relay, for desktop sandboxes.
     pub cdp_url: Option<String>,
 }

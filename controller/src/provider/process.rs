@@ -79,8 +79,10 @@ impl ProcessProvider {
     fn endpoint(dir: &Path) -> Option<Endpoint> {
         let v: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.join("state/endpoints.json")).ok()?).ok()?;
+        let agent_url = format!("http://{}", v["listen"].as_str()?);
         Some(Endpoint {
-            agent_url: format!("http://{}", v["listen"].as_str()?),
+            compat_url: agent_url.clone(),
+            agent_url,
             cdp_url: v["cdp_listen"].as_str().map(|a| format!("http://{a}")),
         })
     }
