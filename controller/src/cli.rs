@@ -300,7 +300,23 @@ async fn demo(a: DemoArgs) -> anyhow::Result<i32> {
         "  running after {:.1} s (X server, VNC, window manager, panel, Chromium and both CDP relays checked)",
         started.elapsed().as_secs_f64()
     );
-    let png = client.screenshot(&sb.id).await?;
+    // Once the screen has been still for half a second: Chromium's first paint lands after
+    // its DevTools endpoint answers.
+    let shot = client
+        .request(
+            reqwest::Method::GET,
+            &format!(
+                "/sandbox/sandboxes/v1/{}/screenshot?settle_ms=500&timeout_ms=5000",
+                sb.id
+            ),
+        )
+        .send()
+        .await?;
+    let png = berth_protocol::client::check(shot)
+        .await?
+        .bytes()
+        .await?
+        .to_vec();
     std::fs::write(&a.screenshot, &png)
         .with_context(|| format!("writing {}", a.screenshot.display()))?;
     println!(
