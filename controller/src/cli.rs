@@ -282,15 +282,12 @@ async fn demo(a: DemoArgs) -> anyhow::Result<i32> {
     let client = ControllerClient::new(&base, Some(key.clone()));
     let started = Instant::now();
     let created = client
-        .request(reqwest::Method::POST, "/sandbox/sandboxes/v1?wait=false")
-        .json(&CreateSandbox {
+        .create_nowait(&CreateSandbox {
             profile: "desktop".into(),
             labels: BTreeMap::from([("purpose".into(), "demo".into())]),
             ..Default::default()
         })
-        .send()
         .await?;
-    let created: Sandbox = berth_protocol::client::check(created).await?.json().await?;
     println!(
         "sandbox {} created; waiting for strict readiness…",
         created.id
@@ -432,17 +429,14 @@ async fn sandbox(c: SandboxCmd) -> anyhow::Result<i32> {
             remote,
         } => {
             let cl = client(&remote);
-            let resp = cl
-                .request(reqwest::Method::POST, "/sandbox/sandboxes/v1?wait=false")
-                .json(&CreateSandbox {
+            let sb = cl
+                .create_nowait(&CreateSandbox {
                     profile,
                     image_ref,
                     labels: labels.into_iter().collect(),
                     ttl_seconds: ttl,
                 })
-                .send()
                 .await?;
-            let sb: Sandbox = berth_protocol::client::check(resp).await?.json().await?;
             if !remote.json {
                 eprintln!("sandbox {} created; waiting until ready", sb.id);
             }

@@ -194,11 +194,12 @@ impl Controller {
         }
         let expires_at = Some(self.expiry(req.ttl_seconds));
         loop {
-            let Some(row) = self.store.claim_warm(key, &req.labels, expires_at)? else {
-                self.pools.claimed(key);
+            let claimed = self.store.claim_warm(key, &req.labels, expires_at)?;
+            // Taken or found empty: either way the pool refills.
+            self.pools.claimed(key);
+            let Some(row) = claimed else {
                 return Ok(None);
             };
-            self.pools.claimed(key);
             match self.probe(&row).await {
                 Ok(()) => {
                     self.event(

@@ -271,13 +271,6 @@ impl Store {
         Ok(f(&conn)?)
     }
 
-    pub fn meta(&self, key: &str) -> Result<Option<String>> {
-        self.with(|c| {
-            c.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
-                .optional()
-        })
-    }
-
     /// Sets `key` unless it is set already; answers the value that holds.
     pub fn meta_init(&self, key: &str, value: &str) -> Result<String> {
         self.with(|c| {
@@ -286,17 +279,6 @@ impl Store {
                 [key, value],
             )?;
             c.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
-        })
-    }
-
-    pub fn set_meta(&self, key: &str, value: &str) -> Result<()> {
-        self.with(|c| {
-            c.execute(
-                "INSERT INTO meta (key, value) VALUES (?1, ?2)
-                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                [key, value],
-            )
-            .map(|_| ())
         })
     }
 
@@ -399,16 +381,6 @@ impl Store {
             c.execute(
                 "UPDATE sandboxes SET expires_at = ?2 WHERE id = ?1",
                 params![id, expires_at],
-            )
-            .map(|_| ())
-        })
-    }
-
-    pub fn set_agent_event_seq(&self, id: &str, seq: u64) -> Result<()> {
-        self.with(|c| {
-            c.execute(
-                "UPDATE sandboxes SET agent_event_seq = ?2 WHERE id = ?1",
-                params![id, seq as i64],
             )
             .map(|_| ())
         })

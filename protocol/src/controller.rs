@@ -235,6 +235,15 @@ impl ControllerClient {
         Self::call(self.request(reqwest::Method::POST, SANDBOXES).json(req)).await
     }
 
+    /// Answers as soon as the sandbox exists (`?wait=false`): `starting` when created cold.
+    pub async fn create_nowait(&self, req: &CreateSandbox) -> Result<Sandbox> {
+        Self::call(
+            self.request(reqwest::Method::POST, &format!("{SANDBOXES}?wait=false"))
+                .json(req),
+        )
+        .await
+    }
+
     pub async fn get(&self, id: &str) -> Result<Sandbox> {
         Self::call(self.request(reqwest::Method::GET, &format!("{SANDBOXES}/{id}"))).await
     }

@@ -12,6 +12,20 @@ use crate::{processes_matching, workspace_bin};
 
 pub const API_KEY: &str = "test-api-key-0123456789";
 
+/// `berth image build --profile desktop --json`: the build's answer (`image_ref`, `built`, …).
+/// `tests/test.sh` builds the image once, so here a build finds it in under a second.
+pub fn build_desktop_image() -> Result<serde_json::Value, String> {
+    let out = Command::new(workspace_bin("berth"))
+        .args(["image", "build", "--profile", "desktop", "--json"])
+        .env("BERTH_LOG", "warn")
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("only JSON on stdout: {e}"))
+}
+
 pub struct ControllerProcess {
     pub child: Option<Child>,
     pub dir: tempfile::TempDir,

@@ -533,16 +533,7 @@ async fn a_controller_killed_during_creates_adopts_or_reaps_them_and_leaks_nothi
     // Creates in flight (answered at once), then kill -9 before they are ready.
     let mut ids = Vec::new();
     for _ in 0..3 {
-        let r: Value = cl
-            .request(reqwest::Method::POST, "/sandbox/sandboxes/v1?wait=false")
-            .json(&ide())
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        ids.push(r["id"].as_str().unwrap().to_string());
+        ids.push(cl.create_nowait(&ide()).await.unwrap().id);
     }
     c.kill9();
     // And one the store never heard of: its row removed behind the controller's back.

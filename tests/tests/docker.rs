@@ -8,22 +8,12 @@ use std::time::Duration;
 
 use berth_protocol::controller::{AcquireLease, Command as RunCommand, CreateSandbox, RunRequest};
 use berth_tests::controller::ControllerProcess;
-use berth_tests::{wait_for, workspace_bin};
+use berth_tests::wait_for;
 
 /// The desktop image (`tests/test.sh` builds it; a build here finds it in under a second).
 fn image() -> String {
-    let out = Command::new(workspace_bin("berth"))
-        .args(["image", "build", "--profile", "desktop", "--json"])
-        .env("BERTH_LOG", "warn")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["image_ref"].as_str().unwrap().to_string()
+    let built = berth_tests::controller::build_desktop_image().unwrap();
+    built["image_ref"].as_str().unwrap().to_string()
 }
 
 async fn on_docker(extra: &str) -> ControllerProcess {
@@ -148,16 +138,7 @@ async fn a_controller_killed_during_docker_creates_leaves_no_untracked_container
     let cl = c.client();
     let mut ids = Vec::new();
     for _ in 0..2 {
-        let r: serde_json::Value = cl
-            .request(reqwest::Method::POST, "/sandbox/sandboxes/v1?wait=false")
-            .json(&ide())
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        ids.push(r["id"].as_str().unwrap().to_string());
+        ids.push(cl.create_nowait(&ide()).await.unwrap().id);
     }
     c.kill9();
     c.launch();

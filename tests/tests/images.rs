@@ -5,21 +5,11 @@
 use std::process::Command;
 use std::time::Duration;
 
-use berth_tests::{TOKEN, wait_for, workspace_bin};
+use berth_tests::{TOKEN, wait_for};
 use serde_json::Value;
 
 fn build() -> Value {
-    let out = Command::new(workspace_bin("berth"))
-        .args(["image", "build", "--profile", "desktop", "--json"])
-        .env("BERTH_LOG", "warn")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("only the JSON on stdout")
+    berth_tests::controller::build_desktop_image().unwrap()
 }
 
 /// A detached container of the image, removed on drop.

@@ -156,7 +156,7 @@ async fn vnc_ws(
     ws: WsResult,
 ) -> Result<Response> {
     viewer_allowed(&s, &id, &headers)?;
-    relay_ws(&s, &id, "/v1/vnc/websockify", ws, &headers).await
+    relay_ws(&s, &id, "/v1/vnc/websockify", ws).await
 }
 
 async fn stream_ws(
@@ -166,7 +166,7 @@ async fn stream_ws(
     ws: WsResult,
 ) -> Result<Response> {
     viewer_allowed(&s, &id, &headers)?;
-    relay_ws(&s, &id, "/v1/stream", ws, &headers).await
+    relay_ws(&s, &id, "/v1/stream", ws).await
 }
 
 async fn stream_mp4(
@@ -286,13 +286,7 @@ async fn forward(
 }
 
 /// A WebSocket relayed to the agent's, frames passed through as they come.
-async fn relay_ws(
-    s: &ApiState,
-    id: &str,
-    path: &str,
-    ws: WsResult,
-    _headers: &HeaderMap,
-) -> Result<Response> {
+async fn relay_ws(s: &ApiState, id: &str, path: &str, ws: WsResult) -> Result<Response> {
     let Ok(ws) = ws else {
         return Err(ApiError(Error::BadRequest(format!(
             "{path} is a WebSocket: connect with an Upgrade request"

@@ -89,11 +89,8 @@ async fn direct_start(desktop: bool) -> f64 {
 pub async fn bench(runs: usize) {
     println!("\n== controller: claim latency and create-to-ready (process provider) ==");
     measure(runs, "", true).await;
-    let image = std::process::Command::new(berth_tests::workspace_bin("berth"))
-        .args(["image", "build", "--profile", "desktop", "--json"])
-        .output()
+    let image = berth_tests::controller::build_desktop_image()
         .ok()
-        .and_then(|o| serde_json::from_slice::<Value>(&o.stdout).ok())
         .and_then(|v| v["image_ref"].as_str().map(String::from));
     match image {
         Some(image) => {
