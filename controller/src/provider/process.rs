@@ -202,7 +202,10 @@ impl Provider for ProcessProvider {
             {
                 return Ok(ep);
             }
-            if !process_mentions(pid as i32, &dir) {
+            // Our own child (reaped by its thread once it ends): alive means not yet reaped and
+            // not a zombie. Its command line is no test here — between fork and exec it is
+            // still the controller's.
+            if !child_running(pid) {
                 return Err(ProviderError::Failed(format!(
                     "berth-agent exited during start-up: {}",
                     log_tail(&dir.join("agent.log"))
@@ -289,6 +292,16 @@ impl Provider for ProcessProvider {
                 ))),
             })
     }
+}
+
+fn child_running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().to_string())
+        })
+        .is_some_and(|rest| !rest.starts_with('Z'))
 }
 
 fn signal(pid: i32, sig: nix::sys::signal::Signal) {
