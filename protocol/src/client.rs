@@ -10,6 +10,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+use crate::desktop::*;
 use crate::error::ErrorBody;
 use crate::events::EventsPage;
 use crate::exec::*;
@@ -390,6 +391,40 @@ impl AgentClient {
 
     pub async fn shutdown(&self) -> Result<serde_json::Value> {
         Self::call(self.request(reqwest::Method::POST, "/v1/shutdown")).await
+    }
+
+    /// `GET /v1/ready?wait=…`: the report whether ready (200) or not (503); `wait` zero asks
+    /// for the state now.
+    pub async fn ready(&self, wait: Duration) -> Result<ReadyReport> {
+        let path = format!("/v1/ready?wait={}ms", wait.as_millis());
+        let resp = self.request(reqwest::Method::GET, &path).send().await?;
+        let resp = if resp.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+            resp
+        } else {
+            check(resp).await?
+        };
+        let bytes = resp.bytes().await?;
+        match serde_json::from_slice(&bytes) {
+            Ok(r) => Ok(r),
+            // A 503 that is not a report (no desktop code at all, a proxy) is an error.
+            Err(e) => Err(ClientError::Decode(format!(
+                "{e}: {}",
+                String::from_utf8_lossy(&bytes)
+            ))),
+        }
+    }
+
+    pub async fn browser(&self) -> Result<BrowserInfo> {
+        self.get("/v1/browser").await
+    }
+
+    /// `POST /v1/browser/restart`: answers once the new browser is up.
+    pub async fn browser_restart(&self) -> Result<BrowserInfo> {
+        Self::call(self.request(reqwest::Method::POST, "/v1/browser/restart")).await
+    }
+
+    pub async fn a11y(&self) -> Result<A11yTree> {
+        self.get("/v1/a11y").await
     }
 }
 

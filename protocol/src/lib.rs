@@ -6,6 +6,7 @@
 
 pub mod client;
 pub mod controller;
+pub mod desktop;
 pub mod display;
 pub mod error;
 pub mod events;
@@ -15,6 +16,7 @@ pub mod pty;
 pub mod record;
 
 pub use client::{AgentClient, ClientError};
+pub use desktop::*;
 pub use display::*;
 pub use error::{ErrorBody, ErrorDetail};
 pub use events::{Event, EventsPage};

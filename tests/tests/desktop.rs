@@ -507,13 +507,18 @@ async fn killed_components_come_back_and_readiness_follows() {
         let new_pid = after["components"][victim]["pid"].as_u64().unwrap() as i32;
         assert_ne!(new_pid, pid, "{victim} was restarted");
         let events = events_since(a, from).await;
-        let has = |kind: &str, component: &str| {
-            events
+        // The kill is what the events report, on the way down and on the way back up.
+        for kind in ["component.down", "component.restarted"] {
+            let e = events
                 .iter()
-                .any(|e| e["kind"] == kind && e["component"] == component)
-        };
-        assert!(has("component.down", victim), "{events:#?}");
-        assert!(has("component.restarted", victim), "{events:#?}");
+                .find(|e| e["kind"] == kind && e["component"] == victim)
+                .unwrap_or_else(|| panic!("no {kind} of {victim}: {events:#?}"));
+            assert_eq!(
+                (&e["signal"], &e["exit_code"]),
+                (&json!("KILL"), &Value::Null),
+                "{e:#}"
+            );
+        }
         if victim == "x" {
             // Its dependents came back with it, and that was not their crash.
             for dep in ["xfwm4", "xfce4-panel", "chromium"] {
@@ -559,6 +564,82 @@ async fn killed_components_come_back_and_readiness_follows() {
             );
         }
     }
+}
+
+#[tokio::test]
+async fn a_component_that_keeps_crashing_is_given_up_on_and_readiness_says_why() {
+    // A "browser" that exits at once with code 3, however often it is started.
+    let bin = tempfile::Builder::new()
+        .prefix("berth-crash-")
+        .tempdir()
+        .unwrap();
+    let script = bin.path().join("crashing-browser");
+    std::fs::write(&script, "#!/bin/sh\nexit 3\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(bin.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let a = AgentProcess::start_with(AgentOptions {
+        extra_args: vec![
+            "--desktop".into(),
+            "--cdp-listen".into(),
+            "127.0.0.1:0".into(),
+            "--chromium".into(),
+            script.display().to_string(),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let c = a.client();
+    let report = wait_for(
+        "the crashing browser to be given up on",
+        Duration::from_secs(60),
+        || {
+            let c = c.clone();
+            async move {
+                let r = c.ready(Duration::ZERO).await.ok()?;
+                (r.components.get("chromium")?.state == "gave_up").then_some(r)
+            }
+        },
+    )
+    .await;
+    assert!(!report.ready, "{report:#?}");
+    let chromium = &report.components["chromium"];
+    assert!(!chromium.ok);
+    assert_eq!(chromium.reason, "gave up after 5 crashes in a row");
+    assert!(chromium.pid.is_none(), "{chromium:?}");
+    // The rest of the desktop is unaffected.
+    assert!(report.components["xfwm4"].ok, "{report:#?}");
+    // The status code agrees with the body.
+    let (status, _) = ready(&a, "0s").await;
+    assert_eq!(status, 503);
+
+    let events = c.events(0).await.unwrap().events;
+    let downs: Vec<_> = events
+        .iter()
+        .filter(|e| e.kind == "component.down" && e.data["component"] == "chromium")
+        .collect();
+    assert_eq!(
+        downs.len(),
+        5,
+        "five crashes, then no more starts: {downs:#?}"
+    );
+    for d in &downs {
+        assert_eq!(
+            (&d.data["exit_code"], &d.data["signal"]),
+            (&json!(3), &Value::Null),
+            "{d:?}"
+        );
+    }
+    let gave_up = events
+        .iter()
+        .find(|e| e.kind == "component.gave_up")
+        .unwrap_or_else(|| panic!("no component.gave_up: {events:#?}"));
+    assert!(gave_up.seq > downs[4].seq);
+    assert_eq!(gave_up.data["component"], "chromium");
+    assert_eq!(gave_up.data["crashes"], 5);
+    assert_eq!(gave_up.data["exit_code"], 3);
+    assert_eq!(gave_up.data["signal"], Value::Null);
+    assert_eq!(gave_up.data["reason"], "gave up after 5 crashes in a row");
 }
 
 #[tokio::test]

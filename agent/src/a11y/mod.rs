@@ -6,12 +6,10 @@
 
 pub mod xml;
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use serde::Serialize;
 use zbus::zvariant::{OwnedObjectPath, OwnedValue};
 
 /// OSWorld's limits: depth 50 (the application is depth 1), 1024 children per node.
@@ -72,51 +70,8 @@ pub const STATES: [&str; 44] = [
     "read_only",
 ];
 
-#[derive(Debug, Clone, Serialize, Default)]
-pub struct Action {
-    pub name: String,
-    pub description: String,
-    pub keybinding: String,
-}
-
-#[derive(Debug, Clone, Serialize, Default)]
-pub struct Value {
-    pub current: f64,
-    pub min: f64,
-    pub max: f64,
-    pub step: f64,
-}
-
-/// One accessible object.
-#[derive(Debug, Clone, Serialize, Default)]
-pub struct Node {
-    /// The role name with spaces as dashes (`push-button`), `unknown` when empty.
-    pub role: String,
-    pub name: String,
-    pub states: Vec<&'static str>,
-    pub attributes: BTreeMap<String, String>,
-    /// Screen position and size, for nodes that are visible and showing.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub screencoord: Option<(i32, i32)>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub size: Option<(i32, i32)>,
-    pub image: bool,
-    pub selection: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub value: Option<Value>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub actions: Vec<Action>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub text: Option<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub children: Vec<Node>,
-}
-
-impl Node {
-    pub fn has_state(&self, s: &str) -> bool {
-        self.states.contains(&s)
-    }
-}
+/// The tree's types are the wire contract's (`GET /v1/a11y`).
+pub use berth_protocol::desktop::{A11yAction as Action, A11yNode as Node, A11yValue as Value};
 
 type Ref = (String, OwnedObjectPath);
 
@@ -300,11 +255,11 @@ fn node<'a>(
             .and_then(|v| String::try_from(v).ok())
             .unwrap_or_default();
         let bits = state.unwrap_or_default();
-        let states: Vec<&'static str> = STATES
+        let states: Vec<String> = STATES
             .iter()
             .enumerate()
             .filter(|(i, _)| bits.get(i / 32).is_some_and(|w| w & (1 << (i % 32)) != 0))
-            .map(|(_, n)| *n)
+            .map(|(_, n)| n.to_string())
             .collect();
         let ifaces = ifaces.unwrap_or_default();
         let has = |i: &str| ifaces.iter().any(|x| x == i);

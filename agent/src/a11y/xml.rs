@@ -183,7 +183,7 @@ mod tests {
         let button = Node {
             role: "push-button".into(),
             name: "Click <Me> & \"you\"".into(),
-            states: vec!["enabled", "showing", "visible"],
+            states: ["enabled", "showing", "visible"].map(String::from).into(),
             attributes: [("toolkit".to_string(), "gtk".to_string())].into(),
             screencoord: Some((237, 110)),
             size: Some((402, 25)),

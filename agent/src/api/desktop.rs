@@ -11,8 +11,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::{SinkExt, StreamExt};
 use serde::Deserialize;
-use serde_json::json;
 use tokio_tungstenite::tungstenite;
+
+use berth_protocol::desktop::{A11yTree, BrowserInfo, BrowserTarget};
 
 use super::error::ApiError;
 use super::viewer::Grant;
@@ -154,34 +155,39 @@ pub async fn browser_info(
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .unwrap_or("127.0.0.1");
+    let text = |v: &serde_json::Value| v.as_str().map(String::from);
     // Each target is reached through this surface's relay, not the browser's loopback port.
-    let targets: Vec<serde_json::Value> = targets
+    let targets: Vec<BrowserTarget> = targets
         .map_err(unavailable)?
         .as_array()
         .cloned()
         .unwrap_or_default()
         .into_iter()
-        .map(|t| {
-            json!({
-                "id": t["id"],
-                "type": t["type"],
-                "title": t["title"],
-                "url": t["url"],
-                "ws_url": format!("ws://{host}/v1/browser/cdp/{}/{}",
-                    if t["type"] == "browser" { "browser" } else { "page" },
-                    t["id"].as_str().unwrap_or_default()),
-            })
+        .map(|t| BrowserTarget {
+            ws_url: format!(
+                "ws://{host}/v1/browser/cdp/{}/{}",
+                if t["type"] == "browser" {
+                    "browser"
+                } else {
+                    "page"
+                },
+                t["id"].as_str().unwrap_or_default()
+            ),
+            id: text(&t["id"]),
+            kind: text(&t["type"]),
+            title: text(&t["title"]),
+            url: text(&t["url"]),
         })
         .collect();
-    Ok(Json(json!({
-        "version": version["Browser"],
-        "protocol_version": version["Protocol-Version"],
-        "user_agent": version["User-Agent"],
-        "ws_url": format!("ws://{host}/v1/browser/cdp"),
-        "targets": targets,
-        "cdp_listen": agent.cdp_listen.map(|a| a.to_string()),
-        "pid": d.pid("chromium"),
-    }))
+    Ok(Json(BrowserInfo {
+        version: text(&version["Browser"]),
+        protocol_version: text(&version["Protocol-Version"]),
+        user_agent: text(&version["User-Agent"]),
+        ws_url: format!("ws://{host}/v1/browser/cdp"),
+        targets,
+        cdp_listen: agent.cdp_listen.map(|a| a.to_string()),
+        pid: d.pid("chromium"),
+    })
     .into_response())
 }
 
@@ -361,5 +367,5 @@ pub async fn a11y(State(agent): State<Arc<Agent>>) -> Result<Response, ApiError>
                 e.to_string(),
             )
         })?;
-    Ok(Json(json!({"applications": apps})).into_response())
+    Ok(Json(A11yTree { applications: apps }).into_response())
 }

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use berth_protocol::events::kinds;
 use serde_json::json;
 use tokio::sync::{Notify, watch};
 
@@ -62,28 +62,17 @@ pub struct DesktopConfig {
 }
 
 /// One component's condition, as `/v1/ready` reports it.
-#[derive(Debug, Clone, Serialize)]
-pub struct Status {
-    pub ok: bool,
-    /// `starting`, `up`, `down`, `gave_up`, `stopped`.
-    pub state: &'static str,
-    pub reason: String,
-    pub since: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub pid: Option<u32>,
-    pub restarts: u32,
-}
+pub use berth_protocol::desktop::ComponentStatus as Status;
 
-impl Status {
-    fn new(state: &'static str, reason: impl Into<String>) -> Status {
-        Status {
-            ok: state == "up",
-            state,
-            reason: reason.into(),
-            since: crate::time::now_rfc3339(),
-            pid: None,
-            restarts: 0,
-        }
+/// A status entering `state` now.
+pub(crate) fn new_status(state: &str, reason: impl Into<String>) -> Status {
+    Status {
+        ok: state == "up",
+        state: state.to_string(),
+        reason: reason.into(),
+        since: crate::time::now_rfc3339(),
+        pid: None,
+        restarts: 0,
     }
 }
 
@@ -159,7 +148,7 @@ impl Desktop {
         let restart = COMPONENTS.iter().map(|c| (*c, Notify::new())).collect();
         let statuses = COMPONENTS
             .iter()
-            .map(|c| (*c, Status::new("starting", "not started yet")))
+            .map(|c| (*c, new_status("starting", "not started yet")))
             .collect();
         let mut desktop = Desktop {
             display: String::new(),
@@ -275,11 +264,11 @@ impl Desktop {
         let mut map = self.statuses.lock().unwrap_or_else(|p| p.into_inner());
         let s = map
             .entry(name)
-            .or_insert_with(|| Status::new("starting", ""));
-        let before = (s.ok, s.state, s.reason.clone());
+            .or_insert_with(|| new_status("starting", ""));
+        let before = (s.ok, s.state.clone(), s.reason.clone());
         f(s);
         s.ok = s.state == "up";
-        if (s.ok, s.state, s.reason.clone()) != before {
+        if (s.ok, &s.state, &s.reason) != (before.0, &before.1, &before.2) {
             s.since = crate::time::now_rfc3339();
         }
         drop(map);
@@ -570,7 +559,14 @@ impl Desktop {
             .map(|l| l.trim().to_string())
             .filter(|p| p.starts_with("/devtools/browser/"))
             .ok_or("DevToolsActivePort holds no browser path")?;
-        crate::browser::version(port).await?;
+        // Up means a page can be opened (a renderer that cannot start fails here), not only
+        // that the DevTools port answers.
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            crate::browser::open_page(port, &browser_path),
+        )
+        .await
+        .map_err(|_| "opening a page took longer than 10 s".to_string())??;
         *self.devtools.lock().unwrap_or_else(|p| p.into_inner()) =
             Some(DevTools { port, browser_path });
         Ok(())
@@ -626,7 +622,7 @@ impl Desktop {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .get(prev)
-                .is_some_and(|s| matches!(s.state, "up" | "gave_up"));
+                .is_some_and(|s| matches!(s.state.as_str(), "up" | "gave_up"));
             if settled
                 || self.stopping.load(Ordering::SeqCst)
                 || tokio::time::timeout_at(deadline, rx.changed())
@@ -662,6 +658,8 @@ impl Desktop {
         let mut crashes = 0u32;
         let mut restarts = 0u32;
         let mut cause: Option<&'static str> = None;
+        // What ended the previous run, for the restart and give-up events.
+        let mut last_exit: Option<Exit> = None;
         loop {
             if self.stopping.load(Ordering::SeqCst) {
                 return;
@@ -696,16 +694,18 @@ impl Desktop {
                         Err(e) => {
                             let reason = format!("cannot start: {e}");
                             self.set(name, |s| {
-                                s.state = "down";
+                                s.state = "down".into();
                                 s.reason = reason.clone();
                                 s.pid = None;
                             });
                             self.events.emit(
-                                "component.down",
-                                json!({"component": name, "reason": reason}),
+                                kinds::COMPONENT_DOWN,
+                                json!({"component": name, "reason": reason,
+                                       "exit_code": null, "signal": null}),
                             );
+                            last_exit = None;
                             crashes += 1;
-                            if !self.back_off(name, &mut crashes).await {
+                            if !self.back_off(name, &mut crashes, last_exit).await {
                                 return;
                             }
                             continue;
@@ -714,13 +714,20 @@ impl Desktop {
                 }
             };
             self.set(name, |s| {
-                s.state = "starting";
+                s.state = "starting".into();
                 s.reason = "started; waiting until it is ready".into();
                 s.pid = Some(pid);
                 s.restarts = restarts;
             });
             let mut ended = self
-                .until_ended(name, pid, &mut exit, x_epoch, restarts, cause)
+                .until_ended(
+                    name,
+                    pid,
+                    &mut exit,
+                    x_epoch,
+                    restarts,
+                    cause.map(|c| (c, last_exit)),
+                )
                 .await;
             if self.stopping.load(Ordering::SeqCst) {
                 ended = Ended::Stopping;
@@ -759,7 +766,8 @@ impl Desktop {
                     "stopped"
                 } else {
                     "down"
-                };
+                }
+                .into();
                 s.reason = reason.clone();
                 s.pid = None;
             });
@@ -772,15 +780,13 @@ impl Desktop {
                 return;
             }
             self.events.emit(
-                "component.down",
-                json!({
-                    "component": name,
-                    "pid": pid,
-                    "reason": reason,
-                    "exit_code": exit.and_then(|e| e.code),
-                    "signal": exit.and_then(|e| e.signal).map(crate::proc::signal_name),
-                }),
+                kinds::COMPONENT_DOWN,
+                with_exit(
+                    json!({"component": name, "pid": pid, "reason": reason}),
+                    exit,
+                ),
             );
+            last_exit = exit;
             restarts += 1;
             cause = Some(match ended {
                 Ended::Exited(_) => "crash",
@@ -794,7 +800,7 @@ impl Desktop {
                         crashes = 0;
                     }
                     crashes += 1;
-                    if !self.back_off(name, &mut crashes).await {
+                    if !self.back_off(name, &mut crashes, last_exit).await {
                         return;
                     }
                 }
@@ -805,17 +811,27 @@ impl Desktop {
 
     /// Waits out the backoff after a crash, or gives up (until a restart is requested).
     /// False when the agent is stopping.
-    async fn back_off(&self, name: &'static str, crashes: &mut u32) -> bool {
-        if *crashes > MAX_CRASHES {
+    /// `last_exit`: how the last run ended, reported with a give-up.
+    async fn back_off(
+        &self,
+        name: &'static str,
+        crashes: &mut u32,
+        last_exit: Option<Exit>,
+    ) -> bool {
+        // The `MAX_CRASHES`th crash in a row is the last one waited out.
+        if *crashes >= MAX_CRASHES {
             let reason = format!("gave up after {MAX_CRASHES} crashes in a row");
             self.set(name, |s| {
-                s.state = "gave_up";
+                s.state = "gave_up".into();
                 s.reason = reason.clone();
             });
             self.events.emit(
-                "component.gave_up",
-                json!({"component": name, "crashes": MAX_CRASHES, "reason": reason,
-                       "log": self.logs.join(format!("{name}.log"))}),
+                kinds::COMPONENT_GAVE_UP,
+                with_exit(
+                    json!({"component": name, "crashes": MAX_CRASHES, "reason": reason,
+                           "log": self.logs.join(format!("{name}.log"))}),
+                    last_exit,
+                ),
             );
             tracing::error!(component = name, "{reason}");
             tokio::select! {
@@ -843,7 +859,8 @@ impl Desktop {
         exit: &mut tokio::sync::oneshot::Receiver<Exit>,
         mut x_epoch: watch::Receiver<u64>,
         restarts: u32,
-        cause: Option<&'static str>,
+        // Why the run before this one ended, and how (None on the first start).
+        previous: Option<(&'static str, Option<Exit>)>,
     ) -> Ended {
         let needs_x = Self::needs_x(name);
         let x_gone = async move {
@@ -888,21 +905,26 @@ impl Desktop {
             });
         }
         self.set(name, |s| {
-            s.state = "up";
+            s.state = "up".into();
             s.reason = "running".into();
         });
         self.events.emit(
-            "component.up",
+            kinds::COMPONENT_UP,
             json!({"component": name, "pid": pid, "restarts": restarts}),
         );
-        if let Some(cause) = cause {
+        if let Some((cause, last_exit)) = previous {
             self.events.emit(
-                "component.restarted",
-                json!({"component": name, "pid": pid, "restarts": restarts, "cause": cause}),
+                kinds::COMPONENT_RESTARTED,
+                with_exit(
+                    json!({"component": name, "pid": pid, "restarts": restarts, "cause": cause}),
+                    last_exit,
+                ),
             );
             if name == "chromium" {
-                self.events
-                    .emit("browser.restarted", json!({"pid": pid, "cause": cause}));
+                self.events.emit(
+                    kinds::BROWSER_RESTARTED,
+                    json!({"pid": pid, "cause": cause}),
+                );
             }
         }
         tracing::info!(component = name, pid, "up");
@@ -986,6 +1008,14 @@ impl Desktop {
             }
         }
     }
+}
+
+/// Adds how a process ended, as `component.down` reports it: `exit_code` (null when it did not
+/// exit on its own) and `signal` (`KILL`, …; null when none killed it).
+fn with_exit(mut event: serde_json::Value, exit: Option<Exit>) -> serde_json::Value {
+    event["exit_code"] = json!(exit.and_then(|e| e.code));
+    event["signal"] = json!(exit.and_then(|e| e.signal).map(crate::proc::signal_name));
+    event
 }
 
 fn describe(e: &Exit) -> String {

@@ -9,8 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::{SinkExt, StreamExt};
-use serde::Serialize;
+use futures_util::StreamExt;
 use tokio::sync::watch;
 use tokio_tungstenite::tungstenite::{self, client::IntoClientRequest};
 
@@ -18,11 +17,7 @@ use super::{Desktop, Status, probe};
 
 const CHECK_TIMEOUT: Duration = Duration::from_secs(3);
 
-#[derive(Debug, Clone, Serialize, Default)]
-pub struct Report {
-    pub ready: bool,
-    pub components: BTreeMap<String, Status>,
-}
+pub use berth_protocol::desktop::ReadyReport as Report;
 
 pub struct Readiness {
     desktop: Option<Arc<Desktop>>,
@@ -77,7 +72,7 @@ impl Readiness {
                     for (name, r) in results {
                         let entry = checks
                             .entry(name)
-                            .or_insert_with(|| Status::new("down", "not checked yet"));
+                            .or_insert_with(|| super::new_status("down", "not checked yet"));
                         let (ok, reason) = match r {
                             Ok(()) => (true, "ok".to_string()),
                             Err(e) => (false, e),
@@ -85,7 +80,7 @@ impl Readiness {
                         all_ok &= ok;
                         if entry.ok != ok || entry.reason != reason {
                             entry.ok = ok;
-                            entry.state = if ok { "up" } else { "down" };
+                            entry.state = if ok { "up" } else { "down" }.into();
                             entry.reason = reason;
                             entry.since = crate::time::now_rfc3339();
                         }
@@ -123,7 +118,7 @@ impl Readiness {
                 .borrow()
                 .get(name)
                 .cloned()
-                .unwrap_or_else(|| Status::new("down", "not checked yet"));
+                .unwrap_or_else(|| super::new_status("down", "not checked yet"));
             components.insert(name.to_string(), s);
         }
         let ready = components.values().all(|s| s.ok);
@@ -271,28 +266,17 @@ async fn tcp_relay(desktop: &Arc<Desktop>, lb: &Loopback) -> probe::Probe {
 
 async fn ws_relay_round_trip(desktop: &Arc<Desktop>, lb: &Loopback) -> probe::Probe {
     browser_known(desktop)?;
-    let (mut ws, _) = tokio_tungstenite::connect_async(ws_request(lb, "/v1/browser/cdp")?)
+    let mut cdp = crate::browser::Cdp::connect(ws_request(lb, "/v1/browser/cdp")?)
         .await
-        .map_err(|e| format!("the CDP relay refused: {e}"))?;
-    ws.send(tungstenite::Message::text(
-        r#"{"id":1,"method":"Browser.getVersion"}"#,
-    ))
-    .await
-    .map_err(|e| e.to_string())?;
-    while let Some(msg) = ws.next().await {
-        let msg = msg.map_err(|e| e.to_string())?;
-        if let tungstenite::Message::Text(t) = msg {
-            let v: serde_json::Value =
-                serde_json::from_str(t.as_str()).map_err(|e| e.to_string())?;
-            if v["id"] == 1 {
-                let _ = ws.close(None).await;
-                return if v["result"]["product"].is_string() {
-                    Ok(())
-                } else {
-                    Err(format!("Browser.getVersion answered {v}"))
-                };
-            }
-        }
+        .map_err(|e| format!("the CDP relay: {e}"))?;
+    let v = cdp
+        .call("Browser.getVersion", serde_json::json!({}), None)
+        .await;
+    cdp.close().await;
+    let v = v?;
+    if v["product"].is_string() {
+        Ok(())
+    } else {
+        Err(format!("Browser.getVersion answered {v}"))
     }
-    Err("the CDP relay closed before answering".into())
 }
