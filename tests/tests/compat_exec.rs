@@ -184,7 +184,7 @@ async fn execute_timeout_kills_the_whole_process_group_and_says_so() {
     assert_eq!(status, 500);
     assert_eq!(
         v["message"],
-        format!("Command ['sh', '-c', '{script}'] timed out after 1 seconds")
+        format!("Command '['sh', '-c', '{script}']' timed out after 1 seconds")
     );
     // The grandchild `sleep 300 &` was in the same group: it is gone too.
     wait_for(
@@ -204,6 +204,36 @@ async fn execute_timeout_kills_the_whole_process_group_and_says_so() {
         v["message"],
         "Command 'sleep 5' timed out after 0.2 seconds"
     );
+}
+
+/// `str(subprocess.TimeoutExpired)` as Python 3 prints it: `Command '%s' timed out after %s
+/// seconds`, a string command inserted verbatim, a list as its `str()`, the timeout as sent.
+#[tokio::test]
+async fn execute_timeout_message_is_pythons_timeout_expired_text() {
+    let a = AgentProcess::start().await;
+    let cases = [
+        // A shell string with quotes and a newline: inserted as is, nothing escaped.
+        (
+            json!({"command": "sleep 5; echo 'it'\\''s'\nx", "shell": true, "timeout": 0.2}),
+            "Command 'sleep 5; echo 'it'\\''s'\nx' timed out after 0.2 seconds",
+        ),
+        // A string without a shell is shlex-split first, so the list is shown; a float
+        // timeout keeps its fraction.
+        (
+            json!({"command": "sh -c 'sleep 5'", "timeout": 1.0}),
+            "Command '['sh', '-c', 'sleep 5']' timed out after 1.0 seconds",
+        ),
+        // A list item with an apostrophe is repr'd in double quotes.
+        (
+            json!({"command": ["sh", "-c", "sleep 5 # it's"], "timeout": 0.2}),
+            "Command '['sh', '-c', \"sleep 5 # it's\"]' timed out after 0.2 seconds",
+        ),
+    ];
+    for (body, message) in cases {
+        let (status, v) = post(&a, "/execute", body).await;
+        assert_eq!(status, 500);
+        assert_eq!(v, json!({"message": message, "status": "error"}));
+    }
 }
 
 #[tokio::test]

@@ -13,7 +13,7 @@ use super::python::{self, truthy};
 use super::{CompatJson, error, flask, text};
 use crate::Agent;
 use crate::exec::{Background, ExecError, Foreground, ForegroundOutcome, Prepared};
-use crate::text::{py_number, py_repr_list, py_repr_str, python_text};
+use crate::text::{py_number, py_repr_list, python_text};
 
 const DEFAULT_TIMEOUT_S: u64 = 120;
 const RUN_PYTHON_TIMEOUT: Duration = Duration::from_secs(30);
@@ -22,8 +22,9 @@ const VERIFY_COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 /// A compat `command` resolved the way `subprocess` would run it.
 struct CompatCommand {
     program: Vec<String>,
-    /// `repr()` of what was passed to `subprocess.run`, for the timeout message.
-    repr: String,
+    /// `str()` of what was passed to `subprocess.run` (a list prints as its repr, a string as
+    /// itself): `TimeoutExpired` formats it with `%s`.
+    subject: String,
     /// What `/setup/launch` prints.
     shown: String,
 }
@@ -63,7 +64,7 @@ fn parse_command(agent: &Agent, data: &Map<String, Value>) -> Result<CompatComma
     match (command, shell) {
         (Value::String(s), true) => Ok(CompatCommand {
             program: vec!["/bin/sh".into(), "-c".into(), s.clone()],
-            repr: py_repr_str(&s),
+            subject: s.clone(),
             shown: s,
         }),
         (Value::String(s), false) => {
@@ -71,7 +72,7 @@ fn parse_command(agent: &Agent, data: &Map<String, Value>) -> Result<CompatComma
                 .map_err(|m| Reject(StatusCode::INTERNAL_SERVER_ERROR, m))?;
             let argv: Vec<String> = argv.into_iter().map(expand).collect();
             Ok(CompatCommand {
-                repr: py_repr_list(&argv),
+                subject: py_repr_list(&argv),
                 shown: argv.join(" "),
                 program: argv,
             })
@@ -85,13 +86,13 @@ fn parse_command(agent: &Agent, data: &Map<String, Value>) -> Result<CompatComma
                 Ok(CompatCommand {
                     program,
                     shown: repr.clone(),
-                    repr,
+                    subject: repr,
                 })
             } else {
                 Ok(CompatCommand {
                     shown: argv.join(" "),
                     program: argv,
-                    repr,
+                    subject: repr,
                 })
             }
         }
@@ -103,6 +104,12 @@ fn parse_command(agent: &Agent, data: &Map<String, Value>) -> Result<CompatComma
             ),
         )),
     }
+}
+
+/// `str(subprocess.TimeoutExpired)`: `Command '%s' timed out after %s seconds`, the command
+/// and the timeout inserted with `%s` (no escaping; an int timeout stays an int).
+fn timed_out(subject: &str, timeout: &str) -> String {
+    format!("Command '{subject}' timed out after {timeout} seconds")
 }
 
 /// A positive number of seconds from `field` (default `default`), and how Python prints it.
@@ -214,10 +221,7 @@ pub async fn execute(State(agent): State<Arc<Agent>>, CompatJson(data): CompatJs
         Ok(o) => flask(StatusCode::OK, &Value::Object(outcome_json(&o))),
         Err(RunFailure::Timeout) => error(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!(
-                "Command {} timed out after {shown_timeout} seconds",
-                cmd.repr
-            ),
+            timed_out(&cmd.subject, &shown_timeout),
         ),
         Err(RunFailure::Message(m)) => error(StatusCode::INTERNAL_SERVER_ERROR, m),
         Err(RunFailure::Response(r)) => r.into_response(),
@@ -274,10 +278,7 @@ pub async fn execute_with_verification(
         Err(RunFailure::Timeout) => {
             return error(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                format!(
-                    "Command {} timed out after {DEFAULT_TIMEOUT_S} seconds",
-                    cmd.repr
-                ),
+                timed_out(&cmd.subject, &DEFAULT_TIMEOUT_S.to_string()),
             );
         }
         Err(RunFailure::Message(m)) => return error(StatusCode::INTERNAL_SERVER_ERROR, m),
