@@ -402,6 +402,23 @@ pub fn processes_matching(needle: &str) -> Vec<u32> {
     out
 }
 
+/// An `AgentOptions::wrapper` that starts the agent in its own mount namespace with a `size`
+/// tmpfs (`1m`, `2m`, …) mounted on `mount_point` — a small disk only the agent sees, for
+/// disk-full tests. Uses a user namespace when not root.
+pub fn tmpfs_wrapper(mount_point: &Path, size: &str) -> Vec<String> {
+    let root = nix::unistd::geteuid().is_root();
+    vec![
+        "unshare".into(),
+        if root { "-m" } else { "-rm" }.into(),
+        "sh".into(),
+        "-c".into(),
+        format!(
+            "mount -t tmpfs -o size={size} tmpfs {} && exec \"$0\" \"$@\"",
+            mount_point.display()
+        ),
+    ]
+}
+
 /// A `sleep` argument unique to one test (`<secs>.<random digits>`), so the test can find
 /// exactly its own processes in the process table.
 pub fn unique_sleep(secs: u32) -> String {

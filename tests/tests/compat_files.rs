@@ -156,6 +156,7 @@ async fn upload_without_both_fields_is_400() {
 async fn upload_into_an_impossible_place_is_500_and_leaves_nothing() {
     let a = AgentProcess::start().await;
     std::fs::write(a.home.join("plainfile"), "x").unwrap();
+    let before = entries(&a.home);
     let form = reqwest::multipart::Form::new()
         .text("file_path", "~/plainfile/child.txt")
         .part(
@@ -176,6 +177,157 @@ async fn upload_into_an_impossible_place_is_500_and_leaves_nothing() {
             .unwrap()
             .starts_with("Failed to upload file: "),
         "{v}"
+    );
+    assert_eq!(entries(&a.home), before);
+    assert_eq!(entries(&a.state_dir.join("uploads")), Vec::<String>::new());
+}
+
+/// The names in `dir` (none when it does not exist), sorted.
+fn entries(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// An agent whose home is a `size` tmpfs in its own mount namespace (only the agent sees it).
+async fn agent_with_a_small_disk(size: &str) -> AgentProcess {
+    let dir = tempfile::Builder::new()
+        .prefix("berth-test-")
+        .tempdir()
+        .unwrap();
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let wrapper = berth_tests::tmpfs_wrapper(&home, size);
+    AgentProcess::start_in(
+        dir,
+        berth_tests::AgentOptions {
+            wrapper,
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+/// The names `/list_directory` sees in the agent's home.
+async fn home_names(a: &AgentProcess) -> Vec<String> {
+    let r = reqwest::Client::new()
+        .post(a.url("/list_directory"))
+        .json(&json!({"path": a.home}))
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    let mut names: Vec<String> = v["directory_tree"]["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn upload_onto_a_full_disk_is_the_errno_28_500_and_leaves_nothing() {
+    let a = agent_with_a_small_disk("1m").await;
+    let mut expected = home_names(&a).await;
+    let upload = |path: &'static str, len: usize| {
+        let form = reqwest::multipart::Form::new()
+            .text("file_path", path)
+            .part(
+                "file_data",
+                reqwest::multipart::Part::bytes(vec![7u8; len]).file_name("f"),
+            );
+        reqwest::Client::new()
+            .post(a.url("/setup/upload"))
+            .multipart(form)
+            .send()
+    };
+    let r = upload("~/small.bin", 1000).await.unwrap();
+    assert_eq!(r.status(), 200);
+    // Four times the disk: the write fails part-way; the answer still reaches the client.
+    let r = upload("~/big.bin", 4 << 20).await.unwrap();
+    assert_eq!(r.status(), 500);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"error": "Failed to upload file: [Errno 28] No space left on device"})
+    );
+    expected.push("small.bin".into());
+    expected.sort();
+    assert_eq!(home_names(&a).await, expected);
+}
+
+#[tokio::test]
+async fn upload_with_a_nul_in_the_path_is_400_and_stages_nothing() {
+    let a = AgentProcess::start().await;
+    let before = entries(&a.home);
+    // Either order: the data part is dropped (before) or removed (after) the bad path.
+    for data_first in [false, true] {
+        let data = reqwest::multipart::Part::bytes(b"x".to_vec()).file_name("f");
+        let form = reqwest::multipart::Form::new();
+        let form = if data_first {
+            form.part("file_data", data).text("file_path", "~/a\0b")
+        } else {
+            form.text("file_path", "~/a\0b").part("file_data", data)
+        };
+        let r = reqwest::Client::new()
+            .post(a.url("/setup/upload"))
+            .multipart(form)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400);
+        assert_eq!(
+            r.json::<Value>().await.unwrap(),
+            json!({"error": "file_path contains a NUL byte"})
+        );
+    }
+    assert_eq!(entries(&a.home), before);
+    assert_eq!(entries(&a.state_dir.join("uploads")), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_form_past_the_compat_limit_is_413() {
+    let a = AgentProcess::start().await;
+    let form = reqwest::multipart::Form::new()
+        .text("file_path", "/etc/hostname")
+        .part(
+            "pad",
+            reqwest::multipart::Part::bytes(vec![b'x'; 17 << 20]).file_name("pad"),
+        );
+    let r = reqwest::Client::new()
+        .post(a.url("/file"))
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"message": "the request body exceeds 16777216 bytes", "status": "error"})
+    );
+    // Under the limit, a form with a large file part is still read (the part is skipped).
+    let form = reqwest::multipart::Form::new()
+        .text("file_path", "/etc/hostname")
+        .part(
+            "pad",
+            reqwest::multipart::Part::bytes(vec![b'x'; 4 << 20]).file_name("pad"),
+        );
+    let r = reqwest::Client::new()
+        .post(a.url("/file"))
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.bytes().await.unwrap(),
+        std::fs::read("/etc/hostname").unwrap()
     );
 }
 
@@ -212,7 +364,7 @@ async fn a_large_upload_streams_to_disk_without_growing_the_agent() {
     let grew = peak_rss_kib(a.pid()).saturating_sub(before);
     assert!(
         grew < 64 * 1024,
-        "agent peak RSS grew by {grew} KiB for a 256 MiB upload"
+        "agent peak RSS grew by {grew} KiB for a {len}-byte upload"
     );
     assert!(files_equal(&src, &a.home.join("big.bin")));
 }
@@ -301,6 +453,17 @@ async fn list_directory_errors_are_the_reference_bodies() {
         r.json::<Value>().await.unwrap(),
         json!({"error": "The provided path is not a directory"})
     );
+    let r = http
+        .post(a.url("/list_directory"))
+        .json(&json!({"path": "/tmp\u{0}x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"error": "path contains a NUL byte"})
+    );
 }
 
 #[tokio::test]
@@ -386,4 +549,21 @@ async fn download_file_fetches_a_url_into_place() {
         "{t}"
     );
     assert!(!a.home.join("never").exists());
+}
+
+#[tokio::test]
+async fn download_file_with_a_nul_in_the_path_is_400_before_any_attempt() {
+    let a = AgentProcess::start().await;
+    let before = entries(&a.home);
+    let url = serve_bytes(b"never fetched".to_vec()).await;
+    let r = reqwest::Client::new()
+        .post(a.url("/setup/download_file"))
+        .json(&json!({"url": url, "path": "~/a\u{0}b"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.headers()["content-type"], "text/html; charset=utf-8");
+    assert_eq!(r.text().await.unwrap(), "path contains a NUL byte");
+    assert_eq!(entries(&a.home), before);
 }

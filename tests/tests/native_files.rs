@@ -75,7 +75,7 @@ async fn a_file_far_larger_than_any_body_limit_round_trips_streamed() {
     let grew = peak_rss_kib(a.pid()).saturating_sub(before);
     assert!(
         grew < 64 * 1024,
-        "agent peak RSS grew by {grew} KiB moving 2 x 512 MiB"
+        "agent peak RSS grew by {grew} KiB moving 2 x {len} bytes"
     );
 }
 
@@ -129,6 +129,62 @@ async fn an_interrupted_upload_leaves_the_old_file_untouched() {
         || temps() == 0,
     );
     assert_eq!(std::fs::read_to_string(&target).unwrap(), "original");
+}
+
+#[tokio::test]
+async fn an_upload_onto_a_full_disk_is_507_naming_the_path_and_leaves_the_old_file() {
+    let dir = tempfile::Builder::new()
+        .prefix("berth-test-")
+        .tempdir()
+        .unwrap();
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    // The home is a 1 MiB tmpfs only the agent sees: the test looks through the agent.
+    let a = AgentProcess::start_in(
+        dir,
+        berth_tests::AgentOptions {
+            wrapper: berth_tests::tmpfs_wrapper(&home, "1m"),
+            ..Default::default()
+        },
+    )
+    .await;
+    let c = a.client();
+    let names = || async {
+        let mut names: Vec<String> = c
+            .list("~", 1)
+            .await
+            .unwrap()
+            .entries
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        names.sort();
+        names
+    };
+    c.upload("~/keep.txt", "original", None).await.unwrap();
+    let before = names().await;
+    // Four times the disk: the write fails part-way; the answer still reaches the client.
+    let e = c
+        .upload("~/keep.txt", vec![7u8; 4 << 20], None)
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(507), "{e}");
+    assert_eq!(e.code(), Some("disk_full"));
+    let target = home.join("keep.txt");
+    assert!(
+        e.to_string()
+            .contains(&format!("{}: disk full", target.display())),
+        "{e}"
+    );
+    assert_eq!(names().await, before);
+    let kept = c
+        .download("~/keep.txt")
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(kept, "original");
 }
 
 #[tokio::test]

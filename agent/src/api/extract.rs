@@ -81,7 +81,7 @@ pub async fn read_body(req: Request, limit: usize, json: bool) -> Result<bytes::
 
 /// Reads and discards a rejected body (up to a bound) so the client, still sending, can read
 /// the error instead of hitting a reset connection.
-async fn drain(body: Body) {
+pub(crate) async fn drain(body: Body) {
     const DRAIN_MAX: usize = 64 << 20;
     let mut stream = body.into_data_stream();
     let mut seen = 0;

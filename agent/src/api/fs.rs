@@ -90,8 +90,16 @@ pub async fn upload(State(agent): State<Arc<Agent>>, req: Request) -> Result<Res
                 })?,
         ),
     };
-    let body = req.into_body().into_data_stream();
-    let bytes = agent.files.upload(&path, body, mode).await?;
+    let mut body = req.into_body().into_data_stream();
+    let bytes = match agent.files.upload(&path, &mut body, mode).await {
+        Ok(n) => n,
+        Err(e) => {
+            // A refused upload (disk full, permission denied) may be mid-body: read the rest
+            // (bounded) so the client still sending gets this answer, not a reset.
+            crate::api::extract::drain(Body::from_stream(body)).await;
+            return Err(e.into());
+        }
+    };
     let shown = path.to_string_lossy().into_owned();
     agent
         .events

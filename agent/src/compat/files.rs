@@ -171,8 +171,11 @@ pub async fn upload(State(agent): State<Arc<Agent>>, req: Request) -> Response {
         Err(_) => return required(),
     };
     let mut target: Option<PathBuf> = None;
-    // Where the data went: (temp file, final target known at the time, bytes).
+    // Where the data went: (temp file, bytes).
     let mut staged: Option<(PathBuf, u64)> = None;
+    // A NUL in file_path: the rest of the body is read and dropped, then a 400 (the client is
+    // still sending; answering mid-body would reset its connection).
+    let mut nul_path = false;
     let staging_dir = agent.state_dir.join("uploads");
     let fail = |staged: &Option<(PathBuf, u64)>, msg: String| {
         if let Some((tmp, _)) = staged {
@@ -183,51 +186,71 @@ pub async fn upload(State(agent): State<Arc<Agent>>, req: Request) -> Response {
             &json!({"error": format!("Failed to upload file: {msg}")}),
         )
     };
-    loop {
-        let field = match mp.next_field().await {
-            Ok(Some(f)) => f,
-            Ok(None) => break,
-            Err(e) => return fail(&staged, e.body_text()),
-        };
-        match field.name() {
-            Some("file_path") if target.is_none() => {
-                let Ok(raw) = field.text().await else {
-                    return fail(&staged, "cannot read file_path".into());
-                };
-                if raw.is_empty() {
-                    continue;
+    let read: Result<(), Response> = async {
+        loop {
+            let field = match mp.next_field().await {
+                Ok(Some(f)) => f,
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(fail(&staged, e.body_text())),
+            };
+            match field.name() {
+                Some("file_path") if target.is_none() => {
+                    let Ok(raw) = field.text().await else {
+                        return Err(fail(&staged, "cannot read file_path".into()));
+                    };
+                    if raw.is_empty() {
+                        continue;
+                    }
+                    if raw.contains('\0') {
+                        nul_path = true;
+                        continue;
+                    }
+                    target = Some(PathBuf::from(expand(&agent, &raw)));
                 }
-                if raw.contains('\0') {
-                    return fail(&staged, "file_path contains a NUL byte".into());
-                }
-                target = Some(PathBuf::from(expand(&agent, &raw)));
-            }
-            Some("file_data") if staged.is_none() && field.file_name().is_some() => {
-                // Stage beside the target when it is known (rename stays atomic), else in the
-                // state dir until file_path arrives.
-                let tmp = match &target {
-                    Some(t) => {
-                        if let Err(e) = agent.files.create_parents(t) {
-                            return fail(&staged, e.to_string());
+                Some("file_data")
+                    if staged.is_none() && !nul_path && field.file_name().is_some() =>
+                {
+                    // Stage beside the target when it is known (rename stays atomic), else in the
+                    // state dir until file_path arrives.
+                    let tmp = match &target {
+                        Some(t) => {
+                            if let Err(e) = agent.files.create_parents(t) {
+                                return Err(fail(&staged, e.to_string()));
+                            }
+                            crate::fs::temp_beside(t)
                         }
-                        crate::fs::temp_beside(t)
-                    }
-                    None => {
-                        let _ = std::fs::create_dir_all(&staging_dir);
-                        crate::fs::temp_beside(&staging_dir.join("upload"))
-                    }
-                };
-                let stream = field.map_err(|e| std::io::Error::other(e.body_text()));
-                match write_stream(&tmp, stream).await {
-                    Ok(n) => staged = Some((tmp, n)),
-                    Err(e) => {
-                        let _ = std::fs::remove_file(&tmp);
-                        return fail(&None, e);
+                        None => {
+                            let _ = std::fs::create_dir_all(&staging_dir);
+                            crate::fs::temp_beside(&staging_dir.join("upload"))
+                        }
+                    };
+                    let stream = field.map_err(|e| std::io::Error::other(e.body_text()));
+                    match write_stream(&tmp, stream).await {
+                        Ok(n) => staged = Some((tmp, n)),
+                        Err(e) => {
+                            let _ = std::fs::remove_file(&tmp);
+                            return Err(fail(&None, e));
+                        }
                     }
                 }
+                _ => {} // other fields are ignored, as the reference server does
             }
-            _ => {} // other fields are ignored, as the reference server does
         }
+    }
+    .await;
+    if let Err(resp) = read {
+        // The client may still be sending: read the rest (bounded) so it gets the answer.
+        discard_rest(&mut mp).await;
+        return resp;
+    }
+    if nul_path {
+        if let Some((tmp, _)) = staged {
+            let _ = std::fs::remove_file(tmp);
+        }
+        return flask(
+            StatusCode::BAD_REQUEST,
+            &json!({"error": "file_path contains a NUL byte"}),
+        );
     }
     let (Some(target), Some((tmp, n))) = (target, staged.clone()) else {
         if let Some((tmp, _)) = staged {
@@ -241,10 +264,20 @@ pub async fn upload(State(agent): State<Arc<Agent>>, req: Request) -> Response {
     agent.files.chown(&tmp);
     let moved = match std::fs::rename(&tmp, &target) {
         Ok(()) => Ok(()),
-        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => std::fs::copy(&tmp, &target).map(|_| {
+        // Staged in the state dir on another file system: copied beside the target first, so
+        // the target is still replaced whole or not at all.
+        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+            let beside = crate::fs::temp_beside(&target);
+            let copied = std::fs::copy(&tmp, &beside).and_then(|_| {
+                agent.files.chown(&beside);
+                std::fs::rename(&beside, &target)
+            });
+            if copied.is_err() {
+                let _ = std::fs::remove_file(&beside);
+            }
             let _ = std::fs::remove_file(&tmp);
-            agent.files.chown(&target);
-        }),
+            copied
+        }
         Err(e) => Err(e),
     };
     if let Err(e) = moved {
@@ -261,24 +294,39 @@ pub async fn upload(State(agent): State<Arc<Agent>>, req: Request) -> Response {
     text(StatusCode::OK, format!("File Uploaded: {n} bytes"))
 }
 
+/// Reads and drops what remains of a rejected multipart body, for at most 10 s.
+async fn discard_rest(mp: &mut Multipart) {
+    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Ok(Some(field)) = mp.next_field().await {
+            drop(field);
+        }
+    })
+    .await;
+}
+
 async fn write_stream<S>(path: &Path, mut stream: S) -> Result<u64, String>
 where
     S: futures_util::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Unpin,
 {
     use futures_util::StreamExt;
     use tokio::io::AsyncWriteExt;
-    let describe = |e: std::io::Error| match e.raw_os_error() {
+    // As Python words them: opening names the file, a failed write (a full disk) does not.
+    let opening = |e: std::io::Error| match e.raw_os_error() {
         Some(errno) => py_os_error(errno, &path.to_string_lossy()),
         None => e.to_string(),
     };
-    let mut f = tokio::fs::File::create(path).await.map_err(describe)?;
+    let writing = |e: std::io::Error| match e.raw_os_error() {
+        Some(errno) => format!("[Errno {errno}] {}", crate::text::errno_message(errno)),
+        None => e.to_string(),
+    };
+    let mut f = tokio::fs::File::create(path).await.map_err(opening)?;
     let mut n = 0u64;
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| e.to_string())?;
-        f.write_all(&chunk).await.map_err(describe)?;
+        f.write_all(&chunk).await.map_err(writing)?;
         n += chunk.len() as u64;
     }
-    f.flush().await.map_err(describe)?;
+    f.flush().await.map_err(writing)?;
     Ok(n)
 }
 
@@ -298,7 +346,13 @@ pub async fn list_directory(CompatJson(data): CompatJson) -> Response {
             );
         }
     };
-    if path.contains('\0') || !Path::new(&path).is_dir() {
+    if path.contains('\0') {
+        return flask(
+            StatusCode::BAD_REQUEST,
+            &json!({"error": "path contains a NUL byte"}),
+        );
+    }
+    if !Path::new(&path).is_dir() {
         return flask(
             StatusCode::BAD_REQUEST,
             &json!({"error": "The provided path is not a directory"}),
@@ -375,6 +429,10 @@ pub async fn download_file(
     };
     if url.is_empty() || path.is_empty() {
         return text(StatusCode::BAD_REQUEST, "Path or URL not supplied!");
+    }
+    // Checked before any attempt: no retry can make such a path valid.
+    if path.contains('\0') {
+        return text(StatusCode::BAD_REQUEST, "path contains a NUL byte");
     }
     let target = PathBuf::from(python::expanduser(path, &agent.home, &agent.account_name));
     let mut last_error = String::new();

@@ -63,7 +63,10 @@ pub fn router(agent: Arc<Agent>) -> Router<Arc<Agent>> {
         .route("/start_recording", post(record::start_recording))
         .route("/end_recording", post(record::end_recording))
         .route("/accessibility", get(a11y::accessibility))
-        .route("/terminal", get(a11y::terminal));
+        .route("/terminal", get(a11y::terminal))
+        // Multipart forms (read by axum's extractor) get the compat limit too, not axum's
+        // 2 MiB default; `/setup/upload` disables it on its own route, which wins.
+        .layer(DefaultBodyLimit::max(COMPAT_JSON_LIMIT));
     if agent.compat_auth == CompatAuth::Token {
         r = r.route_layer(middleware::from_fn_with_state(agent, require_token));
     }
@@ -167,22 +170,30 @@ impl<S: Send + Sync> FromRequest<S> for FormFields {
                 fields.entry(k).or_insert(v);
             }
         } else if ct.starts_with("multipart/form-data") {
+            // A declared length past the limit: drained, then 413, so the client still
+            // sending reads the answer. An undeclared one hits the extractor's limit below.
+            let declared = req
+                .headers()
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
+            if declared.is_some_and(|len| len > COMPAT_JSON_LIMIT as u64) {
+                crate::api::extract::drain(req.into_body()).await;
+                return Err(form_too_large());
+            }
             let mut mp = Multipart::from_request(req, state)
                 .await
-                .map_err(|e| error(StatusCode::BAD_REQUEST, e.body_text()))?;
-            while let Some(field) = mp
-                .next_field()
-                .await
-                .map_err(|e| error(StatusCode::BAD_REQUEST, e.body_text()))?
-            {
+                .map_err(|e| error(e.status(), e.body_text()))?;
+            let failed = |e: axum::extract::multipart::MultipartError| match e.status() {
+                StatusCode::PAYLOAD_TOO_LARGE => form_too_large(),
+                s => error(s, e.body_text()),
+            };
+            while let Some(field) = mp.next_field().await.map_err(failed)? {
                 if field.file_name().is_some() {
                     continue; // files are not form fields
                 }
                 let name = field.name().unwrap_or_default().to_string();
-                let value = field
-                    .text()
-                    .await
-                    .map_err(|e| error(StatusCode::BAD_REQUEST, e.body_text()))?;
+                let value = field.text().await.map_err(failed)?;
                 fields.entry(name).or_insert(value);
             }
         } else {
@@ -190,6 +201,13 @@ impl<S: Send + Sync> FromRequest<S> for FormFields {
         }
         Ok(FormFields(fields))
     }
+}
+
+fn form_too_large() -> Response {
+    error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("the request body exceeds {COMPAT_JSON_LIMIT} bytes"),
+    )
 }
 
 fn form_urlencoded(bytes: &[u8]) -> Vec<(String, String)> {
