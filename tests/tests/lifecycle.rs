@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use berth_protocol::{CommandState, ExecRequest, PtyRequest};
-use berth_tests::{AgentProcess, processes_matching, unique_sleep, wait_for, wait_until};
+use berth_tests::{
+    AgentProcess, processes_matching, unique_sleep, wait_for, wait_state, wait_until,
+};
 use nix::sys::signal::Signal;
 
 fn output_len(a: &AgentProcess, id: &str) -> u64 {
@@ -18,7 +20,14 @@ fn output_len(a: &AgentProcess, id: &str) -> u64 {
 async fn a_command_survives_kill_9_of_the_agent_and_is_readopted_with_its_exit_code() {
     let mut a = AgentProcess::start().await;
     let c = a.client();
-    let script = "for i in $(seq 1 40); do echo tick $i; sleep 0.05; done; echo bye >&2; exit 7";
+    // Ticks until the test creates `stop`, so it is certainly still running when the next
+    // agent adopts it; every tick is numbered, so a lost byte shows as a gap.
+    let stop = a.home.join("stop");
+    let script = format!(
+        "i=0; while [ ! -e '{}' ]; do i=$((i+1)); echo tick $i; sleep 0.02; done; \
+         echo bye >&2; exit 7",
+        stop.display()
+    );
     let started = c
         .exec_background(&ExecRequest::shell(script))
         .await
@@ -43,18 +52,29 @@ async fn a_command_survives_kill_9_of_the_agent_and_is_readopted_with_its_exit_c
     a.launch().await;
     let c = a.client();
     let info = c.command(&id).await.unwrap();
-    assert!(
-        matches!(info.state, CommandState::Running | CommandState::Exited),
-        "{info:?}"
-    );
-    let (bytes, page) = c.output_all(&id, 0).await.unwrap();
-    let text = String::from_utf8(bytes).unwrap();
-    let expected: String = (1..=40).map(|i| format!("tick {i}\n")).collect::<String>() + "bye\n";
-    assert_eq!(text, expected);
-    assert_eq!(page.exit_code, Some(7));
-    let info = c.command(&id).await.unwrap();
-    assert_eq!(info.state, CommandState::Exited);
+    assert_eq!(info.state, CommandState::Running, "{info:?}");
+    // The adopted command's live output still reaches the new agent.
+    let adopted_at = info.output_bytes;
+    wait_for("output after re-adoption", Duration::from_secs(10), || {
+        let c = c.clone();
+        let id = id.clone();
+        async move { (c.output(&id, 0).await.ok()?.next_seq > adopted_at).then_some(()) }
+    })
+    .await;
+
+    std::fs::write(&stop, "").unwrap();
+    let info = wait_state(&c, &id, CommandState::Exited, Duration::from_secs(10)).await;
     assert_eq!(info.exit_code, Some(7));
+    let (bytes, page) = c.output_all(&id, 0).await.unwrap();
+    assert_eq!(page.exit_code, Some(7));
+    let text = String::from_utf8(bytes).unwrap();
+    let ticks = text.lines().count() - 1;
+    assert!(ticks > 1, "{text}");
+    let expected: String = (1..=ticks)
+        .map(|i| format!("tick {i}\n"))
+        .collect::<String>()
+        + "bye\n";
+    assert_eq!(text, expected);
     // The end is on the timeline once.
     let events = c.events(0).await.unwrap().events;
     let exits = events

@@ -70,9 +70,20 @@ async fn non_utf8_output_is_preserved_as_base64() {
         .unwrap();
     assert!(r.stdout.is_none());
     assert_eq!(r.stdout_bytes(), vec![0xff, 0xfe, b'o', b'k']);
-    let page = a.client().output(&r.id, 0).await.unwrap();
-    let bytes: Vec<u8> = page.chunks.iter().flat_map(|c| c.bytes()).collect();
-    assert_eq!(bytes, vec![0xff, 0xfe, b'o', b'k']);
+    // On the wire: one stdout chunk carrying exactly those bytes as `data_b64`, and no lossy
+    // `data` beside it.
+    let page = a
+        .get_json(&format!("/v1/commands/{}/output?from_seq=0", r.id))
+        .await;
+    assert_eq!(
+        page["chunks"],
+        json!([{
+            "seq": 0,
+            "stream": "stdout",
+            "data_b64": base64::engine::general_purpose::STANDARD.encode([0xff, 0xfe, b'o', b'k']),
+        }]),
+        "{page}"
+    );
 }
 
 #[tokio::test]
