@@ -26,7 +26,70 @@ pub fn build_desktop_image() -> Result<serde_json::Value, String> {
     serde_json::from_slice(&out.stdout).map_err(|e| format!("only JSON on stdout: {e}"))
 }
 
+/// Where a test controller runs its sandboxes. The provider-neutral suite runs once per provider
+/// (see [`on_every_provider!`](crate::on_every_provider)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Provider {
+    /// Local agent processes under the controller's data dir.
+    Process,
+    /// Containers of the desktop image (`tests/test.sh` builds it).
+    Docker,
+}
+
+impl Provider {
+    /// How the `image_ref` of this provider's sandboxes begins.
+    pub fn image_prefix(self) -> &'static str {
+        match self {
+            Provider::Process => "process:",
+            Provider::Docker => "berth-desktop:",
+        }
+    }
+
+    /// A word the `error` of a sandbox this provider saw die must hold.
+    pub fn death_word(self) -> &'static str {
+        match self {
+            Provider::Process => "agent",
+            Provider::Docker => "container died",
+        }
+    }
+
+    /// `config` with every profile placed on this provider.
+    fn config(self, config: &str) -> String {
+        match self {
+            Provider::Process => config.to_string(),
+            Provider::Docker => {
+                let image = build_desktop_image().unwrap_or_else(|e| panic!("{e}"));
+                let image = image["image_ref"].as_str().unwrap();
+                format!(
+                    "docker_image = \"{image}\"\n{config}\n[providers]\ndesktop = \"docker\"\nide = \"docker\"\n"
+                )
+            }
+        }
+    }
+}
+
+/// Runs each named `async fn(Provider)` as a test on every provider: `process::<name>` and
+/// `docker::<name>`.
+#[macro_export]
+macro_rules! on_every_provider {
+    ($($name:ident),+ $(,)?) => {
+        mod process {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name($crate::controller::Provider::Process).await
+            })+
+        }
+        mod docker {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name($crate::controller::Provider::Docker).await
+            })+
+        }
+    };
+}
+
 pub struct ControllerProcess {
+    pub provider: Provider,
     pub child: Option<Child>,
     pub dir: tempfile::TempDir,
     pub base: String,
@@ -41,11 +104,18 @@ impl ControllerProcess {
     /// A controller with `config` (TOML) added to the test defaults: runs reconciled every
     /// second, orphans reaped without a grace period.
     pub async fn start(config: &str) -> ControllerProcess {
+        ControllerProcess::start_on(Provider::Process, config).await
+    }
+
+    /// [`start`](Self::start) with every profile on `provider`.
+    pub async fn start_on(provider: Provider, config: &str) -> ControllerProcess {
+        let config = provider.config(config);
         let dir = tempfile::Builder::new()
             .prefix("berth-ctl-")
             .tempdir()
             .expect("tempdir");
         let mut c = ControllerProcess {
+            provider,
             child: None,
             log: dir.path().join("controller.log"),
             dir,
@@ -151,6 +221,133 @@ impl ControllerProcess {
         }
     }
 
+    /// What is left of a sandbox on its provider: its processes, its directory, its container.
+    /// Empty once it is deleted.
+    pub fn leftovers(&self, sandbox_id: &str) -> Vec<String> {
+        match self.provider {
+            Provider::Process => {
+                let mut left: Vec<String> = self
+                    .sandbox_processes(sandbox_id)
+                    .iter()
+                    .map(|p| format!("pid {p}"))
+                    .collect();
+                let dir = self.data_dir().join("sandboxes").join(sandbox_id);
+                if dir.exists() {
+                    left.push(dir.display().to_string());
+                }
+                left
+            }
+            Provider::Docker => docker_names(&format!("label=berth.sandbox={sandbox_id}")),
+        }
+    }
+
+    /// What is left of every sandbox this controller started.
+    pub fn all_leftovers(&self) -> Vec<String> {
+        match self.provider {
+            Provider::Process => self
+                .all_sandbox_processes()
+                .iter()
+                .map(|p| format!("pid {p}"))
+                .collect(),
+            Provider::Docker => docker_names(&format!("label=berth.controller={}", self.id)),
+        }
+    }
+
+    /// How many sandboxes live on the provider (running processes' sandboxes, containers).
+    pub fn live_sandboxes(&self) -> usize {
+        match self.provider {
+            Provider::Process => std::fs::read_dir(self.data_dir().join("sandboxes"))
+                .map(|d| {
+                    d.flatten()
+                        .filter(|e| !self.sandbox_processes(&e.file_name().to_string_lossy()).is_empty())
+                        .count()
+                })
+                .unwrap_or(0),
+            Provider::Docker => self.containers().len(),
+        }
+    }
+
+    /// Whether the sandbox's agent (process) or container is running.
+    pub fn sandbox_alive(&self, sandbox_id: &str) -> bool {
+        match self.provider {
+            Provider::Process => crate::pid_alive(self.agent_pid(sandbox_id) as u32),
+            Provider::Docker => Command::new("docker")
+                .args(["inspect", "-f", "{{.State.Running}}"])
+                .arg(format!("berth-{sandbox_id}"))
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "true"),
+        }
+    }
+
+    /// Kills what the sandbox runs on, as a crash would: its agent with SIGKILL (process), its
+    /// container with `docker kill`.
+    pub fn kill_sandbox(&self, sandbox_id: &str) {
+        match self.provider {
+            Provider::Process => nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.agent_pid(sandbox_id)),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .unwrap(),
+            Provider::Docker => {
+                let out = Command::new("docker")
+                    .arg("kill")
+                    .arg(format!("berth-{sandbox_id}"))
+                    .output()
+                    .unwrap();
+                assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            }
+        }
+    }
+
+    /// The places in a sandbox that hold `needle`: the agent's state (command records, output,
+    /// events), its log, the user's home and /tmp.
+    pub fn state_files_containing(&self, sandbox_id: &str, needle: &str) -> Vec<String> {
+        match self.provider {
+            Provider::Process => {
+                let mut found = Vec::new();
+                let mut stack = vec![self.data_dir().join("sandboxes").join(sandbox_id)];
+                while let Some(p) = stack.pop() {
+                    if p.is_dir() {
+                        stack.extend(std::fs::read_dir(&p).unwrap().flatten().map(|e| e.path()));
+                    } else if std::fs::read(&p)
+                        .is_ok_and(|b| String::from_utf8_lossy(&b).contains(needle))
+                    {
+                        found.push(p.display().to_string());
+                    }
+                }
+                found
+            }
+            Provider::Docker => {
+                let out = Command::new("docker")
+                    .args(["exec", &format!("berth-{sandbox_id}")])
+                    .args(["grep", "-rlF", "--", needle, "/var/lib/berth-agent", "/home", "/tmp"])
+                    .output()
+                    .unwrap();
+                // grep: 0 = found, 1 = none; anything else means the search itself failed.
+                assert!(
+                    matches!(out.status.code(), Some(0 | 1)),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let mut found: Vec<String> = String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .map(String::from)
+                    .collect();
+                // The agent's log is the container's output.
+                let logs = Command::new("docker")
+                    .args(["logs", &format!("berth-{sandbox_id}")])
+                    .output()
+                    .unwrap();
+                if String::from_utf8_lossy(&logs.stdout).contains(needle)
+                    || String::from_utf8_lossy(&logs.stderr).contains(needle)
+                {
+                    found.push("docker logs".into());
+                }
+                found
+            }
+        }
+    }
+
     /// The pid of a sandbox's agent.
     pub fn agent_pid(&self, sandbox_id: &str) -> i32 {
         let p = self
@@ -160,6 +357,20 @@ impl ControllerProcess {
             .join("state/endpoints.json");
         let v: serde_json::Value = serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap();
         v["pid"].as_i64().unwrap() as i32
+    }
+}
+
+/// The names of the containers (any state) matching a `docker ps` filter.
+fn docker_names(filter: &str) -> Vec<String> {
+    match Command::new("docker")
+        .args(["ps", "-a", "--format", "{{.Names}}", "--filter", filter])
+        .output()
+    {
+        Ok(o) => String::from_utf8_lossy(&o.stdout)
+            .split_whitespace()
+            .map(String::from)
+            .collect(),
+        Err(_) => Vec::new(),
     }
 }
 

@@ -1,11 +1,12 @@
-//! The controller end to end with the real process provider: real `berth serve`, real agents,
-//! real SQLite, restarts with `kill -9`. Light tests use the `ide` profile (no desktop).
+//! The controller end to end: real `berth serve`, real agents, real SQLite, restarts with
+//! `kill -9`. One suite, run on every provider (`process::…` local agent processes,
+//! `docker::…` containers of the desktop image); it uses the `ide` profile (no desktop).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use berth_protocol::controller::{AcquireLease, Command, CreateSandbox, RunRequest};
-use berth_tests::controller::{API_KEY, ControllerProcess};
+use berth_tests::controller::{API_KEY, ControllerProcess, Provider};
 use berth_tests::wait_for;
 use serde_json::Value;
 
@@ -28,14 +29,17 @@ async fn events(c: &ControllerProcess, id: &str) -> Vec<Value> {
     v["events"].as_array().unwrap().clone()
 }
 
-#[tokio::test]
-async fn an_ide_sandbox_runs_commands_and_its_delete_leaves_nothing_running() {
-    let c = ControllerProcess::start("").await;
+async fn an_ide_sandbox_runs_commands_and_its_delete_leaves_nothing_running(provider: Provider) {
+    let c = ControllerProcess::start_on(provider, "").await;
     let cl = c.client();
     let sb = cl.create(&ide()).await.unwrap();
     assert_eq!(sb.status, "running");
     assert_eq!(sb.viewer.kind, "none");
-    assert!(sb.image_ref.starts_with("process:"), "{}", sb.image_ref);
+    assert!(
+        sb.image_ref.starts_with(provider.image_prefix()),
+        "{}",
+        sb.image_ref
+    );
     assert_eq!(sb.claim.as_deref(), Some("cold"));
     let run = cl
         .exec(&sb.id, &shell("echo out; echo err >&2; exit 3"))
@@ -112,14 +116,9 @@ async fn an_ide_sandbox_runs_commands_and_its_delete_leaves_nothing_running() {
     )
     .await
     .unwrap();
-    assert!(!c.sandbox_processes(&sb.id).is_empty());
+    assert!(!c.leftovers(&sb.id).is_empty());
     cl.delete(&sb.id).await.unwrap();
-    assert!(
-        c.sandbox_processes(&sb.id).is_empty(),
-        "{:?}",
-        c.sandbox_processes(&sb.id)
-    );
-    assert!(!c.data_dir().join("sandboxes").join(&sb.id).exists());
+    assert!(c.leftovers(&sb.id).is_empty(), "{:?}", c.leftovers(&sb.id));
     let after = cl.get(&sb.id).await.unwrap();
     assert_eq!(after.status, "stopped");
     // Deleting twice is fine; the record stays readable; a stopped sandbox runs nothing.
@@ -143,9 +142,8 @@ async fn an_ide_sandbox_runs_commands_and_its_delete_leaves_nothing_running() {
     }
 }
 
-#[tokio::test]
-async fn runs_are_idempotent_by_id_and_secrets_stay_out_of_every_answer_and_log() {
-    let c = ControllerProcess::start("").await;
+async fn runs_are_idempotent_by_id_and_secrets_stay_out_of_every_answer_and_log(provider: Provider) {
+    let c = ControllerProcess::start_on(provider, "").await;
     let cl = c.client();
     let sb = cl.create(&ide()).await.unwrap();
     let secret = "s3cr3t-value-8d1f";
@@ -175,20 +173,9 @@ async fn runs_are_idempotent_by_id_and_secrets_stay_out_of_every_answer_and_log(
         c.log_text()
     );
     assert!(!everything.contains(secret), "a secret value leaked");
-    // Nor does the agent keep it in its state dir (command records, events, logs).
-    let state = c.data_dir().join("sandboxes").join(&sb.id);
-    let mut stack = vec![state];
-    while let Some(p) = stack.pop() {
-        if p.is_dir() {
-            stack.extend(std::fs::read_dir(&p).unwrap().flatten().map(|e| e.path()));
-        } else if let Ok(bytes) = std::fs::read(&p) {
-            assert!(
-                !String::from_utf8_lossy(&bytes).contains(secret),
-                "{} holds the secret",
-                p.display()
-            );
-        }
-    }
+    // Nor does the agent keep it (command records, events, logs).
+    let holders = c.state_files_containing(&sb.id, secret);
+    assert!(holders.is_empty(), "{holders:?} hold the secret");
     // Bad input is a clear 4xx.
     for (body, status) in [
         (serde_json::json!({"command": []}), 400),
@@ -283,9 +270,8 @@ async fn every_authenticated_route_without_a_key_is_401() {
     }
 }
 
-#[tokio::test]
-async fn the_catalog_lists_profiles_apps_and_bundles_and_disabled_profiles_are_422() {
-    let c = ControllerProcess::start("").await;
+async fn the_catalog_lists_profiles_apps_and_bundles_and_disabled_profiles_are_422(provider: Provider) {
+    let c = ControllerProcess::start_on(provider, "").await;
     let cl = c.client();
     let profiles = cl.catalog("profile").await.unwrap().items;
     let by_name = |n: &str| profiles.iter().find(|p| p["name"] == n).unwrap().clone();
@@ -326,12 +312,11 @@ async fn the_catalog_lists_profiles_apps_and_bundles_and_disabled_profiles_are_4
         .unwrap_err();
     assert_eq!(e.status(), Some(422), "{e}");
     assert_eq!(cl.get("sb_nope").await.unwrap_err().status(), Some(404));
-    assert!(c.all_sandbox_processes().is_empty());
+    assert!(c.all_leftovers().is_empty(), "{:?}", c.all_leftovers());
 }
 
-#[tokio::test]
-async fn leases_reuse_their_sandbox_and_reprovision_on_label_mismatch_or_a_dead_agent() {
-    let c = ControllerProcess::start("").await;
+async fn leases_reuse_their_sandbox_and_reprovision_on_label_mismatch_or_a_dead_agent(provider: Provider) {
+    let c = ControllerProcess::start_on(provider, "").await;
     let cl = c.client();
     let acquire = |labels: &[(&str, &str)]| AcquireLease {
         thread_id: "thread-1".into(),
@@ -373,13 +358,9 @@ async fn leases_reuse_their_sandbox_and_reprovision_on_label_mismatch_or_a_dead_
         || async { (cl.get(&a.sandbox.id).await.unwrap().status == "stopped").then_some(()) },
     )
     .await;
-    assert!(c.sandbox_processes(&a.sandbox.id).is_empty());
-    // Its agent killed: the store notices, and the next acquire re-provisions.
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(c.agent_pid(&b.sandbox.id)),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    assert!(c.leftovers(&a.sandbox.id).is_empty());
+    // Its agent (or container) killed: the store notices, and the next acquire re-provisions.
+    c.kill_sandbox(&b.sandbox.id);
     let d = cl.acquire(&acquire(&[("gpu", "yes")])).await.unwrap();
     assert_eq!(d.lease_id, a.lease_id);
     assert_ne!(d.sandbox.id, b.sandbox.id);
@@ -395,7 +376,7 @@ async fn leases_reuse_their_sandbox_and_reprovision_on_label_mismatch_or_a_dead_
     // Release destroys; a released lease cannot be renewed; the thread may start afresh.
     cl.release(&a.lease_id).await.unwrap();
     assert_eq!(cl.get(&d.sandbox.id).await.unwrap().status, "stopped");
-    assert!(c.sandbox_processes(&d.sandbox.id).is_empty());
+    assert!(c.leftovers(&d.sandbox.id).is_empty());
     assert_eq!(
         cl.renew(&a.lease_id, 60).await.unwrap_err().status(),
         Some(409)
@@ -422,9 +403,8 @@ async fn leases_reuse_their_sandbox_and_reprovision_on_label_mismatch_or_a_dead_
     assert_eq!(ids.len(), 1, "{ids:?}");
 }
 
-#[tokio::test]
-async fn a_lease_past_its_ttl_is_released_and_its_sandbox_destroyed() {
-    let c = ControllerProcess::start("").await;
+async fn a_lease_past_its_ttl_is_released_and_its_sandbox_destroyed(provider: Provider) {
+    let c = ControllerProcess::start_on(provider, "").await;
     let cl = c.client();
     let l = cl
         .acquire(&AcquireLease {
@@ -441,7 +421,7 @@ async fn a_lease_past_its_ttl_is_released_and_its_sandbox_destroyed() {
         || async { (cl.get(&l.sandbox.id).await.unwrap().status == "stopped").then_some(()) },
     )
     .await;
-    assert!(c.sandbox_processes(&l.sandbox.id).is_empty());
+    assert!(c.leftovers(&l.sandbox.id).is_empty());
     assert_eq!(
         cl.renew(&l.lease_id, 60).await.unwrap_err().status(),
         Some(409)
@@ -454,9 +434,8 @@ async fn a_lease_past_its_ttl_is_released_and_its_sandbox_destroyed() {
     assert!(kinds.contains(&"lease.released".into()), "{kinds:?}");
 }
 
-#[tokio::test]
-async fn a_run_survives_a_kill_9_of_the_controller_with_its_exit_code_and_full_output() {
-    let mut c = ControllerProcess::start("").await;
+async fn a_run_survives_a_kill_9_of_the_controller_with_its_exit_code_and_full_output(provider: Provider) {
+    let mut c = ControllerProcess::start_on(provider, "").await;
     let cl = c.client();
     let sb = cl.create(&ide()).await.unwrap();
     let script = "for i in $(seq 1 60); do echo line $i; sleep 1; done; echo finished >&2; exit 7";
@@ -492,11 +471,7 @@ async fn a_run_survives_a_kill_9_of_the_controller_with_its_exit_code_and_full_o
     })
     .await;
     c.kill9();
-    let agent = c.agent_pid(&sb.id);
-    assert!(
-        berth_tests::pid_alive(agent as u32),
-        "the agent outlives the controller"
-    );
+    assert!(c.sandbox_alive(&sb.id), "the sandbox outlives the controller");
     c.launch();
     let cl = c.client();
     assert_eq!(cl.get(&sb.id).await.unwrap().status, "running", "adopted");
@@ -526,9 +501,8 @@ async fn a_run_survives_a_kill_9_of_the_controller_with_its_exit_code_and_full_o
     assert_eq!(cl.run(&sb.id, "long").await.unwrap().stdout, expected);
 }
 
-#[tokio::test]
-async fn a_controller_killed_during_creates_adopts_or_reaps_them_and_leaks_nothing() {
-    let mut c = ControllerProcess::start("orphan_grace_secs = 0\n").await;
+async fn a_controller_killed_during_creates_adopts_or_reaps_them_and_leaks_nothing(provider: Provider) {
+    let mut c = ControllerProcess::start_on(provider, "orphan_grace_secs = 0\n").await;
     let cl = c.client();
     // Creates in flight (answered at once), then kill -9 before they are ready.
     let mut ids = Vec::new();
@@ -557,37 +531,28 @@ async fn a_controller_killed_during_creates_adopts_or_reaps_them_and_leaks_nothi
         })
         .await;
         if sb.status == "failed" {
-            assert!(c.sandbox_processes(id).is_empty(), "a failed sandbox leaks");
+            assert!(c.leftovers(id).is_empty(), "a failed sandbox leaks");
         }
         cl.delete(id).await.unwrap();
     }
     wait_for(
         "the orphan to be reaped",
         Duration::from_secs(30),
-        || async { c.sandbox_processes(&orphan).is_empty().then_some(()) },
+        || async { c.leftovers(&orphan).is_empty().then_some(()) },
     )
     .await;
-    assert!(
-        c.all_sandbox_processes().is_empty(),
-        "{:?}",
-        c.all_sandbox_processes()
-    );
+    assert!(c.all_leftovers().is_empty(), "{:?}", c.all_leftovers());
     assert!(
         c.log_text()
             .contains("reaping a sandbox the store does not know")
     );
 }
 
-#[tokio::test]
-async fn a_sandbox_whose_agent_dies_is_marked_failed_not_running() {
-    let c = ControllerProcess::start("").await;
+async fn a_sandbox_whose_agent_dies_is_marked_failed_not_running(provider: Provider) {
+    let c = ControllerProcess::start_on(provider, "").await;
     let cl = c.client();
     let sb = cl.create(&ide()).await.unwrap();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(c.agent_pid(&sb.id)),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    c.kill_sandbox(&sb.id);
     let failed = wait_for(
         "the sandbox to be marked failed",
         Duration::from_secs(20),
@@ -597,10 +562,8 @@ async fn a_sandbox_whose_agent_dies_is_marked_failed_not_running() {
         },
     )
     .await;
-    assert!(
-        failed.error.unwrap().contains("agent"),
-        "the reason names the agent"
-    );
+    let error = failed.error.unwrap();
+    assert!(error.contains(provider.death_word()), "{error}");
     let kinds: Vec<Value> = events(&c, &sb.id)
         .await
         .iter()
@@ -645,7 +608,7 @@ async fn burst(c: &ControllerProcess, n: usize) -> (usize, usize) {
         .count();
     for s in &got {
         cl.delete(&s.id).await.unwrap();
-        assert!(c.sandbox_processes(&s.id).is_empty());
+        assert!(c.leftovers(&s.id).is_empty());
     }
     (warm, cold)
 }
@@ -661,9 +624,8 @@ async fn set_pool(c: &ControllerProcess, paused: bool) {
         .unwrap();
 }
 
-#[tokio::test]
-async fn fifty_concurrent_claims_against_a_pool_of_ten_are_exactly_ten_warm() {
-    let c = ControllerProcess::start("[[pools]]\nprofile = \"ide\"\nsize = 10\n").await;
+async fn fifty_concurrent_claims_against_a_pool_of_ten_are_exactly_ten_warm(provider: Provider) {
+    let c = ControllerProcess::start_on(provider, "[[pools]]\nprofile = \"ide\"\nsize = 10\n").await;
     wait_for("the pool to fill", Duration::from_secs(60), || async {
         (pool(&c).await["ready"] == 10).then_some(())
     })
@@ -694,10 +656,7 @@ async fn fifty_concurrent_claims_against_a_pool_of_ten_are_exactly_ten_warm() {
     let p = pool(&c).await;
     assert_eq!(p["starting"], 0, "{p}");
     // Only the ten members run: nothing leaked and nothing over-created.
-    let dirs = std::fs::read_dir(c.data_dir().join("sandboxes"))
-        .unwrap()
-        .count();
-    assert_eq!(dirs, 10);
+    assert_eq!(c.live_sandboxes(), 10);
     let warm_claim: u64 = c
         .client()
         .metrics()
@@ -708,12 +667,10 @@ async fn fifty_concurrent_claims_against_a_pool_of_ten_are_exactly_ten_warm() {
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
         .unwrap();
     assert_eq!(warm_claim as usize, 10 + warm);
-    let _ = API_KEY;
 }
 
-#[tokio::test]
-async fn the_cli_creates_execs_lists_and_removes_sandboxes() {
-    let c = ControllerProcess::start("").await;
+async fn the_cli_creates_execs_lists_and_removes_sandboxes(provider: Provider) {
+    let c = ControllerProcess::start_on(provider, "").await;
     let berth = |args: &[&str]| {
         let out = std::process::Command::new(berth_tests::workspace_bin("berth"))
             .args(args)
@@ -748,7 +705,7 @@ async fn the_cli_creates_execs_lists_and_removes_sandboxes() {
     assert!(!out.contains(id), "{out}");
     let (code, _) = berth(&["sandbox", "rm", id]);
     assert_eq!(code, Some(0));
-    assert!(c.sandbox_processes(id).is_empty());
+    assert!(c.leftovers(id).is_empty());
     let (code, out) = berth(&[
         "lease",
         "acquire",
@@ -762,7 +719,7 @@ async fn the_cli_creates_execs_lists_and_removes_sandboxes() {
     let lease: Value = serde_json::from_str(&out).unwrap();
     let (code, _) = berth(&["lease", "release", lease["lease_id"].as_str().unwrap()]);
     assert_eq!(code, Some(0));
-    assert!(c.all_sandbox_processes().is_empty());
+    assert!(c.all_leftovers().is_empty());
     // Without a key: a clear error and a non-zero exit.
     let out = std::process::Command::new(berth_tests::workspace_bin("berth"))
         .args(["sandbox", "list"])
@@ -818,3 +775,16 @@ async fn without_configured_keys_one_is_generated_printed_once_and_stored_hashed
     second.kill().unwrap();
     second.wait().unwrap();
 }
+
+berth_tests::on_every_provider!(
+    an_ide_sandbox_runs_commands_and_its_delete_leaves_nothing_running,
+    runs_are_idempotent_by_id_and_secrets_stay_out_of_every_answer_and_log,
+    the_catalog_lists_profiles_apps_and_bundles_and_disabled_profiles_are_422,
+    leases_reuse_their_sandbox_and_reprovision_on_label_mismatch_or_a_dead_agent,
+    a_lease_past_its_ttl_is_released_and_its_sandbox_destroyed,
+    a_run_survives_a_kill_9_of_the_controller_with_its_exit_code_and_full_output,
+    a_controller_killed_during_creates_adopts_or_reaps_them_and_leaks_nothing,
+    a_sandbox_whose_agent_dies_is_marked_failed_not_running,
+    fifty_concurrent_claims_against_a_pool_of_ten_are_exactly_ten_warm,
+    the_cli_creates_execs_lists_and_removes_sandboxes,
+);

@@ -1,10 +1,11 @@
 //! The controller with real desktop sandboxes (Xvnc, XFCE, Chromium): the viewer through the
-//! controller, strict readiness, a create that cannot become ready in time, and `berth demo`.
+//! controller on every provider; with local processes, strict readiness, a create that cannot
+//! become ready in time, a pool that cannot fill, and `berth demo`.
 
 use std::time::Duration;
 
 use berth_protocol::controller::{Command, CreateSandbox, RunRequest};
-use berth_tests::controller::ControllerProcess;
+use berth_tests::controller::{ControllerProcess, Provider};
 use berth_tests::{processes_with_root, wait_for};
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::{self, client::IntoClientRequest};
@@ -40,9 +41,11 @@ fn no_redirects() -> reqwest::Client {
         .unwrap()
 }
 
-#[tokio::test]
-async fn a_desktop_sandbox_is_viewed_through_a_one_time_url_and_deleted_without_a_trace() {
-    let c = ControllerProcess::start("").await;
+/// On every provider (one desktop at a time).
+async fn a_desktop_sandbox_is_viewed_through_a_one_time_url_and_deleted_without_a_trace(
+    provider: Provider,
+) {
+    let c = ControllerProcess::start_on(provider, "").await;
     let cl = c.client();
     let sb = cl.create(&desktop()).await.unwrap();
     assert_eq!(sb.status, "running");
@@ -178,16 +181,22 @@ async fn a_desktop_sandbox_is_viewed_through_a_one_time_url_and_deleted_without_
     }
     assert_eq!(&head[4..8], b"ftyp");
     drop(stream);
-    // Delete: the agent and every process under it are gone.
-    let tree = processes_with_root(c.agent_pid(&sb.id) as u32);
-    assert!(tree.len() > 5, "the desktop runs under the agent: {tree:?}");
+    // Delete: the agent and every process under it are gone (with its container on Docker).
+    let tree = match provider {
+        Provider::Process => processes_with_root(c.agent_pid(&sb.id) as u32),
+        Provider::Docker => Vec::new(),
+    };
+    assert!(
+        provider != Provider::Process || tree.len() > 5,
+        "the desktop runs under the agent: {tree:?}"
+    );
     cl.delete(&sb.id).await.unwrap();
     let left: Vec<u32> = tree
         .into_iter()
         .filter(|p| berth_tests::pid_alive(*p))
         .collect();
     assert!(left.is_empty(), "left running: {left:?}");
-    assert!(c.sandbox_processes(&sb.id).is_empty());
+    assert!(c.leftovers(&sb.id).is_empty(), "{:?}", c.leftovers(&sb.id));
     assert_eq!(http.get(&once).send().await.unwrap().status(), 401);
 }
 
@@ -305,3 +314,7 @@ async fn a_pool_whose_members_never_become_ready_stops_refilling_and_says_so() {
     let e = cl.create(&desktop()).await.unwrap_err();
     assert!(e.to_string().contains("not ready within 2 s"), "{e}");
 }
+
+berth_tests::on_every_provider!(
+    a_desktop_sandbox_is_viewed_through_a_one_time_url_and_deleted_without_a_trace
+);
