@@ -75,6 +75,10 @@ pub enum ImageCmd {
         /// Print only {"image_ref", "size_bytes", "built", "seconds"} on stdout.
         #[arg(long)]
         json: bool,
+        /// Build nothing: print {"image_ref", "exists"}, the name this build would have (the
+        /// lock files fix it before building).
+        #[arg(long, conflicts_with = "json")]
+        plan: bool,
     },
     /// Resolve the packages afresh and rewrite images/<profile>.lock.
     Lock {
@@ -588,7 +592,15 @@ async fn image(c: ImageCmd) -> anyhow::Result<i32> {
         })
     };
     match c {
-        ImageCmd::Build { args, json } => {
+        ImageCmd::Build { args, plan: true, .. } => {
+            let req = request(args)?;
+            let (image_ref, exists) = crate::image::plan(&req)?;
+            println!(
+                "{}",
+                serde_json::json!({"image_ref": image_ref, "exists": exists})
+            );
+        }
+        ImageCmd::Build { args, json, .. } => {
             let req = request(args)?;
             let built = tokio::task::spawn_blocking(move || crate::image::build(&req)).await??;
             match json {

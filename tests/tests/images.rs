@@ -261,3 +261,125 @@ async fn the_controller_answers_an_image_build_with_the_content_addressed_ref() 
         .unwrap();
     assert_eq!(r.status(), 404);
 }
+
+/// A recipes dir with the real base (so debootstrap's stage is the cached one) and one small
+/// profile, `name`, of `packages`.
+fn probe_recipes(name: &str, packages: &[&str]) -> tempfile::TempDir {
+    let real = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../images/recipes.toml");
+    let real = std::fs::read_to_string(real).unwrap();
+    let base = &real[..real.find("[profiles.").unwrap()];
+    let dir = tempfile::tempdir().unwrap();
+    let list: Vec<String> = packages.iter().map(|p| format!("{p:?}")).collect();
+    std::fs::write(
+        dir.path().join("recipes.toml"),
+        format!(
+            "{base}[profiles.{name}]\ndescription = \"a probe\"\ndesktop = false\n\
+             packages = [{}]\npip = []\n",
+            list.join(", ")
+        ),
+    )
+    .unwrap();
+    dir
+}
+
+/// `berth image build` on another recipes dir: exit status, stdout, stderr.
+fn build_in(images: &std::path::Path, name: &str, agent: Option<&str>) -> (bool, String, String) {
+    let mut cmd = Command::new(berth_tests::workspace_bin("berth"));
+    cmd.args(["image", "build", "--profile", name, "--json", "--images-dir"])
+        .arg(images)
+        .env("BERTH_LOG", "warn");
+    if let Some(a) = agent {
+        cmd.args(["--agent-bin", a]);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Removes a probe's cached stages and images.
+fn forget_probe(name: &str) {
+    let cache = std::env::var("BERTH_IMAGE_CACHE").unwrap_or("/var/cache/berth/images".into());
+    for e in std::fs::read_dir(&cache).into_iter().flatten().flatten() {
+        if e.file_name().to_string_lossy().starts_with(&format!("{name}-")) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+    let out = Command::new("docker")
+        .args(["images", "-q", &format!("berth-{name}")])
+        .output()
+        .unwrap();
+    for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+        let _ = Command::new("docker").args(["rmi", "-f", id]).output();
+    }
+}
+
+#[tokio::test]
+async fn a_locked_version_gone_from_the_mirror_is_re_resolved_and_the_lock_rewritten() {
+    build(); // the base stage is cached
+    let name = "relockprobe";
+    forget_probe(name);
+    let images = probe_recipes(name, &["hello"]);
+    let lock = images.path().join(format!("{name}.lock"));
+    std::fs::write(&lock, "hello=0.0-gone-from-the-mirror\n").unwrap();
+    let (ok, stdout, stderr) = build_in(images.path(), name, None);
+    forget_probe(name);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("==> base rootfs (cached)"), "{stderr}");
+    assert!(
+        stderr.contains("warning: a locked version is gone from the mirror"),
+        "{stderr}"
+    );
+    let first: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(first["built"], true);
+    let rewritten = std::fs::read_to_string(&lock).unwrap();
+    let pin = rewritten
+        .lines()
+        .find_map(|l| l.strip_prefix("hello="))
+        .unwrap_or_else(|| panic!("{rewritten}"));
+    assert_ne!(pin, "0.0-gone-from-the-mirror");
+    // The name follows the lock it was built from: the old lock names another image.
+    std::fs::write(&lock, "hello=0.0-gone-from-the-mirror\n").unwrap();
+    let (_, old_ref) = plan_ref(images.path(), name);
+    std::fs::write(&lock, &rewritten).unwrap();
+    let (_, new_ref) = plan_ref(images.path(), name);
+    assert_eq!(new_ref, first["image_ref"].as_str().unwrap());
+    assert_ne!(old_ref, new_ref);
+}
+
+/// The `image_ref` a build of these recipes would have, without building (`--plan`).
+fn plan_ref(images: &std::path::Path, name: &str) -> (bool, String) {
+    let out = Command::new(berth_tests::workspace_bin("berth"))
+        .args(["image", "build", "--plan", "--profile", name, "--images-dir"])
+        .arg(images)
+        .env("BERTH_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    (v["exists"].as_bool().unwrap(), v["image_ref"].as_str().unwrap().to_string())
+}
+
+#[tokio::test]
+async fn a_failing_build_names_its_step_and_package_and_resumes_from_its_cache() {
+    build();
+    let name = "brokenprobe";
+    let images = probe_recipes(name, &["hello", "berth-no-such-package"]);
+    let (ok, stdout, stderr) = build_in(images.path(), name, None);
+    forget_probe(name);
+    assert!(!ok);
+    assert!(stdout.is_empty(), "{stdout}");
+    assert!(stderr.contains("==> base rootfs (cached)"), "{stderr}");
+    assert!(stderr.contains("install 2 packages failed"), "{stderr}");
+    assert!(
+        stderr.contains("Unable to locate package berth-no-such-package"),
+        "{stderr}"
+    );
+    // Without an agent binary: which file, and the cargo command that makes it.
+    let (ok, _, stderr) = build_in(images.path(), name, Some("/nonexistent/berth-agent"));
+    assert!(!ok);
+    assert!(stderr.contains("/nonexistent/berth-agent"), "{stderr}");
+    assert!(stderr.contains("cargo build -p berth-agent"), "{stderr}");
+}
