@@ -79,6 +79,10 @@ pub fn decode_rgb(path: &Path, width: u32, height: u32) -> Vec<Vec<u8>> {
         .args([
             "-fps_mode",
             "passthrough",
+            // The files' own 90 kHz clock: in the default 1/fps time base, two pictures of a
+            // loaded recorder taken under one frame interval apart collide (ffmpeg errors).
+            "-enc_time_base",
+            "1:90000",
             "-f",
             "rawvideo",
             "-pix_fmt",

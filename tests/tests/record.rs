@@ -296,6 +296,30 @@ async fn sigkill_mid_recording_leaves_a_file_with_every_fragment_written() {
 }
 
 #[tokio::test]
+async fn a_recording_killed_right_after_its_start_holds_its_first_frame() {
+    let x = XServer::start(320, 240);
+    let _win = solid_window(&x, (0, 0, 320, 240), GREEN, EventMask::NO_EVENT);
+    let mut a = agent_on(&x).await;
+    let rec = a
+        .client()
+        .start_recording(&RecordingRequest::default())
+        .await
+        .unwrap();
+    // No time for a second picture or a timed flush: the start's own picture must be there.
+    a.kill9();
+    let file = a
+        .state_dir
+        .join("recordings")
+        .join(format!("{}.mp4", rec.id));
+    let p = probe(&file);
+    assert_eq!((p.width, p.height), (320, 240));
+    assert!(!p.frames.is_empty(), "{p:?}");
+    assert_eq!(p.frames[0].1, "I");
+    let frames = decode_rgb(&file, 320, 240);
+    assert!(near(rgb_at(&frames[0], 320, 40, 40), rgb(GREEN), 24));
+}
+
+#[tokio::test]
 async fn a_restart_finishes_recordings_properly() {
     let x = XServer::start(320, 240);
     let _win = solid_window(&x, (0, 0, 320, 240), BLUE, EventMask::NO_EVENT);
@@ -468,6 +492,166 @@ async fn the_compat_routes_answer_like_the_reference_server() {
     assert_ne!(list[0].id, first);
     let r = http.post(url("/end_recording")).send().await.unwrap();
     assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn concurrent_compat_starts_make_one_recording_and_the_end_returns_it() {
+    let x = XServer::start(320, 240);
+    let _win = solid_window(&x, (0, 0, 320, 240), RED, EventMask::NO_EVENT);
+    let a = agent_on(&x).await;
+    let http = reqwest::Client::new();
+    let starts = (0..6).map(|_| {
+        let http = http.clone();
+        let url = a.url("/start_recording");
+        async move {
+            let r = http.post(url).send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    });
+    let answers = futures_util::future::join_all(starts).await;
+    let ok = answers.iter().filter(|(s, _)| *s == 200).count();
+    assert_eq!(ok, 1, "{answers:?}");
+    for (status, body) in answers.iter().filter(|(s, _)| *s != 200) {
+        assert_eq!(*status, 400, "{body}");
+        assert!(body.contains("Recording is already in progress."), "{body}");
+    }
+    // One recording runs, and the end stops it and returns it.
+    let list = a.client().recordings().await.unwrap().recordings;
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_eq!(list[0].state, RecordingState::Recording);
+    let r = http.post(a.url("/end_recording")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let path = a.dir.path().join("compat-race.mp4");
+    std::fs::write(&path, r.bytes().await.unwrap()).unwrap();
+    let frames = decode_rgb(&path, 320, 240);
+    assert!(near(rgb_at(&frames[0], 320, 100, 100), rgb(RED), 24));
+    let list = a.client().recordings().await.unwrap().recordings;
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_eq!(list[0].state, RecordingState::Stopped);
+    let r = http.post(a.url("/end_recording")).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+}
+
+#[tokio::test]
+async fn an_odd_sized_screen_records_unshifted_with_the_cursor_drawn_in() {
+    // Four quadrants meeting at (160, 120); the 321x241 screen loses its last column and row.
+    let x = XServer::start(321, 241);
+    const WHITE: u32 = 0xeeeeee;
+    let _wins = [
+        solid_window(&x, (0, 0, 160, 120), RED, EventMask::NO_EVENT),
+        solid_window(&x, (160, 0, 161, 120), GREEN, EventMask::NO_EVENT),
+        solid_window(&x, (0, 120, 160, 121), BLUE, EventMask::NO_EVENT),
+        solid_window(&x, (160, 120, 161, 121), WHITE, EventMask::NO_EVENT),
+    ];
+    let a = agent_on(&x).await;
+    let client = a.client();
+    let r = client
+        .request(reqwest::Method::POST, "/v1/input")
+        .json(&json!({"actions": [{"type": "move", "x": 80, "y": 60}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut last = Vec::new();
+    for cursor in [false, true] {
+        let rec = client
+            .start_recording(&RecordingRequest {
+                cursor: Some(cursor),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!((rec.width, rec.height), (320, 240));
+        client.stop_recording(&rec.id).await.unwrap();
+        let path = save_file(&a, &rec.id, &format!("odd-{cursor}.mp4")).await;
+        let frames = decode_rgb(&path, 320, 240);
+        last.push(frames.last().unwrap().clone());
+    }
+    let (plain, with_cursor) = (&last[0], &last[1]);
+    // Each quadrant's colour right up to the seams and in the corners: nothing moved.
+    for (px, py, c) in [
+        (2, 2, RED),
+        (159, 100, RED),
+        (100, 119, RED),
+        (160, 100, GREEN),
+        (317, 2, GREEN),
+        (200, 119, GREEN),
+        (2, 237, BLUE),
+        (100, 120, BLUE),
+        (159, 200, BLUE),
+        (160, 120, WHITE),
+        (160, 200, WHITE),
+        (317, 237, WHITE),
+    ] {
+        for frame in [plain, with_cursor] {
+            let got = rgb_at(frame, 320, px, py);
+            assert!(
+                near(got, rgb(c), 40),
+                "({px}, {py}) is {got:?}, not {c:06x}"
+            );
+        }
+    }
+    // The cursor is in the picture near the pointer, and only there.
+    let differs = |x: u32, y: u32| {
+        let (p, q) = (rgb_at(plain, 320, x, y), rgb_at(with_cursor, 320, x, y));
+        !near(p, q, 60)
+    };
+    let near_pointer = (60..110).flat_map(|y| (70..120).map(move |x| (x, y)));
+    assert!(
+        near_pointer.into_iter().any(|(x, y)| differs(x, y)),
+        "no cursor near the pointer"
+    );
+    for (x, y) in [(20, 20), (250, 60), (60, 200), (250, 200)] {
+        assert!(!differs(x, y), "({x}, {y}) changed with the cursor");
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[tokio::test]
+async fn the_encoder_runs_openh264s_assembly_kernels() {
+    // openh264 quietly builds from C alone when nasm is missing (about twice as slow); the
+    // agent's start-up log says which kernels it has.
+    let x = XServer::start(320, 240);
+    let dir = tempfile::Builder::new()
+        .prefix("berth-test-")
+        .tempdir()
+        .unwrap();
+    let log = dir.path().join("agent.log");
+    let a = AgentProcess::start_in(
+        dir,
+        AgentOptions {
+            extra_args: vec!["--display".into(), x.display.clone()],
+            env: vec![
+                ("BERTH_AGENT_LOG".into(), "info".into()),
+                ("BERTH_AGENT_LOG_FORMAT".into(), "json".into()),
+            ],
+            wrapper: vec![
+                "sh".into(),
+                "-c".into(),
+                format!("exec \"$0\" \"$@\" 2>>'{}'", log.display()),
+            ],
+            ..Default::default()
+        },
+    )
+    .await;
+    let kernels = wait_for(
+        "the encoder's start-up line",
+        Duration::from_secs(10),
+        || {
+            let log = log.clone();
+            async move {
+                let text = std::fs::read_to_string(&log).ok()?;
+                text.lines()
+                    .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                    .find(|v| v["fields"]["message"] == "H.264 encoder (openh264)")
+                    .map(|v| v["fields"]["kernels"].as_str().unwrap_or("").to_string())
+            }
+        },
+    )
+    .await;
+    assert!(kernels.starts_with("x86 assembly ("), "{kernels}");
+    assert!(kernels.contains("SSE2"), "{kernels}");
+    drop(a);
 }
 
 #[tokio::test]

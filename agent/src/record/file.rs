@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use berth_protocol::events::kinds;
@@ -27,7 +27,8 @@ const FRAGMENT_BYTES: usize = 8 << 20;
 pub type Started = Option<Result<(), String>>;
 
 struct Writer {
-    file: File,
+    /// Shared with the syncing thread.
+    file: Arc<File>,
     /// Bytes of complete boxes in the file.
     committed: u64,
     mehd_at: Option<usize>,
@@ -36,6 +37,9 @@ struct Writer {
     decode: u64,
     /// The latest picture: its duration is known when the next one comes.
     pending: Option<(u64, Vec<u8>, bool)>,
+    /// Where the first picture's provisional duration sits in the file, until the next
+    /// picture (or the end) tells the true one.
+    provisional: Option<u64>,
     buffered: Vec<Sample>,
     buffered_bytes: usize,
     last_flush: Instant,
@@ -104,12 +108,13 @@ impl Recording {
             inner: Mutex::new(Inner {
                 state: RecordingState::Recording,
                 writer: Some(Writer {
-                    file,
+                    file: Arc::new(file),
                     committed: 0,
                     mehd_at: None,
                     sequence: 1,
                     decode: 0,
                     pending: None,
+                    provisional: None,
                     buffered: Vec::new(),
                     buffered_bytes: 0,
                     last_flush: Instant::now(),
@@ -297,15 +302,39 @@ impl Sink for Recording {
             Some(t) => t,
             None if !pic.sync => return Verdict::Keep, // a keyframe was asked for on joining
             None => {
+                // "Started" means the first picture is in the file: it goes in at once, as a
+                // fragment of its own lasting one frame interval until the next picture
+                // tells its true duration (patched in place, so the file is valid at every
+                // moment).
                 let init = mp4::init_segment(pic.track, true);
-                if let Err(e) = w.file.write_all(&init.bytes) {
+                let interval = TIMESCALE / self.settings.fps.max(1);
+                let first = mp4::fragment(
+                    w.sequence,
+                    0,
+                    &[Sample {
+                        data: pic.data.to_vec(),
+                        duration: interval,
+                        sync: pic.sync,
+                    }],
+                );
+                let head = [init.bytes.as_slice(), first.as_slice()].concat();
+                if let Err(e) = (&*w.file).write_all(&head) {
                     let msg = format!("writing {}: {e}", self.path.display());
                     self.failed(inner, msg);
                     return Verdict::Done;
                 }
-                w.committed = init.bytes.len() as u64;
+                w.committed = head.len() as u64;
                 w.mehd_at = init.mehd_duration_offset;
+                w.provisional = Some((init.bytes.len() + mp4::FIRST_SAMPLE_DURATION_AT) as u64);
+                w.sequence += 1;
+                w.decode = interval as u64;
                 w.last_flush = Instant::now();
+                sync_soon(&w.file);
+                inner.bytes = w.committed;
+                inner.counts.encoded += 1;
+                if pic.sync {
+                    inner.counts.keyframes += 1;
+                }
                 inner.t0 = Some(pic.at);
                 self.events.emit(
                     kinds::RECORDING_STARTED,
@@ -318,10 +347,18 @@ impl Sink for Recording {
                     }),
                 );
                 self.started.send_replace(Some(Ok(())));
-                pic.at
+                return Verdict::Keep;
             }
         };
         let mut pts = ticks(pic.at.saturating_duration_since(t0));
+        if w.provisional.is_some() {
+            pts = pts.max(1);
+            if let Err(e) = settle_first(w, pts) {
+                let msg = format!("writing {}: {e}", self.path.display());
+                self.failed(inner, msg);
+                return Verdict::Done;
+            }
+        }
         if let Some((prev, data, sync)) = w.pending.take() {
             pts = pts.max(prev + 1);
             w.buffered_bytes += data.len();
@@ -399,7 +436,7 @@ fn flush(w: &mut Writer) -> std::io::Result<()> {
         return Ok(());
     }
     let frag = mp4::fragment(w.sequence, w.decode, &w.buffered);
-    if let Err(e) = w.file.write_all(&frag) {
+    if let Err(e) = (&*w.file).write_all(&frag) {
         let _ = w.file.set_len(w.committed);
         return Err(e);
     }
@@ -408,12 +445,60 @@ fn flush(w: &mut Writer) -> std::io::Result<()> {
     w.decode += w.buffered.iter().map(|s| s.duration as u64).sum::<u64>();
     w.buffered.clear();
     w.buffered_bytes = 0;
+    sync_soon(&w.file);
     Ok(())
+}
+
+/// The first picture lasts until `end` (90 kHz): its provisional duration is overwritten in
+/// place, and the next fragment starts there.
+fn settle_first(w: &mut Writer, end: u64) -> std::io::Result<()> {
+    let Some(at) = w.provisional.take() else {
+        return Ok(());
+    };
+    let duration = end.clamp(1, u32::MAX as u64);
+    w.file.write_all_at(&(duration as u32).to_be_bytes(), at)?;
+    w.decode = duration;
+    Ok(())
+}
+
+/// Has the syncing thread `fdatasync` the file soon: a fragment survives a machine crash
+/// too, not just the agent's, and the encoding thread never waits on the disk. A fragment
+/// is flushed at most about once a second, so this costs little.
+fn sync_soon(file: &Arc<File>) {
+    static SYNCER: OnceLock<Option<mpsc::Sender<Arc<File>>>> = OnceLock::new();
+    let tx = SYNCER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Arc<File>>();
+        std::thread::Builder::new()
+            .name("berth-rec-sync".into())
+            .spawn(move || {
+                while let Ok(first) = rx.recv() {
+                    // Files that queued up meanwhile are synced once each.
+                    let mut files = vec![first];
+                    for f in rx.try_iter() {
+                        if !files.iter().any(|g| Arc::ptr_eq(g, &f)) {
+                            files.push(f);
+                        }
+                    }
+                    for f in files {
+                        if let Err(e) = f.sync_data() {
+                            tracing::warn!(error = %e, "recording: fdatasync failed");
+                        }
+                    }
+                }
+            })
+            .map_err(|e| tracing::warn!(error = %e, "recording: no syncing thread"))
+            .ok()
+            .map(|_| tx)
+    });
+    if let Some(tx) = tx {
+        let _ = tx.send(file.clone());
+    }
 }
 
 /// The last picture lasts until `end`; everything is written and the total duration goes
 /// into the header.
 fn close(w: &mut Writer, end: u64) -> std::io::Result<()> {
+    settle_first(w, end)?;
     if let Some((pts, data, sync)) = w.pending.take() {
         w.buffered.push(Sample {
             data,

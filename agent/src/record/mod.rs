@@ -97,6 +97,10 @@ pub struct Recorder {
     source: Option<Arc<FrameSource>>,
     inner: Mutex<Inner>,
     streams: Arc<AtomicUsize>,
+    /// Held through a whole `/start_recording` or `/end_recording`: the "already recording"
+    /// check and the start it guards are one step, so of two concurrent starts one answers
+    /// 400.
+    compat_op: tokio::sync::Mutex<()>,
 }
 
 /// Holds a stream's place in the stream limit while it is being served.
@@ -161,6 +165,7 @@ impl Recorder {
                 ..Inner::default()
             }),
             streams: Arc::new(AtomicUsize::new(0)),
+            compat_op: tokio::sync::Mutex::new(()),
         }))
     }
 
@@ -483,6 +488,7 @@ impl Recorder {
 
     /// `/start_recording`: one recording at a time, replacing the previous compat file.
     pub async fn compat_start(&self) -> Result<(), CompatError> {
+        let _op = self.compat_op.lock().await;
         let previous = {
             let inner = self.lock();
             match inner.compat.as_ref() {
@@ -505,6 +511,7 @@ impl Recorder {
 
     /// `/end_recording`: stops the compat recording and returns its file.
     pub async fn compat_end(&self) -> Result<(PathBuf, RecordingInfo), CompatError> {
+        let _op = self.compat_op.lock().await;
         let rec = {
             let inner = self.lock();
             match inner

@@ -256,6 +256,11 @@ fn sample_flags(sync: bool) -> u32 {
     if sync { 0x0200_0000 } else { 0x0101_0000 }
 }
 
+/// Where, in a `fragment`, its first sample's duration sits (a u32), for patching: `moof`
+/// header 8, `mfhd` 16, `traf` header 8, `tfhd` 16, `tfdt` 20, then `trun`'s header 8,
+/// version and flags 4, sample count 4 and data offset 4.
+pub const FIRST_SAMPLE_DURATION_AT: usize = 8 + 16 + 8 + 16 + 20 + 8 + 4 + 4 + 4;
+
 /// One `moof` + `mdat` holding `samples`, the first decoded at `decode_time` (90 kHz).
 pub fn fragment(sequence: u32, decode_time: u64, samples: &[Sample]) -> Vec<u8> {
     let mut mfhd = full(0, 0);
@@ -371,6 +376,9 @@ mod tests {
         let trun_at = base + traf_range.start + traf[2].1.start;
         let data_offset = u32::from_be_bytes(frag[trun_at + 8..trun_at + 12].try_into().unwrap());
         assert_eq!(data_offset as usize, top[1].1.start);
+        let first_duration = &frag[FIRST_SAMPLE_DURATION_AT..FIRST_SAMPLE_DURATION_AT + 4];
+        assert_eq!(trun_at + 12, FIRST_SAMPLE_DURATION_AT);
+        assert_eq!(first_duration, 6000u32.to_be_bytes());
         let tfdt_at = base + traf_range.start + traf[1].1.start;
         assert_eq!(
             u64::from_be_bytes(frag[tfdt_at + 4..tfdt_at + 12].try_into().unwrap()),
