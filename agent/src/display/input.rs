@@ -7,7 +7,7 @@
 //! after a grace period: clients re-read the keymap lazily, and a keycode remapped while its
 //! key events still wait in a client's queue is how xdotool scrambles text.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use x11rb::connection::Connection;
@@ -21,8 +21,11 @@ use super::DisplayError;
 use super::conn::XConn;
 use super::keys;
 
-/// How long a borrowed keycode keeps its character after the last key event that used it.
-pub const REMAP_GRACE: Duration = Duration::from_millis(250);
+/// How long a borrowed keycode keeps its character after the last key event that used it:
+/// long enough for a busy client to read its queued key events. (250 ms was seen to scramble
+/// text in a Tk field on a loaded 2-core machine; lending a keycode again only happens when a
+/// text has more distinct missing characters than there are spare keycodes.)
+pub const REMAP_GRACE: Duration = Duration::from_millis(1000);
 
 const SHIFT_L: u32 = 0xffe1;
 
@@ -203,17 +206,32 @@ impl Input {
         let shift = self.kb.find(SHIFT_L).map(|(kc, _)| kc);
         let mut i = 0;
         while i < syms.len() {
-            // The longest stretch whose missing characters fit the spare keycodes.
+            // The longest stretch whose characters all have a keycode at once: the missing
+            // ones (to borrow) plus the borrowed ones it reuses (kept, not lent again) fit the
+            // keycodes there are to lend.
             let capacity = self.kb.spare.len() + self.kb.borrowed.len();
             let mut missing: Vec<u32> = Vec::new();
+            let mut keep: HashSet<u8> = HashSet::new();
             let mut end = i;
             while end < syms.len() {
                 let s = syms[end];
-                if self.kb.find(s).is_none() && !missing.contains(&s) {
-                    if missing.len() == capacity.max(1) {
-                        break;
+                match self.kb.find(s) {
+                    Some((kc, _)) if self.kb.borrowed.contains_key(&kc) => {
+                        if !keep.contains(&kc) {
+                            if missing.len() + keep.len() == capacity {
+                                break;
+                            }
+                            keep.insert(kc);
+                        }
                     }
-                    missing.push(s);
+                    Some(_) => {}
+                    None if missing.contains(&s) => {}
+                    None => {
+                        if missing.len() + keep.len() == capacity.max(1) {
+                            break;
+                        }
+                        missing.push(s);
+                    }
                 }
                 end += 1;
             }
@@ -222,7 +240,7 @@ impl Input {
                     "the keyboard has no spare keycodes to type with".into(),
                 ));
             }
-            self.borrow(&missing)?;
+            self.borrow(&missing, keep)?;
             for &s in &syms[i..end] {
                 let (kc, needs_shift) = self
                     .kb
@@ -249,14 +267,18 @@ impl Input {
 
     /// Keycodes for `syms`, borrowing spare ones for what the layout lacks.
     fn keycode_for(&mut self, syms: &[u32]) -> Result<Vec<(u8, bool)>, DisplayError> {
-        let missing: Vec<u32> = syms
-            .iter()
-            .copied()
-            .filter(|&s| self.kb.find(s).is_none())
-            .collect();
-        if !missing.is_empty() {
-            self.borrow(&missing)?;
+        let mut missing: Vec<u32> = Vec::new();
+        let mut keep: HashSet<u8> = HashSet::new();
+        for &s in syms {
+            match self.kb.find(s) {
+                Some((kc, _)) => {
+                    keep.insert(kc);
+                }
+                None if !missing.contains(&s) => missing.push(s),
+                None => {}
+            }
         }
+        self.borrow(&missing, keep)?;
         syms.iter()
             .map(|&s| {
                 self.kb
@@ -266,23 +288,30 @@ impl Input {
             .collect()
     }
 
-    /// Maps each of `syms` to a spare keycode (least recently used borrowed ones are reused
-    /// once their grace has passed), then waits a round trip so the mapping is in force
-    /// before any key event that uses it.
-    fn borrow(&mut self, syms: &[u32]) -> Result<(), DisplayError> {
+    /// Maps each of `syms` to a spare keycode, then waits a round trip so the mapping is in
+    /// force before any key event that uses it. With no spare keycode left, the least
+    /// recently used borrowed one is lent again once its grace has passed — never one in
+    /// `keep` (still needed by the caller), one held down, or one lent by this same call.
+    fn borrow(&mut self, syms: &[u32], mut keep: HashSet<u8>) -> Result<(), DisplayError> {
         if syms.is_empty() {
             return Ok(());
         }
+        keep.extend(self.held_keys.iter().copied());
         self.x.conn.flush()?;
         for &sym in syms {
             let kc = match self.kb.spare.pop() {
                 Some(kc) => kc,
                 None => {
-                    let Some((&kc, &(_, used))) =
-                        self.kb.borrowed.iter().min_by_key(|(_, (_, used))| *used)
+                    let Some((&kc, &(_, used))) = self
+                        .kb
+                        .borrowed
+                        .iter()
+                        .filter(|(kc, _)| !keep.contains(kc))
+                        .min_by_key(|(_, (_, used))| *used)
                     else {
+                        self.kb.index();
                         return Err(DisplayError::Input(
-                            "the keyboard has no spare keycodes to type with".into(),
+                            "the keyboard has no spare keycodes left to type with".into(),
                         ));
                     };
                     // Its last events must reach their client before the keycode changes.
@@ -294,6 +323,7 @@ impl Input {
             };
             self.map(kc, sym)?;
             self.kb.borrowed.insert(kc, (sym, Instant::now()));
+            keep.insert(kc);
         }
         self.kb.index();
         self.x.sync()
@@ -322,7 +352,9 @@ impl Input {
             .kb
             .borrowed
             .iter()
-            .filter(|(_, (_, used))| now.duration_since(*used) >= REMAP_GRACE)
+            .filter(|(kc, (_, used))| {
+                now.duration_since(*used) >= REMAP_GRACE && !self.held_keys.contains(kc)
+            })
             .map(|(&kc, _)| kc)
             .collect();
         if !idle.is_empty() {
