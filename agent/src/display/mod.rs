@@ -128,7 +128,8 @@ struct CacheKey {
     request: ShotRequest,
     screen: (u32, u32),
     cursor: Option<(i32, i32, u32)>,
-    generation: u64,
+    /// The screen watch's change counter; `None` (never cached) while DAMAGE is not watched.
+    generation: Option<u64>,
 }
 
 struct CaptureSession {
@@ -255,7 +256,7 @@ impl Display {
         }
         let watch = self.watch.clone();
         self.with_capture(|s| {
-            let generation = watch.as_ref().map(|w| w.generation_now()).unwrap_or(0);
+            let generation = watch.as_ref().and_then(|w| w.watched_generation());
             let (sw, sh) = s.x.screen_size()?;
             let screen = (sw as u32, sh as u32);
             let rect = match req.region {
@@ -290,7 +291,7 @@ impl Display {
                 cursor: cursor.as_ref().map(|c| (c.x, c.y, c.serial)),
                 generation,
             };
-            if watch.is_some()
+            if generation.is_some()
                 && let Some((k, shot)) = &s.cache
                 && *k == key
             {

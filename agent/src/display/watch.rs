@@ -148,6 +148,16 @@ impl ScreenWatch {
         self.state().generation
     }
 
+    /// Like `generation_now`, but only while DAMAGE is being watched: without it nothing
+    /// moves the counter when the screen changes, so it says nothing about the pixels.
+    pub fn watched_generation(&self) -> Option<u64> {
+        let g = self.generation_now();
+        let s = self.state();
+        // A disconnect after the round trip also moves the counter, so `g` still keys a
+        // picture that is current for as long as the counter stays at `g`.
+        s.connected.then_some(g)
+    }
+
     pub fn connected(&self) -> bool {
         self.state().connected
     }
@@ -182,5 +192,22 @@ impl ScreenWatch {
             let wake = (last + quiet).min(deadline);
             let _ = tokio::time::timeout_at(wake.into(), rx.changed()).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_connected_watch_there_is_no_generation_to_cache_on() {
+        let w = ScreenWatch::start(Target {
+            display: ":9999".into(),
+        });
+        assert!(!w.connected());
+        assert_eq!(w.watched_generation(), None);
+        // Moving the counter (as a failed reconnect does) does not make it usable.
+        w.disconnected();
+        assert_eq!(w.watched_generation(), None);
     }
 }
