@@ -181,4 +181,10 @@ pub struct ComputerResponse {
     pub error: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base64_image: Option<String>,
+    /// After an action: how long the screen took to settle before the screenshot (as
+    /// `/v1/input` reports it), and whether it gave up waiting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settled_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settle_timed_out: Option<bool>,
 }

@@ -46,6 +46,24 @@ impl Space {
         ))
     }
 
+    /// The exclusive end of a region (`zoom`'s `x2, y2`): the screen's width and height are
+    /// valid ends, so a region can reach the right and bottom edges.
+    fn end_to_screen(&self, c: [i64; 2], what: &str) -> Result<(i32, i32), DisplayError> {
+        let (ew, eh) = self.engine;
+        if c[0] < 0 || c[1] < 0 || c[0] > ew as i64 || c[1] > eh as i64 {
+            return Err(DisplayError::Invalid(format!(
+                "{what} ({}, {}) is outside the {ew}x{eh} screen",
+                c[0], c[1]
+            )));
+        }
+        let sx = self.screen.0 as f64 / ew as f64;
+        let sy = self.screen.1 as f64 / eh as f64;
+        Ok((
+            ((c[0] as f64 * sx).round() as i32).min(self.screen.0 as i32),
+            ((c[1] as f64 * sy).round() as i32).min(self.screen.1 as i32),
+        ))
+    }
+
     fn to_engine(&self, p: (i32, i32)) -> (i64, i64) {
         let sx = self.engine.0 as f64 / self.screen.0 as f64;
         let sy = self.engine.1 as f64 / self.screen.1 as f64;
@@ -202,7 +220,7 @@ pub async fn run(d: &Arc<Display>, req: ComputerRequest) -> Result<ComputerRespo
         "zoom" => {
             let r = *need(&req.region, "region", action)?;
             let a = space.to_screen([r[0], r[1]], "region start")?;
-            let b = space.to_screen([r[2], r[3]], "region end")?;
+            let b = space.end_to_screen([r[2], r[3]], "region end")?;
             if b.0 <= a.0 || b.1 <= a.1 {
                 return Err(DisplayError::Invalid(
                     "region must be [x1, y1, x2, y2] with x2 > x1 and y2 > y1".into(),
@@ -220,12 +238,13 @@ pub async fn run(d: &Arc<Display>, req: ComputerRequest) -> Result<ComputerRespo
         }
     };
     let started = Instant::now();
+    let mut settled = None;
     if !actions.is_empty() {
         let runner = d.clone();
         blocking(move || runner.run_input(&actions)).await?;
-        d.settle(started, SETTLE, SETTLE_TIMEOUT).await;
+        settled = Some(d.settle(started, SETTLE, SETTLE_TIMEOUT).await);
     }
-    screenshot(
+    let mut resp = screenshot(
         d,
         ShotRequest {
             size: space.scaled(),
@@ -233,7 +252,13 @@ pub async fn run(d: &Arc<Display>, req: ComputerRequest) -> Result<ComputerRespo
             ..Default::default()
         },
     )
-    .await
+    .await?;
+    // As `/v1/input` reports it: how long the screen took to settle, and whether it gave up.
+    if let Some((waited, timed_out)) = settled {
+        resp.settled_ms = Some(waited.as_millis() as u64);
+        resp.settle_timed_out = Some(timed_out);
+    }
+    Ok(resp)
 }
 
 async fn screenshot(d: &Arc<Display>, req: ShotRequest) -> Result<ComputerResponse, DisplayError> {
@@ -261,6 +286,10 @@ mod tests {
         assert!(s.to_screen([1280, 0], "c").is_err());
         assert!(s.to_screen([-1, 0], "c").is_err());
         assert_eq!(s.to_engine((960, 540)), (640, 360));
+        assert_eq!(s.end_to_screen([1280, 720], "e").unwrap(), (1920, 1080));
+        assert_eq!(s.end_to_screen([640, 360], "e").unwrap(), (960, 540));
+        assert!(s.end_to_screen([1281, 720], "e").is_err());
+        assert!(s.end_to_screen([0, -1], "e").is_err());
         assert_eq!(s.scaled(), Some((1280, 720)));
     }
 }
