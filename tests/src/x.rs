@@ -23,6 +23,11 @@ pub struct XServer {
 
 impl XServer {
     pub fn start(width: u16, height: u16) -> XServer {
+        XServer::start_with(width, height, &[])
+    }
+
+    /// An Xvfb given extra arguments (e.g. `-extension DAMAGE` to run without one).
+    pub fn start_with(width: u16, height: u16, extra: &[&str]) -> XServer {
         let (read, write) = nix::unistd::pipe().expect("pipe");
         let fd = write.as_raw_fd();
         let xvfb = Command::new("Xvfb")
@@ -36,6 +41,7 @@ impl XServer {
                 "0",
             ])
             .arg(format!("{width}x{height}x24"))
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

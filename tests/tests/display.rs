@@ -5,16 +5,16 @@
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use base64::Engine;
 use berth_protocol::{Button, ComputerRequest, InputAction, InputRequest, ScreenshotAfter};
-use berth_tests::x::{XServer, collect_events, decode_png, pixel, solid_window};
+use berth_tests::x::{XServer, collect_events, decode_png, pixel, recolour, solid_window};
 use berth_tests::{AgentOptions, AgentProcess, wait_until};
 use serde_json::{Value, json};
 use x11rb::connection::Connection;
 use x11rb::protocol::Event;
-use x11rb::protocol::xproto::{ConnectionExt as _, EventMask, InputFocus};
+use x11rb::protocol::xproto::{ConnectionExt as _, EventMask, InputFocus, KeyButMask};
 
 async fn agent_on(x: &XServer) -> AgentProcess {
     agent_with(x, Vec::new()).await
@@ -84,13 +84,38 @@ impl Probe {
         std::fs::read_to_string(self.dir.path().join("text.txt")).unwrap_or_default()
     }
 
+    /// Waits until the text field holds exactly `expected`; on a timeout, says where what
+    /// arrived first differs from it.
     fn wait_text(&self, expected: &str) {
-        let path = self.dir.path().join("text.txt");
-        wait_until(
-            "the text field to hold the typed text",
-            Duration::from_secs(30),
-            || std::fs::read_to_string(&path).is_ok_and(|t| t == expected),
-        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let got = self.text();
+            if got == expected {
+                return;
+            }
+            if Instant::now() >= deadline {
+                let at = got
+                    .chars()
+                    .zip(expected.chars())
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                let near = |t: &str| {
+                    t.chars()
+                        .skip(at.saturating_sub(5))
+                        .take(20)
+                        .collect::<String>()
+                };
+                panic!(
+                    "the text field holds {} characters, not the {} typed; they differ from \
+                     character {at}: {:?} arrived where {:?} was typed",
+                    got.chars().count(),
+                    expected.chars().count(),
+                    near(&got),
+                    near(expected),
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 
@@ -218,6 +243,30 @@ async fn an_unchanged_screen_is_answered_from_the_cache_until_it_changes() {
     shot(&a, "").await;
     input(&a, json!([{"type": "move", "x": 5, "y": 5}])).await;
     assert_eq!(shot(&a, "").await.headers()["x-cache"], "miss");
+}
+
+#[tokio::test]
+async fn without_damage_every_screenshot_is_taken_fresh() {
+    // Nothing reports changes, so a cached picture could be stale: none is ever served.
+    let x = XServer::start_with(320, 240, &["-extension", "DAMAGE"]);
+    let a = agent_on(&x).await;
+    let info = a.get_json("/v1/display").await;
+    assert!(
+        !info["extensions"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("DAMAGE")),
+        "{info}"
+    );
+    let (c, w) = solid_window(&x, (0, 0, 320, 240), 0x000000, EventMask::NO_EVENT);
+    assert_eq!(pixel(&png(&a, "cursor=false").await, 100, 100), [0, 0, 0]);
+    for (rgb, expected) in [(0xff0000, [255, 0, 0]), (0x0000ff, [0, 0, 255])] {
+        recolour(&c, w, rgb);
+        let r = shot(&a, "cursor=false").await;
+        assert_eq!(r.headers()["x-cache"], "miss");
+        let img = decode_png(&r.bytes().await.unwrap());
+        assert_eq!(pixel(&img, 100, 100), expected, "the screen as it is now");
+    }
 }
 
 #[tokio::test]
@@ -375,6 +424,149 @@ async fn keys_and_chords_arrive_in_order_and_bad_names_are_400() {
 }
 
 #[tokio::test]
+async fn every_kind_of_button_scroll_and_key_action_arrives_as_sent() {
+    let x = XServer::start(320, 240);
+    let a = agent_on(&x).await;
+    let (c, w) = solid_window(
+        &x,
+        (0, 0, 320, 240),
+        0x000000,
+        EventMask::BUTTON_PRESS
+            | EventMask::BUTTON_RELEASE
+            | EventMask::KEY_PRESS
+            | EventMask::KEY_RELEASE,
+    );
+    c.set_input_focus(InputFocus::POINTER_ROOT, w, 0u32)
+        .unwrap();
+    c.get_input_focus().unwrap().reply().unwrap();
+    let setup = c.setup();
+    let (min, max) = (setup.min_keycode, setup.max_keycode);
+    let map = c
+        .get_keyboard_mapping(min, max - min + 1)
+        .unwrap()
+        .reply()
+        .unwrap();
+    let per = map.keysyms_per_keycode as usize;
+    let key_name = |kc: u8| match map.keysyms[(kc - min) as usize * per] {
+        0xffe1 => "Shift_L".to_string(),
+        0xffe3 => "Control_L".to_string(),
+        0xffeb => "Super_L".to_string(),
+        0xffc2 => "F5".to_string(),
+        0xff8d => "KP_Enter".to_string(),
+        s @ 0x61..=0x7a => char::from_u32(s).unwrap().to_string(),
+        s => format!("{s:#x}"),
+    };
+    let r = input(
+        &a,
+        json!([
+            {"type": "click", "x": 10, "y": 20, "count": 3},
+            {"type": "scroll", "x": 30, "y": 40, "direction": "up", "amount": 2},
+            {"type": "scroll", "direction": "right"},
+            {"type": "click", "x": 50, "y": 60, "modifiers": ["shift"]},
+            {"type": "scroll", "x": 70, "y": 80, "direction": "down", "modifiers": ["ctrl"]},
+            {"type": "move", "x": 90, "y": 100},
+            {"type": "button_down", "button": "right"},
+            {"type": "move", "x": 95, "y": 105},
+            {"type": "button_up", "button": "right"},
+            {"type": "key_down", "key": "a"},
+            {"type": "key_up", "key": "a"},
+            {"type": "hold", "keys": "b", "duration_ms": 60},
+            {"type": "key", "keys": "super"},
+            {"type": "key", "keys": "F5"},
+            {"type": "key", "keys": "KP_Enter"}
+        ]),
+    )
+    .await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let events = collect_events(&c, Duration::from_secs(10), |evs| {
+        evs.iter()
+            .filter(|e| matches!(e, Event::KeyRelease(k) if key_name(k.detail) == "KP_Enter"))
+            .count()
+            == 1
+    });
+    // Modifiers as the X event's state reports them (pressed buttons left out).
+    let mods = |state: KeyButMask| {
+        let mut m = String::new();
+        if state.contains(KeyButMask::SHIFT) {
+            m.push_str(" +shift");
+        }
+        if state.contains(KeyButMask::CONTROL) {
+            m.push_str(" +ctrl");
+        }
+        m
+    };
+    let seen: Vec<String> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::ButtonPress(b) if b.event == w => Some(format!(
+                "press {} at {},{}{}",
+                b.detail,
+                b.event_x,
+                b.event_y,
+                mods(b.state)
+            )),
+            Event::ButtonRelease(b) if b.event == w => Some(format!(
+                "release {} at {},{}",
+                b.detail, b.event_x, b.event_y
+            )),
+            Event::KeyPress(k) => Some(format!("key down {}", key_name(k.detail))),
+            Event::KeyRelease(k) => Some(format!("key up {}", key_name(k.detail))),
+            _ => None,
+        })
+        .collect();
+    let clicks = |button: u8, at: &str, n: usize, mods: &str| -> Vec<String> {
+        (0..n)
+            .flat_map(|_| {
+                [
+                    format!("press {button} at {at}{mods}"),
+                    format!("release {button} at {at}"),
+                ]
+            })
+            .collect()
+    };
+    let mut expected: Vec<String> = Vec::new();
+    expected.extend(clicks(1, "10,20", 3, ""));
+    expected.extend(clicks(4, "30,40", 2, ""));
+    expected.extend(clicks(7, "30,40", 1, ""));
+    expected.push("key down Shift_L".into());
+    expected.extend(clicks(1, "50,60", 1, " +shift"));
+    expected.push("key up Shift_L".into());
+    expected.push("key down Control_L".into());
+    expected.extend(clicks(5, "70,80", 1, " +ctrl"));
+    expected.push("key up Control_L".into());
+    expected.extend(
+        [
+            "press 3 at 90,100",
+            "release 3 at 95,105",
+            "key down a",
+            "key up a",
+            "key down b",
+            "key up b",
+            "key down Super_L",
+            "key up Super_L",
+            "key down F5",
+            "key up F5",
+            "key down KP_Enter",
+            "key up KP_Enter",
+        ]
+        .map(String::from),
+    );
+    assert_eq!(seen, expected);
+    // The hold lasted its duration on the server's clock.
+    let time_of = |down: bool| {
+        events
+            .iter()
+            .find_map(|e| match e {
+                Event::KeyPress(k) if down && key_name(k.detail) == "b" => Some(k.time),
+                Event::KeyRelease(k) if !down && key_name(k.detail) == "b" => Some(k.time),
+                _ => None,
+            })
+            .unwrap()
+    };
+    assert!(time_of(false) - time_of(true) >= 60, "b held for 60 ms");
+}
+
+#[tokio::test]
 async fn unicode_and_long_text_arrive_exactly_in_a_real_text_field() {
     let x = XServer::start(800, 600);
     let a = agent_on(&x).await;
@@ -405,6 +597,50 @@ async fn unicode_and_long_text_arrive_exactly_in_a_real_text_field() {
     assert_eq!(r.status(), 200);
     probe.wait_text(&format!("{text}{long}"));
     assert_eq!(probe.text().chars().count(), text.chars().count() + 10_000);
+}
+
+#[tokio::test]
+async fn more_distinct_missing_characters_than_spare_keycodes_arrive_exactly() {
+    let x = XServer::start(800, 600);
+    let a = agent_on(&x).await;
+    let probe = Probe::start(&x, &[]);
+    let c = x.connect();
+    let setup = c.setup();
+    let (min, max) = (setup.min_keycode, setup.max_keycode);
+    let map = c
+        .get_keyboard_mapping(min, max - min + 1)
+        .unwrap()
+        .reply()
+        .unwrap();
+    let per = map.keysyms_per_keycode as usize;
+    let spare = map
+        .keysyms
+        .chunks(per)
+        .filter(|row| row.iter().all(|&s| s == 0))
+        .count();
+    // Three times as many distinct CJK characters as there are keycodes to lend, each typed
+    // again right after the next one (so every stretch reuses a character borrowed by the
+    // one before), the first fifty once more at the end, and ASCII between them.
+    let distinct = 3 * spare + 7;
+    let cjk = |k: usize| char::from_u32(0x4e00 + k as u32).unwrap();
+    let mut text = String::new();
+    for k in 0..distinct {
+        text.push(cjk(k));
+        if k > 0 {
+            text.push(cjk(k - 1));
+        }
+        if k % 40 == 39 {
+            text.push_str(" ok\n");
+        }
+    }
+    text.extend((0..50).map(cjk));
+    let r = input(
+        &a,
+        json!([{"type": "click", "x": 400, "y": 300}, {"type": "type", "text": text}]),
+    )
+    .await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    probe.wait_text(&text);
 }
 
 #[tokio::test]
@@ -758,6 +994,8 @@ async fn computer_use_actions_map_coordinates_and_answer_screenshots() {
         v["base64_image"].is_string(),
         "an action answers with the screen after it"
     );
+    assert!(v["settled_ms"].is_u64(), "and how long it settled: {v}");
+    assert_eq!(v["settle_timed_out"], false, "{v}");
     let pos: Value = a.compat_json("/cursor_position").await;
     assert_eq!(
         pos,
@@ -778,6 +1016,45 @@ async fn computer_use_actions_map_coordinates_and_answer_screenshots() {
             .unwrap(),
     );
     assert_eq!((img.0, img.1), (100, 50));
+    // A region may end on the right and bottom edges (x2, y2 are exclusive), not beyond.
+    for (region, size) in [
+        ([0, 0, 1280, 800], (1280, 800)),
+        ([1200, 700, 1280, 800], (80, 100)),
+    ] {
+        let zoom = ComputerRequest {
+            action: "zoom".into(),
+            region: Some(region),
+            ..Default::default()
+        };
+        let r = post(zoom).await;
+        assert_eq!(r.status(), 200, "{region:?}");
+        let v: Value = r.json().await.unwrap();
+        let img = decode_png(
+            &base64::engine::general_purpose::STANDARD
+                .decode(v["base64_image"].as_str().unwrap())
+                .unwrap(),
+        );
+        assert_eq!((img.0, img.1), size, "{region:?}");
+    }
+    let mut edge = scaled("zoom");
+    edge.region = Some([320, 200, 640, 400]);
+    assert_eq!(post(edge).await.status(), 200, "the engine's own edges");
+    for region in [[0, 0, 1281, 800], [0, 0, 1280, 801], [1280, 0, 1280, 10]] {
+        let zoom = ComputerRequest {
+            action: "zoom".into(),
+            region: Some(region),
+            ..Default::default()
+        };
+        let r = post(zoom).await;
+        assert_eq!(r.status(), 400, "{region:?}");
+        assert!(
+            r.json::<Value>().await.unwrap()["error"]
+                .as_str()
+                .unwrap()
+                .contains("outside"),
+            "{region:?}"
+        );
+    }
     let mut outside = scaled("left_click");
     outside.coordinate = Some([640, 10]);
     let r = post(outside).await;
