@@ -592,7 +592,9 @@ async fn image(c: ImageCmd) -> anyhow::Result<i32> {
         })
     };
     match c {
-        ImageCmd::Build { args, plan: true, .. } => {
+        ImageCmd::Build {
+            args, plan: true, ..
+        } => {
             let req = request(args)?;
             let (image_ref, exists) = crate::image::plan(&req)?;
             println!(

@@ -259,7 +259,11 @@ impl ControllerProcess {
             Provider::Process => std::fs::read_dir(self.data_dir().join("sandboxes"))
                 .map(|d| {
                     d.flatten()
-                        .filter(|e| !self.sandbox_processes(&e.file_name().to_string_lossy()).is_empty())
+                        .filter(|e| {
+                            !self
+                                .sandbox_processes(&e.file_name().to_string_lossy())
+                                .is_empty()
+                        })
                         .count()
                 })
                 .unwrap_or(0),
@@ -294,7 +298,11 @@ impl ControllerProcess {
                     .arg(format!("berth-{sandbox_id}"))
                     .output()
                     .unwrap();
-                assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
             }
         }
     }
@@ -320,7 +328,15 @@ impl ControllerProcess {
             Provider::Docker => {
                 let out = Command::new("docker")
                     .args(["exec", &format!("berth-{sandbox_id}")])
-                    .args(["grep", "-rlF", "--", needle, "/var/lib/berth-agent", "/home", "/tmp"])
+                    .args([
+                        "grep",
+                        "-rlF",
+                        "--",
+                        needle,
+                        "/var/lib/berth-agent",
+                        "/home",
+                        "/tmp",
+                    ])
                     .output()
                     .unwrap();
                 // grep: 0 = found, 1 = none; anything else means the search itself failed.

@@ -142,7 +142,9 @@ async fn an_ide_sandbox_runs_commands_and_its_delete_leaves_nothing_running(prov
     }
 }
 
-async fn runs_are_idempotent_by_id_and_secrets_stay_out_of_every_answer_and_log(provider: Provider) {
+async fn runs_are_idempotent_by_id_and_secrets_stay_out_of_every_answer_and_log(
+    provider: Provider,
+) {
     let c = ControllerProcess::start_on(provider, "").await;
     let cl = c.client();
     let sb = cl.create(&ide()).await.unwrap();
@@ -270,7 +272,9 @@ async fn every_authenticated_route_without_a_key_is_401() {
     }
 }
 
-async fn the_catalog_lists_profiles_apps_and_bundles_and_disabled_profiles_are_422(provider: Provider) {
+async fn the_catalog_lists_profiles_apps_and_bundles_and_disabled_profiles_are_422(
+    provider: Provider,
+) {
     let c = ControllerProcess::start_on(provider, "").await;
     let cl = c.client();
     let profiles = cl.catalog("profile").await.unwrap().items;
@@ -315,7 +319,9 @@ async fn the_catalog_lists_profiles_apps_and_bundles_and_disabled_profiles_are_4
     assert!(c.all_leftovers().is_empty(), "{:?}", c.all_leftovers());
 }
 
-async fn leases_reuse_their_sandbox_and_reprovision_on_label_mismatch_or_a_dead_agent(provider: Provider) {
+async fn leases_reuse_their_sandbox_and_reprovision_on_label_mismatch_or_a_dead_agent(
+    provider: Provider,
+) {
     let c = ControllerProcess::start_on(provider, "").await;
     let cl = c.client();
     let acquire = |labels: &[(&str, &str)]| AcquireLease {
@@ -434,7 +440,9 @@ async fn a_lease_past_its_ttl_is_released_and_its_sandbox_destroyed(provider: Pr
     assert!(kinds.contains(&"lease.released".into()), "{kinds:?}");
 }
 
-async fn a_run_survives_a_kill_9_of_the_controller_with_its_exit_code_and_full_output(provider: Provider) {
+async fn a_run_survives_a_kill_9_of_the_controller_with_its_exit_code_and_full_output(
+    provider: Provider,
+) {
     let mut c = ControllerProcess::start_on(provider, "").await;
     let cl = c.client();
     let sb = cl.create(&ide()).await.unwrap();
@@ -471,7 +479,10 @@ async fn a_run_survives_a_kill_9_of_the_controller_with_its_exit_code_and_full_o
     })
     .await;
     c.kill9();
-    assert!(c.sandbox_alive(&sb.id), "the sandbox outlives the controller");
+    assert!(
+        c.sandbox_alive(&sb.id),
+        "the sandbox outlives the controller"
+    );
     c.launch();
     let cl = c.client();
     assert_eq!(cl.get(&sb.id).await.unwrap().status, "running", "adopted");
@@ -501,7 +512,9 @@ async fn a_run_survives_a_kill_9_of_the_controller_with_its_exit_code_and_full_o
     assert_eq!(cl.run(&sb.id, "long").await.unwrap().stdout, expected);
 }
 
-async fn a_controller_killed_during_creates_adopts_or_reaps_them_and_leaks_nothing(provider: Provider) {
+async fn a_controller_killed_during_creates_adopts_or_reaps_them_and_leaks_nothing(
+    provider: Provider,
+) {
     let mut c = ControllerProcess::start_on(provider, "orphan_grace_secs = 0\n").await;
     let cl = c.client();
     // Creates in flight (answered at once), then kill -9 before they are ready.
@@ -625,7 +638,8 @@ async fn set_pool(c: &ControllerProcess, paused: bool) {
 }
 
 async fn fifty_concurrent_claims_against_a_pool_of_ten_are_exactly_ten_warm(provider: Provider) {
-    let c = ControllerProcess::start_on(provider, "[[pools]]\nprofile = \"ide\"\nsize = 10\n").await;
+    let c =
+        ControllerProcess::start_on(provider, "[[pools]]\nprofile = \"ide\"\nsize = 10\n").await;
     wait_for("the pool to fill", Duration::from_secs(60), || async {
         (pool(&c).await["ready"] == 10).then_some(())
     })

@@ -97,7 +97,9 @@ async fn a_docker_desktop_is_strictly_ready_runs_as_the_user_and_its_delete_remo
     let look = cl
         .exec(
             &sb.id,
-            &shell("env; for p in /proc/[0-9]*; do cat $p/environ $p/cmdline; done 2>/dev/null; true"),
+            &shell(
+                "env; for p in /proc/[0-9]*; do cat $p/environ $p/cmdline; done 2>/dev/null; true",
+            ),
         )
         .await
         .unwrap();
@@ -110,7 +112,15 @@ async fn a_docker_desktop_is_strictly_ready_runs_as_the_user_and_its_delete_remo
     let grep = Command::new("docker")
         .args(["exec", "-u", "user", &format!("berth-{}", sb.id)])
         .args(["grep", "-rlsF", "--", &token])
-        .args(["/var", "/tmp", "/home", "/etc", "/run", "/opt", "/usr/local"])
+        .args([
+            "/var",
+            "/tmp",
+            "/home",
+            "/etc",
+            "/run",
+            "/opt",
+            "/usr/local",
+        ])
         .output()
         .unwrap();
     // grep: 1 = no match, 2 = no match and some paths unreadable (they are not the user's).

@@ -285,9 +285,16 @@ fn probe_recipes(name: &str, packages: &[&str]) -> tempfile::TempDir {
 /// `berth image build` on another recipes dir: exit status, stdout, stderr.
 fn build_in(images: &std::path::Path, name: &str, agent: Option<&str>) -> (bool, String, String) {
     let mut cmd = Command::new(berth_tests::workspace_bin("berth"));
-    cmd.args(["image", "build", "--profile", name, "--json", "--images-dir"])
-        .arg(images)
-        .env("BERTH_LOG", "warn");
+    cmd.args([
+        "image",
+        "build",
+        "--profile",
+        name,
+        "--json",
+        "--images-dir",
+    ])
+    .arg(images)
+    .env("BERTH_LOG", "warn");
     if let Some(a) = agent {
         cmd.args(["--agent-bin", a]);
     }
@@ -303,7 +310,10 @@ fn build_in(images: &std::path::Path, name: &str, agent: Option<&str>) -> (bool,
 fn forget_probe(name: &str) {
     let cache = std::env::var("BERTH_IMAGE_CACHE").unwrap_or("/var/cache/berth/images".into());
     for e in std::fs::read_dir(&cache).into_iter().flatten().flatten() {
-        if e.file_name().to_string_lossy().starts_with(&format!("{name}-")) {
+        if e.file_name()
+            .to_string_lossy()
+            .starts_with(&format!("{name}-"))
+        {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }
@@ -352,14 +362,28 @@ async fn a_locked_version_gone_from_the_mirror_is_re_resolved_and_the_lock_rewri
 /// The `image_ref` a build of these recipes would have, without building (`--plan`).
 fn plan_ref(images: &std::path::Path, name: &str) -> (bool, String) {
     let out = Command::new(berth_tests::workspace_bin("berth"))
-        .args(["image", "build", "--plan", "--profile", name, "--images-dir"])
+        .args([
+            "image",
+            "build",
+            "--plan",
+            "--profile",
+            name,
+            "--images-dir",
+        ])
         .arg(images)
         .env("BERTH_LOG", "warn")
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    (v["exists"].as_bool().unwrap(), v["image_ref"].as_str().unwrap().to_string())
+    (
+        v["exists"].as_bool().unwrap(),
+        v["image_ref"].as_str().unwrap().to_string(),
+    )
 }
 
 #[tokio::test]
