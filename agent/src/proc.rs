@@ -24,6 +24,7 @@ pub fn is_alive(pid: u32, start: u64) -> bool {
 struct Stat {
     state: char,
     ppid: u32,
+    pgrp: u32,
     start_time: u64,
 }
 
@@ -34,6 +35,7 @@ fn parse_stat(stat: &str) -> Option<Stat> {
     Some(Stat {
         state: fields.first()?.chars().next()?,
         ppid: fields.get(1)?.parse().ok()?,
+        pgrp: fields.get(2)?.parse().ok()?,
         start_time: fields.get(19)?.parse().ok()?,
     })
 }
@@ -96,6 +98,39 @@ pub fn kill_descendants(root: u32, deadline: Duration) -> bool {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// SIGKILLs every live member of process group `pgid` that started at or after `since` (clock
+/// ticks since boot): what is left of a group whose leader is gone. The start-time bound keeps a
+/// recycled pgid's unrelated processes out.
+pub fn kill_group_since(pgid: u32, since: u64) -> usize {
+    let own = nix::unistd::getpgrp().as_raw() as u32;
+    if pgid <= 1 || pgid == own {
+        return 0;
+    }
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let mut killed = 0;
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            && let Some(s) = parse_stat(&stat)
+            && s.pgrp == pgid
+            && s.start_time >= since
+            && s.state != 'Z'
+            && kill(Pid::from_raw(pid as i32), Signal::SIGKILL).is_ok()
+        {
+            killed += 1;
+        }
+    }
+    killed
 }
 
 /// Sends `sig` to the process group `pgid`, ignoring a group that is already gone. Never

@@ -660,15 +660,22 @@ async fn nothing_of_the_desktop_outlives_the_agent() {
     a.launch().await;
     let report = wait_ready(&a).await;
     let pids = component_pids(&report);
-    // A SIGKILL of the agent takes the desktop with it (parent-death signal).
+    let mut tree = pids.clone();
+    for p in pids.clone() {
+        tree.extend(berth_tests::processes_with_root(p));
+    }
+    // A SIGKILL of the agent takes the components with it (parent-death signal) …
     a.kill9();
     wait_until(
         "the desktop to die with the agent",
         Duration::from_secs(10),
         || pids.iter().all(|p| !pid_alive(*p)),
     );
+    // … and the next agent clears what they had forked (the AT-SPI bus daemon).
     a.launch().await;
     let report = wait_ready(&a).await;
+    let alive: Vec<u32> = tree.iter().copied().filter(|p| pid_alive(*p)).collect();
+    assert!(alive.is_empty(), "left running after kill -9: {alive:?}");
     let mut pids = component_pids(&report);
     for p in pids.clone() {
         pids.extend(berth_tests::processes_with_root(p));

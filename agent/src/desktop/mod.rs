@@ -97,6 +97,9 @@ pub struct Desktop {
     chromium_no_sandbox: AtomicBool,
     statuses: Mutex<BTreeMap<&'static str, Status>>,
     pids: Mutex<BTreeMap<&'static str, u32>>,
+    /// Each running component's process group (its pid) and start time, mirrored to
+    /// `desktop/groups` so the next agent can clear what a crashed one left behind.
+    groups: Mutex<BTreeMap<&'static str, (u32, u64)>>,
     /// Moves whenever a status changes.
     pub changed: watch::Sender<u64>,
     /// Moves when the X server goes away (its dependents restart with it).
@@ -130,6 +133,7 @@ impl Desktop {
     ) -> anyhow::Result<Arc<Desktop>> {
         let dir = cfg.state_dir.join("desktop");
         make_dir(&dir, 0o700)?;
+        clear_leftovers(&dir);
         let logs = cfg.state_dir.join("components");
         make_dir(&logs, 0o700)?;
         // The session bus socket lives where the sandbox user can create it.
@@ -162,6 +166,7 @@ impl Desktop {
             chromium_no_sandbox: AtomicBool::new(false),
             statuses: Mutex::new(statuses),
             pids: Mutex::new(BTreeMap::new()),
+            groups: Mutex::new(BTreeMap::new()),
             changed,
             x_epoch,
             restart,
@@ -239,6 +244,24 @@ impl Desktop {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Records (or forgets) a component's process group and rewrites `desktop/groups`.
+    /// Returns the group it replaces.
+    fn set_group(&self, name: &'static str, group: Option<(u32, u64)>) -> Option<(u32, u64)> {
+        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        let old = match group {
+            Some(g) => groups.insert(name, g),
+            None => groups.remove(name),
+        };
+        let text: String = groups
+            .values()
+            .map(|(pid, start)| format!("{pid} {start}\n"))
+            .collect();
+        if let Err(e) = std::fs::write(self.dir.join("groups"), text) {
+            tracing::warn!(error = %e, "cannot record the desktop's process groups");
+        }
+        old
     }
 
     pub fn pid(&self, name: &str) -> Option<u32> {
@@ -408,6 +431,9 @@ impl Desktop {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(name, pid);
+        if let Some(start) = crate::proc::start_time(pid) {
+            self.set_group(name, Some((pid, start)));
+        }
         Ok(pid)
     }
 
@@ -752,6 +778,11 @@ impl Desktop {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(name);
+            // Whatever the component forked into its group outlives it (the AT-SPI launcher's
+            // bus daemon, say) unless killed here; the next start makes its own.
+            if let Some((pgid, start)) = self.set_group(name, None) {
+                crate::proc::kill_group_since(pgid, start);
+            }
             if name == "chromium" {
                 *self.devtools.lock().unwrap_or_else(|p| p.into_inner()) = None;
             }
@@ -1024,6 +1055,26 @@ fn describe(e: &Exit) -> String {
         (None, Some(s)) => format!("killed by {}", crate::proc::signal_name(s)),
         (None, None) => "did not become ready in time".into(),
     }
+}
+
+/// Kills what a previous agent's desktop left running: each component's process group named in
+/// `desktop/groups`. Components die with the agent (parent-death signal), but what they forked
+/// does not (the AT-SPI bus daemon outlives its launcher).
+fn clear_leftovers(dir: &Path) {
+    let Ok(text) = std::fs::read_to_string(dir.join("groups")) else {
+        return;
+    };
+    for line in text.lines() {
+        if let Some((pgid, start)) = line.split_once(' ')
+            && let (Ok(pgid), Ok(start)) = (pgid.parse::<u32>(), start.parse::<u64>())
+        {
+            let n = crate::proc::kill_group_since(pgid, start);
+            if n > 0 {
+                tracing::info!(pgid, killed = n, "cleared a previous desktop's leftovers");
+            }
+        }
+    }
+    let _ = std::fs::remove_file(dir.join("groups"));
 }
 
 fn make_dir(dir: &Path, mode: u32) -> std::io::Result<()> {
