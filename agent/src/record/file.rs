@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock, mpsc};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use berth_protocol::events::kinds;
@@ -29,6 +29,7 @@ pub type Started = Option<Result<(), String>>;
 struct Writer {
     /// Shared with the syncing thread.
     file: Arc<File>,
+    syncer: Option<Syncer>,
     /// Bytes of complete boxes in the file.
     committed: u64,
     mehd_at: Option<usize>,
@@ -95,7 +96,7 @@ impl Recording {
         events: Arc<EventLog>,
     ) -> std::io::Result<Arc<Recording>> {
         let path = dir.join(format!("{id}.mp4"));
-        let file = File::options().write(true).create_new(true).open(&path)?;
+        let file = Arc::new(File::options().write(true).create_new(true).open(&path)?);
         let rec = Arc::new(Recording {
             record_path: dir.join(format!("{id}.json")),
             id,
@@ -108,7 +109,8 @@ impl Recording {
             inner: Mutex::new(Inner {
                 state: RecordingState::Recording,
                 writer: Some(Writer {
-                    file: Arc::new(file),
+                    syncer: Syncer::start(file.clone()),
+                    file,
                     committed: 0,
                     mehd_at: None,
                     sequence: 1,
@@ -329,7 +331,7 @@ impl Sink for Recording {
                 w.sequence += 1;
                 w.decode = interval as u64;
                 w.last_flush = Instant::now();
-                sync_soon(&w.file);
+                w.sync_soon();
                 inner.bytes = w.committed;
                 inner.counts.encoded += 1;
                 if pic.sync {
@@ -445,7 +447,7 @@ fn flush(w: &mut Writer) -> std::io::Result<()> {
     w.decode += w.buffered.iter().map(|s| s.duration as u64).sum::<u64>();
     w.buffered.clear();
     w.buffered_bytes = 0;
-    sync_soon(&w.file);
+    w.sync_soon();
     Ok(())
 }
 
@@ -461,37 +463,39 @@ fn settle_first(w: &mut Writer, end: u64) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Has the syncing thread `fdatasync` the file soon: a fragment survives a machine crash
-/// too, not just the agent's, and the encoding thread never waits on the disk. A fragment
-/// is flushed at most about once a second, so this costs little.
-fn sync_soon(file: &Arc<File>) {
-    static SYNCER: OnceLock<Option<mpsc::Sender<Arc<File>>>> = OnceLock::new();
-    let tx = SYNCER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<Arc<File>>();
+/// The recording's own thread that `fdatasync`s its file: a fragment survives a machine crash
+/// too, not just the agent's, and the encoding thread never waits on the disk.
+struct Syncer {
+    /// One slot: a request made while one is queued is covered by that one's sync.
+    tx: mpsc::SyncSender<()>,
+}
+
+impl Syncer {
+    fn start(file: Arc<File>) -> Option<Syncer> {
+        let (tx, rx) = mpsc::sync_channel::<()>(1);
         std::thread::Builder::new()
             .name("berth-rec-sync".into())
             .spawn(move || {
-                while let Ok(first) = rx.recv() {
-                    // Files that queued up meanwhile are synced once each.
-                    let mut files = vec![first];
-                    for f in rx.try_iter() {
-                        if !files.iter().any(|g| Arc::ptr_eq(g, &f)) {
-                            files.push(f);
-                        }
-                    }
-                    for f in files {
-                        if let Err(e) = f.sync_data() {
-                            tracing::warn!(error = %e, "recording: fdatasync failed");
-                        }
+                // Ends when the writer (and its sender) is dropped.
+                while rx.recv().is_ok() {
+                    if let Err(e) = file.sync_data() {
+                        tracing::warn!(error = %e, "recording: fdatasync failed");
                     }
                 }
             })
             .map_err(|e| tracing::warn!(error = %e, "recording: no syncing thread"))
-            .ok()
-            .map(|_| tx)
-    });
-    if let Some(tx) = tx {
-        let _ = tx.send(file.clone());
+            .ok()?;
+        Some(Syncer { tx })
+    }
+}
+
+impl Writer {
+    /// Asks for the file to be synced soon. A fragment is flushed at most about once a
+    /// second, so this costs little.
+    fn sync_soon(&self) {
+        if let Some(s) = &self.syncer {
+            let _ = s.tx.try_send(());
+        }
     }
 }
 
