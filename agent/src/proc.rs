@@ -44,23 +44,8 @@ fn parse_stat(stat: &str) -> Option<Stat> {
 /// `/proc`.
 pub fn descendants(root: u32) -> Vec<u32> {
     let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            && let Some(s) = parse_stat(&stat)
-            && s.state != 'Z'
-        {
-            children.entry(s.ppid).or_default().push(pid);
-        }
+    for (pid, s) in live_processes() {
+        children.entry(s.ppid).or_default().push(pid);
     }
     let mut out = Vec::new();
     let mut seen = HashSet::new();
@@ -108,29 +93,24 @@ pub fn kill_group_since(pgid: u32, since: u64) -> usize {
     if pgid <= 1 || pgid == own {
         return 0;
     }
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return 0;
-    };
-    let mut killed = 0;
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            && let Some(s) = parse_stat(&stat)
-            && s.pgrp == pgid
-            && s.start_time >= since
-            && s.state != 'Z'
-            && kill(Pid::from_raw(pid as i32), Signal::SIGKILL).is_ok()
-        {
-            killed += 1;
-        }
-    }
-    killed
+    live_processes()
+        .filter(|(_, s)| s.pgrp == pgid && s.start_time >= since)
+        .filter(|(pid, _)| kill(Pid::from_raw(*pid as i32), Signal::SIGKILL).is_ok())
+        .count()
+}
+
+/// Every process in `/proc` that is not a zombie, with its stat.
+fn live_processes() -> impl Iterator<Item = (u32, Stat)> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let s = parse_stat(&stat)?;
+            (s.state != 'Z').then_some((pid, s))
+        })
 }
 
 /// Sends `sig` to the process group `pgid`, ignoring a group that is already gone. Never
