@@ -498,12 +498,44 @@ async fn run_python_answers_the_exact_key_set() {
         json!({"message": "Code not supplied!", "status": "error"})
     );
     // The temp script is gone afterwards.
-    let leftovers = std::fs::read_dir("/tmp")
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("python_exec_"))
-        .count();
-    assert_eq!(leftovers, 0);
+    let (_, v) = post(&a, "/run_python", json!({"code": "print(__file__)"})).await;
+    let script = v["output"].as_str().unwrap().trim().to_string();
+    assert!(script.starts_with("/tmp/python_exec_"), "{script}");
+    assert!(!std::path::Path::new(&script).exists(), "{script} was left");
+}
+
+/// The reference's fixed 30 s limit: this test waits it out.
+#[tokio::test]
+async fn run_python_past_its_30_s_limit_is_the_reference_500_and_leaves_nothing_running() {
+    let a = AgentProcess::start().await;
+    let m = unique_sleep(300);
+    let dir = tempfile::tempdir().unwrap();
+    let told = dir.path().join("script-path");
+    let code = format!(
+        "import subprocess, time\nopen('{}', 'w').write(__file__)\n\
+         subprocess.Popen(['sleep', '{m}'])\ntime.sleep(300)\n",
+        told.display()
+    );
+    let started = std::time::Instant::now();
+    let (status, v) = post(&a, "/run_python", json!({ "code": code })).await;
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(30) && took < Duration::from_secs(60),
+        "{took:?}"
+    );
+    assert_eq!(status, 500);
+    assert_eq!(
+        v,
+        json!({"error": "TimeoutExpired", "message": "Execution timeout: Code took too long to execute", "need_more": false, "output": null, "status": "error"})
+    );
+    // The script's child went with it, and so did the temp script.
+    wait_for("the script's tree to die", Duration::from_secs(5), || async {
+        processes_matching(&m).is_empty().then_some(())
+    })
+    .await;
+    let script = std::fs::read_to_string(&told).unwrap();
+    assert!(script.starts_with("/tmp/python_exec_"), "{script}");
+    assert!(!std::path::Path::new(&script).exists(), "{script} was left");
 }
 
 #[tokio::test]
