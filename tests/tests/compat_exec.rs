@@ -529,9 +529,11 @@ async fn run_python_past_its_30_s_limit_is_the_reference_500_and_leaves_nothing_
         json!({"error": "TimeoutExpired", "message": "Execution timeout: Code took too long to execute", "need_more": false, "output": null, "status": "error"})
     );
     // The script's child went with it, and so did the temp script.
-    wait_for("the script's tree to die", Duration::from_secs(5), || async {
-        processes_matching(&m).is_empty().then_some(())
-    })
+    wait_for(
+        "the script's tree to die",
+        Duration::from_secs(5),
+        || async { processes_matching(&m).is_empty().then_some(()) },
+    )
     .await;
     let script = std::fs::read_to_string(&told).unwrap();
     assert!(script.starts_with("/tmp/python_exec_"), "{script}");
