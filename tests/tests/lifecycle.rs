@@ -136,10 +136,15 @@ async fn sigterm_is_a_restart_that_keeps_background_commands() {
     a.signal(Signal::SIGTERM);
     let status = a.wait_exit(Duration::from_secs(10));
     assert!(status.success(), "SIGTERM exit: {status}");
-    assert!(
-        fg.await.unwrap().is_err(),
-        "the foreground request ends with the agent"
-    );
+    // The foreground request ends with the agent: its connection drops, or (when the answer
+    // is written before the runtime stops) it reports the command killed.
+    match fg.await.unwrap() {
+        Err(_) => {}
+        Ok(r) => assert!(
+            r.signal.is_some(),
+            "a foreground command outlived SIGTERM: {r:?}"
+        ),
+    }
     assert_eq!(
         processes_matching(&s).len(),
         1,
