@@ -31,26 +31,20 @@ struct Space {
 
 impl Space {
     fn to_screen(&self, c: [i64; 2], what: &str) -> Result<(i32, i32), DisplayError> {
-        let (ew, eh) = self.engine;
-        if c[0] < 0 || c[1] < 0 || c[0] >= ew as i64 || c[1] >= eh as i64 {
-            return Err(DisplayError::Invalid(format!(
-                "{what} ({}, {}) is outside the {ew}x{eh} screen",
-                c[0], c[1]
-            )));
-        }
-        let sx = self.screen.0 as f64 / ew as f64;
-        let sy = self.screen.1 as f64 / eh as f64;
-        Ok((
-            ((c[0] as f64 * sx).round() as i32).min(self.screen.0 as i32 - 1),
-            ((c[1] as f64 * sy).round() as i32).min(self.screen.1 as i32 - 1),
-        ))
+        self.map(c, what, false)
     }
 
     /// The exclusive end of a region (`zoom`'s `x2, y2`): the screen's width and height are
     /// valid ends, so a region can reach the right and bottom edges.
     fn end_to_screen(&self, c: [i64; 2], what: &str) -> Result<(i32, i32), DisplayError> {
+        self.map(c, what, true)
+    }
+
+    /// Engine coordinates to screen ones; `end` lets a coordinate equal the width or height.
+    fn map(&self, c: [i64; 2], what: &str, end: bool) -> Result<(i32, i32), DisplayError> {
         let (ew, eh) = self.engine;
-        if c[0] < 0 || c[1] < 0 || c[0] > ew as i64 || c[1] > eh as i64 {
+        let reach = end as i64;
+        if c[0] < 0 || c[1] < 0 || c[0] >= ew as i64 + reach || c[1] >= eh as i64 + reach {
             return Err(DisplayError::Invalid(format!(
                 "{what} ({}, {}) is outside the {ew}x{eh} screen",
                 c[0], c[1]
@@ -58,9 +52,10 @@ impl Space {
         }
         let sx = self.screen.0 as f64 / ew as f64;
         let sy = self.screen.1 as f64 / eh as f64;
+        let last = |size: u32| size as i32 - 1 + reach as i32;
         Ok((
-            ((c[0] as f64 * sx).round() as i32).min(self.screen.0 as i32),
-            ((c[1] as f64 * sy).round() as i32).min(self.screen.1 as i32),
+            ((c[0] as f64 * sx).round() as i32).min(last(self.screen.0)),
+            ((c[1] as f64 * sy).round() as i32).min(last(self.screen.1)),
         ))
     }
 
