@@ -294,36 +294,27 @@ async fn upload_with_a_nul_in_the_path_is_400_and_stages_nothing() {
 #[tokio::test]
 async fn a_form_past_the_compat_limit_is_413() {
     let a = AgentProcess::start().await;
-    let form = reqwest::multipart::Form::new()
-        .text("file_path", "/etc/hostname")
-        .part(
-            "pad",
-            reqwest::multipart::Part::bytes(vec![b'x'; 17 << 20]).file_name("pad"),
-        );
-    let r = reqwest::Client::new()
-        .post(a.url("/file"))
-        .multipart(form)
-        .send()
-        .await
-        .unwrap();
+    // A `/file` form naming /etc/hostname, padded with a file part of `pad` bytes.
+    let post = |pad: usize| {
+        let form = reqwest::multipart::Form::new()
+            .text("file_path", "/etc/hostname")
+            .part(
+                "pad",
+                reqwest::multipart::Part::bytes(vec![b'x'; pad]).file_name("pad"),
+            );
+        reqwest::Client::new()
+            .post(a.url("/file"))
+            .multipart(form)
+            .send()
+    };
+    let r = post(17 << 20).await.unwrap();
     assert_eq!(r.status(), 413);
     assert_eq!(
         r.json::<Value>().await.unwrap(),
         json!({"message": "the request body exceeds 16777216 bytes", "status": "error"})
     );
     // Under the limit, a form with a large file part is still read (the part is skipped).
-    let form = reqwest::multipart::Form::new()
-        .text("file_path", "/etc/hostname")
-        .part(
-            "pad",
-            reqwest::multipart::Part::bytes(vec![b'x'; 4 << 20]).file_name("pad"),
-        );
-    let r = reqwest::Client::new()
-        .post(a.url("/file"))
-        .multipart(form)
-        .send()
-        .await
-        .unwrap();
+    let r = post(4 << 20).await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(
         r.bytes().await.unwrap(),

@@ -340,6 +340,35 @@ async fn mouse_actions_arrive_at_a_real_window() {
     assert_eq!(r, json!([0, 0]));
 }
 
+/// The server's keyboard mapping as a test reads it back.
+struct Keymap {
+    min: u8,
+    per: usize,
+    keysyms: Vec<u32>,
+}
+
+impl Keymap {
+    fn read(c: &impl Connection) -> Keymap {
+        let setup = c.setup();
+        let (min, max) = (setup.min_keycode, setup.max_keycode);
+        let map = c
+            .get_keyboard_mapping(min, max - min + 1)
+            .unwrap()
+            .reply()
+            .unwrap();
+        Keymap {
+            min,
+            per: map.keysyms_per_keycode as usize,
+            keysyms: map.keysyms,
+        }
+    }
+
+    /// The first keysym of keycode `kc`.
+    fn keysym(&self, kc: u8) -> u32 {
+        self.keysyms[(kc - self.min) as usize * self.per]
+    }
+}
+
 #[tokio::test]
 async fn keys_and_chords_arrive_in_order_and_bad_names_are_400() {
     let x = XServer::start(320, 240);
@@ -353,15 +382,8 @@ async fn keys_and_chords_arrive_in_order_and_bad_names_are_400() {
     c.set_input_focus(InputFocus::POINTER_ROOT, w, 0u32)
         .unwrap();
     c.get_input_focus().unwrap().reply().unwrap();
-    let setup = c.setup();
-    let (min, max) = (setup.min_keycode, setup.max_keycode);
-    let map = c
-        .get_keyboard_mapping(min, max - min + 1)
-        .unwrap()
-        .reply()
-        .unwrap();
-    let per = map.keysyms_per_keycode as usize;
-    let keysym_of = |kc: u8| map.keysyms[(kc - min) as usize * per];
+    let map = Keymap::read(&c);
+    let keysym_of = |kc: u8| map.keysym(kc);
     let r = input(
         &a,
         json!([{"type": "key", "keys": "ctrl+shift+t"}, {"type": "key", "keys": "Return"}]),
@@ -439,15 +461,8 @@ async fn every_kind_of_button_scroll_and_key_action_arrives_as_sent() {
     c.set_input_focus(InputFocus::POINTER_ROOT, w, 0u32)
         .unwrap();
     c.get_input_focus().unwrap().reply().unwrap();
-    let setup = c.setup();
-    let (min, max) = (setup.min_keycode, setup.max_keycode);
-    let map = c
-        .get_keyboard_mapping(min, max - min + 1)
-        .unwrap()
-        .reply()
-        .unwrap();
-    let per = map.keysyms_per_keycode as usize;
-    let key_name = |kc: u8| match map.keysyms[(kc - min) as usize * per] {
+    let map = Keymap::read(&c);
+    let key_name = |kc: u8| match map.keysym(kc) {
         0xffe1 => "Shift_L".to_string(),
         0xffe3 => "Control_L".to_string(),
         0xffeb => "Super_L".to_string(),
@@ -605,17 +620,10 @@ async fn more_distinct_missing_characters_than_spare_keycodes_arrive_exactly() {
     let a = agent_on(&x).await;
     let probe = Probe::start(&x, &[]);
     let c = x.connect();
-    let setup = c.setup();
-    let (min, max) = (setup.min_keycode, setup.max_keycode);
-    let map = c
-        .get_keyboard_mapping(min, max - min + 1)
-        .unwrap()
-        .reply()
-        .unwrap();
-    let per = map.keysyms_per_keycode as usize;
+    let map = Keymap::read(&c);
     let spare = map
         .keysyms
-        .chunks(per)
+        .chunks(map.per)
         .filter(|row| row.iter().all(|&s| s == 0))
         .count();
     // Three times as many distinct CJK characters as there are keycodes to lend, each typed
