@@ -96,8 +96,7 @@ pub struct Desktop {
     env: Mutex<Vec<(String, String)>>,
     chromium_no_sandbox: AtomicBool,
     statuses: Mutex<BTreeMap<&'static str, Status>>,
-    pids: Mutex<BTreeMap<&'static str, u32>>,
-    /// Each running component's process group (its pid) and start time, mirrored to
+    /// Each running component's pid (also its process group) and start time, mirrored to
     /// `desktop/groups` so the next agent can clear what a crashed one left behind.
     groups: Mutex<BTreeMap<&'static str, (u32, u64)>>,
     /// Moves whenever a status changes.
@@ -165,7 +164,6 @@ impl Desktop {
             env: Mutex::new(Vec::new()),
             chromium_no_sandbox: AtomicBool::new(false),
             statuses: Mutex::new(statuses),
-            pids: Mutex::new(BTreeMap::new()),
             groups: Mutex::new(BTreeMap::new()),
             changed,
             x_epoch,
@@ -265,11 +263,11 @@ impl Desktop {
     }
 
     pub fn pid(&self, name: &str) -> Option<u32> {
-        self.pids
+        self.groups
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(name)
-            .copied()
+            .map(|(pid, _)| *pid)
     }
 
     /// Asks for a fresh start of one component (clears a give-up).
@@ -427,13 +425,9 @@ impl Desktop {
                 pass_fd,
             })
             .await?;
-        self.pids
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(name, pid);
-        if let Some(start) = crate::proc::start_time(pid) {
-            self.set_group(name, Some((pid, start)));
-        }
+        // A child already gone has no start time: its group is then never swept.
+        let start = crate::proc::start_time(pid).unwrap_or(u64::MAX);
+        self.set_group(name, Some((pid, start)));
         Ok(pid)
     }
 
@@ -774,10 +768,6 @@ impl Desktop {
                     }
                 }
             }
-            self.pids
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(name);
             // Whatever the component forked into its group outlives it (the AT-SPI launcher's
             // bus daemon, say) unless killed here; the next start makes its own.
             if let Some((pgid, start)) = self.set_group(name, None) {
@@ -1004,9 +994,9 @@ impl Desktop {
         use nix::sys::signal::Signal;
         // Every process of the desktop, with its start time (a pid may be reused later).
         let trees: Vec<(u32, u64)> = {
-            let p = self.pids.lock().unwrap_or_else(|p| p.into_inner());
-            p.values()
-                .flat_map(|pid| {
+            let g = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+            g.values()
+                .flat_map(|(pid, _)| {
                     let mut t = crate::proc::descendants(*pid);
                     t.push(*pid);
                     t
@@ -1019,7 +1009,7 @@ impl Desktop {
         let mut changed = self.changed.subscribe();
         let deadline = tokio::time::Instant::now() + STOP_GRACE * 2 + Duration::from_secs(1);
         while !self
-            .pids
+            .groups
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .is_empty()
