@@ -98,6 +98,7 @@ impl Controller {
                                     agent_url: Some(&ep.agent_url),
                                     compat_url: Some(&ep.compat_url),
                                     cdp_url: ep.cdp_url.as_deref(),
+                                    ports: Some(&ep.ports),
                                     ..Default::default()
                                 },
                             );

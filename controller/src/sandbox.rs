@@ -253,6 +253,7 @@ impl Controller {
             agent_token: random_hex(24),
             compat_url: None,
             cdp_url: None,
+            ports: Default::default(),
             created_at: now,
             ready_deadline: now + self.config.create_timeout().as_millis() as i64,
             ready_at: None,
@@ -306,6 +307,7 @@ impl Controller {
                             agent_url: Some(&ep.agent_url),
                             compat_url: Some(&ep.compat_url),
                             cdp_url: ep.cdp_url.as_deref(),
+                            ports: Some(&ep.ports),
                             ..Default::default()
                         },
                     )?;
@@ -630,6 +632,7 @@ impl Controller {
             endpoints: Endpoints {
                 compat: row.compat_url.clone(),
                 cdp: row.cdp_url.clone(),
+                ports: row.ports.clone(),
             },
             labels: row.labels.clone(),
             image_ref: row.image_ref.clone(),

@@ -38,6 +38,7 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     agent_token TEXT NOT NULL,
     compat_url TEXT,
     cdp_url TEXT,
+    ports TEXT NOT NULL DEFAULT '{}',
     created_at INTEGER NOT NULL,
     ready_deadline INTEGER NOT NULL,
     ready_at INTEGER,
@@ -111,6 +112,8 @@ pub struct SandboxRow {
     pub agent_token: String,
     pub compat_url: Option<String>,
     pub cdp_url: Option<String>,
+    /// The image's declared ports by name (`vlc` → `http://host:port`).
+    pub ports: BTreeMap<String, String>,
     pub created_at: i64,
     pub ready_deadline: i64,
     pub ready_at: Option<i64>,
@@ -127,6 +130,7 @@ impl SandboxRow {
 
     fn from_row(r: &Row) -> rusqlite::Result<SandboxRow> {
         let labels: String = r.get("labels")?;
+        let ports: String = r.get("ports")?;
         Ok(SandboxRow {
             id: r.get("id")?,
             profile: r.get("profile")?,
@@ -140,6 +144,7 @@ impl SandboxRow {
             agent_token: r.get("agent_token")?,
             compat_url: r.get("compat_url")?,
             cdp_url: r.get("cdp_url")?,
+            ports: serde_json::from_str(&ports).unwrap_or_default(),
             created_at: r.get("created_at")?,
             ready_deadline: r.get("ready_deadline")?,
             ready_at: r.get("ready_at")?,
@@ -245,6 +250,8 @@ pub struct SandboxUpdate<'a> {
     pub agent_url: Option<&'a str>,
     pub compat_url: Option<&'a str>,
     pub cdp_url: Option<&'a str>,
+    /// The declared ports by name, replacing what the row held.
+    pub ports: Option<&'a BTreeMap<String, String>>,
     pub ready_at: Option<i64>,
     pub ended_at: Option<i64>,
     pub error: Option<&'a str>,
@@ -261,6 +268,15 @@ impl Store {
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
+        // Stores made before sandboxes had declared ports.
+        let has_ports = conn
+            .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'ports'")?
+            .exists([])?;
+        if !has_ports {
+            conn.execute_batch(
+                "ALTER TABLE sandboxes ADD COLUMN ports TEXT NOT NULL DEFAULT '{}'",
+            )?;
+        }
         Ok(Store {
             conn: Mutex::new(conn),
         })
@@ -353,12 +369,14 @@ impl Store {
         if unless.contains(&current.as_str()) {
             return Ok(false);
         }
+        let ports = u.ports.map(serde_json::to_string).transpose()?;
         self.with(|c| {
             c.execute(
                 "UPDATE sandboxes SET status = ?2,
                    agent_url = COALESCE(?3, agent_url), compat_url = COALESCE(?4, compat_url),
                    cdp_url = COALESCE(?5, cdp_url), ready_at = COALESCE(?6, ready_at),
-                   ended_at = COALESCE(?7, ended_at), error = COALESCE(?8, error)
+                   ended_at = COALESCE(?7, ended_at), error = COALESCE(?8, error),
+                   ports = COALESCE(?10, ports)
                  WHERE id = ?1 AND status = ?9",
                 params![
                     id,
@@ -369,7 +387,8 @@ impl Store {
                     u.ready_at,
                     u.ended_at,
                     u.error,
-                    current
+                    current,
+                    ports
                 ],
             )
             .map(|n| n == 1)
@@ -777,6 +796,7 @@ mod tests {
             agent_token: "t".into(),
             compat_url: None,
             cdp_url: None,
+            ports: BTreeMap::new(),
             created_at: now_ms(),
             ready_deadline: now_ms() + 1000,
             ready_at: Some(now_ms()),

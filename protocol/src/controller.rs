@@ -47,6 +47,10 @@ pub struct Endpoints {
     /// Chromium's DevTools endpoint through the agent's TCP relay (`connect_over_cdp`).
     #[serde(default)]
     pub cdp: Option<String>,
+    /// The ports the sandbox's image declares (its `berth.ports` label), by name (`"vlc"`):
+    /// `http://host:port` as harnesses on the controller's host reach them.
+    #[serde(flatten)]
+    pub ports: BTreeMap<String, String>,
 }
 
 /// A sandbox as the controller reports it.

@@ -3,7 +3,7 @@
 //! identity labels from creation on, so a restarted controller finds exactly what it owns.
 //! Docker's die/oom events are passed up at once.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use bollard::Docker;
@@ -21,6 +21,9 @@ use super::{LABEL_CONTROLLER, LABEL_IMAGE, LABEL_PROFILE, LABEL_SANDBOX};
 pub const NETWORK: &str = "berth";
 const AGENT_PORT: u16 = 5000;
 const CDP_PORT: u16 = 9222;
+/// The image label naming the ports its apps serve, as JSON: `{"vlc": 8080}`. Each is published
+/// on 127.0.0.1 like the compat and CDP ports and listed in the sandbox's endpoints by name.
+pub const PORTS_LABEL: &str = "berth.ports";
 /// Every Docker API call: a daemon that hangs must not hang the controller.
 const CALL: Duration = Duration::from_secs(60);
 
@@ -35,6 +38,27 @@ fn failed(what: &str, e: impl std::fmt::Display) -> ProviderError {
 
 fn name(sandbox_id: &str) -> String {
     format!("berth-{sandbox_id}")
+}
+
+/// The ports an image (or a container, which carries its image's labels) declares; names that
+/// would shadow the fixed endpoints, and values that are not ports, are left out.
+fn declared_ports(labels: &HashMap<String, String>) -> BTreeMap<String, u16> {
+    let Some(raw) = labels.get(PORTS_LABEL) else {
+        return BTreeMap::new();
+    };
+    let parsed: BTreeMap<String, serde_json::Value> = match serde_json::from_str(raw) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(label = %raw, error = %e, "{PORTS_LABEL} is not a JSON object");
+            return BTreeMap::new();
+        }
+    };
+    parsed
+        .into_iter()
+        .filter(|(name, _)| !matches!(name.as_str(), "compat" | "cdp"))
+        .filter_map(|(name, v)| Some((name, u16::try_from(v.as_u64()?).ok()?)))
+        .filter(|(_, port)| *port != 0)
+        .collect()
 }
 
 fn identity(labels: &HashMap<String, String>) -> Option<Identity> {
@@ -155,10 +179,21 @@ impl DockerProvider {
                 b.host_port.clone()?
             ))
         };
+        let declared = declared_ports(&labels);
         Ok(Some(Observed {
             identity,
             alive,
             endpoint: ip.filter(|_| alive).map(|ip| Endpoint {
+                ports: declared
+                    .iter()
+                    .map(|(name, &port)| {
+                        let url = published(port);
+                        (
+                            name.clone(),
+                            url.unwrap_or_else(|| format!("http://{ip}:{port}")),
+                        )
+                    })
+                    .collect(),
                 agent_url: format!("http://{ip}:{AGENT_PORT}"),
                 compat_url: published(AGENT_PORT)
                     .unwrap_or_else(|| format!("http://{ip}:{AGENT_PORT}")),
@@ -207,10 +242,22 @@ impl Provider for DockerProvider {
                 "--desktop".into(),
             ]);
         }
-        let ports: Vec<u16> = match spec.desktop {
+        let mut ports: Vec<u16> = match spec.desktop {
             true => vec![AGENT_PORT, CDP_PORT],
             false => vec![AGENT_PORT],
         };
+        // The image's declared ports (its apps' servers, e.g. VLC's HTTP interface).
+        let image = timed(
+            "inspecting the image",
+            self.docker.inspect_image(&spec.identity.image_ref),
+        )
+        .await?;
+        let image_labels = image.config.and_then(|c| c.labels).unwrap_or_default();
+        for port in declared_ports(&image_labels).into_values() {
+            if !ports.contains(&port) {
+                ports.push(port);
+            }
+        }
         let body = ContainerCreateBody {
             image: Some(spec.identity.image_ref.clone()),
             cmd: Some(cmd),

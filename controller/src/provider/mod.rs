@@ -58,6 +58,9 @@ pub struct Endpoint {
     pub compat_url: String,
     /// Chromium's CDP through the agent's TCP relay, for desktop sandboxes.
     pub cdp_url: Option<String>,
+    /// The ports the image declares, by name (`vlc` → `http://host:port`), as harnesses on
+    /// this host reach them.
+    pub ports: BTreeMap<String, String>,
 }
 
 /// A provider sandbox as observed now.

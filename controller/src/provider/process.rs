@@ -84,6 +84,7 @@ impl ProcessProvider {
             compat_url: agent_url.clone(),
             agent_url,
             cdp_url: v["cdp_listen"].as_str().map(|a| format!("http://{a}")),
+            ports: Default::default(),
         })
     }
 
