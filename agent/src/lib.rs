@@ -63,7 +63,7 @@ pub struct Agent {
     pub cdp_listen: Option<std::net::SocketAddr>,
     pub novnc_dir: PathBuf,
     /// The accessibility tree (AT-SPI on the session bus).
-    pub a11y: a11y::A11y,
+    pub a11y: Arc<a11y::A11y>,
     shutdown: watch::Sender<Option<ShutdownKind>>,
 }
 

@@ -70,6 +70,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
                     screen: args.screen,
                     display: args.display.clone(),
                     chromium: args.chromium.clone(),
+                    xauthority: xauthority.clone(),
                 },
                 events.clone(),
                 reaper.clone(),
@@ -132,9 +133,14 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         });
     }
     let (shutdown_tx, mut shutdown_rx) = watch::channel(None);
-    let display = crate::display::Display::new(display_name.clone());
+    let display =
+        crate::display::Display::new(display_name.clone(), desktop.as_ref().map(|d| d.x_cookie));
     let recorder = crate::record::Recorder::open(&display, &state_dir, events.clone())
         .context("recordings directory")?;
+    let a11y = Arc::new(crate::a11y::A11y::new(
+        session_bus,
+        desktop.as_ref().map(|d| d.x_target()),
+    ));
     let agent = Arc::new(Agent {
         token,
         compat_auth: args.compat_auth,
@@ -149,10 +155,10 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         recorder: recorder.clone(),
         viewers: api::viewer::Viewers::default(),
         desktop: desktop.clone(),
-        readiness: Readiness::new(desktop.clone()),
+        readiness: Readiness::new(desktop.clone(), a11y.clone()),
         cdp_listen: cdp_bound,
         novnc_dir: args.novnc_dir.clone(),
-        a11y: crate::a11y::A11y::new(session_bus),
+        a11y,
         shutdown: shutdown_tx,
     });
     if let (Some(d), Some(l), Some(cdp)) = (&desktop, cdp_listener, cdp_bound) {

@@ -44,4 +44,6 @@ pub mod kinds {
     pub const COMPONENT_RESTARTED: &str = "component.restarted";
     pub const COMPONENT_GAVE_UP: &str = "component.gave_up";
     pub const BROWSER_RESTARTED: &str = "browser.restarted";
+    /// The desktop took over a browser the user started on its profile (after `pkill chrome`).
+    pub const BROWSER_ADOPTED: &str = "browser.adopted";
 }

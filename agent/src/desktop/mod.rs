@@ -24,6 +24,8 @@ use serde_json::json;
 use tokio::sync::{Notify, watch};
 
 use crate::account::Account;
+use crate::display::conn::Target;
+use crate::display::xauth::{self, Cookie};
 use crate::events::EventLog;
 use crate::reaper::{Exit, Reaper};
 use spawn::{Launch, Spawner};
@@ -36,6 +38,12 @@ const MAX_CRASHES: u32 = 5;
 const STABLE: Duration = Duration::from_secs(60);
 const BACKOFF_FIRST: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// After the browser quit on its own (a SIGTERM, a clean exit: OSWorld's `pkill chrome`), how
+/// long the desktop waits for one the user starts on its profile (`google-chrome
+/// --remote-debugging-port=…`) before starting its own. A crash is restarted without waiting.
+const ADOPT_GRACE: Duration = Duration::from_secs(5);
+/// How long the user's browser gets to take the profile, watched this often.
+const ADOPT_POLL: Duration = Duration::from_millis(100);
 /// How long a component gets between SIGTERM and SIGKILL when it is stopped.
 const STOP_GRACE: Duration = Duration::from_secs(3);
 
@@ -59,6 +67,8 @@ pub struct DesktopConfig {
     /// A display number asked for (`--display`); otherwise Xvnc picks a free one.
     pub display: Option<String>,
     pub chromium: String,
+    /// The sandbox user's Xauthority file: the desktop's cookie is written there.
+    pub xauthority: PathBuf,
 }
 
 /// One component's condition, as `/v1/ready` reports it.
@@ -87,12 +97,18 @@ pub struct DevTools {
 pub struct Desktop {
     cfg: DesktopConfig,
     pub display: String,
+    /// The X server admits only holders of this cookie.
+    pub x_cookie: Cookie,
+    /// The server's copy of the cookie (`-auth`), readable by the agent alone.
+    x_auth_file: PathBuf,
     pub vnc_socket: PathBuf,
     pub session_bus: PathBuf,
     pub bin_dir: PathBuf,
     dir: PathBuf,
     logs: PathBuf,
     profile: PathBuf,
+    /// What runs as the browser (`/usr/lib/chromium/chrome` where the image links it).
+    browser: PathBuf,
     env: Mutex<Vec<(String, String)>>,
     chromium_no_sandbox: AtomicBool,
     statuses: Mutex<BTreeMap<&'static str, Status>>,
@@ -108,6 +124,9 @@ pub struct Desktop {
     stop: watch::Sender<bool>,
     stopping: AtomicBool,
     devtools: Mutex<Option<DevTools>>,
+    /// The DevTools port an adopted browser was started with (`--remote-debugging-port=N`,
+    /// N > 0: such a browser writes no DevToolsActivePort).
+    adopted_port: Mutex<Option<u16>>,
     spawner: Spawner,
     events: Arc<EventLog>,
     reaper: Arc<Reaper>,
@@ -143,8 +162,12 @@ impl Desktop {
         }
         let bin_dir = cfg.state_dir.join("desktop-bin");
         make_dir(&bin_dir, 0o755)?;
-        let profile = cfg.home.join(".config").join("chromium");
-        write_browser_command(&bin_dir, &cfg.chromium, &profile)?;
+        // Where Google Chrome keeps its profile: OSWorld's getters read it there.
+        let profile = cfg.home.join(".config").join("google-chrome");
+        let browser = browser_binary(&cfg.chromium)?;
+        let x_cookie = Cookie::generate()?;
+        let x_auth_file = dir.join("xauth");
+        xauth::write_private(&x_auth_file, &xauth::server_file(&x_cookie), None)?;
         let spawner = Spawner::start()?;
         let (changed, _) = watch::channel(0);
         let (x_epoch, _) = watch::channel(0);
@@ -154,7 +177,10 @@ impl Desktop {
             .map(|c| (*c, new_status("starting", "not started yet")))
             .collect();
         let mut desktop = Desktop {
+            browser,
             display: String::new(),
+            x_cookie,
+            x_auth_file,
             vnc_socket: dir.join("vnc.sock"),
             session_bus: session_dir.join("bus"),
             bin_dir,
@@ -171,6 +197,7 @@ impl Desktop {
             stop: watch::channel(false).0,
             stopping: AtomicBool::new(false),
             devtools: Mutex::new(None),
+            adopted_port: Mutex::new(None),
             spawner,
             events,
             reaper,
@@ -179,6 +206,7 @@ impl Desktop {
         };
         let _ = std::fs::remove_file(&desktop.vnc_socket);
         let (display, pid) = desktop.start_x_first().await?;
+        desktop.write_client_cookie(&display)?;
         desktop.display = display;
         let exit = desktop.reaper.watch(pid);
         *desktop.first_x.lock().unwrap_or_else(|p| p.into_inner()) = Some((pid, exit));
@@ -193,6 +221,9 @@ impl Desktop {
         tokio::spawn(async move {
             let no_sandbox = me.chromium_needs_no_sandbox().await;
             me.chromium_no_sandbox.store(no_sandbox, Ordering::SeqCst);
+            if let Err(e) = me.write_browser_commands() {
+                tracing::warn!(error = %e, "cannot write the google-chrome command");
+            }
             // Start in order, each after the one before it is ready (or failed to be).
             for name in COMPONENTS {
                 let ready = me.watch_ready(name);
@@ -228,6 +259,26 @@ impl Desktop {
                 }
             }
         }
+    }
+
+    /// The X server as the agent's own clients reach it (with the cookie).
+    pub fn x_target(&self) -> Target {
+        Target::new(self.display.clone(), Some(self.x_cookie))
+    }
+
+    /// The sandbox user's Xauthority file gets the cookie for `display` (mode 0600, theirs).
+    fn write_client_cookie(&self, display: &str) -> anyhow::Result<()> {
+        let number = xauth::display_number(display)
+            .ok_or_else(|| anyhow::anyhow!("cannot read a display number from {display:?}"))?;
+        let a = &self.cfg.account;
+        let owner = a.needs_switch().then_some((a.uid, a.gid));
+        let bytes = xauth::client_file(&self.x_cookie, number, &xauth::hostname());
+        xauth::write_private(&self.cfg.xauthority, &bytes, owner).map_err(|e| {
+            anyhow::anyhow!(
+                "writing the X cookie to {}: {e}",
+                self.cfg.xauthority.display()
+            )
+        })
     }
 
     pub fn statuses(&self) -> BTreeMap<&'static str, Status> {
@@ -338,6 +389,8 @@ impl Desktop {
                 "-AcceptSetDesktopSize=0",
                 "-desktop",
                 "berth",
+                "-auth",
+                &self.x_auth_file.to_string_lossy(),
                 "-nolisten",
                 "tcp",
                 "-noreset",
@@ -406,7 +459,8 @@ impl Desktop {
             )]
         };
         if name == "chromium" {
-            env.push(("CHROME_DESKTOP".into(), "chromium.desktop".into()));
+            // Google Chrome's window class (`Google-chrome`), as the google-chrome command sets.
+            env.push(("CHROME_DESKTOP".into(), "google-chrome.desktop".into()));
             // Expose the browser's tree (pages included) on the AT-SPI bus.
             env.push(("ACCESSIBILITY_ENABLED".into(), "1".into()));
         }
@@ -453,9 +507,10 @@ impl Desktop {
         }
     }
 
-    fn chromium_argv(&self) -> Vec<String> {
+    /// The flags every browser on the desktop's profile runs with: the supervised one and one
+    /// the user starts with `google-chrome` (whose own flags come after, so they win).
+    fn browser_flags(&self) -> Vec<String> {
         let mut argv = vec![
-            self.cfg.chromium.clone(),
             format!("--user-data-dir={}", self.profile.display()),
             // Loopback only, on a port the browser picks (written to DevToolsActivePort).
             "--remote-debugging-address=127.0.0.1".into(),
@@ -474,12 +529,102 @@ impl Desktop {
             "--disable-features=Translate,MediaRouter,OptimizationHints".into(),
             "--force-renderer-accessibility".into(),
             "--start-maximized".into(),
+            // The browser is often killed (SIGKILL after a stop's grace): no "Restore pages?"
+            // bubble over the next page.
+            "--hide-crash-restore-bubble".into(),
         ];
         if self.chromium_no_sandbox.load(Ordering::SeqCst) {
             argv.push("--no-sandbox".into());
         }
+        argv
+    }
+
+    fn chromium_argv(&self) -> Vec<String> {
+        let mut argv = vec![self.browser.to_string_lossy().into_owned()];
+        argv.extend(self.browser_flags());
         argv.push("about:blank".into());
         argv
+    }
+
+    /// `google-chrome` (what OSWorld tasks launch; Debian has none): the desktop's browser on
+    /// its profile. While the desktop's browser runs, the profile hands the request to it (a
+    /// new window); after `pkill chrome` it starts the browser the desktop then adopts.
+    fn write_browser_commands(&self) -> std::io::Result<()> {
+        let quote = |a: &str| format!("'{}'", a.replace('\'', r"'\''"));
+        let mut line = vec![quote(&self.browser.to_string_lossy())];
+        line.extend(self.browser_flags().iter().map(|f| quote(f)));
+        let script = format!(
+            "#!/bin/sh\n# berth: the desktop's browser (Chromium, as Google Chrome) on its profile.\n\
+             export CHROME_DESKTOP=google-chrome.desktop ACCESSIBILITY_ENABLED=1\n\
+             exec {} \"$@\"\n",
+            line.join(" ")
+        );
+        for name in ["google-chrome", "google-chrome-stable"] {
+            let path = self.bin_dir.join(name);
+            let tmp = self.bin_dir.join(format!(".{name}.tmp"));
+            std::fs::write(&tmp, &script)?;
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
+            std::fs::rename(&tmp, &path)?;
+        }
+        Ok(())
+    }
+
+    /// A live browser on the desktop's profile that the desktop did not start (`SingletonLock`
+    /// names its host and pid; its command line must name the profile, so a recycled pid is
+    /// never taken for it). `not`: the pid of the browser that just ended.
+    fn foreign_browser(&self, not: Option<u32>) -> Option<(u32, u64)> {
+        let lock = std::fs::read_link(self.profile.join("SingletonLock")).ok()?;
+        let lock = lock.to_string_lossy();
+        let (host, pid) = lock.rsplit_once('-')?;
+        if host.as_bytes() != xauth::hostname().as_slice() {
+            return None;
+        }
+        let pid: u32 = pid.parse().ok()?;
+        if Some(pid) == not {
+            return None;
+        }
+        let start = crate::proc::start_time(pid)?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let profile_flag = format!("--user-data-dir={}", self.profile.display());
+        // Chromium rewrites its command line as one string of space-separated arguments.
+        let flag = profile_flag.as_bytes();
+        let names_profile = cmdline.windows(flag.len()).enumerate().any(|(i, w)| {
+            w == flag && matches!(cmdline.get(i + flag.len()), None | Some(0) | Some(b' '))
+        });
+        (names_profile && crate::proc::is_alive(pid, start)).then_some((pid, start))
+    }
+
+    /// Waits up to `grace` for a browser the user starts on the profile.
+    async fn wait_for_foreign(&self, not: Option<u32>, grace: Duration) -> Option<(u32, u64)> {
+        let deadline = tokio::time::Instant::now() + grace;
+        loop {
+            if let Some(found) = self.foreign_browser(not) {
+                return Some(found);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(ADOPT_POLL) => {}
+                _ = self.stopped() => return None,
+            }
+        }
+    }
+
+    /// Its end, as the supervisor waits for a component's: an adopted browser is not the
+    /// agent's child (the user's command started it), so its exit is seen in `/proc`.
+    fn watch_foreign(pid: u32, start: u64) -> tokio::sync::oneshot::Receiver<Exit> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            while crate::proc::is_alive(pid, start) && !tx.is_closed() {
+                tokio::time::sleep(ADOPT_POLL).await;
+            }
+            let _ = tx.send(Exit {
+                code: None,
+                signal: None,
+            });
+        });
+        rx
     }
 
     /// Chromium's sandbox needs unprivileged user namespaces (Debian ships no setuid sandbox);
@@ -523,7 +668,7 @@ impl Desktop {
 
     /// The component's readiness probe, polled until it passes.
     async fn probe(&self, name: &str) -> probe::Probe {
-        let display = self.display.clone();
+        let display = self.x_target();
         let blocking = |f: Box<dyn FnOnce() -> probe::Probe + Send>| async move {
             tokio::task::spawn_blocking(f)
                 .await
@@ -566,19 +711,19 @@ impl Desktop {
     }
 
     async fn probe_devtools(&self) -> probe::Probe {
-        let file = self.profile.join("DevToolsActivePort");
-        let text = std::fs::read_to_string(&file)
-            .map_err(|_| "the browser has not opened its DevTools port yet".to_string())?;
-        let mut lines = text.lines();
-        let port: u16 = lines
-            .next()
-            .and_then(|l| l.trim().parse().ok())
-            .ok_or("DevToolsActivePort holds no port")?;
-        let browser_path = lines
-            .next()
-            .map(|l| l.trim().to_string())
-            .filter(|p| p.starts_with("/devtools/browser/"))
-            .ok_or("DevToolsActivePort holds no browser path")?;
+        let adopted_port = *self.adopted_port.lock().unwrap_or_else(|p| p.into_inner());
+        let (port, browser_path) = match adopted_port {
+            Some(port) => {
+                let v = crate::browser::version(port).await?;
+                let url = v["webSocketDebuggerUrl"].as_str().unwrap_or_default();
+                let path = url
+                    .find("/devtools/browser/")
+                    .map(|i| url[i..].to_string())
+                    .ok_or_else(|| format!("/json/version on port {port} names no browser"))?;
+                (port, path)
+            }
+            None => self.devtools_active_port()?,
+        };
         // Up means a page can be opened (a renderer that cannot start fails here), not only
         // that the DevTools port answers.
         tokio::time::timeout(
@@ -592,6 +737,24 @@ impl Desktop {
         Ok(())
     }
 
+    /// The port and browser path the browser wrote to `DevToolsActivePort`.
+    fn devtools_active_port(&self) -> Result<(u16, String), String> {
+        let file = self.profile.join("DevToolsActivePort");
+        let text = std::fs::read_to_string(&file)
+            .map_err(|_| "the browser has not opened its DevTools port yet".to_string())?;
+        let mut lines = text.lines();
+        let port: u16 = lines
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .ok_or("DevToolsActivePort holds no port")?;
+        let browser_path = lines
+            .next()
+            .map(|l| l.trim().to_string())
+            .filter(|p| p.starts_with("/devtools/browser/"))
+            .ok_or("DevToolsActivePort holds no browser path")?;
+        Ok((port, browser_path))
+    }
+
     /// Before a start: what a previous run of the component left behind.
     fn clean_before_start(&self, name: &str) {
         match name {
@@ -603,6 +766,7 @@ impl Desktop {
             }
             "chromium" => {
                 *self.devtools.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                *self.adopted_port.lock().unwrap_or_else(|p| p.into_inner()) = None;
                 let _ = std::fs::remove_file(self.profile.join("DevToolsActivePort"));
                 // Locks of a browser that died with a previous agent (no supervised browser
                 // runs now), so the profile is not "in use by another computer".
@@ -619,7 +783,7 @@ impl Desktop {
     }
 
     async fn x_reachable(&self) -> bool {
-        let display = self.display.clone();
+        let display = self.x_target();
         tokio::task::spawn_blocking(move || probe::x_server(&display).is_ok())
             .await
             .unwrap_or(false)
@@ -680,6 +844,8 @@ impl Desktop {
         let mut cause: Option<&'static str> = None;
         // What ended the previous run, for the restart and give-up events.
         let mut last_exit: Option<Exit> = None;
+        // A browser the user started on the profile, to be supervised instead of a new one.
+        let mut adopt: Option<(u32, u64)> = None;
         loop {
             if self.stopping.load(Ordering::SeqCst) {
                 return;
@@ -705,9 +871,28 @@ impl Desktop {
             } else {
                 None
             };
-            let (pid, mut exit) = match first {
-                Some(p) => p,
-                None => {
+            if name == "chromium" && first.is_none() && adopt.is_none() {
+                adopt = self.foreign_browser(None);
+            }
+            let adopted = adopt.take();
+            let (pid, mut exit) = match (first, adopted) {
+                (Some(p), _) => p,
+                (None, Some((pid, start))) => {
+                    let port = std::fs::read(format!("/proc/{pid}/cmdline"))
+                        .ok()
+                        .and_then(|c| debugging_port(&c));
+                    *self.adopted_port.lock().unwrap_or_else(|p| p.into_inner()) = port;
+                    // The file is the ended browser's, or the adopted one's own (port 0).
+                    if port.is_some() {
+                        let _ = std::fs::remove_file(self.profile.join("DevToolsActivePort"));
+                    }
+                    self.set_group(name, Some((pid, start)));
+                    self.events
+                        .emit(kinds::BROWSER_ADOPTED, json!({"pid": pid}));
+                    tracing::info!(pid, "adopted the browser the user started on the profile");
+                    (pid, Self::watch_foreign(pid, start))
+                }
+                (None, None) => {
                     self.clean_before_start(name);
                     match self.spawn_component(name, self.argv(name), None).await {
                         Ok(pid) => (pid, self.reaper.watch(pid)),
@@ -809,6 +994,20 @@ impl Desktop {
             );
             last_exit = exit;
             restarts += 1;
+            if name == "chromium"
+                && let Ended::Exited(e) = &ended
+            {
+                let grace = if adopted.is_some() || quit_on_request(e) {
+                    ADOPT_GRACE
+                } else {
+                    Duration::ZERO
+                };
+                adopt = self.wait_for_foreign(Some(pid), grace).await;
+                if adopt.is_some() {
+                    cause = Some("adopted");
+                    continue;
+                }
+            }
             cause = Some(match ended {
                 Ended::Exited(_) => "crash",
                 Ended::XGone => "x_restart",
@@ -965,10 +1164,15 @@ impl Desktop {
             .into_iter()
             .filter_map(|d| crate::proc::start_time(d).map(|s| (d, s)))
             .collect();
-        crate::proc::signal_group(pid, Signal::SIGTERM);
+        // The process itself too: an adopted browser leads no group of its own.
+        let signal = |sig| {
+            crate::proc::signal_group(pid, sig);
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
+        };
+        signal(Signal::SIGTERM);
         if tokio::time::timeout(STOP_GRACE, &mut *exit).await.is_err() {
             tracing::warn!(component = name, pid, "did not stop on SIGTERM; killing it");
-            crate::proc::signal_group(pid, Signal::SIGKILL);
+            signal(Signal::SIGKILL);
             let _ = tokio::time::timeout(STOP_GRACE, &mut *exit).await;
         }
         // Helpers that left the group (a browser's children) go too.
@@ -1039,6 +1243,28 @@ fn with_exit(mut event: serde_json::Value, exit: Option<Exit>) -> serde_json::Va
     event
 }
 
+/// The last `--remote-debugging-port=N` of a command line (NUL- or space-separated, as
+/// Chromium rewrites it), when N is a fixed port.
+fn debugging_port(cmdline: &[u8]) -> Option<u16> {
+    cmdline
+        .split(|b| *b == 0 || *b == b' ')
+        .filter_map(|a| a.strip_prefix(b"--remote-debugging-port="))
+        .next_back()
+        .and_then(|p| std::str::from_utf8(p).ok()?.parse().ok())
+        .filter(|p| *p != 0)
+}
+
+/// A browser that ended the way a quit ends (a clean exit, SIGTERM/SIGINT/SIGHUP), not a crash.
+fn quit_on_request(e: &Exit) -> bool {
+    const QUITS: [i32; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
+    match (e.code, e.signal) {
+        (Some(c), _) => c == 0 || QUITS.iter().any(|s| c == 128 + s),
+        (None, Some(s)) => QUITS.contains(&s),
+        // An adopted browser's end is seen without its status.
+        (None, None) => true,
+    }
+}
+
 fn describe(e: &Exit) -> String {
     match (e.code, e.signal) {
         (Some(c), _) => format!("exited with code {c}"),
@@ -1075,20 +1301,60 @@ fn make_dir(dir: &Path, mode: u32) -> std::io::Result<()> {
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
 }
 
-/// `google-chrome` (what OSWorld tasks launch; Debian has none) opens a window in the
-/// desktop's own browser: the same profile hands the request to the running instance.
-fn write_browser_command(bin_dir: &Path, chromium: &str, profile: &Path) -> std::io::Result<()> {
-    let script = format!(
-        "#!/bin/sh\n# berth: open in the desktop's browser (the same profile reaches the running instance).\nexec {} --user-data-dir='{}' \"$@\"\n",
-        chromium,
-        profile.display()
-    );
-    for name in ["google-chrome", "google-chrome-stable"] {
-        let path = bin_dir.join(name);
-        let tmp = bin_dir.join(format!(".{name}.tmp"));
-        std::fs::write(&tmp, &script)?;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
-        std::fs::rename(&tmp, &path)?;
+/// The browser binary. Google Chrome's processes are named `chrome` (OSWorld's `pkill
+/// chrome`): the image links Chromium's binary as `/usr/lib/chromium/chrome` (a process takes
+/// the name of its binary, not of a symlink to it: Chromium re-reads `/proc/self/exe`).
+/// Debian's `chromium` is a wrapper script: its binary is started directly, with the
+/// desktop's own flags.
+fn browser_binary(command: &str) -> std::io::Result<PathBuf> {
+    let path = std::env::var("PATH").unwrap_or_else(|_| crate::account::DEFAULT_PATH.into());
+    let resolved = if command.contains('/') {
+        PathBuf::from(command)
+    } else {
+        crate::account::find_in_path(&path, command).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("the browser command {command:?} is not on the PATH"),
+            )
+        })?
+    };
+    if resolved != Path::new("/usr/bin/chromium") {
+        return Ok(resolved);
     }
-    Ok(())
+    let debian = Path::new("/usr/lib/chromium");
+    Ok(["chrome", "chromium"]
+        .iter()
+        .map(|n| debian.join(n))
+        .find(|p| p.is_file())
+        .unwrap_or(resolved))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_fixed_debugging_port_of_a_rewritten_command_line_is_found() {
+        let spaced =
+            b"/usr/lib/chromium/chrome --remote-debugging-port=0 --x --remote-debugging-port=1337";
+        assert_eq!(debugging_port(spaced), Some(1337));
+        assert_eq!(
+            debugging_port(b"chrome\0--remote-debugging-port=9\0"),
+            Some(9)
+        );
+        assert_eq!(debugging_port(b"chrome --remote-debugging-port=0"), None);
+        assert_eq!(debugging_port(b"chrome --remote-debugging-port=x"), None);
+        assert_eq!(debugging_port(b"chrome"), None);
+    }
+
+    #[test]
+    fn a_quit_is_told_from_a_crash() {
+        let exit = |code, signal| Exit { code, signal };
+        assert!(quit_on_request(&exit(Some(0), None)));
+        assert!(quit_on_request(&exit(Some(143), None)));
+        assert!(quit_on_request(&exit(None, Some(libc::SIGTERM))));
+        assert!(!quit_on_request(&exit(Some(3), None)));
+        assert!(!quit_on_request(&exit(None, Some(libc::SIGKILL))));
+        assert!(!quit_on_request(&exit(None, Some(libc::SIGSEGV))));
+    }
 }

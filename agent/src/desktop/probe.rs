@@ -8,11 +8,14 @@ use x11rb::connection::Connection;
 use x11rb::protocol::xproto::{Atom, AtomEnum, ConnectionExt as _, MapState, Window};
 use x11rb::rust_connection::RustConnection;
 
+use crate::display::conn::Target;
+
 pub type Probe = Result<(), String>;
 
-fn connect(display: &str) -> Result<(RustConnection, Window), String> {
-    let (c, screen) = RustConnection::connect(Some(display))
-        .map_err(|e| format!("cannot connect to the X server {display}: {e}"))?;
+fn connect(target: &Target) -> Result<(RustConnection, Window), String> {
+    let (c, screen) = target
+        .connect()
+        .map_err(|e| format!("cannot connect to the X server {}: {e}", target.display))?;
     let root = c.setup().roots[screen].root;
     Ok((c, root))
 }
@@ -26,14 +29,14 @@ fn atom(c: &RustConnection, name: &str) -> Result<Atom, String> {
 }
 
 /// The X server accepts a connection.
-pub fn x_server(display: &str) -> Probe {
-    connect(display).map(|_| ())
+pub fn x_server(target: &Target) -> Probe {
+    connect(target).map(|_| ())
 }
 
 /// Some client owns the selection (`WM_S0`: a window manager; `_XSETTINGS_S0`: a settings
 /// daemon).
-pub fn selection_owned(display: &str, selection: &str, what: &str) -> Probe {
-    let (c, _) = connect(display)?;
+pub fn selection_owned(target: &Target, selection: &str, what: &str) -> Probe {
+    let (c, _) = connect(target)?;
     let sel = atom(&c, selection)?;
     let owner = c
         .get_selection_owner(sel)
@@ -50,8 +53,8 @@ pub fn selection_owned(display: &str, selection: &str, what: &str) -> Probe {
 
 /// A viewable window whose WM_CLASS names `class` exists (looked for among the root's
 /// children and their children, which sees through window-manager frames).
-pub fn window_mapped(display: &str, class: &str) -> Probe {
-    let (c, root) = connect(display)?;
+pub fn window_mapped(target: &Target, class: &str) -> Probe {
+    let (c, root) = connect(target)?;
     let mut level = vec![root];
     for _ in 0..2 {
         let mut next = Vec::new();

@@ -14,6 +14,7 @@ use tokio::sync::watch;
 use tokio_tungstenite::tungstenite::{self, client::IntoClientRequest};
 
 use super::{Desktop, Status, probe};
+use crate::a11y::A11y;
 
 const CHECK_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -21,6 +22,7 @@ pub use berth_protocol::desktop::ReadyReport as Report;
 
 pub struct Readiness {
     desktop: Option<Arc<Desktop>>,
+    a11y: Arc<A11y>,
     /// The latest results of the end-to-end checks.
     checks: watch::Sender<BTreeMap<&'static str, Status>>,
 }
@@ -46,9 +48,13 @@ fn loopback(addr: SocketAddr) -> SocketAddr {
 
 impl Readiness {
     /// `desktop`: what to check; without one there is nothing to wait for.
-    pub fn new(desktop: Option<Arc<Desktop>>) -> Arc<Readiness> {
+    pub fn new(desktop: Option<Arc<Desktop>>, a11y: Arc<A11y>) -> Arc<Readiness> {
         let (checks, _) = watch::channel(BTreeMap::new());
-        Arc::new(Readiness { desktop, checks })
+        Arc::new(Readiness {
+            desktop,
+            a11y,
+            checks,
+        })
     }
 
     /// Runs the end-to-end checks: quickly while something fails, every 5 s while all pass,
@@ -58,6 +64,7 @@ impl Readiness {
             return;
         };
         let me = self.clone();
+        let a11y = self.a11y.clone();
         let lb = Arc::new(Loopback {
             listen: loopback(lb.listen),
             token: lb.token,
@@ -66,7 +73,7 @@ impl Readiness {
         tokio::spawn(async move {
             let mut changed = desktop.changed.subscribe();
             loop {
-                let results = run_checks(&desktop, &lb).await;
+                let results = run_checks(&desktop, &a11y, &lb).await;
                 let mut all_ok = true;
                 me.checks.send_modify(|checks| {
                     for (name, r) in results {
@@ -154,13 +161,14 @@ impl Readiness {
 }
 
 /// The end-to-end checks, beside the components' own states.
-const CHECKS: [&str; 6] = [
+const CHECKS: [&str; 7] = [
     "novnc",
     "vnc",
     "window_manager",
     "browser_cdp",
     "cdp_relay",
     "cdp_ws_relay",
+    "accessibility",
 ];
 
 async fn timed(f: impl std::future::Future<Output = probe::Probe>) -> probe::Probe {
@@ -169,16 +177,21 @@ async fn timed(f: impl std::future::Future<Output = probe::Probe>) -> probe::Pro
         .unwrap_or_else(|_| Err(format!("no answer within {} s", CHECK_TIMEOUT.as_secs())))
 }
 
-async fn run_checks(desktop: &Arc<Desktop>, lb: &Loopback) -> Vec<(&'static str, probe::Probe)> {
-    let (novnc, vnc, wm, browser, relay, ws_relay) = tokio::join!(
+async fn run_checks(
+    desktop: &Arc<Desktop>,
+    a11y: &A11y,
+    lb: &Loopback,
+) -> Vec<(&'static str, probe::Probe)> {
+    let (novnc, vnc, wm, browser, relay, ws_relay, accessibility) = tokio::join!(
         timed(novnc_page(lb)),
         timed(rfb_through_relay(lb)),
         timed(window_manager(desktop)),
         timed(browser_cdp(desktop)),
         timed(tcp_relay(desktop, lb)),
         timed(ws_relay_round_trip(desktop, lb)),
+        timed(accessibility_round_trip(desktop, a11y)),
     );
-    let results = [novnc, vnc, wm, browser, relay, ws_relay];
+    let results = [novnc, vnc, wm, browser, relay, ws_relay, accessibility];
     CHECKS.into_iter().zip(results).collect()
 }
 
@@ -233,13 +246,28 @@ async fn rfb_through_relay(lb: &Loopback) -> probe::Probe {
 }
 
 async fn window_manager(desktop: &Arc<Desktop>) -> probe::Probe {
-    let display = desktop.display.clone();
+    let display = desktop.x_target();
     tokio::task::spawn_blocking(move || {
         probe::selection_owned(&display, "WM_S0", "window manager")?;
         probe::window_mapped(&display, "xfce4-panel")
     })
     .await
     .unwrap_or_else(|e| Err(e.to_string()))
+}
+
+/// The AT-SPI registry answers and lists the browser among its applications (what
+/// `/accessibility` and `/terminal` read).
+async fn accessibility_round_trip(desktop: &Desktop, a11y: &A11y) -> probe::Probe {
+    browser_known(desktop)?;
+    let apps = a11y.applications().await.map_err(|e| e.to_string())?;
+    if apps.iter().any(|a| crate::a11y::is_browser(a)) {
+        Ok(())
+    } else {
+        Err(format!(
+            "the browser is not on the accessibility bus (applications: {})",
+            apps.join(", ")
+        ))
+    }
 }
 
 /// The relays are only tried once the browser is up (they would only say it is not).

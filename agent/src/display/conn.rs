@@ -7,12 +7,54 @@ use x11rb::connection::{Connection, RequestConnection as _};
 use x11rb::protocol::xproto::{Atom, ConnectionExt as _, Window};
 use x11rb::rust_connection::RustConnection;
 
-use super::DisplayError;
+use x11rb::reexports::x11rb_protocol::parse_display;
+use x11rb::rust_connection::DefaultStream;
 
-/// Where the X server is: `:N` (or `host:N`).
+use super::DisplayError;
+use super::xauth::{Cookie, MIT_MAGIC_COOKIE_1};
+
+/// Where the X server is: `:N` (or `host:N`), and the cookie it wants when the agent runs
+/// the desktop (otherwise credentials come from XAUTHORITY, as for any X client).
 #[derive(Debug, Clone)]
 pub struct Target {
     pub display: String,
+    pub cookie: Option<Cookie>,
+}
+
+impl Target {
+    pub fn new(display: impl Into<String>, cookie: Option<Cookie>) -> Target {
+        Target {
+            display: display.into(),
+            cookie,
+        }
+    }
+
+    /// A connection and its screen number.
+    pub fn connect(&self) -> Result<(RustConnection, usize), String> {
+        let Some(cookie) = &self.cookie else {
+            return RustConnection::connect(Some(&self.display)).map_err(|e| e.to_string());
+        };
+        let parsed =
+            parse_display::parse_display(Some(&self.display)).map_err(|e| e.to_string())?;
+        let screen = usize::from(parsed.screen);
+        let mut last = String::from("no address to connect to");
+        for addr in parsed.connect_instruction() {
+            match DefaultStream::connect(&addr) {
+                Ok((stream, _)) => {
+                    return RustConnection::connect_to_stream_with_auth_info(
+                        stream,
+                        screen,
+                        MIT_MAGIC_COOKIE_1.to_vec(),
+                        cookie.0.to_vec(),
+                    )
+                    .map(|c| (c, screen))
+                    .map_err(|e| e.to_string());
+                }
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(last)
+    }
 }
 
 /// One open connection and what it found at connect time.
@@ -48,9 +90,7 @@ x11rb::atom_manager! {
 
 impl XConn {
     pub fn open(target: &Target) -> Result<XConn, DisplayError> {
-        // Credentials come from XAUTHORITY (or ~/.Xauthority), as for any X client.
-        let (conn, screen_num) = RustConnection::connect(Some(&target.display))
-            .map_err(|e| DisplayError::Connect(e.to_string()))?;
+        let (conn, screen_num) = target.connect().map_err(DisplayError::Connect)?;
         let setup = conn.setup();
         let screen = setup
             .roots

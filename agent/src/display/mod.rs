@@ -14,6 +14,7 @@ pub mod input;
 pub mod keys;
 pub mod watch;
 pub mod windows;
+pub mod xauth;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -149,9 +150,10 @@ pub struct Display {
 }
 
 impl Display {
-    /// The display `name` (`:N`), or a display domain that answers "no display".
-    pub fn new(name: Option<String>) -> Arc<Display> {
-        let target = name.map(|display| Target { display });
+    /// The display `name` (`:N`) with its cookie (when the agent runs the desktop), or a
+    /// display domain that answers "no display".
+    pub fn new(name: Option<String>, cookie: Option<xauth::Cookie>) -> Arc<Display> {
+        let target = name.map(|display| Target::new(display, cookie));
         let watch = target.clone().map(ScreenWatch::start);
         Arc::new(Display {
             target,

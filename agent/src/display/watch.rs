@@ -201,9 +201,7 @@ mod tests {
 
     #[test]
     fn without_a_connected_watch_there_is_no_generation_to_cache_on() {
-        let w = ScreenWatch::start(Target {
-            display: ":9999".into(),
-        });
+        let w = ScreenWatch::start(Target::new(":9999", None));
         assert!(!w.connected());
         assert_eq!(w.watched_generation(), None);
         // Moving the counter (as a failed reconnect does) does not make it usable.
