@@ -95,6 +95,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         desktop_bin: desktop.as_ref().map(|d| d.bin_dir.as_path()),
     });
     if let Some(d) = &desktop {
+        link_session_bus(&runtime_dir, &d.session_bus, &account);
         d.run(env.with(None));
     }
     let session_bus = env
@@ -301,6 +302,23 @@ fn runtime_dir(state_dir: &Path, account: &Account) -> anyhow::Result<PathBuf> {
         std::os::unix::fs::chown(&dir, Some(account.uid), Some(account.gid))?;
     }
     Ok(dir)
+}
+
+/// `$XDG_RUNTIME_DIR/bus`, where a systemd session keeps its bus (commands that name
+/// `unix:path=/run/user/1000/bus` outright find the desktop's), unless something is there.
+fn link_session_bus(runtime_dir: &Path, bus: &Path, account: &Account) {
+    let link = runtime_dir.join("bus");
+    if std::fs::symlink_metadata(&link).is_ok_and(|m| !m.file_type().is_symlink()) {
+        return;
+    }
+    let _ = std::fs::remove_file(&link);
+    match std::os::unix::fs::symlink(bus, &link) {
+        Ok(()) if account.needs_switch() => {
+            let _ = std::os::unix::fs::lchown(&link, Some(account.uid), Some(account.gid));
+        }
+        Ok(()) => {}
+        Err(e) => tracing::warn!(path = %link.display(), error = %e, "cannot link the session bus"),
+    }
 }
 
 /// The home exists and holds an (empty) Xauthority file: python-xlib refuses to start

@@ -30,6 +30,10 @@ pub struct App {
     pub description: String,
     pub packages: Vec<String>,
     pub launcher: String,
+    /// Servers the app listens on inside the sandbox, by name (`vlc = 8080`): an image with
+    /// the app declares them (`berth.ports`) and its sandboxes publish them as endpoints.
+    #[serde(default)]
+    pub ports: std::collections::BTreeMap<String, u16>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -40,6 +44,14 @@ pub struct Bundle {
     pub apps: Vec<String>,
     #[serde(default)]
     pub packages: Vec<String>,
+    /// The sandbox user's password, and whether it may use sudo (without asking it: harness
+    /// steps run `sudo` without `-S` too). That makes the user root-equivalent inside the
+    /// sandbox; the agent's token stays out of its reach and `berth-agent init` restarts a
+    /// killed agent.
+    #[serde(default)]
+    pub user_password: Option<String>,
+    #[serde(default)]
+    pub sudo: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]

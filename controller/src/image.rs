@@ -18,6 +18,31 @@ use crate::util::sha256_hex;
 
 const BUILTIN_RECIPES: &str = include_str!("../../images/recipes.toml");
 
+/// Files the builder puts into a desktop image: (path in the image, contents, mode).
+const GUEST_FILES: &[(&str, &str, u32)] = &[
+    // Chromium presented as Google Chrome (window titles, a `chrome` process); run once.
+    (
+        "tmp/berth-brand-chrome.py",
+        include_str!("../../images/brand-chrome.py"),
+        0o644,
+    ),
+    // No "unsupported command-line flag" bar where the browser must run unsandboxed.
+    (
+        "etc/chromium/policies/managed/berth.json",
+        include_str!("../../images/chromium-policy.json"),
+        0o644,
+    ),
+    // There is no systemd to answer `timedatectl`.
+    (
+        "usr/local/bin/timedatectl",
+        include_str!("../../images/timedatectl"),
+        0o755,
+    ),
+];
+
+/// The Docker label naming the ports an image's apps serve (`{"vlc": 8080}`).
+pub const PORTS_LABEL: &str = "berth.ports";
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Recipes {
@@ -68,6 +93,13 @@ struct Selection {
     packages: Vec<String>,
     pip: Vec<String>,
     desktop: bool,
+    /// The apps' servers, by name (the image's `berth.ports` label).
+    ports: std::collections::BTreeMap<String, u16>,
+    /// The sandbox user's password and sudo (from the bundle).
+    user_password: Option<String>,
+    sudo: bool,
+    /// A digest of the guest files baked in (`GUEST_FILES`).
+    guest_files: String,
 }
 
 /// The default images dir: the repository's when this binary was built from one.
@@ -100,6 +132,8 @@ fn select(req: &BuildRequest, recipes: &Recipes) -> anyhow::Result<Selection> {
     let catalog = Catalog::builtin();
     let mut packages: BTreeSet<String> = p.packages.iter().cloned().collect();
     let mut apps: BTreeSet<String> = req.apps.iter().cloned().collect();
+    let mut user_password = None;
+    let mut sudo = false;
     if let Some(b) = &req.bundle {
         let bundle = catalog
             .bundles
@@ -108,7 +142,10 @@ fn select(req: &BuildRequest, recipes: &Recipes) -> anyhow::Result<Selection> {
             .with_context(|| format!("no bundle {b:?} in the catalog"))?;
         apps.extend(bundle.apps.iter().cloned());
         packages.extend(bundle.packages.iter().cloned());
+        user_password = bundle.user_password.clone();
+        sudo = bundle.sudo;
     }
+    let mut ports = std::collections::BTreeMap::new();
     for a in &apps {
         let app = catalog
             .apps
@@ -116,7 +153,18 @@ fn select(req: &BuildRequest, recipes: &Recipes) -> anyhow::Result<Selection> {
             .find(|x| &x.name == a)
             .with_context(|| format!("no app {a:?} in the catalog"))?;
         packages.extend(app.packages.iter().cloned());
+        ports.extend(app.ports.clone());
     }
+    let guest_files = match p.desktop {
+        true => sha256_hex(
+            GUEST_FILES
+                .iter()
+                .map(|(path, text, mode)| format!("{path}\n{mode:o}\n{text}\n"))
+                .collect::<String>()
+                .as_bytes(),
+        ),
+        false => String::new(),
+    };
     let mut name = req.profile.clone();
     if let Some(b) = &req.bundle {
         name.push('-');
@@ -134,6 +182,10 @@ fn select(req: &BuildRequest, recipes: &Recipes) -> anyhow::Result<Selection> {
         packages: packages.into_iter().collect(),
         pip: p.pip.clone(),
         desktop: p.desktop,
+        ports,
+        user_password,
+        sudo,
+        guest_files,
     })
 }
 
@@ -395,6 +447,13 @@ pub fn build(req: &BuildRequest) -> anyhow::Result<Built> {
             .args(["--change", "ENV LANG=C.UTF-8"])
             .args(["--change", "EXPOSE 5000 9222"])
             .args(["--change", &format!("LABEL berth.image_ref={image}")])
+            .args([
+                "--change",
+                &format!(
+                    "LABEL {PORTS_LABEL}={}",
+                    serde_json::to_string(&sel.ports).unwrap_or_default()
+                ),
+            ])
             .args(["-", &image])
             .stdin(tar.stdout.take().expect("piped")),
     )?;
@@ -466,11 +525,14 @@ fn packages_stage(
     };
     let key = sha256_hex(
         format!(
-            "{}|{:?}|{:?}|{:?}",
+            "{}|{:?}|{:?}|{:?}|{}|{:?}|{}",
             base.display(),
             sel.packages,
             sel.pip,
-            lock
+            lock,
+            sel.guest_files,
+            sel.user_password,
+            sel.sudo
         )
         .as_bytes(),
     );
@@ -574,14 +636,18 @@ fn packages_stage(
             let _ = std::fs::remove_file(&ca);
             r?;
         }
-        chroot(
-            "the sandbox user and shims",
-            "id user >/dev/null 2>&1 || useradd -m -u 1000 -s /bin/bash user; \
-             if command -v chromium >/dev/null; then \
-               printf '#!/bin/sh\\nexec chromium \"$@\"\\n' > /usr/local/bin/google-chrome; \
-               chmod 755 /usr/local/bin/google-chrome; fi; \
-             apt-get clean; rm -rf /var/lib/apt/lists/*",
-        )?;
+        if sel.desktop {
+            for (path, text, mode) in GUEST_FILES {
+                let dest = rootfs.join(path);
+                if let Some(dir) = dest.parent() {
+                    std::fs::create_dir_all(dir)?;
+                }
+                std::fs::write(&dest, text)?;
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(*mode))?;
+            }
+        }
+        chroot("the sandbox user and the guest", &guest_script(&sel))?;
         let versions = chroot(
             "read the installed versions",
             "dpkg-query -W -f '${Package}=${Version}\\n'",
@@ -612,6 +678,38 @@ fn packages_stage(
     result?;
     std::fs::write(dir.join(".done"), "")?;
     Ok(rootfs)
+}
+
+/// The sandbox user (uid 1000, its runtime dir), the bundle's password and sudo, and the
+/// desktop's Chromium presented as Google Chrome.
+fn guest_script(sel: &Selection) -> String {
+    let mut script = String::from(
+        "id user >/dev/null 2>&1 || useradd -m -u 1000 -s /bin/bash user; \
+         install -d -m 0700 -o user -g user /run/user/1000; ",
+    );
+    if let Some(pw) = &sel.user_password {
+        // chpasswd reads `user:password` lines; the password is the catalog's, not a secret.
+        script.push_str(&format!(
+            "echo 'user:{}' | chpasswd; ",
+            pw.replace('\'', "")
+        ));
+    }
+    if sel.sudo {
+        script.push_str(
+            "usermod -aG sudo user; \
+             echo 'user ALL=(ALL:ALL) NOPASSWD: ALL' > /etc/sudoers.d/berth-user; \
+             chmod 0440 /etc/sudoers.d/berth-user; ",
+        );
+    }
+    if sel.desktop {
+        script.push_str(
+            "if [ -x /usr/lib/chromium/chromium ]; then \
+               python3 /tmp/berth-brand-chrome.py /usr/lib/chromium || exit 1; fi; \
+             rm -f /tmp/berth-brand-chrome.py; ",
+        );
+    }
+    script.push_str("apt-get clean; rm -rf /var/lib/apt/lists/*");
+    script
 }
 
 #[cfg(test)]

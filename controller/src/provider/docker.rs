@@ -284,6 +284,8 @@ impl Provider for DockerProvider {
                 ),
                 // Chromium needs more than Docker's 64 MiB of /dev/shm.
                 shm_size: Some(512 << 20),
+                // Chromium keeps its own sandbox (user namespaces): see `seccomp`.
+                security_opt: Some(vec![format!("seccomp={}", super::seccomp::profile())]),
                 nano_cpus: spec.cpus.map(|c| (c * 1e9) as i64),
                 memory: spec.memory_mb.map(|m| (m << 20) as i64),
                 ..Default::default()

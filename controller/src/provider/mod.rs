@@ -7,6 +7,7 @@
 
 pub mod docker;
 pub mod process;
+pub mod seccomp;
 
 use std::collections::BTreeMap;
 
