@@ -41,6 +41,9 @@ pub enum Top {
     /// Sandbox images: build (content-addressed, cached) and lock.
     #[command(subcommand)]
     Image(ImageCmd),
+    /// Check a live deployment against what a harness needs of it.
+    #[command(subcommand)]
+    Verify(crate::verify::VerifyCmd),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -233,6 +236,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Top::Sandbox(c) => sandbox(c).await,
         Top::Lease(c) => lease(c).await,
         Top::Image(c) => image(c).await,
+        Top::Verify(c) => crate::verify::run(c).await,
     }
 }
 

@@ -20,4 +20,5 @@ pub mod serve;
 pub mod store;
 pub mod timeline;
 pub mod util;
+pub mod verify;
 pub mod viewer;
