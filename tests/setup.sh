@@ -34,11 +34,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# The benchmark's peer server.
-if ! python3 -c 'import flask' 2>/dev/null; then
-  echo "setup: installing Flask" >&2
-  python3 -m pip install --quiet flask 2>/dev/null \
-    || python3 -m pip install --quiet --break-system-packages flask
+# The benchmark's peer server, and requests (OSWorld's client) for its cross-check.
+if ! python3 -c 'import flask, requests' 2>/dev/null; then
+  echo "setup: installing Flask and requests" >&2
+  python3 -m pip install --quiet flask requests 2>/dev/null \
+    || python3 -m pip install --quiet --break-system-packages flask requests
 fi
 
 # pyautogui for Debian's python3: OSWorld's harness sends `python -c "import pyautogui; ..."`.
