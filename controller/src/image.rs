@@ -647,7 +647,7 @@ fn packages_stage(
                 std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(*mode))?;
             }
         }
-        chroot("the sandbox user and the guest", &guest_script(&sel))?;
+        chroot("the sandbox user and the guest", &guest_script(sel))?;
         let versions = chroot(
             "read the installed versions",
             "dpkg-query -W -f '${Package}=${Version}\\n'",

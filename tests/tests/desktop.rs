@@ -187,6 +187,7 @@ async fn the_viewer_is_served_and_view_only_viewers_cannot_touch() {
         "browser_cdp",
         "cdp_relay",
         "cdp_ws_relay",
+        "accessibility",
     ] {
         assert_eq!(report["components"][name]["ok"], true, "{name}: {report:#}");
     }
@@ -905,13 +906,55 @@ async fn the_desktop_runs_as_the_sandbox_user_and_the_browser_restarts_on_reques
         0,
         "Xvnc runs as the agent (its VNC socket is the agent's alone)"
     );
-    let profile = home.join(".config/chromium");
+    let profile = home.join(".config/google-chrome");
     use std::os::unix::fs::MetadataExt;
     assert_eq!(
         std::fs::metadata(&profile).unwrap().uid(),
         uid,
-        "the profile is in the user's home"
+        "the profile is where Google Chrome keeps it, in the user's home"
     );
+
+    // The session bus is the user's (it refuses the agent, root); accessibility works anyway,
+    // and readiness counted it.
+    assert_eq!(
+        report["components"]["accessibility"]["ok"], true,
+        "{report:#}"
+    );
+    let tree = a.compat_json("/accessibility").await;
+    let xml = tree["AT"].as_str().unwrap_or_default();
+    assert!(
+        xml.contains("<application name=\"Google Chrome\""),
+        "the browser as Google Chrome in the tree: {}",
+        &xml[..xml.len().min(2000)]
+    );
+    assert!(xml.contains("<application name=\"xfce4-panel\""));
+
+    // The X server admits only holders of the desktop's cookie, which only the user can read.
+    let xauthority = home.join(".Xauthority");
+    let meta = std::fs::metadata(&xauthority).unwrap();
+    assert_eq!((meta.uid(), meta.mode() & 0o777), (uid, 0o600));
+    let display = a.get_json("/v1/display").await["display"]
+        .as_str()
+        .expect("the desktop's display")
+        .to_string();
+    let xdpyinfo = |auth: &std::path::Path| {
+        std::process::Command::new("xdpyinfo")
+            .env("DISPLAY", &display)
+            .env("XAUTHORITY", auth)
+            .output()
+            .expect("xdpyinfo (x11-utils)")
+    };
+    let refused = xdpyinfo(std::path::Path::new("/dev/null"));
+    assert!(
+        !refused.status.success(),
+        "a client without the cookie is refused"
+    );
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("Authorization required"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    assert!(xdpyinfo(&xauthority).status.success(), "the cookie admits");
 
     // A browser restart on request: a new process, an event, and readiness comes back.
     let from = a.get_json("/v1/events?from_seq=0&limit=10000").await["next_seq"]
