@@ -68,3 +68,34 @@ if ! command -v cargo-nextest >/dev/null 2>&1; then
   echo "setup: installing cargo-nextest" >&2
   cargo install --locked cargo-nextest
 fi
+
+# OSWorld's harness for clients/python's tests (tests/tests/osworld.rs): desktop-env from PyPI
+# without its dependencies (they run to torch and more), then only what its controllers, setup
+# controller and getters import, the metric module the tests use (vscode: PyPDF2), and pytest.
+osworld_deps=(
+  "gymnasium=gymnasium~=0.28.1" "pydrive=pydrive" "requests_toolbelt=requests-toolbelt~=1.0.0"
+  "dotenv=python-dotenv" "lxml=lxml" "cssselect=cssselect" "pandas=pandas>=2.2,<2.3"
+  "pytz=pytz" "PyPDF2=PyPDF2" "openpyxl=openpyxl" "formulas=formulas" "tldextract=tldextract"
+  "xmltodict=xmltodict" "pytest=pytest"
+)
+osworld_missing=()
+for d in "${osworld_deps[@]}"; do
+  has python3 "${d%%=*}" || osworld_missing+=("${d#*=}")
+done
+if [ ${#osworld_missing[@]} -gt 0 ]; then
+  echo "setup: installing ${osworld_missing[*]}" >&2
+  python3 -m pip install --quiet "${osworld_missing[@]}" "numpy>=1.26,<2" 2>/dev/null \
+    || python3 -m pip install --quiet --break-system-packages "${osworld_missing[@]}" "numpy>=1.26,<2"
+fi
+if ! has python3 desktop_env; then
+  echo "setup: installing desktop-env (without its dependencies)" >&2
+  python3 -m pip install --quiet --no-deps desktop-env==1.0.2 2>/dev/null \
+    || python3 -m pip install --quiet --no-deps --break-system-packages desktop-env==1.0.2
+fi
+# The berth package itself, editable, from this clone.
+berth_python="$(cd "$(dirname "$0")/.." && pwd)/clients/python"
+if [ "$(python3 -c 'import berth, os; print(os.path.dirname(os.path.dirname(os.path.realpath(berth.__file__))))' 2>/dev/null)" != "$berth_python" ]; then
+  echo "setup: installing the berth Python package from $berth_python" >&2
+  python3 -m pip install --quiet --no-deps -e "$berth_python" 2>/dev/null \
+    || python3 -m pip install --quiet --no-deps --break-system-packages -e "$berth_python"
+fi
