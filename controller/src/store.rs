@@ -941,4 +941,41 @@ mod tests {
         assert!(s.use_viewer_token("h", "a").unwrap());
         assert!(!s.use_viewer_token("h", "a").unwrap());
     }
+
+    #[test]
+    fn declared_ports_are_kept_and_an_older_store_gains_their_column() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("berth.db");
+        {
+            // A store from before sandboxes had declared ports.
+            let c = Connection::open(&path).unwrap();
+            let old = SCHEMA.replace("    ports TEXT NOT NULL DEFAULT '{}',\n", "");
+            assert_ne!(old, SCHEMA);
+            c.execute_batch(&old).unwrap();
+            c.execute(
+                "INSERT INTO sandboxes (id, profile, image_ref, provider, status, agent_token,
+                   created_at, ready_deadline) VALUES ('old', 'ide', 'x', 'docker', 'running', 't', 0, 0)",
+                [],
+            )
+            .unwrap();
+        }
+        let s = Store::open(&path).unwrap();
+        assert!(s.sandbox("old").unwrap().unwrap().ports.is_empty());
+        s.insert_sandbox(&row("a", None, "starting")).unwrap();
+        let ports = BTreeMap::from([("vlc".to_string(), "http://127.0.0.1:1234".to_string())]);
+        let u = SandboxUpdate {
+            ports: Some(&ports),
+            ..Default::default()
+        };
+        assert!(s.set_status("a", "running", &[], u).unwrap());
+        assert_eq!(s.sandbox("a").unwrap().unwrap().ports, ports);
+        // A change that names no ports keeps them.
+        s.set_status("a", "stopping", &[], SandboxUpdate::default())
+            .unwrap();
+        assert_eq!(s.sandbox("a").unwrap().unwrap().ports, ports);
+        drop(s);
+        // Opening it again (the column exists now) changes nothing.
+        let s = Store::open(&path).unwrap();
+        assert_eq!(s.sandbox("a").unwrap().unwrap().ports, ports);
+    }
 }
