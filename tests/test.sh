@@ -11,4 +11,6 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo build --workspace --bins
 # The desktop image, once per run (the image tests find it; the ide profile runs from it too).
 ./target/debug/berth image build --profile desktop --json
+# The osworld bundle (OSWorld's apps and guest account), for its own tests.
+./target/debug/berth image build --profile desktop --bundle osworld --json
 cargo nextest run --workspace "$@"

@@ -40,6 +40,10 @@ const GUEST_FILES: &[(&str, &str, u32)] = &[
     ),
 ];
 
+/// How the builder lays an image out: part of every `image_ref`, raised when that changes (a
+/// label's encoding, say), so an image built the old way is never taken for a new one.
+const LAYOUT: u32 = 2;
+
 /// The Docker label naming the ports an image's apps serve (`{"vlc": 8080}`).
 pub const PORTS_LABEL: &str = "berth.ports";
 
@@ -100,6 +104,7 @@ struct Selection {
     sudo: bool,
     /// A digest of the guest files baked in (`GUEST_FILES`).
     guest_files: String,
+    layout: u32,
 }
 
 /// The default images dir: the repository's when this binary was built from one.
@@ -186,6 +191,7 @@ fn select(req: &BuildRequest, recipes: &Recipes) -> anyhow::Result<Selection> {
         user_password,
         sudo,
         guest_files,
+        layout: LAYOUT,
     })
 }
 
@@ -449,9 +455,13 @@ pub fn build(req: &BuildRequest) -> anyhow::Result<Built> {
             .args(["--change", &format!("LABEL berth.image_ref={image}")])
             .args([
                 "--change",
+                // Dockerfile syntax: a double-quoted value, its own quotes escaped.
                 &format!(
-                    "LABEL {PORTS_LABEL}={}",
-                    serde_json::to_string(&sel.ports).unwrap_or_default()
+                    "LABEL {PORTS_LABEL}=\"{}\"",
+                    serde_json::to_string(&sel.ports)
+                        .unwrap_or_default()
+                        .replace('\\', "\\\\")
+                        .replace('"', "\\\"")
                 ),
             ])
             .args(["-", &image])

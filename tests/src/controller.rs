@@ -15,8 +15,15 @@ pub const API_KEY: &str = "test-api-key-0123456789";
 /// `berth image build --profile desktop --json`: the build's answer (`image_ref`, `built`, …).
 /// `tests/test.sh` builds the image once, so here a build finds it in under a second.
 pub fn build_desktop_image() -> Result<serde_json::Value, String> {
+    build_image(&["--profile", "desktop"])
+}
+
+/// `berth image build <selection> --json`.
+pub fn build_image(selection: &[&str]) -> Result<serde_json::Value, String> {
     let out = Command::new(workspace_bin("berth"))
-        .args(["image", "build", "--profile", "desktop", "--json"])
+        .args(["image", "build"])
+        .args(selection)
+        .arg("--json")
         .env("BERTH_LOG", "warn")
         .output()
         .map_err(|e| e.to_string())?;

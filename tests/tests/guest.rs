@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use berth_protocol::controller::{CreateSandbox, Sandbox};
-use berth_tests::controller::{ControllerProcess, Provider};
+use berth_tests::controller::{ControllerProcess, Provider, build_image};
 use berth_tests::wait_for;
 use berth_tests::x::{decode_png, pixel};
 use serde_json::{Value, json};
@@ -20,10 +20,15 @@ fn http() -> reqwest::Client {
 }
 
 async fn desktop(c: &ControllerProcess) -> (Sandbox, String, String) {
+    desktop_of(c, None).await
+}
+
+async fn desktop_of(c: &ControllerProcess, image_ref: Option<String>) -> (Sandbox, String, String) {
     let sb = c
         .client()
         .create(&CreateSandbox {
             profile: "desktop".into(),
+            image_ref,
             ..Default::default()
         })
         .await
@@ -282,5 +287,75 @@ async fn the_image_answers_osworlds_guest_calls_as_its_ubuntu_guest_does() {
             .any(|e| e["kind"] == "component.gave_up" && e["component"] == "chromium"),
         "the supervisor did not fight the user's browser"
     );
+    c.client().delete(&sb.id).await.unwrap();
+}
+
+#[tokio::test]
+async fn the_osworld_bundle_has_osworlds_apps_account_and_sudo_and_its_agent_outlives_the_user() {
+    // `tests/test.sh` builds it; here the build finds it.
+    let built = build_image(&["--profile", "desktop", "--bundle", "osworld"]).unwrap();
+    let image = built["image_ref"].as_str().unwrap().to_string();
+    assert!(image.starts_with("berth-desktop-osworld:"), "{built}");
+    let c = ControllerProcess::start_on(Provider::Docker, "").await;
+    let (sb, compat, _) = desktop_of(&c, Some(image.clone())).await;
+    assert_eq!(sb.image_ref, image);
+    // VLC's HTTP interface is a declared port, published like compat and CDP.
+    let vlc = sb.endpoints.ports.get("vlc").expect("a vlc endpoint");
+    assert!(vlc.starts_with("http://127.0.0.1:"), "{vlc}");
+
+    // OSWorld's guest account: its password, and sudo with -S and without.
+    let (out, err, _) = sh(
+        &compat,
+        "echo password | sudo -S -k whoami 2>/dev/null; sudo -n whoami; \
+         for p in libreoffice vlc gimp thunderbird; do command -v $p; done | wc -l",
+    )
+    .await;
+    assert_eq!(out, "root\nroot\n4\n", "{err}");
+    // The password is OSWorld's (sudo asks none: its setups also run plain `sudo`).
+    let (out, err, _) = sh(
+        &compat,
+        "sudo python3 -W ignore -c \"import crypt, spwd; h = spwd.getspnam('user').sp_pwd; \
+         print(crypt.crypt('password', h) == h, crypt.crypt('wrong', h) == h)\"",
+    )
+    .await;
+    assert_eq!(out, "True False\n", "{err}");
+
+    // The user can now kill the agent; `berth-agent init` brings it back.
+    let container = format!("berth-{}", sb.id);
+    let agent_pid = || {
+        let out = std::process::Command::new("docker")
+            .args(["exec", &container, "pgrep", "-f", "berth-agent [-]-listen"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let before = agent_pid();
+    assert!(!before.is_empty());
+    let killed = std::process::Command::new("docker")
+        .args(["exec", "-u", "user", &container, "sh", "-c"])
+        .arg("echo password | sudo -S pkill -KILL -f 'berth-agent [-]-listen'")
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    wait_for(
+        "the agent back after the user killed it",
+        Duration::from_secs(60),
+        || {
+            let compat = compat.clone();
+            async move {
+                let r = http().get(format!("{compat}/platform")).send().await.ok()?;
+                let text = r.text().await.ok()?;
+                (text == "Linux").then_some(())
+            }
+        },
+    )
+    .await;
+    wait_for("the desktop ready again", Duration::from_secs(60), || {
+        let id = sb.id.clone();
+        async move { (native_get(&id, "/v1/ready")?["ready"] == true).then_some(()) }
+    })
+    .await;
+    let after = agent_pid();
+    assert!(!after.is_empty() && after != before, "{before} -> {after}");
     c.client().delete(&sb.id).await.unwrap();
 }

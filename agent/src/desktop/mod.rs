@@ -962,6 +962,10 @@ impl Desktop {
                 *self.devtools.lock().unwrap_or_else(|p| p.into_inner()) = None;
             }
             let (reason, exit, crashed) = match &ended {
+                // Not the agent's child: how it ended is not known.
+                Ended::Exited(_) if adopted.is_some() => {
+                    ("the adopted browser exited".to_string(), None, true)
+                }
                 Ended::Exited(e) => (describe(e), Some(*e), true),
                 Ended::XGone => ("the X server went away".to_string(), None, false),
                 Ended::Requested => ("restart requested".to_string(), None, false),
