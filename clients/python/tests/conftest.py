@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.machinery
-import importlib.util
 import os
 import sys
 import types
