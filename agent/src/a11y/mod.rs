@@ -151,6 +151,30 @@ impl A11y {
             Ok(b) => timed(b.build()).await,
             Err(e) => Err(e.to_string()),
         };
+        // Never through a name nobody owns: the bus would start a launcher of its own (its
+        // service file), which the desktop's launcher then finds in its way.
+        let session = match session {
+            Ok(session) => {
+                let owned: Result<bool, String> = match timed(session.call_method(
+                    Some("org.freedesktop.DBus"),
+                    "/org/freedesktop/DBus",
+                    Some("org.freedesktop.DBus"),
+                    "NameHasOwner",
+                    &("org.a11y.Bus",),
+                ))
+                .await
+                {
+                    Ok(reply) => reply.body().deserialize().map_err(|e| e.to_string()),
+                    Err(e) => Err(e),
+                };
+                match owned {
+                    Ok(true) => Ok(session),
+                    Ok(false) => Err("the AT-SPI bus launcher is not running".to_string()),
+                    Err(e) => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        };
         if let Ok(session) = &session {
             // Toolkits that ask (Qt, Gecko) expose their trees only when this says so.
             let _ = timed(session.call_method(

@@ -259,6 +259,9 @@ async fn window_manager(desktop: &Arc<Desktop>) -> probe::Probe {
 /// `/accessibility` and `/terminal` read).
 async fn accessibility_round_trip(desktop: &Desktop, a11y: &A11y) -> probe::Probe {
     browser_known(desktop)?;
+    if !desktop.statuses().get("a11y-bus").is_some_and(|s| s.ok) {
+        return Err("the AT-SPI bus launcher is not up".into());
+    }
     let apps = a11y.applications().await.map_err(|e| e.to_string())?;
     if apps.iter().any(|a| crate::a11y::is_browser(a)) {
         Ok(())
