@@ -223,6 +223,53 @@ async fn the_image_answers_osworlds_guest_calls_as_its_ubuntu_guest_does() {
     .await;
     assert_eq!(out, "1.25\n");
 
+    // A terminal's text through /terminal (the tree is read as root, the terminal is the user's).
+    // OSWorld's OS tasks open it with Ctrl+Alt+T and find it by "Terminal" in its title.
+    python(&compat, "pyautogui.hotkey('ctrl', 'alt', 't')").await;
+    wait_for("a terminal window", Duration::from_secs(30), || {
+        let compat = compat.clone();
+        async move {
+            let (out, _, _) = sh(&compat, "xdotool search --name Terminal getwindowname").await;
+            out.contains("Terminal").then_some(())
+        }
+    })
+    .await;
+    wait_for("the terminal focused", Duration::from_secs(30), || {
+        let compat = compat.clone();
+        async move {
+            let v: Value = http()
+                .get(format!("{compat}/terminal"))
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            v["output"].is_string().then_some(())
+        }
+    })
+    .await;
+    python(&compat, "pyautogui.typewrite('echo berth-$((6*7))\\n')").await;
+    wait_for(
+        "the command's output in /terminal",
+        Duration::from_secs(30),
+        || {
+            let compat = compat.clone();
+            async move {
+                let v: Value = http()
+                    .get(format!("{compat}/terminal"))
+                    .send()
+                    .await
+                    .ok()?
+                    .json()
+                    .await
+                    .ok()?;
+                v["output"].as_str()?.contains("berth-42").then_some(())
+            }
+        },
+    )
+    .await;
+
     // OSWorld's Chrome setup: pkill chrome (flushing the profile), google-chrome with its own
     // debugging port, socat onto 9222. The desktop adopts that browser, readiness comes back,
     // and the published CDP endpoint reaches it.
