@@ -88,6 +88,19 @@ fn native_get(sandbox_id: &str, path: &str) -> Option<Value> {
     serde_json::from_slice(&out.stdout).ok()
 }
 
+/// `GET /terminal`'s text (None while no terminal is focused).
+async fn terminal(compat: &str) -> Option<String> {
+    let v: Value = http()
+        .get(format!("{compat}/terminal"))
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    v["output"].as_str().map(str::to_string)
+}
+
 async fn accessibility(compat: &str) -> String {
     let v: Value = http()
         .get(format!("{compat}/accessibility"))
@@ -236,17 +249,7 @@ async fn the_image_answers_osworlds_guest_calls_as_its_ubuntu_guest_does() {
     .await;
     wait_for("the terminal focused", Duration::from_secs(30), || {
         let compat = compat.clone();
-        async move {
-            let v: Value = http()
-                .get(format!("{compat}/terminal"))
-                .send()
-                .await
-                .ok()?
-                .json()
-                .await
-                .ok()?;
-            v["output"].is_string().then_some(())
-        }
+        async move { terminal(&compat).await.map(|_| ()) }
     })
     .await;
     python(&compat, "pyautogui.typewrite('echo berth-$((6*7))\\n')").await;
@@ -255,17 +258,7 @@ async fn the_image_answers_osworlds_guest_calls_as_its_ubuntu_guest_does() {
         Duration::from_secs(30),
         || {
             let compat = compat.clone();
-            async move {
-                let v: Value = http()
-                    .get(format!("{compat}/terminal"))
-                    .send()
-                    .await
-                    .ok()?
-                    .json()
-                    .await
-                    .ok()?;
-                v["output"].as_str()?.contains("berth-42").then_some(())
-            }
+            async move { terminal(&compat).await?.contains("berth-42").then_some(()) }
         },
     )
     .await;
