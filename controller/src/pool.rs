@@ -3,6 +3,8 @@
 //! The store is the only count: a refill inserts the member's row before it starts anything,
 //! under a cap on concurrent starts, so a slow or failing start can never make the loop create
 //! more (the over-creation runaway). Repeated failures stop a pool's refill and are reported.
+//! A pool above its size (resized down, or after a restart) destroys its surplus idle members,
+//! decided from the stored members alone ([`surplus`]); claimed sandboxes are no longer members.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -14,10 +16,29 @@ use tokio::sync::{Notify, Semaphore};
 
 use crate::config::PoolConfig;
 use crate::sandbox::{Controller, Request};
+use crate::store::SandboxRow;
 
 /// The pool a profile + image belongs to.
 pub fn key(profile: &str, image_ref: &str) -> String {
     format!("{profile}@{image_ref}")
+}
+
+/// Which of a pool's stored, live members to destroy so that it holds no more than `size`.
+///
+/// Every member counts — ready or still starting — but only a ready one is destroyed: a start
+/// is never cut short halfway (its sandbox could outlive the destroy). Ready members beyond
+/// `size` go, the most recently ready first (claims take the oldest); a member still starting
+/// is decided on once it is ready (then surplus, it goes), or ends when its start fails. So
+/// ready ones are kept while starting ones could be the surplus.
+pub fn surplus(members: &[SandboxRow], size: usize) -> Vec<String> {
+    let mut ready: Vec<&SandboxRow> = members.iter().filter(|m| m.status == "running").collect();
+    ready.sort_by(|a, b| b.ready_at.cmp(&a.ready_at).then_with(|| b.id.cmp(&a.id)));
+    let extra = ready.len().saturating_sub(size);
+    ready
+        .into_iter()
+        .take(extra)
+        .map(|m| m.id.clone())
+        .collect()
 }
 
 pub struct PoolState {
@@ -87,9 +108,11 @@ impl Pools {
         }
     }
 
+    /// A member became ready: its start succeeded, and a shrunk pool may now destroy it.
     pub fn member_ready(&self, key: &str) {
         if let Some(p) = self.get(key) {
             p.failures.store(0, Ordering::SeqCst);
+            p.wake.notify_one();
         }
     }
 
@@ -177,6 +200,7 @@ impl Controller {
         };
         loop {
             let _ = tokio::time::timeout(Duration::from_secs(1), pool.wake.notified()).await;
+            self.shrink(&pool);
             loop {
                 if pool.paused.load(Ordering::SeqCst)
                     || pool
@@ -240,6 +264,31 @@ impl Controller {
         }
     }
 
+    /// Destroys the members beyond the pool's size ([`surplus`]), each first taken out of the
+    /// pool by a compare-and-swap so a claim racing it wins or loses whole.
+    fn shrink(self: &Arc<Self>, pool: &PoolState) {
+        let members = match self.store.pool_member_rows(&pool.key) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::error!(pool = %pool.key, error = %e, "cannot list the pool's members");
+                return;
+            }
+        };
+        for id in surplus(&members, pool.size.load(Ordering::SeqCst)) {
+            match self.store.retire_member(&pool.key, &id) {
+                Ok(true) => {
+                    tracing::info!(pool = %pool.key, sandbox = %id, "destroying a surplus pool member");
+                    let me = self.clone();
+                    tokio::spawn(async move { me.destroy(&id).await });
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(pool = %pool.key, sandbox = %id, error = %e, "cannot retire a pool member");
+                }
+            }
+        }
+    }
+
     fn refill_failed(&self, pool: &PoolState, reason: &str) {
         let n = pool.failures.fetch_add(1, Ordering::SeqCst) + 1;
         tracing::warn!(pool = %pool.key, failures = n, reason, "pool member failed to start");
@@ -248,5 +297,79 @@ impl Controller {
             tracing::error!(pool = %pool.key, "{msg}");
             *pool.failing.lock().unwrap_or_else(|e| e.into_inner()) = Some(msg);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(id: &str, status: &str, ready_at: Option<i64>) -> SandboxRow {
+        SandboxRow {
+            id: id.into(),
+            profile: "ide".into(),
+            image_ref: "process:x".into(),
+            provider: "process".into(),
+            status: status.into(),
+            labels: Default::default(),
+            pool: Some("ide@process:x".into()),
+            claim: None,
+            agent_url: None,
+            agent_token: "t".into(),
+            compat_url: None,
+            cdp_url: None,
+            ports: Default::default(),
+            created_at: 0,
+            ready_deadline: 0,
+            ready_at,
+            expires_at: None,
+            ended_at: None,
+            error: None,
+            agent_event_seq: 0,
+        }
+    }
+
+    #[test]
+    fn a_pool_at_or_under_its_size_destroys_nothing() {
+        let m = [
+            member("a", "running", Some(1)),
+            member("b", "starting", None),
+        ];
+        assert!(surplus(&m, 2).is_empty());
+        assert!(surplus(&m, 5).is_empty());
+        assert!(surplus(&[], 0).is_empty());
+    }
+
+    #[test]
+    fn shrunk_to_zero_every_ready_member_goes_and_starting_ones_wait_until_ready() {
+        let m = [
+            member("a", "running", Some(1)),
+            member("b", "pending", None),
+            member("c", "running", Some(2)),
+            member("d", "starting", None),
+        ];
+        assert_eq!(surplus(&m, 0), ["c", "a"]);
+        // Once ready, a surplus member goes too.
+        let m = [member("d", "running", Some(3))];
+        assert_eq!(surplus(&m, 0), ["d"]);
+    }
+
+    #[test]
+    fn the_newest_ready_go_first_and_ready_ones_are_kept_over_starting_ones() {
+        let m = [
+            member("a", "running", Some(10)),
+            member("b", "running", Some(30)),
+            member("c", "running", Some(20)),
+        ];
+        assert_eq!(surplus(&m, 1), ["b", "c"]);
+        // Two ready and one starting in a pool of 2: the ready stay; the starting one is
+        // decided on when it is ready.
+        let m = [
+            member("a", "running", Some(10)),
+            member("b", "running", Some(20)),
+            member("c", "starting", None),
+        ];
+        assert!(surplus(&m, 2).is_empty());
+        assert_eq!(surplus(&m, 1), ["b"]);
     }
 }

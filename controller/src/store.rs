@@ -428,6 +428,32 @@ impl Store {
         })
     }
 
+    /// The live members of `pool` (pending, starting or running): what a shrink decides on.
+    pub fn pool_member_rows(&self, pool: &str) -> Result<Vec<SandboxRow>> {
+        self.with(|c| {
+            let mut st = c.prepare(
+                "SELECT * FROM sandboxes WHERE pool = ?1
+                   AND status IN ('pending', 'starting', 'running') ORDER BY created_at",
+            )?;
+            let rows = st.query_map([pool], SandboxRow::from_row)?;
+            rows.collect()
+        })
+    }
+
+    /// Takes an idle member out of `pool` to be destroyed (`stopping`): the same
+    /// compare-and-swap as a claim, so a member goes to one caller or away, never both. True
+    /// when it was still an idle, running member.
+    pub fn retire_member(&self, pool: &str, id: &str) -> Result<bool> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE sandboxes SET status = 'stopping'
+                 WHERE id = ?2 AND pool = ?1 AND status = 'running'",
+                params![pool, id],
+            )
+            .map(|n| n == 1)
+        })
+    }
+
     /// Members of `pool` that are starting or ready (what a refill counts).
     pub fn pool_members(&self, pool: &str) -> Result<(usize, usize)> {
         self.with(|c| {
@@ -826,6 +852,34 @@ mod tests {
         assert_eq!(got.labels, labels);
         assert!(got.pool.is_none());
         assert!(s.claim_warm("ide", &labels, None).unwrap().is_none());
+        assert_eq!(s.pool_members("ide").unwrap(), (0, 1));
+    }
+
+    #[test]
+    fn a_retired_member_is_never_claimed_and_a_claimed_one_is_never_retired() {
+        let (_d, s) = store();
+        s.insert_sandbox(&row("a", Some("ide"), "running")).unwrap();
+        s.insert_sandbox(&row("b", Some("ide"), "running")).unwrap();
+        s.insert_sandbox(&row("c", Some("ide"), "starting"))
+            .unwrap();
+        s.insert_sandbox(&row("d", Some("other"), "running"))
+            .unwrap();
+        let ids = |v: Vec<SandboxRow>| v.into_iter().map(|r| r.id).collect::<Vec<_>>();
+        assert_eq!(ids(s.pool_member_rows("ide").unwrap()), ["a", "b", "c"]);
+        assert!(s.retire_member("ide", "a").unwrap());
+        assert!(!s.retire_member("ide", "a").unwrap(), "once");
+        assert!(!s.retire_member("ide", "c").unwrap(), "not while starting");
+        assert!(!s.retire_member("ide", "d").unwrap(), "not another pool's");
+        let got = s
+            .claim_warm("ide", &BTreeMap::new(), None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(got.id, "b", "a retired member is not claimed");
+        assert!(
+            !s.retire_member("ide", "b").unwrap(),
+            "a claimed member stays"
+        );
+        assert_eq!(ids(s.pool_member_rows("ide").unwrap()), ["c"]);
         assert_eq!(s.pool_members("ide").unwrap(), (0, 1));
     }
 
