@@ -683,6 +683,53 @@ async fn fifty_concurrent_claims_against_a_pool_of_ten_are_exactly_ten_warm(prov
     assert_eq!(warm_claim as usize, 10 + warm);
 }
 
+/// A pool shrinks: its idle members (ready or still starting) are destroyed down to the new
+/// size, a claimed one keeps running; grown again, it refills.
+async fn a_pool_resized_to_zero_destroys_its_idle_members_and_spares_the_claimed_one(
+    provider: Provider,
+) {
+    let c = ControllerProcess::start_on(provider, "[[pools]]\nprofile = \"ide\"\nsize = 3\n").await;
+    let cl = c.client();
+    wait_for("the pool to fill", Duration::from_secs(60), || async {
+        (pool(&c).await["ready"] == 3).then_some(())
+    })
+    .await;
+    let claimed = cl.create(&ide()).await.unwrap();
+    assert_eq!(claimed.claim.as_deref(), Some("warm"));
+    // Resized at once: the refill the claim set off may still be starting a member.
+    cl.adjust_pool("ide", None, Some(0)).await.unwrap();
+    wait_for(
+        "the pool to shrink to 0",
+        Duration::from_secs(30),
+        || async {
+            let p = pool(&c).await;
+            (p["size"] == 0 && p["ready"] == 0 && p["starting"] == 0 && c.live_sandboxes() == 1)
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(
+        c.sandbox_alive(&claimed.id),
+        "the claimed sandbox still runs"
+    );
+    assert_eq!(cl.get(&claimed.id).await.unwrap().status, "running");
+    let run = cl.exec(&claimed.id, &shell("exit 0")).await.unwrap();
+    assert_eq!((run.status.as_str(), run.exit_code), ("exited", Some(0)));
+    // Grown again, it refills to the new size and no further.
+    cl.adjust_pool("ide", None, Some(2)).await.unwrap();
+    wait_for(
+        "the pool to refill to 2",
+        Duration::from_secs(60),
+        || async {
+            let p = pool(&c).await;
+            (p["ready"] == 2 && p["starting"] == 0).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(c.live_sandboxes(), 3);
+    cl.delete(&claimed.id).await.unwrap();
+}
+
 async fn the_cli_creates_execs_lists_and_removes_sandboxes(provider: Provider) {
     let c = ControllerProcess::start_on(provider, "").await;
     let berth = |args: &[&str]| {
@@ -800,5 +847,6 @@ berth_tests::on_every_provider!(
     a_controller_killed_during_creates_adopts_or_reaps_them_and_leaks_nothing,
     a_sandbox_whose_agent_dies_is_marked_failed_not_running,
     fifty_concurrent_claims_against_a_pool_of_ten_are_exactly_ten_warm,
+    a_pool_resized_to_zero_destroys_its_idle_members_and_spares_the_claimed_one,
     the_cli_creates_execs_lists_and_removes_sandboxes,
 );
