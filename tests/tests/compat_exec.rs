@@ -579,3 +579,24 @@ async fn run_bash_script_merges_stderr_and_answers_200() {
     assert_eq!(status, 500);
     assert_eq!(v["output"], "Script execution timed out after 0.3 seconds");
 }
+
+#[tokio::test]
+async fn launch_with_a_nul_in_an_argument_is_400_and_the_agent_lives() {
+    let a = AgentProcess::start().await;
+    for body in [
+        json!({"command": ["echo", "a\u{0}b"]}),
+        json!({"command": "echo a\u{0}b"}),
+        json!({"command": "echo a\u{0}b", "shell": true}),
+    ] {
+        let (status, v) = post(&a, "/setup/launch", body.clone()).await;
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(
+            v,
+            json!({"message": "embedded null byte", "status": "error"}),
+            "{body}"
+        );
+        assert!(berth_tests::pid_alive(a.pid()), "agent died on {body}");
+    }
+    // Nothing was started.
+    assert!(a.client().commands().await.unwrap().commands.is_empty());
+}

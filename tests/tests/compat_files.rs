@@ -558,3 +558,97 @@ async fn download_file_with_a_nul_in_the_path_is_400_before_any_attempt() {
     assert_eq!(r.text().await.unwrap(), "path contains a NUL byte");
     assert_eq!(entries(&a.home), before);
 }
+
+#[tokio::test]
+async fn open_file_with_a_nul_in_the_path_is_400_and_the_agent_lives() {
+    let a = AgentProcess::start().await;
+    std::fs::write(a.home.join("a"), b"x").unwrap();
+    for path in ["~/a\0b", "true\0"] {
+        let r = reqwest::Client::new()
+            .post(a.url("/setup/open_file"))
+            .json(&json!({ "path": path }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{path:?}");
+        assert_eq!(
+            r.json::<Value>().await.unwrap(),
+            json!({"message": "path contains a NUL byte", "status": "error"})
+        );
+        assert!(berth_tests::pid_alive(a.pid()), "agent died on {path:?}");
+    }
+    assert!(a.client().commands().await.unwrap().commands.is_empty());
+}
+
+/// Posts `body` to `/setup/upload` over a raw connection declaring `content_length`; when
+/// `close_write`, the write side is then closed (a client that stopped short). The status
+/// and JSON body, or `None` if the connection closed without an answer.
+async fn raw_upload(
+    a: &AgentProcess,
+    content_length: usize,
+    body: &[u8],
+    close_write: bool,
+) -> Option<(u16, Value)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let head = format!(
+        "POST /setup/upload HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+         Content-Type: multipart/form-data; boundary=XyZ\r\nContent-Length: {content_length}\r\n\r\n"
+    );
+    let mut s = tokio::net::TcpStream::connect(berth_tests::host_port(&a.base))
+        .await
+        .unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(body).await.unwrap();
+    if close_write {
+        s.shutdown().await.unwrap();
+    }
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut out))
+        .await
+        .expect("an answer or a close")
+        .unwrap();
+    let text = String::from_utf8_lossy(&out);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    Some((status, serde_json::from_str(body).unwrap_or(Value::Null)))
+}
+
+#[tokio::test]
+async fn a_truncated_or_malformed_upload_is_400_and_stages_nothing() {
+    let a = AgentProcess::start().await;
+    let before = entries(&a.home);
+    let path_part =
+        "--XyZ\r\nContent-Disposition: form-data; name=\"file_path\"\r\n\r\n~/up.bin\r\n";
+    let data_part = "--XyZ\r\nContent-Disposition: form-data; name=\"file_data\"; \
+                     filename=\"f\"\r\nContent-Type: application/octet-stream\r\n\r\nsome bytes";
+    let whole = format!("{path_part}{data_part}\r\n--XyZ--\r\n");
+    // Multipart bodies cut short inside their declared length.
+    for (name, body) in [
+        ("ends in the data part", format!("{path_part}{data_part}")),
+        ("ends in the path part", path_part[..40].to_string()),
+        ("no closing boundary", format!("{path_part}{data_part}\r\n")),
+    ] {
+        let answer = raw_upload(&a, body.len(), body.as_bytes(), false).await;
+        let (status, v) = answer.unwrap_or_else(|| panic!("{name}: no answer"));
+        assert_eq!(status, 400, "{name}: {v}");
+        assert_eq!(v["status"], "error", "{name}: {v}");
+        assert!(v["message"].is_string(), "{name}: {v}");
+        assert!(berth_tests::pid_alive(a.pid()), "agent died on {name}");
+    }
+    // A client that stops before its declared length and closes its side: hyper may drop the
+    // connection unanswered (it does not keep half-closed connections), but an answer is a 400.
+    for cut in [whole.len() - 20, 40] {
+        if let Some((status, v)) = raw_upload(&a, whole.len(), &whole.as_bytes()[..cut], true).await
+        {
+            assert_eq!(status, 400, "cut at {cut}: {v}");
+            assert_eq!(v["status"], "error", "cut at {cut}: {v}");
+        }
+        assert!(berth_tests::pid_alive(a.pid()), "agent died, cut at {cut}");
+    }
+    assert_eq!(entries(&a.home), before);
+    assert_eq!(entries(&a.state_dir.join("uploads")), Vec::<String>::new());
+    // A whole upload still works afterwards.
+    let answer = raw_upload(&a, whole.len(), whole.as_bytes(), false).await;
+    assert_eq!(answer.map(|(s, _)| s), Some(200));
+    assert_eq!(std::fs::read(a.home.join("up.bin")).unwrap(), b"some bytes");
+}

@@ -158,6 +158,10 @@ pub async fn open_file(State(agent): State<Arc<Agent>>, CompatJson(data): Compat
     let Some(Value::String(raw)) = data.get("path").filter(|p| truthy(p)) else {
         return text(StatusCode::BAD_REQUEST, "Path not supplied!");
     };
+    // Checked before any lookup: a NUL makes neither a file nor a program name.
+    if raw.contains('\0') {
+        return error(StatusCode::BAD_REQUEST, "path contains a NUL byte");
+    }
     let expanded = python::expandvars(
         &python::expanduser(raw, &agent.home, &agent.account_name),
         &|k| agent.commands.config().env.get(k).map(str::to_string),

@@ -336,6 +336,11 @@ pub async fn launch(State(agent): State<Arc<Agent>>, CompatJson(data): CompatJso
     if cmd.program.is_empty() {
         return error(StatusCode::INTERNAL_SERVER_ERROR, "list index out of range");
     }
+    // Checked before the spawn, as `run` does; a 400 here (the reference's `Popen` answered a
+    // 500 for its ValueError).
+    if cmd.program.iter().any(|a| a.contains('\0')) {
+        return error(StatusCode::BAD_REQUEST, "embedded null byte");
+    }
     let p = match prepared(&agent, cmd.program, None) {
         Ok(p) => p,
         Err(r) => return r.into_response(),

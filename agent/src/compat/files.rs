@@ -7,15 +7,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
+use axum::extract::multipart::MultipartError;
 use axum::extract::{FromRequest, Multipart, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use berth_protocol::events::kinds;
-use futures_util::TryStreamExt;
 use serde_json::{Value, json};
 
 use super::python::{self, truthy};
-use super::{CompatJson, FormFields, flask, text};
+use super::{CompatJson, FormFields, error, flask, text};
 use crate::Agent;
 use crate::text::py_os_error;
 
@@ -186,17 +186,30 @@ pub async fn upload(State(agent): State<Arc<Agent>>, req: Request) -> Response {
             &json!({"error": format!("Failed to upload file: {msg}")}),
         )
     };
+    // A body that ends early or does not parse is the client's fault: a 400 (413 kept), as
+    // Werkzeug's form parser answers it, in the compat error shape.
+    let malformed = |staged: &Option<(PathBuf, u64)>, e: MultipartError| {
+        if let Some((tmp, _)) = staged {
+            let _ = std::fs::remove_file(tmp);
+        }
+        let status = match e.status() {
+            StatusCode::PAYLOAD_TOO_LARGE => StatusCode::PAYLOAD_TOO_LARGE,
+            _ => StatusCode::BAD_REQUEST,
+        };
+        error(status, e.body_text())
+    };
     let read: Result<(), Response> = async {
         loop {
             let field = match mp.next_field().await {
                 Ok(Some(f)) => f,
                 Ok(None) => return Ok(()),
-                Err(e) => return Err(fail(&staged, e.body_text())),
+                Err(e) => return Err(malformed(&staged, e)),
             };
             match field.name() {
                 Some("file_path") if target.is_none() => {
-                    let Ok(raw) = field.text().await else {
-                        return Err(fail(&staged, "cannot read file_path".into()));
+                    let raw = match field.text().await {
+                        Ok(raw) => raw,
+                        Err(e) => return Err(malformed(&staged, e)),
                     };
                     if raw.is_empty() {
                         continue;
@@ -224,12 +237,14 @@ pub async fn upload(State(agent): State<Arc<Agent>>, req: Request) -> Response {
                             crate::fs::temp_beside(&staging_dir.join("upload"))
                         }
                     };
-                    let stream = field.map_err(|e| std::io::Error::other(e.body_text()));
-                    match write_stream(&tmp, stream).await {
+                    match write_stream(&tmp, field).await {
                         Ok(n) => staged = Some((tmp, n)),
                         Err(e) => {
                             let _ = std::fs::remove_file(&tmp);
-                            return Err(fail(&None, e));
+                            return Err(match e {
+                                StreamError::Read(e) => malformed(&None, e),
+                                StreamError::Write(m) => fail(&None, m),
+                            });
                         }
                     }
                 }
@@ -304,9 +319,16 @@ async fn discard_rest(mp: &mut Multipart) {
     .await;
 }
 
-async fn write_stream<S>(path: &Path, mut stream: S) -> Result<u64, String>
+/// Why streaming to a file stopped: the source failed (`Read`), or the file (`Write`, as
+/// Python words it).
+enum StreamError<E> {
+    Read(E),
+    Write(String),
+}
+
+async fn write_stream<S, E>(path: &Path, mut stream: S) -> Result<u64, StreamError<E>>
 where
-    S: futures_util::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Unpin,
+    S: futures_util::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
 {
     use futures_util::StreamExt;
     use tokio::io::AsyncWriteExt;
@@ -319,14 +341,20 @@ where
         Some(errno) => format!("[Errno {errno}] {}", crate::text::errno_message(errno)),
         None => e.to_string(),
     };
-    let mut f = tokio::fs::File::create(path).await.map_err(opening)?;
+    let mut f = tokio::fs::File::create(path)
+        .await
+        .map_err(|e| StreamError::Write(opening(e)))?;
     let mut n = 0u64;
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| e.to_string())?;
-        f.write_all(&chunk).await.map_err(writing)?;
+        let chunk = chunk.map_err(StreamError::Read)?;
+        f.write_all(&chunk)
+            .await
+            .map_err(|e| StreamError::Write(writing(e)))?;
         n += chunk.len() as u64;
     }
-    f.flush().await.map_err(writing)?;
+    f.flush()
+        .await
+        .map_err(|e| StreamError::Write(writing(e)))?;
     Ok(n)
 }
 
@@ -470,12 +498,14 @@ async fn fetch(agent: &Agent, url: &str, target: &Path) -> Result<u64, String> {
         .create_parents(target)
         .map_err(|e| e.to_string())?;
     let tmp = crate::fs::temp_beside(target);
-    let stream = resp.bytes_stream().map_err(std::io::Error::other);
-    let n = match write_stream(&tmp, Box::pin(stream)).await {
+    let n = match write_stream(&tmp, Box::pin(resp.bytes_stream())).await {
         Ok(n) => n,
         Err(e) => {
             let _ = std::fs::remove_file(&tmp);
-            return Err(e);
+            return Err(match e {
+                StreamError::Read(e) => e.to_string(),
+                StreamError::Write(m) => m,
+            });
         }
     };
     if let Some(len) = expected
