@@ -793,3 +793,46 @@ async fn finished_commands_hold_no_descriptors() {
         "descriptors grew from {before} to {after} over 200 commands"
     );
 }
+
+#[tokio::test]
+async fn a_json_body_not_declared_json_is_415_and_the_agent_lives() {
+    let a = AgentProcess::start().await;
+    let http = reqwest::Client::new();
+    let body = r#"{"argv": ["true"]}"#;
+    for ct in [
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+        None,
+    ] {
+        let mut rb = http
+            .post(a.url("/v1/exec"))
+            .bearer_auth(berth_tests::TOKEN)
+            .body(body);
+        if let Some(ct) = ct {
+            rb = rb.header("content-type", ct);
+        }
+        let r = rb.send().await.unwrap();
+        assert_eq!(r.status(), 415, "{ct:?}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "unsupported_media_type", "{ct:?}: {v}");
+        assert!(v["error"]["message"].is_string(), "{ct:?}: {v}");
+        assert!(berth_tests::pid_alive(a.pid()), "agent died on {ct:?}");
+    }
+    assert!(a.client().commands().await.unwrap().commands.is_empty());
+    // JSON with parameters, or a `+json` type, is accepted.
+    for ct in [
+        "application/json; charset=utf-8",
+        "application/vnd.berth+json",
+    ] {
+        let r = http
+            .post(a.url("/v1/exec"))
+            .bearer_auth(berth_tests::TOKEN)
+            .header("content-type", ct)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{ct}");
+        assert_eq!(r.json::<Value>().await.unwrap()["exit_code"], 0, "{ct}");
+    }
+}

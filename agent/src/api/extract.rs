@@ -18,8 +18,9 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
-        // Any content type is accepted (curl's `-d` says form-urlencoded); the body must be JSON.
-        let bytes = read_body(req, JSON_LIMIT, false).await?;
+        // The body must be declared JSON (`application/json` or `application/*+json`); any other
+        // content type, or none, is a 415 and the body is not parsed.
+        let bytes = read_body(req, JSON_LIMIT, true).await?;
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Err(ApiError::bad_request(
                 "the request body is empty; expected a JSON object",
@@ -43,12 +44,14 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
 }
 
 /// Reads a whole body up to `limit` bytes (413 beyond), checking for a JSON content type when
-/// asked (absent is accepted; anything else is 415).
+/// asked (anything else, or none, is a 415; the body is drained so the client reads it).
 pub async fn read_body(req: Request, limit: usize, json: bool) -> Result<bytes::Bytes, ApiError> {
-    if json
-        && let Some(ct) = req.headers().get(header::CONTENT_TYPE)
-        && !is_json(ct.to_str().unwrap_or(""))
-    {
+    let json_declared = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|ct| is_json(ct.to_str().unwrap_or("")));
+    if json && !json_declared {
+        drain(req.into_body()).await;
         return Err(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "unsupported_media_type",
