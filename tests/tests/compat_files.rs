@@ -589,9 +589,20 @@ async fn raw_upload(
     body: &[u8],
     close_write: bool,
 ) -> Option<(u16, Value)> {
+    raw_multipart(a, "/setup/upload", content_length, body, close_write).await
+}
+
+/// As `raw_upload`, to any compat route taking a multipart form.
+async fn raw_multipart(
+    a: &AgentProcess,
+    route: &str,
+    content_length: usize,
+    body: &[u8],
+    close_write: bool,
+) -> Option<(u16, Value)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let head = format!(
-        "POST /setup/upload HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+        "POST {route} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
          Content-Type: multipart/form-data; boundary=XyZ\r\nContent-Length: {content_length}\r\n\r\n"
     );
     let mut s = tokio::net::TcpStream::connect(berth_tests::host_port(&a.base))
@@ -651,4 +662,51 @@ async fn a_truncated_or_malformed_upload_is_400_and_stages_nothing() {
     let answer = raw_upload(&a, whole.len(), whole.as_bytes(), false).await;
     assert_eq!(answer.map(|(s, _)| s), Some(200));
     assert_eq!(std::fs::read(a.home.join("up.bin")).unwrap(), b"some bytes");
+}
+
+#[tokio::test]
+async fn a_truncated_or_malformed_form_is_400_and_the_agent_lives() {
+    let a = AgentProcess::start().await;
+    std::fs::write(a.home.join("f.txt"), b"hello").unwrap();
+    let path_part = "--XyZ\r\nContent-Disposition: form-data; name=\"file_path\"\r\n\r\n~/f.txt";
+    let file_part = "--XyZ\r\nContent-Disposition: form-data; name=\"other\"; \
+                     filename=\"f\"\r\nContent-Type: application/octet-stream\r\n\r\nbytes";
+    // Multipart bodies cut short inside their declared length, and malformed ones.
+    for (name, body) in [
+        ("ends in the path value", path_part.to_string()),
+        ("ends in the part headers", path_part[..40].to_string()),
+        ("ends in a file part", format!("{file_part}\r\n")),
+        ("no closing boundary", format!("{path_part}\r\n--XyZ\r\n")),
+        (
+            "a part without headers' end",
+            "--XyZ\r\nContent-Disposition: form-data; name=\"file_path\"\r\n".to_string(),
+        ),
+    ] {
+        let answer = raw_multipart(&a, "/file", body.len(), body.as_bytes(), false).await;
+        let (status, v) = answer.unwrap_or_else(|| panic!("{name}: no answer"));
+        assert_eq!(status, 400, "{name}: {v}");
+        assert_eq!(v["status"], "error", "{name}: {v}");
+        assert!(v["message"].is_string(), "{name}: {v}");
+        assert!(berth_tests::pid_alive(a.pid()), "agent died on {name}");
+    }
+    // A client that stops before its declared length and closes its side (a 500 "failed to read
+    // stream" before): hyper may drop such a connection unanswered, but these were answered,
+    // and every answer must be a 400.
+    let whole = format!("{path_part}\r\n--XyZ--\r\n");
+    let mut answered = 0;
+    for cut in [whole.len() - 10, 60, 30] {
+        if let Some((status, v)) =
+            raw_multipart(&a, "/file", whole.len(), &whole.as_bytes()[..cut], true).await
+        {
+            assert_eq!(status, 400, "cut at {cut}: {v}");
+            assert_eq!(v["status"], "error", "cut at {cut}: {v}");
+            assert!(v["message"].is_string(), "cut at {cut}: {v}");
+            answered += 1;
+        }
+        assert!(berth_tests::pid_alive(a.pid()), "agent died, cut at {cut}");
+    }
+    assert!(answered > 0, "no cut-short form was answered");
+    // A whole form still works afterwards.
+    let answer = raw_multipart(&a, "/file", whole.len(), whole.as_bytes(), false).await;
+    assert_eq!(answer.map(|(s, _)| s), Some(200));
 }

@@ -15,7 +15,7 @@ use berth_protocol::events::kinds;
 use serde_json::{Value, json};
 
 use super::python::{self, truthy};
-use super::{CompatJson, FormFields, error, flask, text};
+use super::{CompatJson, FormFields, error, flask, multipart_status, text};
 use crate::Agent;
 use crate::text::py_os_error;
 
@@ -192,11 +192,7 @@ pub async fn upload(State(agent): State<Arc<Agent>>, req: Request) -> Response {
         if let Some((tmp, _)) = staged {
             let _ = std::fs::remove_file(tmp);
         }
-        let status = match e.status() {
-            StatusCode::PAYLOAD_TOO_LARGE => StatusCode::PAYLOAD_TOO_LARGE,
-            _ => StatusCode::BAD_REQUEST,
-        };
-        error(status, e.body_text())
+        error(multipart_status(&e), e.body_text())
     };
     let read: Result<(), Response> = async {
         loop {

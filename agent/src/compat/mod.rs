@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
+use axum::extract::multipart::MultipartError;
 use axum::extract::{DefaultBodyLimit, FromRequest, Multipart, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
@@ -184,7 +185,9 @@ impl<S: Send + Sync> FromRequest<S> for FormFields {
             let mut mp = Multipart::from_request(req, state)
                 .await
                 .map_err(|e| error(e.status(), e.body_text()))?;
-            let failed = |e: axum::extract::multipart::MultipartError| match e.status() {
+            // A body cut short or malformed is the client's fault: a 400 (413 kept), as for
+            // `/setup/upload`.
+            let failed = |e: MultipartError| match multipart_status(&e) {
                 StatusCode::PAYLOAD_TOO_LARGE => form_too_large(),
                 s => error(s, e.body_text()),
             };
@@ -200,6 +203,15 @@ impl<S: Send + Sync> FromRequest<S> for FormFields {
             drop(req.into_body());
         }
         Ok(FormFields(fields))
+    }
+}
+
+/// The status of a multipart read that failed: 413 for a body over its limit, else 400 (a body
+/// that ends early or does not parse, as Werkzeug's form parser answers it), never axum's 500.
+pub(crate) fn multipart_status(e: &MultipartError) -> StatusCode {
+    match e.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => StatusCode::PAYLOAD_TOO_LARGE,
+        _ => StatusCode::BAD_REQUEST,
     }
 }
 
