@@ -265,8 +265,20 @@ async fn the_image_answers_osworlds_guest_calls_as_its_ubuntu_guest_does() {
 
     // OSWorld's Chrome setup: pkill chrome (flushing the profile), google-chrome with its own
     // debugging port, socat onto 9222. The desktop adopts that browser, readiness comes back,
-    // and the published CDP endpoint reaches it.
+    // and the published CDP endpoint reaches it. The launch waits until the old browser has
+    // quit: one started while it is still shutting down hands its request to it and exits
+    // (the desktop then starts its own browser after the grace, still behind :9222).
+    let before = native_get(&sb.id, "/v1/ready").unwrap()["components"]["chromium"]["pid"].clone();
     launch(&compat, json!(["pkill", "chrome"])).await;
+    wait_for("the browser to quit", Duration::from_secs(20), || {
+        let id = sb.id.clone();
+        let before = before.clone();
+        async move {
+            let c = native_get(&id, "/v1/ready")?["components"]["chromium"].clone();
+            (c["pid"] != before || c["ok"] != true).then_some(())
+        }
+    })
+    .await;
     launch(
         &compat,
         json!(["google-chrome", "--remote-debugging-port=1337"]),
