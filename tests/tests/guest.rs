@@ -101,15 +101,12 @@ async fn terminal(compat: &str) -> Option<String> {
     v["output"].as_str().map(str::to_string)
 }
 
+async fn get_json(url: &str) -> Value {
+    http().get(url).send().await.unwrap().json().await.unwrap()
+}
+
 async fn accessibility(compat: &str) -> String {
-    let v: Value = http()
-        .get(format!("{compat}/accessibility"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = get_json(&format!("{compat}/accessibility")).await;
     v["AT"].as_str().unwrap_or_default().to_string()
 }
 
@@ -318,14 +315,7 @@ async fn the_image_answers_osworlds_guest_calls_as_its_ubuntu_guest_does() {
     )
     .await;
     assert_eq!(out, "1\n1\n", "the user's browser, on its own port");
-    let v: Value = http()
-        .get(format!("{cdp}/json/version"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = get_json(&format!("{cdp}/json/version")).await;
     assert!(v["webSocketDebuggerUrl"].is_string(), "{v}");
     let events = native_get(&sb.id, "/v1/events?from_seq=0&limit=10000").unwrap();
     let events = events["events"].as_array().unwrap();
