@@ -279,12 +279,13 @@ async fn current_wallpaper(agent: &Agent) -> Option<String> {
         ],
     )
     .await?;
-    Some(
-        v.trim()
-            .trim_matches('\'')
-            .trim_start_matches("file://")
-            .to_string(),
-    )
+    // An unset picture-uri reads `''`: no wallpaper is set.
+    let path = v
+        .trim()
+        .trim_matches('\'')
+        .trim_start_matches("file://")
+        .to_string();
+    (!path.is_empty()).then_some(path)
 }
 
 pub async fn wallpaper(State(agent): State<Arc<Agent>>) -> Response {
