@@ -323,6 +323,10 @@ pub async fn change_wallpaper(
     let Some(Value::String(raw)) = data.get("path").filter(|p| truthy(p)) else {
         return text(StatusCode::BAD_REQUEST, "Path not supplied!");
     };
+    // A NUL names no file (README deviation 10), as on `/setup/open_file`.
+    if raw.contains('\0') {
+        return error(StatusCode::BAD_REQUEST, "path contains a NUL byte");
+    }
     let path = python::expanduser(raw, &agent.home, &agent.account_name);
     let abs = std::path::absolute(&path).unwrap_or_else(|_| PathBuf::from(&path));
     if !abs.exists() {
