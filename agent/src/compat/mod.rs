@@ -267,19 +267,34 @@ pub async fn not_found() -> Response {
     )
 }
 
-/// Answers requests that axum rejected with an empty body (405 and friends) in the matching
-/// surface's error shape, keeping status and headers (`Allow`).
+/// Answers requests that axum rejected with an empty body (405 and friends) or with its own
+/// `text/plain` rejection text (a path segment that is not UTF-8, …) in the matching surface's
+/// error shape, keeping status, headers (`Allow`) and axum's message.
 pub async fn fill_empty_errors(req: Request, next: Next) -> Response {
     let native = req.uri().path().starts_with("/v1/") || req.uri().path() == "/v1";
     let resp = next.run(req).await;
     let status = resp.status();
+    let plain = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("text/plain"));
     if !(status.is_client_error() || status.is_server_error())
-        || resp.headers().contains_key(header::CONTENT_TYPE)
+        || (resp.headers().contains_key(header::CONTENT_TYPE) && !plain)
     {
         return resp;
     }
-    let (mut parts, _) = resp.into_parts();
+    let (mut parts, body) = resp.into_parts();
+    // No handler answers an error as text/plain: such a body is a rejection's short message.
+    let text = match plain {
+        true => axum::body::to_bytes(body, 64 << 10)
+            .await
+            .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+            .unwrap_or_default(),
+        false => String::new(),
+    };
     let message = match status {
+        _ if !text.is_empty() => text,
         StatusCode::METHOD_NOT_ALLOWED => {
             "The method is not allowed for the requested URL.".to_string()
         }
@@ -287,6 +302,7 @@ pub async fn fill_empty_errors(req: Request, next: Next) -> Response {
     };
     let body = if native {
         let code = match status {
+            StatusCode::BAD_REQUEST => "invalid_request",
             StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
             StatusCode::PAYLOAD_TOO_LARGE => "too_large",
             StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
