@@ -23,6 +23,25 @@ use crate::display::{DisplayError, Shot, ShotRequest};
 /// Settle defaults: quiet for 150 ms, give up after 2 s.
 pub const SETTLE: Duration = Duration::from_millis(150);
 pub const SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest settle a request may ask for (`settle_ms`, `timeout_ms`): a request waits at
+/// most this long for the screen, never a day.
+pub const SETTLE_MAX_MS: u64 = 60_000;
+
+/// `settle_ms` and `timeout_ms` as durations (the defaults where absent), each at most
+/// [`SETTLE_MAX_MS`].
+fn settle_args(quiet: Option<u64>, timeout: Option<u64>) -> Result<(Duration, Duration), ApiError> {
+    for (name, v) in [("settle_ms", quiet), ("timeout_ms", timeout)] {
+        if v.is_some_and(|ms| ms > SETTLE_MAX_MS) {
+            return Err(ApiError::bad_request(format!(
+                "invalid `{name}`: at most {SETTLE_MAX_MS} ms"
+            )));
+        }
+    }
+    Ok((
+        quiet.map(Duration::from_millis).unwrap_or(SETTLE),
+        timeout.map(Duration::from_millis).unwrap_or(SETTLE_TIMEOUT),
+    ))
+}
 
 impl From<DisplayError> for ApiError {
     fn from(e: DisplayError) -> Self {
@@ -139,18 +158,10 @@ pub async fn screenshot(
         region: q.region.as_deref().map(parse_region).transpose()?,
         cursor: q.cursor.unwrap_or(true),
     };
+    let (quiet, timeout) = settle_args(q.settle_ms, q.timeout_ms)?;
     let settled = match (q.settle_ms, q.timeout_ms) {
         (None, None) => None,
-        (quiet, timeout) => Some(
-            agent
-                .display
-                .settle(
-                    Instant::now(),
-                    quiet.map(Duration::from_millis).unwrap_or(SETTLE),
-                    timeout.map(Duration::from_millis).unwrap_or(SETTLE_TIMEOUT),
-                )
-                .await,
-        ),
+        _ => Some(agent.display.settle(Instant::now(), quiet, timeout).await),
     };
     let d = agent.display.clone();
     let shot = blocking(move || d.screenshot(&req)).await?;
@@ -162,6 +173,11 @@ pub async fn input(
     ApiJson(req): ApiJson<InputRequest>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
+    // Checked before any action runs.
+    let settle = match &req.screenshot_after {
+        Some(after) => Some(settle_args(after.settle_ms, after.timeout_ms)?),
+        None => None,
+    };
     let d = agent.display.clone();
     let actions = req.actions;
     let cursor = blocking(move || d.run_input(&actions)).await?;
@@ -171,19 +187,9 @@ pub async fn input(
         settled_ms: None,
         settle_timed_out: None,
     };
-    if let Some(after) = req.screenshot_after {
+    if let (Some(after), Some((quiet, timeout))) = (req.screenshot_after, settle) {
         let enc = encoding(after.format.as_deref(), after.quality, None)?;
-        let (waited, timed_out) = agent
-            .display
-            .settle(
-                started,
-                after.settle_ms.map(Duration::from_millis).unwrap_or(SETTLE),
-                after
-                    .timeout_ms
-                    .map(Duration::from_millis)
-                    .unwrap_or(SETTLE_TIMEOUT),
-            )
-            .await;
+        let (waited, timed_out) = agent.display.settle(started, quiet, timeout).await;
         let req = ShotRequest {
             encoding: enc,
             scale: after.scale,
