@@ -137,6 +137,21 @@ async fn vnc_file(
     headers: HeaderMap,
 ) -> Result<Response> {
     viewer_allowed(&s, &id, &headers)?;
+    // The path arrives decoded: a `..` segment would climb out of `/v1/vnc/` on the agent (with
+    // the agent's token), and a `?` or `#` would end the path. Dot segments are refused, as the
+    // agent refuses them; the rest is encoded again.
+    let segments: Vec<&str> = path.split('/').collect();
+    if segments
+        .iter()
+        .any(|p| *p == ".." || *p == "." || p.contains('\\'))
+    {
+        return Err(Error::BadRequest("no such path in noVNC".into()).into());
+    }
+    let path = segments
+        .iter()
+        .map(|p| encode_segment(p))
+        .collect::<Vec<_>>()
+        .join("/");
     forward(
         &s,
         &id,
@@ -147,6 +162,20 @@ async fn vnc_file(
         None,
     )
     .await
+}
+
+/// Percent-encodes a path segment's bytes but RFC 3986's unreserved characters.
+fn encode_segment(seg: &str) -> String {
+    let mut out = String::with_capacity(seg.len());
+    for b in seg.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                out.push(b as char)
+            }
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
 }
 
 async fn vnc_ws(
