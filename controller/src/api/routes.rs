@@ -114,7 +114,19 @@ async fn list(State(s): State<ApiState>, RawQuery(q): RawQuery) -> Result<Respon
                 })?;
                 labels.push((lk.to_string(), lv.to_string()));
             }
-            "status" => status = Some(v),
+            "status" => {
+                const STATUSES: [&str; 6] = [
+                    "pending", "starting", "running", "stopping", "stopped", "failed",
+                ];
+                if !STATUSES.contains(&v.as_str()) {
+                    return Err(Error::BadRequest(format!(
+                        "status {v:?}: use one of {}",
+                        STATUSES.join(", ")
+                    ))
+                    .into());
+                }
+                status = Some(v)
+            }
             other => {
                 return Err(Error::BadRequest(format!("unknown query parameter {other:?}")).into());
             }
