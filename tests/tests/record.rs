@@ -983,3 +983,120 @@ async fn browser_routes_take_a_one_time_viewer_url_and_its_cookie() {
         .unwrap();
     assert_eq!(r.status(), 400);
 }
+
+/// Milliseconds since the epoch of an API timestamp (`YYYY-MM-DDTHH:MM:SS.mmmZ`).
+fn epoch_ms(t: &str) -> i64 {
+    let n = |r: std::ops::Range<usize>| -> i64 { t[r].parse().unwrap_or_else(|_| panic!("{t}")) };
+    let (y, m, d) = (n(0..4), n(5..7), n(8..10));
+    // Days from the civil date (proleptic Gregorian).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((m + 9) % 12) + 2) / 5 + d - 1;
+    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
+    let ms = if t.len() > 20 { n(20..23) } else { 0 };
+    ((days * 24 + n(11..13)) * 60 + n(14..16)) * 60_000 + n(17..19) * 1000 + ms
+}
+
+#[tokio::test]
+async fn a_recording_killed_mid_way_is_rebuilt_from_its_file_by_the_next_agent() {
+    let x = XServer::start(320, 240);
+    let (c, w) = solid_window(&x, (0, 0, 320, 240), RED, EventMask::NO_EVENT);
+    let mut a = agent_on(&x).await;
+    let fps = 20;
+    let frame = 1.0 / fps as f64;
+    let mut rebuilt = Vec::new();
+    let mut seed = 0;
+    for round in 1..=3u64 {
+        let client = a.client();
+        let rec = client
+            .start_recording(&RecordingRequest {
+                fps: Some(fps),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        // A changing screen until the recording has encoded a few seconds' worth (more each
+        // round), so the kill lands mid-recording with several fragments and a picture or
+        // more waiting.
+        let want = 20 * round + 10;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let live = loop {
+            seed += 1;
+            paint_noise(&c, w, 320, 240, seed);
+            let info = client.recording(&rec.id).await.unwrap();
+            if info.frames_encoded >= want {
+                break info;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: {} frames encoded, not {want}, within 30 s",
+                info.frames_encoded
+            );
+            // The animation's pace: a new picture every 40 ms.
+            tokio::time::sleep(Duration::from_millis(40)).await;
+        };
+        a.kill9();
+
+        // The next agent on the same state dir rebuilds the record from what the file holds.
+        a.launch().await;
+        let info = a.client().recording(&rec.id).await.unwrap();
+        assert_eq!(info.state, RecordingState::Interrupted, "{info:?}");
+        assert_eq!(info.end_reason.as_deref(), Some("agent_died"));
+        let served = save_file(&a, &rec.id, &format!("killed-{round}.mp4")).await;
+        let on_disk = std::fs::metadata(&served).unwrap().len();
+        let p = probe(&served);
+        decode_rgb(&served, 320, 240);
+        println!(
+            "round {round}: live record {} frames {} ms; rebuilt {} frames {} ms {} bytes \
+             ({} keyframes); ffprobe {} frames {:.3} s, file {on_disk} bytes",
+            live.frames_encoded,
+            live.duration_ms,
+            info.frames_encoded,
+            info.duration_ms,
+            info.bytes,
+            info.keyframes,
+            p.frames.len(),
+            p.duration
+        );
+        assert!(
+            (p.frames.len() as i64 - info.frames_encoded as i64).abs() <= 1,
+            "round {round}: ffprobe {} frames, the record {info:?}",
+            p.frames.len()
+        );
+        assert!(
+            (p.duration - info.duration_ms as f64 / 1000.0).abs() <= frame,
+            "round {round}: ffprobe {} s, the record {info:?}",
+            p.duration
+        );
+        assert_eq!(info.bytes, on_disk, "{info:?}");
+        // At most the unflushed second or two was lost.
+        assert!(
+            info.frames_encoded + 2 * fps as u64 >= live.frames_encoded,
+            "{live:?} {info:?}"
+        );
+        assert!(info.keyframes >= 1 && info.keyframes <= info.frames_encoded);
+        let p_sync = p.frames.iter().filter(|f| f.1 == "I").count() as u64;
+        assert_eq!(info.keyframes, p_sync, "{p:?}");
+        // It ended when the file's last picture did.
+        let span =
+            epoch_ms(info.ended_at.as_deref().expect("ended_at")) - epoch_ms(&info.started_at);
+        assert!(
+            span >= info.duration_ms as i64 && span <= info.duration_ms as i64 + 1000,
+            "{span} ms from start to end, {} ms in the file",
+            info.duration_ms
+        );
+        assert!(info.encoded_fps > 0.0, "{info:?}");
+        rebuilt.push(info);
+    }
+
+    // The rebuilt records are kept as they are: another crash and start changes nothing.
+    a.kill9();
+    a.launch().await;
+    let list = a.client().recordings().await.unwrap().recordings;
+    for info in &rebuilt {
+        let again = list.iter().find(|r| r.id == info.id).expect("still listed");
+        assert_eq!(again, info);
+    }
+    println!("3 of 3 rebuilt records match ffprobe and survive another restart");
+}

@@ -7,10 +7,11 @@ use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use berth_protocol::events::kinds;
 use berth_protocol::{RecordingInfo, RecordingState};
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::watch;
 
@@ -64,6 +65,18 @@ struct Inner {
     ended_at: Option<String>,
     end_reason: Option<String>,
     error: Option<String>,
+    /// When the first picture was on screen: the file's time 0.
+    first_frame_at: Option<String>,
+}
+
+/// The record as kept beside the file: the API's record, and what the next agent needs to
+/// rebuild it from the file should this one die.
+#[derive(Serialize, Deserialize)]
+struct Stored {
+    #[serde(flatten)]
+    info: RecordingInfo,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    first_frame_at: Option<String>,
 }
 
 pub struct Recording {
@@ -128,10 +141,11 @@ impl Recording {
                 ended_at: None,
                 end_reason: None,
                 error: None,
+                first_frame_at: None,
             }),
             started: watch::channel(None).0,
         });
-        if let Err(e) = rec.save() {
+        if let Err(e) = rec.save_locked(&rec.lock(), true) {
             let _ = std::fs::remove_file(&rec.path);
             return Err(e);
         }
@@ -157,14 +171,7 @@ impl Recording {
             (RecordingState::Recording, Some(t0)) => t0.elapsed().as_millis() as u64,
             _ => inner.duration_ms,
         };
-        let secs = duration_ms as f64 / 1000.0;
-        let per_second = |n: u64| {
-            if secs > 0.0 {
-                (n as f64 / secs * 100.0).round() / 100.0
-            } else {
-                0.0
-            }
-        };
+        let per_second = |n: u64| per_second(n, duration_ms);
         let c = &inner.counts;
         RecordingInfo {
             id: self.id.clone(),
@@ -200,10 +207,22 @@ impl Recording {
         self.lock().state == RecordingState::Recording
     }
 
-    /// Writes the record beside the file (atomically).
-    fn save(&self) -> std::io::Result<()> {
-        let info = self.info();
-        save_record(&self.record_path, &info)
+    /// Writes the record beside the file (atomically); `durable` also waits for the disk.
+    fn save_locked(&self, inner: &Inner, durable: bool) -> std::io::Result<()> {
+        let stored = Stored {
+            info: self.info_locked(inner),
+            first_frame_at: inner.first_frame_at.clone(),
+        };
+        save_record(&self.record_path, &stored, durable)
+    }
+
+    /// While recording, the record follows the file (at its first picture and each
+    /// fragment): what the next agent starts from should this one die. Best effort: the
+    /// file is what counts.
+    fn save_live(&self, inner: &Inner) {
+        if let Err(e) = self.save_locked(inner, false) {
+            tracing::debug!(id = %self.id, error = %e, "cannot update the recording's record");
+        }
     }
 
     /// Ends the recording: the last picture lasts until now, the remaining pictures are
@@ -249,7 +268,7 @@ impl Recording {
         }
         inner.ended_at = Some(crate::time::now_rfc3339());
         let info = self.info_locked(inner);
-        if let Err(e) = save_record(&self.record_path, &info) {
+        if let Err(e) = self.save_locked(inner, true) {
             tracing::warn!(id = %self.id, error = %e, "cannot save the recording's record");
         }
         self.events.emit(
@@ -338,6 +357,9 @@ impl Sink for Recording {
                     inner.counts.keyframes += 1;
                 }
                 inner.t0 = Some(pic.at);
+                let wall = SystemTime::now() - pic.at.elapsed();
+                inner.first_frame_at = Some(crate::time::rfc3339(wall));
+                self.save_live(inner);
                 self.events.emit(
                     kinds::RECORDING_STARTED,
                     json!({
@@ -383,6 +405,9 @@ impl Sink for Recording {
             self.failed(inner, msg);
             return Verdict::Done;
         }
+        if due {
+            self.save_live(inner);
+        }
         Verdict::Keep
     }
 
@@ -409,16 +434,14 @@ impl Sink for Recording {
             .writer
             .as_mut()
             .expect("live recordings have a writer");
-        if !w.buffered.is_empty()
-            && w.last_flush.elapsed() >= FRAGMENT_EVERY
-            && let Err(e) = flush(w)
-        {
-            let msg = format!("writing {}: {e}", self.path.display());
-            self.failed(inner, msg);
-            return Verdict::Done;
-        }
-        if let Some(w) = inner.writer.as_ref() {
+        if !w.buffered.is_empty() && w.last_flush.elapsed() >= FRAGMENT_EVERY {
+            if let Err(e) = flush(w) {
+                let msg = format!("writing {}: {e}", self.path.display());
+                self.failed(inner, msg);
+                return Verdict::Done;
+            }
             inner.bytes = w.committed;
+            self.save_live(inner);
         }
         Verdict::Keep
     }
@@ -518,48 +541,223 @@ fn close(w: &mut Writer, end: u64) -> std::io::Result<()> {
     Ok(())
 }
 
-pub fn save_record(path: &Path, info: &RecordingInfo) -> std::io::Result<()> {
+/// Pictures per second over `duration_ms`, to two decimals.
+fn per_second(n: u64, duration_ms: u64) -> f64 {
+    if duration_ms > 0 {
+        (n as f64 * 1000.0 / duration_ms as f64 * 100.0).round() / 100.0
+    } else {
+        0.0
+    }
+}
+
+/// Writes a record atomically (a temporary file renamed over it); `durable` syncs the file and
+/// the directory, so the record survives the machine too.
+fn save_record(path: &Path, stored: &Stored, durable: bool) -> std::io::Result<()> {
     let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, serde_json::to_vec_pretty(info)?)?;
-    std::fs::rename(&tmp, path)
+    let mut f = File::create(&tmp)?;
+    f.write_all(&serde_json::to_vec_pretty(stored)?)?;
+    if durable {
+        f.sync_all()?;
+    }
+    drop(f);
+    std::fs::rename(&tmp, path)?;
+    if durable && let Some(dir) = path.parent() {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
-/// A recording left by an earlier agent: its record, with a recording that was still running
-/// marked interrupted and its file cut back to the last complete box.
+/// A recording left by an earlier agent: its record. One that was still running when its agent
+/// died is rebuilt from its file (cut back to its last complete fragment), marked
+/// interrupted and written back, so the next start reads it as it is.
 pub fn load_record(record: &Path) -> Option<RecordingInfo> {
-    let mut info: RecordingInfo = serde_json::from_slice(&std::fs::read(record).ok()?).ok()?;
-    if info.state == RecordingState::Recording {
-        let mp4 = record.with_extension("mp4");
-        let len = complete_prefix(&mp4).unwrap_or(0);
-        let _ = File::options()
-            .write(true)
-            .open(&mp4)
-            .and_then(|f| f.set_len(len));
-        info.state = RecordingState::Interrupted;
-        info.end_reason = Some("agent_died".into());
-        info.bytes = len;
-        info.ended_at = std::fs::metadata(&mp4)
-            .and_then(|m| m.modified())
-            .ok()
-            .map(crate::time::rfc3339);
-        let _ = save_record(record, &info);
+    let stored: Stored = serde_json::from_slice(&std::fs::read(record).ok()?).ok()?;
+    if stored.info.state != RecordingState::Recording {
+        return Some(stored.info);
     }
-    Some(info)
+    let mp4 = record.with_extension("mp4");
+    let contents = match settle_file(&mp4) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(file = %mp4.display(), error = %e, "cannot read an interrupted recording");
+            mp4::Contents::default()
+        }
+    };
+    let info = rebuilt(stored, &contents);
+    let stored = Stored {
+        info,
+        first_frame_at: None,
+    };
+    if let Err(e) = save_record(record, &stored, true) {
+        tracing::warn!(record = %record.display(), error = %e, "cannot save the rebuilt record");
+    }
+    Some(stored.info)
 }
 
-/// Length of the file's run of complete top-level boxes.
-fn complete_prefix(path: &Path) -> std::io::Result<u64> {
-    let file = File::open(path)?;
-    let len = file.metadata()?.len();
-    let mut at = 0u64;
-    let mut header = [0u8; 8];
-    while at + 8 <= len {
-        file.read_exact_at(&mut header, at)?;
-        let size = u32::from_be_bytes(header[..4].try_into().expect("4 bytes")) as u64;
-        if size < 8 || at + size > len {
-            break;
-        }
-        at += size;
+/// The record of a recording whose agent died, from what its file holds: pictures, keyframes,
+/// bytes and length are the file's; it ended when its last picture did. Ticks skipped and
+/// dropped are the last saved ones (saved with each fragment, so as of the file's end).
+fn rebuilt(stored: Stored, contents: &mp4::Contents) -> RecordingInfo {
+    let mut info = stored.info;
+    info.state = RecordingState::Interrupted;
+    info.end_reason = Some("agent_died".into());
+    info.bytes = contents.len;
+    info.frames_encoded = contents.samples;
+    info.keyframes = contents.sync_samples;
+    info.duration_ms = contents.duration * 1000 / TIMESCALE as u64;
+    info.encoded_fps = per_second(info.frames_encoded, info.duration_ms);
+    info.achieved_fps = per_second(info.frames_encoded + info.frames_skipped, info.duration_ms);
+    let t0 = stored
+        .first_frame_at
+        .as_deref()
+        .and_then(crate::time::parse_rfc3339)
+        .or_else(|| crate::time::parse_rfc3339(&info.started_at));
+    info.ended_at = t0.map(|t| crate::time::rfc3339(t + Duration::from_millis(info.duration_ms)));
+    info
+}
+
+/// Cuts an interrupted recording's file back to its init segment and complete fragments and
+/// writes its length into the header, as a finished recording's; what remains is returned.
+fn settle_file(path: &Path) -> std::io::Result<mp4::Contents> {
+    let file = match File::options().read(true).write(true).open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(mp4::Contents::default()),
+        Err(e) => return Err(e),
+    };
+    let contents = mp4::read_contents(&file)?;
+    if file.metadata()?.len() != contents.len {
+        file.set_len(contents.len)?;
     }
-    Ok(at)
+    if contents.fragments > 0
+        && let Some(at) = contents.mehd_duration_offset
+    {
+        file.write_all_at(&mp4::mehd_duration(contents.duration), at)?;
+    }
+    file.sync_all()?;
+    Ok(contents)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn live_record(id: &str) -> Stored {
+        Stored {
+            info: RecordingInfo {
+                id: id.into(),
+                state: RecordingState::Recording,
+                compat: false,
+                width: 64,
+                height: 48,
+                fps: 10,
+                bitrate_kbps: 1000,
+                keyframe_interval_ms: 10_000,
+                cursor: true,
+                frames_encoded: 1,
+                frames_skipped: 7,
+                frames_dropped: 0,
+                keyframes: 1,
+                bytes: 0,
+                duration_ms: 400,
+                achieved_fps: 0.0,
+                encoded_fps: 0.0,
+                started_at: "2026-01-02T03:04:05.000Z".into(),
+                ended_at: None,
+                end_reason: None,
+                error: None,
+            },
+            first_frame_at: Some("2026-01-02T03:04:05.250Z".into()),
+        }
+    }
+
+    #[test]
+    fn a_record_left_recording_is_rebuilt_from_its_file_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let track = mp4::TrackInfo {
+            width: 64,
+            height: 48,
+            sps: vec![0x67, 0x42, 0xc0, 0x0a],
+            pps: vec![0x68, 0xce],
+        };
+        let sample = |sync, duration| Sample {
+            data: vec![0, 0, 0, 2, 0x65, 0x88],
+            duration,
+            sync,
+        };
+        let init = mp4::init_segment(&track, true);
+        let mut bytes = init.bytes.clone();
+        bytes.extend(mp4::fragment(1, 0, &[sample(true, 45_000)]));
+        bytes.extend(mp4::fragment(
+            2,
+            45_000,
+            &[sample(false, 9_000), sample(false, 90_000)],
+        ));
+        let whole = bytes.len() as u64;
+        // A third fragment the kill tore.
+        let torn = mp4::fragment(3, 144_000, &[sample(true, 9_000)]);
+        bytes.extend(&torn[..torn.len() - 3]);
+        std::fs::write(dir.path().join("r1.mp4"), &bytes).unwrap();
+        let record = dir.path().join("r1.json");
+        save_record(&record, &live_record("r1"), false).unwrap();
+
+        let info = load_record(&record).unwrap();
+        assert_eq!(info.state, RecordingState::Interrupted);
+        assert_eq!(info.end_reason.as_deref(), Some("agent_died"));
+        assert_eq!(info.frames_encoded, 3);
+        assert_eq!(info.keyframes, 1);
+        assert_eq!(info.duration_ms, 1600);
+        assert_eq!(info.bytes, whole);
+        assert_eq!(info.frames_skipped, 7);
+        assert_eq!(info.encoded_fps, 1.88);
+        assert_eq!(info.achieved_fps, 6.25);
+        // The file's time 0 plus its length.
+        assert_eq!(info.ended_at.as_deref(), Some("2026-01-02T03:04:06.850Z"));
+        // The file: cut back to its complete fragments, its length in the header.
+        let left = std::fs::read(dir.path().join("r1.mp4")).unwrap();
+        let mut want = bytes[..whole as usize].to_vec();
+        let at = init.mehd_duration_offset.unwrap();
+        want[at..at + 8].copy_from_slice(&1600u64.to_be_bytes());
+        assert_eq!(left, want);
+        // Written back: the next start reads the same record and leaves the file alone.
+        let on_disk: RecordingInfo =
+            serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+        assert_eq!(on_disk, info);
+        assert_eq!(load_record(&record).unwrap(), info);
+        assert_eq!(std::fs::read(dir.path().join("r1.mp4")).unwrap(), left);
+    }
+
+    #[test]
+    fn a_recording_killed_before_its_file_had_anything_is_empty_and_interrupted() {
+        let dir = tempfile::tempdir().unwrap();
+        // The init segment only partly written.
+        let init = mp4::init_segment(
+            &mp4::TrackInfo {
+                width: 64,
+                height: 48,
+                sps: vec![0x67],
+                pps: vec![0x68],
+            },
+            true,
+        );
+        std::fs::write(dir.path().join("r2.mp4"), &init.bytes[..40]).unwrap();
+        let record = dir.path().join("r2.json");
+        let mut stored = live_record("r2");
+        stored.first_frame_at = None;
+        save_record(&record, &stored, false).unwrap();
+        let info = load_record(&record).unwrap();
+        assert_eq!(info.state, RecordingState::Interrupted);
+        assert_eq!(
+            (info.frames_encoded, info.bytes, info.duration_ms),
+            (0, 0, 0)
+        );
+        assert_eq!(info.ended_at.as_deref(), Some("2026-01-02T03:04:05.000Z"));
+        assert_eq!(
+            std::fs::metadata(dir.path().join("r2.mp4")).unwrap().len(),
+            0
+        );
+        // No file at all reads the same.
+        let record3 = dir.path().join("r3.json");
+        save_record(&record3, &live_record("r3"), false).unwrap();
+        assert_eq!(load_record(&record3).unwrap().frames_encoded, 0);
+    }
 }

@@ -304,6 +304,199 @@ pub fn fragment(sequence: u32, decode_time: u64, samples: &[Sample]) -> Vec<u8> 
     out
 }
 
+/// What a file made of [`init_segment`] and [`fragment`]s holds, read back from its boxes: the
+/// playable prefix and its figures. A torn or inconsistent tail (a fragment cut short by a
+/// kill, a `moof` without all of its `mdat`) is not part of it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Contents {
+    /// Bytes of the init segment and every complete fragment after it; 0 when not even the
+    /// init segment is whole (nothing plays).
+    pub len: u64,
+    pub fragments: u32,
+    pub samples: u64,
+    pub sync_samples: u64,
+    /// The samples' durations added up (90 kHz): the file's length in time.
+    pub duration: u64,
+    /// Where the `mehd` fragment duration sits, when the init segment has one.
+    pub mehd_duration_offset: Option<u64>,
+}
+
+/// The largest `moov` or `moof` read whole (both are small: a `moof` holds 12 bytes a sample).
+const MAX_META_BOX: u64 = 16 << 20;
+
+/// Sibling boxes in `buf`: (kind, body). Stops at the first box that does not fit.
+fn walk(buf: &[u8]) -> Vec<([u8; 4], &[u8])> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + 8 <= buf.len() {
+        let size = u32::from_be_bytes(buf[at..at + 4].try_into().expect("4 bytes")) as usize;
+        if size < 8 || size > buf.len() - at {
+            break;
+        }
+        let kind: [u8; 4] = buf[at + 4..at + 8].try_into().expect("4 bytes");
+        out.push((kind, &buf[at + 8..at + size]));
+        at += size;
+    }
+    out
+}
+
+fn child<'a>(boxes: &[([u8; 4], &'a [u8])], kind: &[u8; 4]) -> Option<&'a [u8]> {
+    boxes.iter().find(|b| &b.0 == kind).map(|b| b.1)
+}
+
+fn be32(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn be64(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_be_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// A box header at `at`: (size, kind), when a whole header is there.
+fn header_at(file: &std::fs::File, at: u64, len: u64) -> std::io::Result<Option<(u64, [u8; 4])>> {
+    use std::os::unix::fs::FileExt;
+    if at + 8 > len {
+        return Ok(None);
+    }
+    let mut h = [0u8; 8];
+    file.read_exact_at(&mut h, at)?;
+    let size = u32::from_be_bytes(h[..4].try_into().expect("4 bytes")) as u64;
+    Ok(Some((size, h[4..].try_into().expect("4 bytes"))))
+}
+
+/// A whole box at `at` of `kind`, at most `max` bytes: its body.
+fn read_box(
+    file: &std::fs::File,
+    at: u64,
+    len: u64,
+    kind: &[u8; 4],
+    max: u64,
+) -> std::io::Result<Option<(u64, Vec<u8>)>> {
+    use std::os::unix::fs::FileExt;
+    let Some((size, k)) = header_at(file, at, len)? else {
+        return Ok(None);
+    };
+    if &k != kind || size < 8 || size > max || at + size > len {
+        return Ok(None);
+    }
+    let mut body = vec![0u8; size as usize - 8];
+    file.read_exact_at(&mut body, at + 8)?;
+    Ok(Some((size, body)))
+}
+
+/// The init segment's `moov`: where its `mehd` duration sits (relative to the body), after
+/// checking it describes the one 90 kHz video track this module writes.
+fn read_moov(moov: &[u8]) -> Option<Option<usize>> {
+    let kids = walk(moov);
+    child(&kids, b"mvhd")?;
+    let trak = walk(child(&kids, b"trak")?);
+    let mdia = walk(child(&trak, b"mdia")?);
+    let mdhd = child(&mdia, b"mdhd")?;
+    // Version 0: version/flags, creation, modification, then the timescale.
+    if mdhd.first() != Some(&0) || be32(mdhd, 12)? != TIMESCALE {
+        return None;
+    }
+    let mut at = 0;
+    for (kind, body) in &kids {
+        if kind == b"mvex" {
+            let mvex_body = at + 8;
+            let mut inner = 0;
+            for (k, b) in walk(body) {
+                if &k == b"mehd" {
+                    return (b.len() >= 12 && b[0] == 1).then_some(Some(mvex_body + inner + 12));
+                }
+                inner += b.len() + 8;
+            }
+            return Some(None);
+        }
+        at += body.len() + 8;
+    }
+    None
+}
+
+/// One fragment's `moof` body, checked against what follows it: (sample count, sync samples,
+/// duration, payload bytes), or `None` when it is not one this module wrote as the
+/// `sequence`th fragment starting at `decode`.
+fn read_moof(
+    moof: &[u8],
+    moof_size: u64,
+    sequence: u32,
+    decode: u64,
+) -> Option<(u64, u64, u64, u64)> {
+    let kids = walk(moof);
+    if be32(child(&kids, b"mfhd")?, 4)? != sequence {
+        return None;
+    }
+    let traf = walk(child(&kids, b"traf")?);
+    let tfhd = child(&traf, b"tfhd")?;
+    if be32(tfhd, 4)? != 1 {
+        return None;
+    }
+    let tfdt = child(&traf, b"tfdt")?;
+    if tfdt.first() != Some(&1) || be64(tfdt, 4)? != decode {
+        return None;
+    }
+    let trun = child(&traf, b"trun")?;
+    if be32(trun, 0)? & 0x00ff_ffff != 0x000701 {
+        return None;
+    }
+    let count = be32(trun, 4)? as usize;
+    if count == 0 || be32(trun, 8)? as u64 != moof_size + 8 || trun.len() != 12 + count * 12 {
+        return None;
+    }
+    let (mut sync, mut duration, mut payload) = (0u64, 0u64, 0u64);
+    for i in 0..count {
+        let e = 12 + i * 12;
+        duration += be32(trun, e)? as u64;
+        payload += be32(trun, e + 4)? as u64;
+        if be32(trun, e + 8)? == sample_flags(true) {
+            sync += 1;
+        }
+    }
+    Some((count as u64, sync, duration, payload))
+}
+
+/// Reads back a file this module wrote (see [`Contents`]).
+pub fn read_contents(file: &std::fs::File) -> std::io::Result<Contents> {
+    let len = file.metadata()?.len();
+    let mut out = Contents::default();
+    let Some((ftyp_size, _)) = read_box(file, 0, len, b"ftyp", 4096)? else {
+        return Ok(out);
+    };
+    let Some((moov_size, moov)) = read_box(file, ftyp_size, len, b"moov", MAX_META_BOX)? else {
+        return Ok(out);
+    };
+    let Some(mehd) = read_moov(&moov) else {
+        return Ok(out);
+    };
+    out.len = ftyp_size + moov_size;
+    out.mehd_duration_offset = mehd.map(|at| ftyp_size + 8 + at as u64);
+    let mut sequence = 1u32;
+    loop {
+        let at = out.len;
+        let Some((moof_size, moof)) = read_box(file, at, len, b"moof", MAX_META_BOX)? else {
+            break;
+        };
+        let Some((samples, sync, duration, payload)) =
+            read_moof(&moof, moof_size, sequence, out.duration)
+        else {
+            break;
+        };
+        match header_at(file, at + moof_size, len)? {
+            Some((size, kind))
+                if &kind == b"mdat" && size == payload + 8 && at + moof_size + size <= len => {}
+            _ => break,
+        }
+        out.len = at + moof_size + payload + 8;
+        out.fragments += 1;
+        out.samples += samples;
+        out.sync_samples += sync;
+        out.duration += duration;
+        sequence = sequence.wrapping_add(1);
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -384,5 +577,121 @@ mod tests {
             u64::from_be_bytes(frag[tfdt_at + 4..tfdt_at + 12].try_into().unwrap()),
             123_456
         );
+    }
+
+    /// A file as the writer lays it out: the init segment, then fragments of varying sample
+    /// counts, sizes, durations and sync flags. Returns it with the end offset and expected
+    /// contents after each fragment.
+    fn written() -> (Vec<u8>, Vec<Contents>) {
+        let init = init_segment(&info(), true);
+        let mut file = init.bytes.clone();
+        let mut expect = Contents {
+            len: file.len() as u64,
+            mehd_duration_offset: init.mehd_duration_offset.map(|o| o as u64),
+            ..Contents::default()
+        };
+        let mut after = vec![expect.clone()];
+        for (seq, n) in [1usize, 3, 1, 5, 2].into_iter().enumerate() {
+            let samples: Vec<Sample> = (0..n)
+                .map(|k| Sample {
+                    data: [0, 0, 0, 3, 0x41, seq as u8, k as u8].repeat(k + 1),
+                    duration: 3000 + 1000 * (seq * 7 + k) as u32,
+                    sync: k == 0 && seq % 2 == 0,
+                })
+                .collect();
+            file.extend_from_slice(&fragment(seq as u32 + 1, expect.duration, &samples));
+            expect.len = file.len() as u64;
+            expect.fragments += 1;
+            expect.samples += n as u64;
+            expect.sync_samples += samples.iter().filter(|s| s.sync).count() as u64;
+            expect.duration += samples.iter().map(|s| s.duration as u64).sum::<u64>();
+            after.push(expect.clone());
+        }
+        (file, after)
+    }
+
+    fn read(bytes: &[u8]) -> Contents {
+        let mut f = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut f, bytes).unwrap();
+        read_contents(&f).unwrap()
+    }
+
+    #[test]
+    fn the_reader_finds_every_fragment_the_writer_wrote() {
+        let (file, after) = written();
+        let got = read(&file);
+        assert_eq!(&got, after.last().unwrap());
+        assert_eq!(got.len, file.len() as u64);
+        assert_eq!(got.fragments, 5);
+        assert_eq!(got.samples, 12);
+        assert_eq!(got.sync_samples, 3);
+        let off = got.mehd_duration_offset.unwrap() as usize;
+        assert_eq!(&file[off - 8..off - 4], b"mehd");
+    }
+
+    #[test]
+    fn a_file_cut_anywhere_reads_as_its_complete_fragments() {
+        let (file, after) = written();
+        for cut in 0..=file.len() {
+            // The last state whose end the cut does not fall before.
+            let want = after
+                .iter()
+                .rev()
+                .find(|c| c.len as usize <= cut)
+                .cloned()
+                .unwrap_or_default();
+            assert_eq!(read(&file[..cut]), want, "cut at {cut} of {}", file.len());
+        }
+    }
+
+    #[test]
+    fn a_tail_that_is_not_the_next_fragment_is_left_out() {
+        let (file, after) = written();
+        let third = after[3].clone();
+        let end = third.len as usize;
+        // The next fragment's moof whole, its mdat cut short.
+        let next_end = after[4].len as usize;
+        assert_eq!(read(&file[..next_end - 1]), third);
+        // A fragment out of sequence, or one whose decode time does not follow on.
+        let mut bad = file[..end].to_vec();
+        bad.extend_from_slice(&fragment(
+            9,
+            third.duration,
+            &[Sample {
+                data: vec![1; 5],
+                duration: 1,
+                sync: true,
+            }],
+        ));
+        assert_eq!(read(&bad), third);
+        let mut bad = file[..end].to_vec();
+        bad.extend_from_slice(&fragment(
+            4,
+            third.duration + 1,
+            &[Sample {
+                data: vec![1; 5],
+                duration: 1,
+                sync: true,
+            }],
+        ));
+        assert_eq!(read(&bad), third);
+        // Zeros where the next fragment should be (blocks allocated, never written).
+        let mut bad = file[..end].to_vec();
+        bad.extend_from_slice(&[0; 4096]);
+        assert_eq!(read(&bad), third);
+        // A mdat that claims more than its moof's samples (the fourth fragment: five samples
+        // of 7, 14, 21, 28 and 35 bytes).
+        let mut bad = file[..next_end].to_vec();
+        let mdat_at = next_end - 8 - 105;
+        assert_eq!(
+            &bad[mdat_at + 4..mdat_at + 8],
+            b"mdat",
+            "layout as expected"
+        );
+        bad[mdat_at + 3] += 1;
+        bad.push(0);
+        assert_eq!(read(&bad), third);
+        // Not this module's file at all.
+        assert_eq!(read(b"not an mp4 file at all"), Contents::default());
     }
 }
