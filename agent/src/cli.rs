@@ -111,6 +111,16 @@ pub struct AgentArgs {
     /// Output kept per command; past it the oldest bytes are dropped (and replays say so).
     #[arg(long, env = "BERTH_AGENT_OUTPUT_CAP", default_value_t = 1 << 30)]
     pub output_cap: u64,
+    /// How long the HTTP listener waits for a request head, on a new connection or an idle
+    /// keep-alive one, before closing it.
+    #[arg(long, env = "BERTH_AGENT_HEADER_TIMEOUT", default_value = "10s", value_parser = positive_duration)]
+    pub header_timeout: Duration,
+    /// A request body that sends nothing this long fails (the request is answered 4xx).
+    #[arg(long, env = "BERTH_AGENT_BODY_IDLE_TIMEOUT", default_value = "30s", value_parser = positive_duration)]
+    pub body_idle_timeout: Duration,
+    /// HTTP connections open at once; past it, new ones wait to be accepted.
+    #[arg(long, env = "BERTH_AGENT_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
     /// Log filter (tracing syntax: `info`, `berth_agent=debug`).
     #[arg(long, env = "BERTH_AGENT_LOG", default_value = "info")]
     pub log: String,
@@ -135,6 +145,14 @@ fn parse_screen(s: &str) -> Result<(u16, u16), String> {
             .ok_or_else(|| format!("{s:?}: each side must be 64 to 8192 pixels"))
     };
     Ok((side(w)?, side(h)?))
+}
+
+fn positive_duration(s: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(s) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err(format!("{s:?}: must be longer than zero")),
+        Err(e) => Err(format!("{s:?}: {e}")),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -192,12 +192,14 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
 
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
-    let server = axum::serve(listener, app);
+    let limits = berth_protocol::serve::Limits {
+        header_timeout: args.header_timeout,
+        body_idle_timeout: args.body_idle_timeout,
+        max_connections: args.max_connections as usize,
+    };
+    let server = berth_protocol::serve::serve(listener, app, limits);
     let kind = tokio::select! {
-        r = server => {
-            r.context("serving")?;
-            ShutdownKind::Full
-        }
+        () = server => ShutdownKind::Full,
         _ = sigterm.recv() => ShutdownKind::Restart,
         _ = sigint.recv() => ShutdownKind::Full,
         _ = shutdown_rx.wait_for(Option::is_some) => ShutdownKind::Full,

@@ -40,6 +40,13 @@ pub struct Config {
     pub providers: std::collections::BTreeMap<String, String>,
     /// The image Docker sandboxes run when a create names none (`berth image build`).
     pub docker_image: Option<String>,
+    /// The API listener closes a connection that takes this long to send a request head, or
+    /// sits this long idle between requests.
+    pub http_header_timeout_secs: f64,
+    /// A request body that sends nothing this long fails (the request is answered 4xx).
+    pub http_body_idle_timeout_secs: f64,
+    /// API connections open at once; past it, new ones wait to be accepted.
+    pub http_max_connections: usize,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -70,6 +77,9 @@ impl Default for Config {
             pools: Vec::new(),
             providers: Default::default(),
             docker_image: None,
+            http_header_timeout_secs: 10.0,
+            http_body_idle_timeout_secs: 30.0,
+            http_max_connections: 4096,
         }
     }
 }
@@ -94,6 +104,22 @@ impl Config {
             self.refill_concurrency > 0,
             "refill_concurrency must be positive"
         );
+        for (name, secs) in [
+            ("http_header_timeout_secs", self.http_header_timeout_secs),
+            (
+                "http_body_idle_timeout_secs",
+                self.http_body_idle_timeout_secs,
+            ),
+        ] {
+            anyhow::ensure!(
+                secs.is_finite() && secs > 0.0 && secs <= 86_400.0,
+                "{name} must be positive and at most a day"
+            );
+        }
+        anyhow::ensure!(
+            self.http_max_connections > 0,
+            "http_max_connections must be positive"
+        );
         Ok(())
     }
 
@@ -103,6 +129,15 @@ impl Config {
 
     pub fn reconcile_interval(&self) -> Duration {
         Duration::from_secs_f64(self.reconcile_interval_secs)
+    }
+
+    /// The bounds of the API listener.
+    pub fn http_limits(&self) -> berth_protocol::serve::Limits {
+        berth_protocol::serve::Limits {
+            header_timeout: Duration::from_secs_f64(self.http_header_timeout_secs),
+            body_idle_timeout: Duration::from_secs_f64(self.http_body_idle_timeout_secs),
+            max_connections: self.http_max_connections,
+        }
     }
 }
 
@@ -119,5 +154,10 @@ mod tests {
         assert_eq!(c.pools[0].size, 4);
         assert_eq!(c.default_ttl_secs, 3600);
         assert!(toml::from_str::<Config>("pool_size = 3").is_err());
+        let c: Config = toml::from_str("http_header_timeout_secs = 1.5").unwrap();
+        assert_eq!(c.http_limits().header_timeout, Duration::from_millis(1500));
+        assert!(c.validate().is_ok());
+        let c: Config = toml::from_str("http_body_idle_timeout_secs = 0.0").unwrap();
+        assert!(c.validate().is_err());
     }
 }

@@ -158,11 +158,11 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
         c: controller.clone(),
         key_hashes: Arc::new(hashes),
     });
-    let server = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "the API listener failed");
-        }
-    });
+    let server = tokio::spawn(berth_protocol::serve::serve(
+        listener,
+        app,
+        opts.config.http_limits(),
+    ));
     tracing::info!(listen = %addr, controller_id = %controller.controller_id, "berth controller serving");
     Ok(Running {
         addr,

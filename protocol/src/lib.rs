@@ -14,6 +14,8 @@ pub mod exec;
 pub mod fs;
 pub mod pty;
 pub mod record;
+#[cfg(feature = "server")]
+pub mod serve;
 
 pub use client::{AgentClient, ClientError};
 pub use desktop::*;

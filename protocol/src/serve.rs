@@ -1,0 +1,165 @@
+//! The HTTP/1.1 server loop both listeners run (the agent's and the controller's), with the
+//! bounds `axum::serve` does not set:
+//!
+//! - **head timeout**: a connection waiting for a request head — a new one, or an idle
+//!   keep-alive one between requests — is closed once it has waited this long (hyper's
+//!   `header_read_timeout`, which starts whenever the connection reads a head). A response
+//!   still being written (a long-poll, SSE, a download) and an upgraded connection (WebSocket)
+//!   are not reading a head, so they are not cut.
+//! - **body idle timeout**: a request body that delivers nothing for this long fails, so a
+//!   handler reading it gets an error (and answers 4xx) instead of waiting forever.
+//! - **connection limit**: past this many open connections, accepting waits until one closes.
+//!
+//! Upgrades (WebSocket) work as under `axum::serve`. Dropping the future stops accepting;
+//! connections already accepted run on until they end.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::time::{Instant, Sleep};
+use tower::ServiceExt;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The bounds one listener enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// How long a connection may take to send a request head, and may sit idle between
+    /// requests.
+    pub header_timeout: Duration,
+    /// How long a request body may send nothing before it fails.
+    pub body_idle_timeout: Duration,
+    /// Connections open at once; past it, accepting waits.
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            header_timeout: Duration::from_secs(10),
+            body_idle_timeout: Duration::from_secs(30),
+            max_connections: 4096,
+        }
+    }
+}
+
+/// Serves `app` on `listener` until the future is dropped.
+pub async fn serve(listener: TcpListener, app: Router, limits: Limits) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    let body_idle = limits.body_idle_timeout;
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            unreachable!("the connection semaphore is never closed")
+        };
+        let (stream, peer) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                accept_failed(e).await;
+                continue;
+            }
+        };
+        let app = app.clone();
+        let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+            let req = req.map(|b| Body::new(IdleBody::new(b, body_idle)));
+            app.clone().oneshot(req)
+        });
+        let conn = http
+            .serve_connection(TokioIo::new(stream), service)
+            .with_upgrades();
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+            drop(slot);
+        });
+    }
+}
+
+/// After a failed accept: a connection that went away before it was accepted is nothing; any
+/// other failure (out of file descriptors) is logged and accepting pauses for a second, so
+/// the loop does not spin while nothing can be accepted.
+async fn accept_failed(e: std::io::Error) {
+    use std::io::ErrorKind::*;
+    if matches!(
+        e.kind(),
+        ConnectionAborted | ConnectionRefused | ConnectionReset
+    ) {
+        return;
+    }
+    tracing::error!(error = %e, "accepting a connection failed");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+}
+
+/// A request body that fails once it has delivered nothing for `idle` while being read.
+struct IdleBody {
+    inner: Incoming,
+    idle: Duration,
+    /// Running since the reader first found nothing to read after the last frame.
+    timer: Option<Pin<Box<Sleep>>>,
+    armed: bool,
+}
+
+impl IdleBody {
+    fn new(inner: Incoming, idle: Duration) -> Self {
+        IdleBody {
+            inner,
+            idle,
+            timer: None,
+            armed: false,
+        }
+    }
+}
+
+impl http_body::Body for IdleBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            this.armed = false;
+            return Poll::Ready(frame.map(|f| f.map_err(BoxError::from)));
+        }
+        if !this.armed {
+            let deadline = Instant::now() + this.idle;
+            match &mut this.timer {
+                Some(t) => t.as_mut().reset(deadline),
+                None => this.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            }
+            this.armed = true;
+        }
+        let Some(timer) = this.timer.as_mut() else {
+            return Poll::Pending;
+        };
+        ready!(timer.as_mut().poll(cx));
+        Poll::Ready(Some(Err(Box::new(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("the request body sent nothing for {:?}", this.idle),
+        )))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
