@@ -69,6 +69,16 @@ if ! command -v cargo-nextest >/dev/null 2>&1; then
   cargo install --locked cargo-nextest
 fi
 
+# cargo-fuzz for tests/fuzz.sh; its targets build on the nightly toolchain.
+if ! rustup run nightly rustc --version >/dev/null 2>&1; then
+  echo "setup: installing the nightly toolchain" >&2
+  rustup toolchain install nightly --profile minimal
+fi
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  echo "setup: installing cargo-fuzz" >&2
+  cargo install --locked cargo-fuzz
+fi
+
 # OSWorld's harness for clients/python's tests (tests/tests/osworld.rs): desktop-env from PyPI
 # without its dependencies (they run to torch and more), then only what its controllers, setup
 # controller and getters import, the metric module the tests use (vscode: PyPDF2), and pytest.

@@ -13,4 +13,6 @@ cargo build --workspace --bins
 ./target/debug/berth image build --profile desktop --json
 # The osworld bundle (OSWorld's apps and guest account), for its own tests.
 ./target/debug/berth image build --profile desktop --bundle osworld --json
+# The fuzz targets, briefly, from their committed corpora (fails on a crash).
+tests/fuzz.sh
 cargo nextest run --workspace "$@"

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Runs every cargo-fuzz target in fuzz/ for a bounded time (FUZZ_SECONDS each, default 20),
+# from its committed corpus. Fails on a crash, a failed assertion, a leak or an input over the
+# memory limit; the input that did it is left in fuzz/artifacts/<target>/. Inputs found on the
+# way go to fuzz/target/corpus/<target>/ (not committed), so the committed corpus stays as is.
+# Arguments name targets to run (default: all of them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds="${FUZZ_SECONDS:-20}"
+# The parsers under test are safe Rust, so no AddressSanitizer; 16 codegen units build the agent in
+# parallel (cargo-fuzz's default of one takes minutes longer cold). FUZZ_BUILD_FLAGS overrides.
+read -r -a flags <<<"${FUZZ_BUILD_FLAGS:---sanitizer none --codegen-units 16}"
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+  mapfile -t targets < <(cargo +nightly fuzz list)
+fi
+
+cargo fmt --manifest-path fuzz/Cargo.toml -- --check
+cargo +nightly fuzz build "${flags[@]}"
+for t in "${targets[@]}"; do
+  found="fuzz/target/corpus/$t"
+  mkdir -p "$found"
+  echo "fuzz: $t for ${seconds}s" >&2
+  cargo +nightly fuzz run "${flags[@]}" "$t" "$found" "fuzz/corpus/$t" -- \
+    -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1
+done
