@@ -15,6 +15,25 @@ use super::{
     STDIN_WRITE_TIMEOUT, new_id, shim, validate_id,
 };
 
+/// Ends an id's creation (even one whose task panicked): the id leaves `creating` only after
+/// its command, if it started, is in the table.
+struct CreationDone {
+    table: Arc<CommandTable>,
+    id: String,
+    tx: tokio::sync::watch::Sender<bool>,
+}
+
+impl Drop for CreationDone {
+    fn drop(&mut self) {
+        self.table
+            .creating
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
+        let _ = self.tx.send(true);
+    }
+}
+
 impl CommandTable {
     /// Starts a command under its own shim and answers once it is running (or failed to).
     pub async fn start_background(
@@ -29,25 +48,48 @@ impl CommandTable {
             }
             None => new_id(),
         };
-        if let Some(existing) = self.get(&id) {
-            return Ok((existing, false));
+        loop {
+            if let Some(existing) = self.get(&id) {
+                return Ok((existing, false));
+            }
+            let in_flight = {
+                let mut creating = self.creating.lock().unwrap_or_else(|p| p.into_inner());
+                match creating.get(&id) {
+                    Some(rx) => Err(rx.clone()),
+                    None => {
+                        let (tx, rx) = tokio::sync::watch::channel(false);
+                        creating.insert(id.clone(), rx);
+                        Ok(tx)
+                    }
+                }
+            };
+            let tx = match in_flight {
+                Ok(tx) => tx,
+                Err(mut rx) => {
+                    // Another request is creating this id: its outcome is this one's. A
+                    // command it started is answered as existing; one it failed to start is
+                    // tried again here.
+                    let _ = rx.wait_for(|done| *done).await;
+                    continue;
+                }
+            };
+            // The creation is its own task: once the request is accepted, the command and its
+            // record come to exist whatever the client does (a client that resets mid-request
+            // cancels only its wait for the answer).
+            let me = self.clone();
+            let task = tokio::spawn(async move {
+                let _done = CreationDone {
+                    table: me.clone(),
+                    id: id.clone(),
+                    tx,
+                };
+                me.spawn_shim(&id, p, bg).await
+            });
+            return match task.await {
+                Ok(r) => r.map(|c| (c, true)),
+                Err(e) => Err(ExecError::Internal(format!("creating the command: {e}"))),
+            };
         }
-        if !self
-            .creating
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id.clone())
-        {
-            return Err(ExecError::Conflict(format!(
-                "command '{id}' is being created by another request"
-            )));
-        }
-        let result = self.spawn_shim(&id, p, bg).await;
-        self.creating
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
-        result.map(|c| (c, true))
     }
 
     async fn spawn_shim(

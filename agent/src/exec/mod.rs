@@ -129,8 +129,9 @@ pub struct CommandTable {
     events: Arc<EventLog>,
     reaper: Arc<Reaper>,
     commands: Mutex<HashMap<String, Arc<Command>>>,
-    /// Ids being created right now, so two requests with one client id start one command.
-    creating: Mutex<HashSet<String>>,
+    /// Ids being created right now, each with a signal that turns true once its creation
+    /// ended, so two requests with one client id start one command.
+    creating: Mutex<HashMap<String, tokio::sync::watch::Receiver<bool>>>,
     watcher: Mutex<Option<notify::RecommendedWatcher>>,
     /// This agent's start time (its identity next to its pid).
     agent_start: u64,
@@ -154,7 +155,7 @@ impl CommandTable {
             events,
             reaper,
             commands: Mutex::new(HashMap::new()),
-            creating: Mutex::new(HashSet::new()),
+            creating: Mutex::new(HashMap::new()),
             watcher: Mutex::new(None),
             agent_start: crate::proc::start_time(std::process::id()).unwrap_or(0),
             spares: spare::SpareDirs::start(&cfg_commands_dir),
