@@ -47,6 +47,10 @@ pub struct Config {
     pub http_body_idle_timeout_secs: f64,
     /// API connections open at once; past it, new ones wait to be accepted.
     pub http_max_connections: usize,
+    /// The key the store's secrets (agent tokens, undelivered run requests) are sealed with:
+    /// 64 hex digits, created 0600 when missing. Default `<data dir>/secret.key`; keep it
+    /// elsewhere (a secrets mount) so a copy of the data dir does not carry it.
+    pub secret_key_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -80,6 +84,7 @@ impl Default for Config {
             http_header_timeout_secs: 10.0,
             http_body_idle_timeout_secs: 30.0,
             http_max_connections: 4096,
+            secret_key_file: None,
         }
     }
 }

@@ -16,6 +16,7 @@ pub mod provider;
 pub mod recovery;
 pub mod run;
 pub mod sandbox;
+pub mod seal;
 pub mod serve;
 pub mod store;
 pub mod timeline;

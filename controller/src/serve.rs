@@ -113,7 +113,13 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
         let _ = std::fs::set_permissions(&data_dir, std::fs::Permissions::from_mode(0o700));
     }
     let (hashes, generated_key) = key_hashes(&opts, &data_dir)?;
-    let store = Store::open(&data_dir.join("berth.db")).context("opening the store")?;
+    let key_file = opts
+        .config
+        .secret_key_file
+        .clone()
+        .unwrap_or_else(|| data_dir.join("secret.key"));
+    let sealer = crate::seal::Sealer::load_or_create(&key_file)?;
+    let store = Store::open(&data_dir.join("berth.db"), sealer).context("opening the store")?;
     let bin = agent_bin(opts.agent_bin.clone(), &opts.config)?;
     let process: Arc<dyn Provider> = Arc::new(ProcessProvider::new(
         data_dir.join("sandboxes"),

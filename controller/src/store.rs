@@ -11,6 +11,7 @@ use std::sync::Mutex;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde_json::{Map, Value};
 
+use crate::seal::{self, Sealer};
 use crate::util::{now_ms, rfc3339};
 
 #[derive(Debug, thiserror::Error)]
@@ -19,6 +20,8 @@ pub enum StoreError {
     Sql(#[from] rusqlite::Error),
     #[error("store: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("store: {0}")]
+    Seal(String),
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
@@ -174,6 +177,10 @@ pub struct RunRow {
     pub ended_at: Option<i64>,
     pub unreachable_since: Option<i64>,
     pub error: Option<String>,
+    /// The agent request of a run not yet known to have reached the agent (its environment
+    /// and secrets included), so a restarted controller can deliver it. Sealed in the store,
+    /// and dropped once the run started or ended.
+    pub start_request: Option<String>,
 }
 
 impl RunRow {
@@ -200,6 +207,8 @@ impl RunRow {
             ended_at: r.get("ended_at")?,
             unreachable_since: r.get("unreachable_since")?,
             error: r.get("error")?,
+            // Opened by the store (`Store::open_run`).
+            start_request: r.get("start_request")?,
         })
     }
 
@@ -257,12 +266,23 @@ pub struct SandboxUpdate<'a> {
     pub error: Option<&'a str>,
 }
 
-pub struct Store {
-    conn: Mutex<Connection>,
+/// What a run's sealed request is bound to.
+fn run_binding(sandbox_id: &str, id: &str) -> String {
+    format!("run:{sandbox_id}/{id}")
 }
 
+pub struct Store {
+    conn: Mutex<Connection>,
+    sealer: Sealer,
+}
+
+/// What the store seals a known value with, to tell at open whether its key is the right one.
+const SEAL_CHECK: &str = "seal_check";
+
 impl Store {
-    pub fn open(path: &Path) -> Result<Store> {
+    /// Opens (creating) the store. `sealer` holds the key its secrets are sealed with: a store
+    /// sealed with another key is refused, and one from before sealing is sealed now.
+    pub fn open(path: &Path, sealer: Sealer) -> Result<Store> {
         let conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
@@ -277,9 +297,73 @@ impl Store {
                 "ALTER TABLE sandboxes ADD COLUMN ports TEXT NOT NULL DEFAULT '{}'",
             )?;
         }
-        Ok(Store {
+        // Stores made before runs kept their undelivered request.
+        let has_start = conn
+            .prepare("SELECT 1 FROM pragma_table_info('runs') WHERE name = 'start_request'")?
+            .exists([])?;
+        if !has_start {
+            conn.execute_batch("ALTER TABLE runs ADD COLUMN start_request TEXT")?;
+        }
+        let store = Store {
             conn: Mutex::new(conn),
+            sealer,
+        };
+        let check = store.meta_init(SEAL_CHECK, &store.sealer.seal(b"berth", SEAL_CHECK))?;
+        if store.sealer.open(&check, SEAL_CHECK).is_err() {
+            return Err(StoreError::Seal(format!(
+                "{} was sealed with another secret key: start with the key it was made with \
+                 (`secret_key_file`)",
+                path.display()
+            )));
+        }
+        store.seal_plain_tokens()?;
+        Ok(store)
+    }
+
+    /// Seals the agent tokens a store from before sealing holds in the clear.
+    fn seal_plain_tokens(&self) -> Result<()> {
+        self.with(|c| {
+            let plain: Vec<(String, String)> = c
+                .prepare("SELECT id, agent_token FROM sandboxes WHERE agent_token NOT LIKE ?1")?
+                .query_map([format!("{}%", seal::PREFIX)], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+            for (id, token) in plain {
+                c.execute(
+                    "UPDATE sandboxes SET agent_token = ?2 WHERE id = ?1",
+                    params![id, self.sealer.seal(token.as_bytes(), &id)],
+                )?;
+            }
+            Ok(())
         })
+    }
+
+    /// A sandbox row with its agent token opened.
+    fn open_sandbox(&self, r: &Row) -> rusqlite::Result<SandboxRow> {
+        let mut row = SandboxRow::from_row(r)?;
+        row.agent_token = match self.sealer.open_string(&row.agent_token, &row.id) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!(sandbox = %row.id, error = %e, "the agent token does not open");
+                String::new()
+            }
+        };
+        Ok(row)
+    }
+
+    /// A run row with its undelivered request opened.
+    fn open_run(&self, r: &Row) -> rusqlite::Result<RunRow> {
+        let mut row = RunRow::from_row(r)?;
+        row.start_request = row.start_request.as_deref().and_then(|s| {
+            self.sealer
+                .open_string(s, &run_binding(&row.sandbox_id, &row.id))
+                .inspect_err(
+                    |e| tracing::error!(run = %row.id, error = %e, "a run's request does not open"),
+                )
+                .ok()
+        });
+        Ok(row)
     }
 
     fn with<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T> {
@@ -316,7 +400,7 @@ impl Store {
                     labels,
                     s.pool,
                     s.claim,
-                    s.agent_token,
+                    self.sealer.seal(s.agent_token.as_bytes(), &s.id),
                     s.created_at,
                     s.ready_deadline,
                     s.expires_at
@@ -328,11 +412,9 @@ impl Store {
 
     pub fn sandbox(&self, id: &str) -> Result<Option<SandboxRow>> {
         self.with(|c| {
-            c.query_row(
-                "SELECT * FROM sandboxes WHERE id = ?1",
-                [id],
-                SandboxRow::from_row,
-            )
+            c.query_row("SELECT * FROM sandboxes WHERE id = ?1", [id], |r| {
+                self.open_sandbox(r)
+            })
             .optional()
         })
     }
@@ -341,7 +423,7 @@ impl Store {
     pub fn sandboxes(&self, statuses: &[&str]) -> Result<Vec<SandboxRow>> {
         self.with(|c| {
             let mut st = c.prepare("SELECT * FROM sandboxes ORDER BY created_at")?;
-            let rows = st.query_map([], SandboxRow::from_row)?;
+            let rows = st.query_map([], |r| self.open_sandbox(r))?;
             let mut out = Vec::new();
             for r in rows {
                 let r = r?;
@@ -422,7 +504,7 @@ impl Store {
                    AND pool = ?1 AND status = 'running'
                  RETURNING *",
                 params![pool, labels, expires_at],
-                SandboxRow::from_row,
+                |r| self.open_sandbox(r),
             )
             .optional()
         })
@@ -435,7 +517,7 @@ impl Store {
                 "SELECT * FROM sandboxes WHERE pool = ?1
                    AND status IN ('pending', 'starting', 'running') ORDER BY created_at",
             )?;
-            let rows = st.query_map([pool], SandboxRow::from_row)?;
+            let rows = st.query_map([pool], |r| self.open_sandbox(r))?;
             rows.collect()
         })
     }
@@ -491,23 +573,29 @@ impl Store {
     /// is new.
     pub fn insert_run(&self, r: &RunRow) -> Result<(RunRow, bool)> {
         let command = serde_json::to_string(&r.command)?;
+        let start = r.start_request.as_ref().map(|q| {
+            self.sealer
+                .seal(q.as_bytes(), &run_binding(&r.sandbox_id, &r.id))
+        });
         self.with(|c| {
             let n = c.execute(
-                "INSERT INTO runs (sandbox_id, id, status, command, timeout_ms, created_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
+                "INSERT INTO runs (sandbox_id, id, status, command, timeout_ms, created_at,
+                   start_request)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT DO NOTHING",
                 params![
                     r.sandbox_id,
                     r.id,
                     r.status,
                     command,
                     r.timeout_ms.map(|t| t as i64),
-                    r.created_at
+                    r.created_at,
+                    start
                 ],
             )?;
             let row = c.query_row(
                 "SELECT * FROM runs WHERE sandbox_id = ?1 AND id = ?2",
                 [&r.sandbox_id, &r.id],
-                RunRow::from_row,
+                |row| self.open_run(row),
             )?;
             Ok((row, n == 1))
         })
@@ -518,7 +606,7 @@ impl Store {
             c.query_row(
                 "SELECT * FROM runs WHERE sandbox_id = ?1 AND id = ?2",
                 [sandbox_id, id],
-                RunRow::from_row,
+                |row| self.open_run(row),
             )
             .optional()
         })
@@ -529,7 +617,7 @@ impl Store {
             let mut st = c.prepare(
                 "SELECT * FROM runs WHERE status IN ('pending', 'running') ORDER BY created_at",
             )?;
-            let rows = st.query_map([], RunRow::from_row)?;
+            let rows = st.query_map([], |r| self.open_run(r))?;
             rows.collect()
         })
     }
@@ -537,7 +625,8 @@ impl Store {
     pub fn run_started(&self, sandbox_id: &str, id: &str, at: i64) -> Result<()> {
         self.with(|c| {
             c.execute(
-                "UPDATE runs SET status = 'running', started_at = COALESCE(started_at, ?3)
+                "UPDATE runs SET status = 'running', started_at = COALESCE(started_at, ?3),
+                   start_request = NULL
                  WHERE sandbox_id = ?1 AND id = ?2 AND status = 'pending'",
                 params![sandbox_id, id, at],
             )
@@ -563,7 +652,7 @@ impl Store {
             c.execute(
                 "UPDATE runs SET status = ?3, exit_code = ?4, stdout = ?5, stderr = ?6,
                    output = ?7, truncated = ?8, ended_at = ?9, error = ?10,
-                   started_at = COALESCE(started_at, ?11)
+                   started_at = COALESCE(started_at, ?11), start_request = NULL
                  WHERE sandbox_id = ?1 AND id = ?2 AND status IN ('pending', 'running')",
                 params![
                     r.sandbox_id,
@@ -808,6 +897,63 @@ impl Store {
 mod tests {
     use super::*;
 
+    fn test_sealer() -> Sealer {
+        Sealer::new([3; 32])
+    }
+
+    #[test]
+    fn secrets_are_sealed_at_rest_and_a_copy_under_another_key_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("berth.db");
+        let s = Store::open(&path, test_sealer()).unwrap();
+        let mut sb = row("a", None, "running");
+        sb.agent_token = "agent-secret-token".into();
+        s.insert_sandbox(&sb).unwrap();
+        assert_eq!(
+            s.sandbox("a").unwrap().unwrap().agent_token,
+            "agent-secret-token"
+        );
+        let run = RunRow {
+            sandbox_id: "a".into(),
+            id: "r1".into(),
+            status: "pending".into(),
+            command: serde_json::json!({"shell": "true"}),
+            timeout_ms: None,
+            exit_code: None,
+            stdout: String::new(),
+            stderr: String::new(),
+            output: None,
+            truncated: false,
+            created_at: 1,
+            started_at: None,
+            ended_at: None,
+            unreachable_since: None,
+            error: None,
+            start_request: Some(r#"{"env":{"API_KEY":"run-secret-value"}}"#.into()),
+        };
+        let (stored, new) = s.insert_run(&run).unwrap();
+        assert!(new);
+        assert_eq!(stored.start_request, run.start_request);
+        drop(s);
+        // Nothing in the file reads as the secrets (WAL included).
+        for f in std::fs::read_dir(d.path()).unwrap() {
+            let bytes = std::fs::read(f.unwrap().path()).unwrap();
+            for secret in ["agent-secret-token", "run-secret-value"] {
+                assert!(
+                    !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
+                    "{secret} in the clear"
+                );
+            }
+        }
+        let e = Store::open(&path, Sealer::new([4; 32]))
+            .err()
+            .expect("another key");
+        assert!(e.to_string().contains("another secret key"), "{e}");
+        let s = Store::open(&path, test_sealer()).unwrap();
+        s.run_started("a", "r1", 2).unwrap();
+        assert_eq!(s.run("a", "r1").unwrap().unwrap().start_request, None);
+    }
+
     fn row(id: &str, pool: Option<&str>, status: &str) -> SandboxRow {
         SandboxRow {
             id: id.into(),
@@ -835,7 +981,7 @@ mod tests {
 
     fn store() -> (tempfile::TempDir, Store) {
         let d = tempfile::tempdir().unwrap();
-        let s = Store::open(&d.path().join("berth.db")).unwrap();
+        let s = Store::open(&d.path().join("berth.db"), test_sealer()).unwrap();
         (d, s)
     }
 
@@ -922,6 +1068,7 @@ mod tests {
             ended_at: None,
             unreachable_since: None,
             error: None,
+            start_request: None,
         };
         assert!(s.insert_run(&r).unwrap().1);
         assert!(!s.insert_run(&r).unwrap().1);
@@ -1013,8 +1160,21 @@ mod tests {
             )
             .unwrap();
         }
-        let s = Store::open(&path).unwrap();
-        assert!(s.sandbox("old").unwrap().unwrap().ports.is_empty());
+        let s = Store::open(&path, test_sealer()).unwrap();
+        let old = s.sandbox("old").unwrap().unwrap();
+        assert!(old.ports.is_empty());
+        // Its token, kept in the clear by then, is sealed now and still the same.
+        assert_eq!(old.agent_token, "t");
+        let raw: String = s
+            .with(|c| {
+                c.query_row(
+                    "SELECT agent_token FROM sandboxes WHERE id = 'old'",
+                    [],
+                    |r| r.get(0),
+                )
+            })
+            .unwrap();
+        assert!(seal::is_sealed(&raw), "{raw}");
         s.insert_sandbox(&row("a", None, "starting")).unwrap();
         let ports = BTreeMap::from([("vlc".to_string(), "http://127.0.0.1:1234".to_string())]);
         let u = SandboxUpdate {
@@ -1029,7 +1189,7 @@ mod tests {
         assert_eq!(s.sandbox("a").unwrap().unwrap().ports, ports);
         drop(s);
         // Opening it again (the column exists now) changes nothing.
-        let s = Store::open(&path).unwrap();
+        let s = Store::open(&path, test_sealer()).unwrap();
         assert_eq!(s.sandbox("a").unwrap().unwrap().ports, ports);
     }
 }
