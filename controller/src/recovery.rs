@@ -44,15 +44,11 @@ impl Controller {
         for row in rows.iter().filter(|r| r.live() || r.status == "stopping") {
             match observed.get(&row.id) {
                 None if row.status == "stopping" => {
-                    let _ = self.store.set_status(
-                        &row.id,
-                        "stopped",
-                        &[],
-                        SandboxUpdate {
-                            ended_at: Some(now_ms()),
-                            ..Default::default()
-                        },
-                    );
+                    // Nothing of it runs, but a delete cut short may have left its files: the
+                    // provider's destroy (idempotent) finishes it and marks it stopped.
+                    let me = self.clone();
+                    let id = row.id.clone();
+                    tokio::spawn(async move { me.destroy(&id).await });
                 }
                 None => {
                     vanished += 1;

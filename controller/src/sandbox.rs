@@ -38,6 +38,8 @@ pub struct Controller {
     pub image_jobs: crate::image_job::ImageJobs,
     pub(crate) lease_locks: crate::util::KeyedLocks,
     destroy_locks: crate::util::KeyedLocks,
+    /// Sandboxes whose runs in flight a follower watches (`Controller::follow_runs`).
+    pub(crate) run_followers: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// What a caller asks for.
@@ -72,10 +74,14 @@ impl Controller {
             http: reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(10))
                 .no_proxy()
+                // Below the servers' idle close (10 s by default), so a request is never sent on a
+                // connection the server is closing.
+                .pool_idle_timeout(Duration::from_secs(5))
                 .build()
                 .map_err(|e| Error::Internal(format!("HTTP client: {e}")))?,
             image_jobs: Default::default(),
             lease_locks: Default::default(),
+            run_followers: Default::default(),
             destroy_locks: Default::default(),
         }))
     }

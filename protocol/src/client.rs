@@ -70,6 +70,9 @@ impl AgentClient {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .no_proxy()
+            // Below the servers' idle close (10 s by default), so a request is never sent on a
+            // connection the server is closing.
+            .pool_idle_timeout(Duration::from_secs(5))
             .build()
             .expect("reqwest client");
         AgentClient {
@@ -266,6 +269,15 @@ impl AgentClient {
 
     pub async fn events(&self, from_seq: u64) -> Result<EventsPage> {
         self.get(&format!("/v1/events?from_seq={from_seq}")).await
+    }
+
+    /// Long-poll: waits up to `wait` for events at or past `from_seq`.
+    pub async fn events_wait(&self, from_seq: u64, wait: Duration) -> Result<EventsPage> {
+        self.get(&format!(
+            "/v1/events?from_seq={from_seq}&follow=true&timeout_ms={}",
+            wait.as_millis()
+        ))
+        .await
     }
 
     pub async fn pty_create(&self, req: &PtyRequest) -> Result<PtyInfo> {

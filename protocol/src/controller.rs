@@ -203,6 +203,9 @@ impl ControllerClient {
             .connect_timeout(Duration::from_secs(10))
             .timeout(Duration::from_secs(900))
             .no_proxy()
+            // Below the servers' idle close (10 s by default), so a request is never sent on a
+            // connection the server is closing.
+            .pool_idle_timeout(Duration::from_secs(5))
             .build()
             .expect("reqwest client");
         ControllerClient {
