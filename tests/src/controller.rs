@@ -109,7 +109,7 @@ pub struct ControllerProcess {
 
 impl ControllerProcess {
     /// A controller with `config` (TOML) added to the test defaults: runs reconciled every
-    /// second, orphans reaped without a grace period.
+    /// second (unless `config` sets the interval), orphans reaped without a grace period.
     pub async fn start(config: &str) -> ControllerProcess {
         ControllerProcess::start_on(Provider::Process, config).await
     }
@@ -128,7 +128,11 @@ impl ControllerProcess {
             dir,
             base: String::new(),
             id: String::new(),
-            config: format!("reconcile_interval_secs = 1.0\n{config}"),
+            config: if config.contains("reconcile_interval_secs") {
+                config
+            } else {
+                format!("reconcile_interval_secs = 1.0\n{config}")
+            },
         };
         c.launch();
         c
