@@ -341,6 +341,7 @@ fn table() -> Vec<Row> {
         row("v1 computer coordinate str", N, "POST", "/v1/computer", JSON, Raw(br#"{"action": "mouse_move", "coordinate": "1,2"}"#), Is(400)),
         row("v1 computer coordinate neg", N, "POST", "/v1/computer", JSON, Raw(br#"{"action": "left_click", "coordinate": [-5, -5]}"#), Is(400)),
         row("v1 computer scale zero", N, "POST", "/v1/computer", JSON, Raw(br#"{"action": "screenshot", "display_width_px": 0, "display_height_px": 0}"#), Is(400)),
+        row("v1 computer key NUL", N, "POST", "/v1/computer", JSON, Raw(br#"{"action": "key", "text": "\u0000"}"#), Is(400)),
         row("v1 computer wait forever", N, "POST", "/v1/computer", JSON, Raw(br#"{"action": "wait", "duration": 1e12}"#), Is(400)),
         row("v1 computer wrong ct", N, "POST", "/v1/computer", NONE, Raw(b"{}"), Is(415)),
         row("v1 computer oversize", N, "POST", "/v1/computer", JSON, Big(NATIVE_OVER), Is(413)),

@@ -79,7 +79,10 @@ pub fn keysym(name: &str) -> Option<u32> {
     // A single character stands for itself (`a`, `A`, `é`, `/`).
     let mut chars = name.chars();
     if let (Some(c), None) = (chars.next(), chars.next()) {
-        return Some(char_keysym(c));
+        // A control character is a key only where one exists for it (Return, Tab, …): NUL or
+        // ESC-less controls would press a keysym no keyboard has, silently doing nothing.
+        let sym = char_keysym(c);
+        return (!c.is_control() || sym != 0x0100_0000 + c as u32).then_some(sym);
     }
     // F1–F35 and num0–num9 in any case.
     if let Some(n) = lower.strip_prefix('f').and_then(|n| n.parse::<u32>().ok())
@@ -173,6 +176,10 @@ mod tests {
         assert_eq!(keysym("pgdn"), Some(0xff56));
         assert_eq!(keysym("a"), Some(0x61));
         assert_eq!(keysym("A"), Some(0x41));
+        assert_eq!(keysym("\u{0}"), None, "NUL is no key");
+        assert_eq!(keysym("\u{7}"), None);
+        assert_eq!(keysym("\t"), Some(0xff09));
+        assert!(chord("ctrl+\u{0}").unwrap_err().contains("unknown key"));
         assert_eq!(keysym("é"), Some(0xe9));
         assert_eq!(keysym("✓"), Some(0x0100_2713));
         assert_eq!(keysym("BackSpace"), Some(0xff08));
