@@ -30,6 +30,8 @@ const CALL: Duration = Duration::from_secs(60);
 pub struct DockerProvider {
     docker: Docker,
     default_image: Option<String>,
+    /// The private network's id once known (`ensure_network`).
+    network: tokio::sync::Mutex<Option<String>>,
 }
 
 fn failed(what: &str, e: impl std::fmt::Display) -> ProviderError {
@@ -90,38 +92,61 @@ impl DockerProvider {
         Ok(DockerProvider {
             docker,
             default_image,
+            network: tokio::sync::Mutex::new(None),
         })
     }
 
-    async fn ensure_network(&self) -> Result<()> {
-        let exists = self
-            .docker
-            .inspect_network(
-                NETWORK,
-                None::<bollard::query_parameters::InspectNetworkOptions>,
-            )
-            .await
-            .is_ok();
-        if exists {
-            return Ok(());
+    /// The id of the private network, created once. Docker allows two networks of one name,
+    /// and concurrent first creates (a pool filling on a fresh engine) made several, after
+    /// which the name no longer resolved: creates here are serialised, and where duplicates
+    /// exist the one with the smallest id is used by every controller and the others removed.
+    async fn ensure_network(&self) -> Result<String> {
+        let mut known = self.network.lock().await;
+        if let Some(id) = known.as_ref() {
+            return Ok(id.clone());
         }
-        let r = self
-            .docker
-            .create_network(NetworkCreateRequest {
-                name: NETWORK.into(),
-                driver: Some("bridge".into()),
-                labels: Some(HashMap::from([("berth.managed".into(), "true".into())])),
-                ..Default::default()
-            })
-            .await;
-        match r {
-            Ok(_) => Ok(()),
-            // Created by a concurrent create meanwhile.
-            Err(bollard::errors::Error::DockerResponseServerError {
-                status_code: 409, ..
-            }) => Ok(()),
-            Err(e) => Err(failed("creating the network", e)),
+        let id = match self.find_network().await? {
+            Some(id) => id,
+            None => {
+                timed(
+                    "network create",
+                    self.docker.create_network(NetworkCreateRequest {
+                        name: NETWORK.into(),
+                        driver: Some("bridge".into()),
+                        labels: Some(HashMap::from([("berth.managed".into(), "true".into())])),
+                        ..Default::default()
+                    }),
+                )
+                .await?;
+                // Another controller may have made one meanwhile: settle on the same one.
+                self.find_network()
+                    .await?
+                    .ok_or_else(|| failed("creating the network", "it is not listed"))?
+            }
+        };
+        *known = Some(id.clone());
+        Ok(id)
+    }
+
+    /// The network named `NETWORK` with the smallest id; duplicates are removed (in use ones
+    /// stay until their containers go).
+    async fn find_network(&self) -> Result<Option<String>> {
+        let options = bollard::query_parameters::ListNetworksOptionsBuilder::default()
+            .filters(&HashMap::from([("name", vec![NETWORK])]))
+            .build();
+        let list = timed("network list", self.docker.list_networks(Some(options))).await?;
+        let mut ids: Vec<String> = list
+            .into_iter()
+            .filter(|n| n.name.as_deref() == Some(NETWORK))
+            .filter_map(|n| n.id)
+            .collect();
+        ids.sort();
+        for extra in ids.iter().skip(1) {
+            if let Err(e) = self.docker.remove_network(extra).await {
+                tracing::debug!(network = %extra, error = %e, "a duplicate network stays for now");
+            }
         }
+        Ok(ids.into_iter().next())
     }
 
     async fn observe(&self, sandbox_id: &str) -> Result<Option<Observed>> {
@@ -231,7 +256,7 @@ impl Provider for DockerProvider {
     }
 
     async fn create(&self, spec: &Spec) -> Result<Endpoint> {
-        self.ensure_network().await?;
+        let network = self.ensure_network().await?;
         let mut labels: HashMap<String, String> = spec.identity.labels().into_iter().collect();
         labels.insert("berth.managed".into(), "true".into());
         let mut cmd = vec!["--listen".to_string(), format!("0.0.0.0:{AGENT_PORT}")];
@@ -265,7 +290,7 @@ impl Provider for DockerProvider {
             labels: Some(labels),
             exposed_ports: Some(ports.iter().map(|p| format!("{p}/tcp")).collect()),
             host_config: Some(HostConfig {
-                network_mode: Some(NETWORK.into()),
+                network_mode: Some(network),
                 // Harnesses on the host reach the compat surface and CDP through loopback
                 // ports Docker picks; the controller uses the container's IP.
                 port_bindings: Some(
