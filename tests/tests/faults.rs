@@ -299,6 +299,161 @@ async fn a_run_that_was_not_waited_for_shows_its_end_within_a_second(provider: P
     cl.delete(&sb.id).await.unwrap();
 }
 
+/// A pool resized up and down while claims race it: every claim gets its own running sandbox,
+/// no claimed sandbox is destroyed by a shrink, and the pool settles at its last size.
+async fn a_pool_resized_under_claims_spares_every_claimed_sandbox(provider: Provider) {
+    const CLAIMS: usize = 12;
+    let c = ControllerProcess::start_on(provider, "[[pools]]\nprofile = \"ide\"\nsize = 4\n").await;
+    let cl = c.client();
+    let pool = || async { c.client().pools().await.unwrap()["pools"][0].clone() };
+    wait_for("the pool to fill", Duration::from_secs(90), || async {
+        (pool().await["ready"] == 4).then_some(())
+    })
+    .await;
+    let claims = futures_util::future::join_all((0..CLAIMS).map(|i| {
+        let cl = cl.clone();
+        async move {
+            cl.create(&CreateSandbox {
+                labels: BTreeMap::from([("caller".into(), i.to_string())]),
+                ..ide()
+            })
+            .await
+            .unwrap()
+        }
+    }));
+    let resizes = async {
+        for size in [0, 6, 1, 3, 2] {
+            cl.adjust_pool("ide", None, Some(size)).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    };
+    let (got, ()) = tokio::join!(claims, resizes);
+    let ids: std::collections::BTreeSet<&str> = got.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(ids.len(), CLAIMS, "a sandbox was handed out twice");
+    let warm = got
+        .iter()
+        .filter(|s| s.claim.as_deref() == Some("warm"))
+        .count();
+    let p = wait_for(
+        "the pool to settle at 2",
+        Duration::from_secs(90),
+        || async {
+            let p = pool().await;
+            (p["size"] == 2 && p["ready"] == 2 && p["starting"] == 0).then_some(p)
+        },
+    )
+    .await;
+    for s in &got {
+        assert!(c.sandbox_alive(&s.id), "claimed {} was destroyed", s.id);
+        let r = cl.exec(&s.id, &shell("echo alive")).await.unwrap();
+        assert_eq!(r.stdout, "alive\n");
+    }
+    wait_for(
+        "only claimed and pool sandboxes to run",
+        Duration::from_secs(60),
+        || async { (c.live_sandboxes() == CLAIMS + 2).then_some(()) },
+    )
+    .await;
+    println!(
+        "{CLAIMS} claims during 5 resizes (4→0→6→1→3→2): {warm} warm, {} cold, 0 handed out \
+         twice, 0 claimed destroyed; pool settled {p}",
+        CLAIMS - warm
+    );
+    for s in &got {
+        cl.delete(&s.id).await.unwrap();
+    }
+}
+
+/// A run whose request never reached the agent (the agent stopped, then killed, while the
+/// controller was killed waiting on it) is delivered by the restarted controller and runs once.
+/// Docker only: there `berth-agent init` brings the agent back in the same sandbox.
+#[tokio::test]
+async fn docker_a_run_that_never_reached_the_agent_is_delivered_after_a_restart_and_runs_once() {
+    let mut c = ControllerProcess::start_on(Provider::Docker, "").await;
+    let sb = c.client().create(&ide()).await.unwrap();
+    let container = format!("berth-{}", sb.id);
+    let in_container = |script: &str| {
+        std::process::Command::new("docker")
+            .args(["exec", "-u", "0", &container, "sh", "-c", script])
+            .output()
+            .unwrap()
+    };
+    let agent_pids = || {
+        String::from_utf8_lossy(&in_container("pgrep -f 'berth-agent [-]-listen'").stdout)
+            .split_whitespace()
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    let before = agent_pids();
+    assert_eq!(before.len(), 1, "{before:?}");
+    assert!(
+        in_container(&format!("kill -STOP {}", before[0]))
+            .status
+            .success()
+    );
+    let req = RunRequest {
+        run_id: Some("undelivered".into()),
+        ..shell("echo ran >> \"$HOME/undelivered.log\"; exit 5")
+    };
+    let cl = c.client();
+    let (id, r) = (sb.id.clone(), req.clone());
+    let call = tokio::spawn(async move { cl.exec(&id, &r).await });
+    // The controller has the run and is waiting on the stopped agent.
+    wait_for(
+        "the run to be recorded",
+        Duration::from_secs(10),
+        || async {
+            let r = c.client().run(&sb.id, "undelivered").await.ok()?;
+            (r.status == "pending").then_some(())
+        },
+    )
+    .await;
+    c.kill9();
+    let _ = call.await;
+    // The agent dies with the request unread; init starts a new one.
+    assert!(
+        in_container(&format!("kill -KILL {}", before[0]))
+            .status
+            .success()
+    );
+    wait_for("a new agent to answer", Duration::from_secs(30), || async {
+        let pids = agent_pids();
+        let up = pids.len() == 1
+            && pids != before
+            && in_container("wget -q -O- http://127.0.0.1:5000/healthz || curl -sf http://127.0.0.1:5000/healthz")
+                .status
+                .success();
+        up.then_some(())
+    })
+    .await;
+    c.launch();
+    let cl = c.client();
+    let run = wait_for("the run to end", Duration::from_secs(60), || async {
+        let r = cl.run(&sb.id, "undelivered").await.ok()?;
+        r.done().then_some(r)
+    })
+    .await;
+    assert_eq!(
+        (run.status.as_str(), run.exit_code),
+        ("exited", Some(5)),
+        "{run:?}"
+    );
+    let log = cl
+        .exec(&sb.id, &shell("cat \"$HOME/undelivered.log\""))
+        .await
+        .unwrap();
+    assert_eq!(log.stdout, "ran\n", "ran exactly once");
+    assert!(
+        c.log_text()
+            .contains("delivering a run the agent has no record of"),
+        "delivered by the restarted controller"
+    );
+    println!(
+        "a run the agent never received: delivered after the controller restart, ran once, exit 5"
+    );
+    cl.delete(&sb.id).await.unwrap();
+}
+
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -310,6 +465,7 @@ berth_tests::on_every_provider!(
     controller_kill_9_during_execs_loses_no_run_and_runs_none_twice,
     controller_kill_9_during_creates_and_deletes_leaves_no_orphan,
     a_run_that_was_not_waited_for_shows_its_end_within_a_second,
+    a_pool_resized_under_claims_spares_every_claimed_sandbox,
 );
 
 /// Sends the first `cut_at` bytes of `request` on a fresh connection, waits `after`, and resets
