@@ -588,6 +588,24 @@ async fn client_resets_at_random_points_of_every_mutating_route_break_nothing() 
     let client = a.client();
     let home = a.home.display().to_string();
     let upload = vec![b'u'; 256 << 10];
+    let mut multipart = format!(
+        "--XyZ\r\nContent-Disposition: form-data; name=\"file_path\"\r\n\r\n{home}/compat.bin\r\n\
+         --XyZ\r\nContent-Disposition: form-data; name=\"file_data\"; filename=\"compat.bin\"\r\n\
+         Content-Type: application/octet-stream\r\n\r\n"
+    )
+    .into_bytes();
+    multipart.extend(vec![b'c'; 128 << 10]);
+    multipart.extend(b"\r\n--XyZ--\r\n");
+    std::fs::write(a.home.join("mv.txt"), "moved").unwrap();
+    // A command reading its stdin, for the stdin route.
+    let cat = "reset-stdin-cat";
+    let started = client
+        .request(reqwest::Method::POST, "/v1/exec")
+        .json(&json!({"argv": ["cat"], "background": true, "stdin_open": true, "id": cat}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(started.status(), 202);
     let routes: Vec<(&str, String, &str, Vec<u8>)> = vec![
         (
             "POST",
@@ -623,6 +641,26 @@ async fn client_resets_at_random_points_of_every_mutating_route_break_nothing() 
                 .to_string()
                 .into_bytes(),
         ),
+        (
+            "POST",
+            "/setup/upload".into(),
+            "multipart/form-data; boundary=XyZ",
+            multipart.clone(),
+        ),
+        (
+            "POST",
+            format!("/v1/commands/{cat}/stdin"),
+            "application/json",
+            json!({"data": "line\n"}).to_string().into_bytes(),
+        ),
+        (
+            "POST",
+            "/v1/fs/move".into(),
+            "application/json",
+            json!({"from": format!("{home}/mv.txt"), "to": format!("{home}/mv.txt"), "overwrite": true})
+                .to_string()
+                .into_bytes(),
+        ),
     ];
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
     for round in 0..ROUNDS {
@@ -652,8 +690,17 @@ async fn client_resets_at_random_points_of_every_mutating_route_break_nothing() 
             );
         }
     }
-    // The upload is whole, and no temp file stayed behind.
+    // The uploads are whole, and no temp file stayed behind.
     assert_eq!(std::fs::read(a.home.join("up.bin")).unwrap(), upload);
+    assert_eq!(
+        std::fs::read(a.home.join("compat.bin")).unwrap(),
+        vec![b'c'; 128 << 10]
+    );
+    assert_eq!(
+        std::fs::read_to_string(a.home.join("mv.txt")).unwrap(),
+        "moved"
+    );
+    assert!(client.command(cat).await.unwrap().state == berth_protocol::CommandState::Running);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let temps: Vec<String> = std::fs::read_dir(&a.home)
