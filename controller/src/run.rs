@@ -205,7 +205,8 @@ impl Controller {
     }
 
     /// Asks the agent about a run and records its end when it ended. `adopting`: the
-    /// reconciler is asking (the end is then reported as adopted).
+    /// reconciler is asking; an end is reported as adopted then, and whenever the run was made
+    /// before this controller started.
     pub async fn check_run(
         &self,
         sandbox: &SandboxRow,
@@ -227,6 +228,7 @@ impl Controller {
                 return self.end_run(run, "lost", None, None, Some(why)).map(|_| ());
             }
         };
+        let adopting = adopting || run.created_at < self.started_ms;
         match tokio::time::timeout(AGENT_CALL, agent.command(&run.id)).await {
             Ok(Ok(info)) => {
                 self.store.run_unreachable(&run.sandbox_id, &run.id, None)?;

@@ -40,6 +40,8 @@ pub struct Controller {
     destroy_locks: crate::util::KeyedLocks,
     /// Sandboxes whose runs in flight a follower watches (`Controller::follow_runs`).
     pub(crate) run_followers: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// When this controller started: a run made before it is an adopted one.
+    pub(crate) started_ms: i64,
 }
 
 /// What a caller asks for.
@@ -82,6 +84,7 @@ impl Controller {
             image_jobs: Default::default(),
             lease_locks: Default::default(),
             run_followers: Default::default(),
+            started_ms: now_ms(),
             destroy_locks: Default::default(),
         }))
     }

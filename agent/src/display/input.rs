@@ -26,6 +26,8 @@ use super::keys;
 /// text in a Tk field on a loaded 2-core machine; lending a keycode again only happens when a
 /// text has more distinct missing characters than there are spare keycodes.)
 pub const REMAP_GRACE: Duration = Duration::from_millis(1000);
+/// How long the focused client may take to answer the ping that says it read its events.
+const CATCH_UP_WAIT: Duration = Duration::from_secs(5);
 
 const SHIFT_L: u32 = 0xffe1;
 
@@ -122,6 +124,8 @@ pub struct Input {
     /// Buttons and keys this connection pressed and has not released (released on drop of a
     /// failed batch, so nothing stays stuck).
     held_keys: Vec<u8>,
+    /// The last `_NET_WM_PING` sent (`client_caught_up`).
+    ping_serial: u32,
 }
 
 impl Input {
@@ -133,6 +137,7 @@ impl Input {
             kb,
             stale: false,
             held_keys: Vec::new(),
+            ping_serial: 0,
         })
     }
 
@@ -314,10 +319,15 @@ impl Input {
                             "the keyboard has no spare keycodes left to type with".into(),
                         ));
                     };
-                    // Its last events must reach their client before the keycode changes.
+                    // Its last events must be read by their client before the keycode
+                    // changes: the focused client says so by answering a ping from its event
+                    // loop (after the key events queued before it); one that does not speak
+                    // the protocol gets the grace period.
                     self.x.sync()?;
-                    let wait = (used + REMAP_GRACE).saturating_duration_since(Instant::now());
-                    std::thread::sleep(wait);
+                    if !self.client_caught_up(CATCH_UP_WAIT)? {
+                        let wait = (used + REMAP_GRACE).saturating_duration_since(Instant::now());
+                        std::thread::sleep(wait);
+                    }
                     kc
                 }
             };
@@ -371,6 +381,71 @@ impl Input {
             self.x.sync()?;
         }
         Ok(!self.kb.borrowed.is_empty())
+    }
+
+    /// Whether the client holding the input focus has handled every event sent to it so far:
+    /// it answered a `_NET_WM_PING` (EWMH), which its event loop handles after the key events
+    /// queued before it. False when no window up from the focus speaks the protocol or no
+    /// answer came within `wait`.
+    fn client_caught_up(&mut self, wait: Duration) -> Result<bool, DisplayError> {
+        use x11rb::protocol::xproto::{AtomEnum, ClientMessageEvent, EventMask};
+        let conn = self.x.conn.clone();
+        let root = self.x.root;
+        let protocols = conn.intern_atom(false, b"WM_PROTOCOLS")?.reply()?.atom;
+        let ping = conn.intern_atom(false, b"_NET_WM_PING")?.reply()?.atom;
+        let mut w = conn.get_input_focus()?.reply()?.focus;
+        let mut target = None;
+        for _ in 0..16 {
+            // None and PointerRoot.
+            if w <= 1 || w == root {
+                break;
+            }
+            let p = conn
+                .get_property(false, w, protocols, AtomEnum::ATOM, 0, 64)?
+                .reply()?;
+            if p.value32().is_some_and(|mut v| v.any(|a| a == ping)) {
+                target = Some(w);
+                break;
+            }
+            w = conn.query_tree(w)?.reply()?.parent;
+        }
+        let Some(target) = target else {
+            return Ok(false);
+        };
+        self.drain_events();
+        // The answer goes to the root window: listen there while waiting.
+        conn.change_window_attributes(
+            root,
+            &x11rb::protocol::xproto::ChangeWindowAttributesAux::new()
+                .event_mask(EventMask::SUBSTRUCTURE_NOTIFY),
+        )?;
+        self.ping_serial = self.ping_serial.wrapping_add(1).max(1);
+        let stamp = self.ping_serial;
+        let msg = ClientMessageEvent::new(32, target, protocols, [ping, stamp, target, 0, 0]);
+        conn.send_event(false, target, EventMask::NO_EVENT, msg)?;
+        conn.flush()?;
+        let deadline = Instant::now() + wait;
+        let mut answered = false;
+        while !answered && Instant::now() < deadline {
+            match conn.poll_for_event()? {
+                Some(x11rb::protocol::Event::ClientMessage(m))
+                    if m.type_ == protocols && m.data.as_data32()[..2] == [ping, stamp] =>
+                {
+                    answered = true;
+                }
+                Some(x11rb::protocol::Event::MappingNotify(_)) => self.stale = true,
+                Some(_) => {}
+                None => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+        conn.change_window_attributes(
+            root,
+            &x11rb::protocol::xproto::ChangeWindowAttributesAux::new()
+                .event_mask(EventMask::NO_EVENT),
+        )?;
+        self.x.sync()?;
+        self.drain_events();
+        Ok(answered)
     }
 
     /// Reads (and drops) the events this connection receives, so they never pile up; a
