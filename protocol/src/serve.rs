@@ -163,3 +163,77 @@ impl http_body::Body for IdleBody {
         self.inner.size_hint()
     }
 }
+
+/// An error answer axum made itself, not a handler: an empty body (a 405 with its `Allow`, …)
+/// or axum's own `text/plain` rejection text (a path segment that is not UTF-8, …). Each
+/// surface gives it its own error body, keeping the status, the headers and axum's message.
+pub struct FrameworkError {
+    pub parts: axum::http::response::Parts,
+    /// axum's rejection text, when it gave one.
+    pub text: Option<String>,
+}
+
+impl FrameworkError {
+    /// `Err(resp)` unchanged for a success or an answer a handler made (one with a body type
+    /// other than `text/plain`: no handler answers an error as text/plain).
+    pub async fn take(
+        resp: axum::response::Response,
+    ) -> Result<FrameworkError, axum::response::Response> {
+        use axum::http::header::CONTENT_TYPE;
+        let status = resp.status();
+        let content_type = resp.headers().get(CONTENT_TYPE);
+        let plain = content_type
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.starts_with("text/plain"));
+        if !(status.is_client_error() || status.is_server_error())
+            || (content_type.is_some() && !plain)
+        {
+            return Err(resp);
+        }
+        let (parts, body) = resp.into_parts();
+        let text = match plain {
+            true => axum::body::to_bytes(body, 64 << 10)
+                .await
+                .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+                .ok()
+                .filter(|t| !t.is_empty()),
+            false => None,
+        };
+        Ok(FrameworkError { parts, text })
+    }
+
+    /// The native error code of its status.
+    pub fn code(&self) -> &'static str {
+        use axum::http::StatusCode;
+        match self.parts.status {
+            StatusCode::BAD_REQUEST => "invalid_request",
+            StatusCode::NOT_FOUND => "not_found",
+            StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+            StatusCode::PAYLOAD_TOO_LARGE => "too_large",
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+            _ => "error",
+        }
+    }
+
+    /// axum's text, else the status's reason.
+    pub fn message(&self) -> String {
+        self.text.clone().unwrap_or_else(|| {
+            self.parts
+                .status
+                .canonical_reason()
+                .unwrap_or("error")
+                .to_string()
+        })
+    }
+
+    /// The answer with `json` as its body.
+    pub fn answer(mut self, json: String) -> axum::response::Response {
+        use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+        self.parts.headers.insert(
+            CONTENT_TYPE,
+            axum::http::HeaderValue::from_static("application/json"),
+        );
+        self.parts.headers.remove(CONTENT_LENGTH);
+        axum::response::Response::from_parts(self.parts, Body::from(json))
+    }
+}

@@ -14,7 +14,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::multipart::MultipartError;
 use axum::extract::{DefaultBodyLimit, FromRequest, Multipart, Request, State};
 use axum::http::{StatusCode, header};
@@ -22,6 +21,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Map, Value, json};
+
+use berth_protocol::serve::FrameworkError;
 
 use crate::{Agent, CompatAuth};
 
@@ -272,51 +273,22 @@ pub async fn not_found() -> Response {
 /// error shape, keeping status, headers (`Allow`) and axum's message.
 pub async fn fill_empty_errors(req: Request, next: Next) -> Response {
     let native = req.uri().path().starts_with("/v1/") || req.uri().path() == "/v1";
-    let resp = next.run(req).await;
-    let status = resp.status();
-    let plain = resp
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.starts_with("text/plain"));
-    if !(status.is_client_error() || status.is_server_error())
-        || (resp.headers().contains_key(header::CONTENT_TYPE) && !plain)
-    {
-        return resp;
-    }
-    let (mut parts, body) = resp.into_parts();
-    // No handler answers an error as text/plain: such a body is a rejection's short message.
-    let text = match plain {
-        true => axum::body::to_bytes(body, 64 << 10)
-            .await
-            .map(|b| String::from_utf8_lossy(&b).trim().to_string())
-            .unwrap_or_default(),
-        false => String::new(),
+    let e = match FrameworkError::take(next.run(req).await).await {
+        Ok(e) => e,
+        Err(resp) => return resp,
     };
-    let message = match status {
-        _ if !text.is_empty() => text,
-        StatusCode::METHOD_NOT_ALLOWED => {
+    // Flask's words for a 405 without a rejection text.
+    let message = match (&e.text, e.parts.status) {
+        (None, StatusCode::METHOD_NOT_ALLOWED) => {
             "The method is not allowed for the requested URL.".to_string()
         }
-        s => s.canonical_reason().unwrap_or("error").to_string(),
+        _ => e.message(),
     };
     let body = if native {
-        let code = match status {
-            StatusCode::BAD_REQUEST => "invalid_request",
-            StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
-            StatusCode::PAYLOAD_TOO_LARGE => "too_large",
-            StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
-            StatusCode::NOT_FOUND => "not_found",
-            _ => "error",
-        };
-        serde_json::to_string(&berth_protocol::ErrorBody::new(code, message)).unwrap_or_default()
+        serde_json::to_string(&berth_protocol::ErrorBody::new(e.code(), message))
+            .unwrap_or_default()
     } else {
         crate::text::flask_json(&json!({"message": message, "status": "error"}))
     };
-    parts.headers.insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
-    );
-    parts.headers.remove(header::CONTENT_LENGTH);
-    Response::from_parts(parts, Body::from(body))
+    e.answer(body)
 }

@@ -70,46 +70,14 @@ pub fn router(state: ApiState) -> Router {
 /// rejection text (a path segment that is not UTF-8, …) — get the error body too, keeping the
 /// status, headers and axum's message.
 async fn fill_errors(req: Request, next: Next) -> Response {
-    let resp = next.run(req).await;
-    let status = resp.status();
-    let content_type = resp
-        .headers()
-        .get(axum::http::header::CONTENT_TYPE)
-        .map(|v| v.to_str().unwrap_or("").to_string());
-    let plain = content_type
-        .as_deref()
-        .is_some_and(|ct| ct.starts_with("text/plain"));
-    if !(status.is_client_error() || status.is_server_error()) || (content_type.is_some() && !plain)
-    {
-        return resp;
+    match berth_protocol::serve::FrameworkError::take(next.run(req).await).await {
+        Ok(e) => {
+            let body =
+                serde_json::to_string(&ErrorBody::new(e.code(), e.message())).unwrap_or_default();
+            e.answer(body)
+        }
+        Err(resp) => resp,
     }
-    let (mut parts, body) = resp.into_parts();
-    let text = match plain {
-        true => axum::body::to_bytes(body, 64 << 10)
-            .await
-            .map(|b| String::from_utf8_lossy(&b).trim().to_string())
-            .unwrap_or_default(),
-        false => String::new(),
-    };
-    let message = match status {
-        _ if !text.is_empty() => text,
-        s => s.canonical_reason().unwrap_or("error").to_string(),
-    };
-    let code = match status {
-        StatusCode::BAD_REQUEST => "invalid_request",
-        StatusCode::NOT_FOUND => "not_found",
-        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
-        StatusCode::PAYLOAD_TOO_LARGE => "too_large",
-        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
-        _ => "error",
-    };
-    parts.headers.insert(
-        axum::http::header::CONTENT_TYPE,
-        axum::http::HeaderValue::from_static("application/json"),
-    );
-    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
-    let body = serde_json::to_string(&ErrorBody::new(code, message)).unwrap_or_default();
-    Response::from_parts(parts, axum::body::Body::from(body))
 }
 
 async fn require_key(State(s): State<ApiState>, req: Request, next: Next) -> Response {
