@@ -914,22 +914,8 @@ mod tests {
             "agent-secret-token"
         );
         let run = RunRow {
-            sandbox_id: "a".into(),
-            id: "r1".into(),
-            status: "pending".into(),
-            command: serde_json::json!({"shell": "true"}),
-            timeout_ms: None,
-            exit_code: None,
-            stdout: String::new(),
-            stderr: String::new(),
-            output: None,
-            truncated: false,
-            created_at: 1,
-            started_at: None,
-            ended_at: None,
-            unreachable_since: None,
-            error: None,
             start_request: Some(r#"{"env":{"API_KEY":"run-secret-value"}}"#.into()),
+            ..pending_run("a", "r1")
         };
         let (stored, new) = s.insert_run(&run).unwrap();
         assert!(new);
@@ -952,6 +938,27 @@ mod tests {
         let s = Store::open(&path, test_sealer()).unwrap();
         s.run_started("a", "r1", 2).unwrap();
         assert_eq!(s.run("a", "r1").unwrap().unwrap().start_request, None);
+    }
+
+    fn pending_run(sandbox_id: &str, id: &str) -> RunRow {
+        RunRow {
+            sandbox_id: sandbox_id.into(),
+            id: id.into(),
+            status: "pending".into(),
+            command: Value::Null,
+            timeout_ms: None,
+            exit_code: None,
+            stdout: String::new(),
+            stderr: String::new(),
+            output: None,
+            truncated: false,
+            created_at: now_ms(),
+            started_at: None,
+            ended_at: None,
+            unreachable_since: None,
+            error: None,
+            start_request: None,
+        }
     }
 
     fn row(id: &str, pool: Option<&str>, status: &str) -> SandboxRow {
@@ -1052,24 +1059,7 @@ mod tests {
     #[test]
     fn runs_are_inserted_once_and_finished_once() {
         let (_d, s) = store();
-        let r = RunRow {
-            sandbox_id: "a".into(),
-            id: "r1".into(),
-            status: "pending".into(),
-            command: Value::Null,
-            timeout_ms: None,
-            exit_code: None,
-            stdout: String::new(),
-            stderr: String::new(),
-            output: None,
-            truncated: false,
-            created_at: now_ms(),
-            started_at: None,
-            ended_at: None,
-            unreachable_since: None,
-            error: None,
-            start_request: None,
-        };
+        let r = pending_run("a", "r1");
         assert!(s.insert_run(&r).unwrap().1);
         assert!(!s.insert_run(&r).unwrap().1);
         let done = RunRow {

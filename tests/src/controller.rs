@@ -6,11 +6,29 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use berth_protocol::controller::ControllerClient;
+use berth_protocol::controller::{
+    Command as RunCommand, ControllerClient, CreateSandbox, RunRequest,
+};
 
 use crate::{processes_matching, workspace_bin};
 
 pub const API_KEY: &str = "test-api-key-0123456789";
+
+/// A create of the `ide` profile (no desktop).
+pub fn ide() -> CreateSandbox {
+    CreateSandbox {
+        profile: "ide".into(),
+        ..Default::default()
+    }
+}
+
+/// A run of one shell line.
+pub fn shell(line: &str) -> RunRequest {
+    RunRequest {
+        command: RunCommand::Line(line.into()),
+        ..Default::default()
+    }
+}
 
 /// `berth image build --profile desktop --json`: the build's answer (`image_ref`, `built`, …).
 /// `tests/test.sh` builds the image once, so here a build finds it in under a second.

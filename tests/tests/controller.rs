@@ -6,23 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use berth_protocol::controller::{AcquireLease, Command, CreateSandbox, RunRequest};
-use berth_tests::controller::{API_KEY, ControllerProcess, Provider};
+use berth_tests::controller::{API_KEY, ControllerProcess, Provider, ide, shell};
 use berth_tests::wait_for;
 use serde_json::Value;
-
-fn ide() -> CreateSandbox {
-    CreateSandbox {
-        profile: "ide".into(),
-        ..Default::default()
-    }
-}
-
-fn shell(line: &str) -> RunRequest {
-    RunRequest {
-        command: Command::Line(line.into()),
-        ..Default::default()
-    }
-}
 
 async fn events(c: &ControllerProcess, id: &str) -> Vec<Value> {
     let v = c.client().events(id, 0).await.unwrap();

@@ -6,8 +6,8 @@ use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
 
-use berth_protocol::controller::{AcquireLease, Command as RunCommand, CreateSandbox, RunRequest};
-use berth_tests::controller::ControllerProcess;
+use berth_protocol::controller::{AcquireLease, CreateSandbox, RunRequest};
+use berth_tests::controller::{ControllerProcess, ide, shell};
 use berth_tests::wait_for;
 
 /// The desktop image (`tests/test.sh` builds it; a build here finds it in under a second).
@@ -22,20 +22,6 @@ async fn on_docker(extra: &str) -> ControllerProcess {
         image()
     ))
     .await
-}
-
-fn shell(line: &str) -> RunRequest {
-    RunRequest {
-        command: RunCommand::Line(line.into()),
-        ..Default::default()
-    }
-}
-
-fn ide() -> CreateSandbox {
-    CreateSandbox {
-        profile: "ide".into(),
-        ..Default::default()
-    }
 }
 
 #[tokio::test]

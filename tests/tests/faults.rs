@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use berth_protocol::controller::{Command, CreateSandbox, RunRequest};
-use berth_tests::controller::{ControllerProcess, Provider};
+use berth_protocol::controller::{CreateSandbox, RunRequest};
+use berth_tests::controller::{ControllerProcess, Provider, ide, shell};
 use berth_tests::{AgentProcess, host_port, wait_for};
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
@@ -42,20 +42,6 @@ impl Points {
     /// A delay in `0..max_ms` milliseconds.
     fn delay(&mut self, max_ms: u64) -> Duration {
         Duration::from_micros(self.next() % (max_ms * 1000))
-    }
-}
-
-fn ide() -> CreateSandbox {
-    CreateSandbox {
-        profile: "ide".into(),
-        ..Default::default()
-    }
-}
-
-fn shell(line: &str) -> RunRequest {
-    RunRequest {
-        command: Command::Line(line.into()),
-        ..Default::default()
     }
 }
 
