@@ -17,6 +17,7 @@ use crate::exec::*;
 use crate::fs::*;
 use crate::pty::*;
 use crate::record::*;
+use crate::routes::{fill, header, native};
 
 pub type WebSocket = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
@@ -57,29 +58,66 @@ impl ClientError {
 
 pub type Result<T> = std::result::Result<T, ClientError>;
 
+/// How an [`AgentClient`] authenticates: to an agent directly with its bearer token, or
+/// through the controller (`{controller}/sandbox/sandboxes/v1/{id}` as the base) with the
+/// controller's API key, which the controller swaps for the agent's token.
+#[derive(Clone, Default)]
+pub enum Auth {
+    #[default]
+    None,
+    /// `Authorization: Bearer <token>`.
+    Bearer(String),
+    /// `X-Api-Key: <key>`.
+    ApiKey(String),
+}
+
+impl Auth {
+    /// The header this mode adds, as (name, value).
+    pub fn header(&self) -> Option<(&'static str, String)> {
+        match self {
+            Auth::None => None,
+            Auth::Bearer(t) => Some((header::AUTHORIZATION, format!("Bearer {t}"))),
+            Auth::ApiKey(k) => Some((header::API_KEY, k.clone())),
+        }
+    }
+}
+
+impl std::fmt::Debug for Auth {
+    /// Never prints the secret.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Auth::None => "None",
+            Auth::Bearer(_) => "Bearer(..)",
+            Auth::ApiKey(_) => "ApiKey(..)",
+        })
+    }
+}
+
 #[derive(Clone)]
 pub struct AgentClient {
     base: String,
-    token: Option<String>,
+    auth: Auth,
     http: reqwest::Client,
+}
+
+/// The HTTP client the typed clients build by default.
+pub(crate) fn default_http(total_timeout: Option<Duration>) -> reqwest::Client {
+    let mut b = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .no_proxy()
+        // Below the servers' idle close (10 s by default), so a request is never sent on a
+        // connection the server is closing.
+        .pool_idle_timeout(Duration::from_secs(5));
+    if let Some(t) = total_timeout {
+        b = b.timeout(t);
+    }
+    b.build().expect("reqwest client")
 }
 
 impl AgentClient {
     /// `base` is `http://host:port`; `token` is the native API's bearer token.
     pub fn new(base: impl Into<String>, token: Option<String>) -> Self {
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .no_proxy()
-            // Below the servers' idle close (10 s by default), so a request is never sent on a
-            // connection the server is closing.
-            .pool_idle_timeout(Duration::from_secs(5))
-            .build()
-            .expect("reqwest client");
-        AgentClient {
-            base: base.into().trim_end_matches('/').to_string(),
-            token,
-            http,
-        }
+        Self::with_http(base, token, default_http(None))
     }
 
     /// Shares an existing HTTP client (its connection pool and TLS setup): building a client
@@ -90,15 +128,30 @@ impl AgentClient {
         token: Option<String>,
         http: reqwest::Client,
     ) -> Self {
+        Self::with_auth(base, token.map(Auth::Bearer).unwrap_or_default(), http)
+    }
+
+    /// Any auth mode: `Auth::ApiKey` with the base `{controller}/sandbox/sandboxes/v1/{id}`
+    /// reaches that sandbox's agent through the controller (see `ControllerClient::agent`).
+    pub fn with_auth(base: impl Into<String>, auth: Auth, http: reqwest::Client) -> Self {
         AgentClient {
             base: base.into().trim_end_matches('/').to_string(),
-            token,
+            auth,
             http,
         }
     }
 
     pub fn base(&self) -> &str {
         &self.base
+    }
+
+    pub fn auth(&self) -> &Auth {
+        &self.auth
+    }
+
+    /// Whether this client reaches the agent through the controller.
+    fn proxied(&self) -> bool {
+        matches!(self.auth, Auth::ApiKey(_))
     }
 
     pub fn http(&self) -> &reqwest::Client {
@@ -109,11 +162,11 @@ impl AgentClient {
         format!("{}{}", self.base, path)
     }
 
-    /// A request builder for `path` with the bearer token attached.
+    /// A request builder for `path` with the credentials attached.
     pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
         let rb = self.http.request(method, self.url(path));
-        match &self.token {
-            Some(t) => rb.bearer_auth(t),
+        match self.auth.header() {
+            Some((name, value)) => rb.header(name, value),
             None => rb,
         }
     }
@@ -138,8 +191,13 @@ impl AgentClient {
         Self::call(self.request(reqwest::Method::GET, path)).await
     }
 
+    /// `GET /healthz`. Through the controller (which relays only `/v1`), the agent answering
+    /// `GET /v1/ready` at all (200 or 503 with its report) is the liveness answer.
     pub async fn healthz(&self) -> Result<()> {
-        check(self.http.get(self.url("/healthz")).send().await?).await?;
+        if self.proxied() {
+            return self.ready(Duration::ZERO).await.map(|_| ());
+        }
+        check(self.http.get(self.url(native::HEALTHZ)).send().await?).await?;
         Ok(())
     }
 
@@ -158,33 +216,38 @@ impl AgentClient {
     }
 
     pub async fn exec(&self, req: &ExecRequest) -> Result<ExecResult> {
-        self.call_json(reqwest::Method::POST, "/v1/exec", req).await
+        self.call_json(reqwest::Method::POST, native::EXEC, req)
+            .await
     }
 
     pub async fn exec_background(&self, req: &ExecRequest) -> Result<BackgroundStarted> {
         let mut req = req.clone();
         req.background = Some(true);
-        self.call_json(reqwest::Method::POST, "/v1/exec", &req)
+        self.call_json(reqwest::Method::POST, native::EXEC, &req)
             .await
     }
 
     pub async fn commands(&self) -> Result<CommandList> {
-        self.get("/v1/commands").await
+        self.get(native::COMMANDS).await
     }
 
     pub async fn command(&self, id: &str) -> Result<CommandInfo> {
-        self.get(&format!("/v1/commands/{id}")).await
+        self.get(&fill(native::COMMAND, &[id])).await
     }
 
     pub async fn output(&self, id: &str, from_seq: u64) -> Result<OutputPage> {
-        self.get(&format!("/v1/commands/{id}/output?from_seq={from_seq}"))
-            .await
+        self.get(&format!(
+            "{}?from_seq={from_seq}",
+            fill(native::COMMAND_OUTPUT, &[id])
+        ))
+        .await
     }
 
     /// Long-poll: waits until output past `from_seq` exists or the command ends.
     pub async fn output_wait(&self, id: &str, from_seq: u64) -> Result<OutputPage> {
         self.get(&format!(
-            "/v1/commands/{id}/output?from_seq={from_seq}&follow=true"
+            "{}?from_seq={from_seq}&follow=true",
+            fill(native::COMMAND_OUTPUT, &[id])
         ))
         .await
     }
@@ -216,24 +279,27 @@ impl AgentClient {
         from_seq: u64,
         query: &str,
     ) -> Result<FollowStream> {
-        let path = format!("/v1/commands/{id}/output?from_seq={from_seq}&follow=true{query}");
+        let path = format!(
+            "{}?from_seq={from_seq}&follow=true{query}",
+            fill(native::COMMAND_OUTPUT, &[id])
+        );
         Ok(FollowStream {
             ws: self.websocket(&path).await?,
         })
     }
 
-    /// Opens a WebSocket on `path` with the bearer token.
+    /// Opens a WebSocket on `path` with the credentials.
     pub async fn websocket(&self, path: &str) -> Result<WebSocket> {
         let url = self.url(path).replacen("http", "ws", 1);
         let mut req = url
             .into_client_request()
             .map_err(|e| ClientError::WebSocket(Box::new(e)))?;
-        if let Some(t) = &self.token {
+        if let Some((name, value)) = self.auth.header() {
             req.headers_mut().insert(
-                "authorization",
-                format!("Bearer {t}")
+                name,
+                value
                     .parse()
-                    .map_err(|_| ClientError::Decode("token is not a header value".into()))?,
+                    .map_err(|_| ClientError::Decode("credential is not a header value".into()))?,
             );
         }
         let (ws, _) = tokio_tungstenite::connect_async(req)
@@ -245,7 +311,7 @@ impl AgentClient {
     pub async fn stdin(&self, id: &str, req: &StdinRequest) -> Result<serde_json::Value> {
         self.call_json(
             reqwest::Method::POST,
-            &format!("/v1/commands/{id}/stdin"),
+            &fill(native::COMMAND_STDIN, &[id]),
             req,
         )
         .await
@@ -257,47 +323,50 @@ impl AgentClient {
         };
         self.call_json(
             reqwest::Method::POST,
-            &format!("/v1/commands/{id}/signal"),
+            &fill(native::COMMAND_SIGNAL, &[id]),
             &body,
         )
         .await
     }
 
     pub async fn delete_command(&self, id: &str) -> Result<serde_json::Value> {
-        Self::call(self.request(reqwest::Method::DELETE, &format!("/v1/commands/{id}"))).await
+        Self::call(self.request(reqwest::Method::DELETE, &fill(native::COMMAND, &[id]))).await
     }
 
     pub async fn events(&self, from_seq: u64) -> Result<EventsPage> {
-        self.get(&format!("/v1/events?from_seq={from_seq}")).await
+        self.get(&format!("{}?from_seq={from_seq}", native::EVENTS))
+            .await
     }
 
     /// Long-poll: waits up to `wait` for events at or past `from_seq`.
     pub async fn events_wait(&self, from_seq: u64, wait: Duration) -> Result<EventsPage> {
         self.get(&format!(
-            "/v1/events?from_seq={from_seq}&follow=true&timeout_ms={}",
+            "{}?from_seq={from_seq}&follow=true&timeout_ms={}",
+            native::EVENTS,
             wait.as_millis()
         ))
         .await
     }
 
     pub async fn pty_create(&self, req: &PtyRequest) -> Result<PtyInfo> {
-        self.call_json(reqwest::Method::POST, "/v1/pty", req).await
+        self.call_json(reqwest::Method::POST, native::PTYS, req)
+            .await
     }
 
     pub async fn pty_list(&self) -> Result<PtyList> {
-        self.get("/v1/pty").await
+        self.get(native::PTYS).await
     }
 
     pub async fn pty(&self, id: &str) -> Result<PtyInfo> {
-        self.get(&format!("/v1/pty/{id}")).await
+        self.get(&fill(native::PTY, &[id])).await
     }
 
     pub async fn pty_kill(&self, id: &str) -> Result<serde_json::Value> {
-        Self::call(self.request(reqwest::Method::DELETE, &format!("/v1/pty/{id}"))).await
+        Self::call(self.request(reqwest::Method::DELETE, &fill(native::PTY, &[id]))).await
     }
 
     pub async fn pty_attach(&self, id: &str) -> Result<WebSocket> {
-        self.websocket(&format!("/v1/pty/{id}/attach")).await
+        self.websocket(&fill(native::PTY_ATTACH, &[id])).await
     }
 
     /// Streams `body` to `path` (atomic on the agent: temp file + rename).
@@ -312,7 +381,7 @@ impl AgentClient {
             query.push(("mode", format!("{m:o}")));
         }
         Self::call(
-            self.request(reqwest::Method::PUT, "/v1/files")
+            self.request(reqwest::Method::PUT, native::FILES)
                 .query(&query)
                 .body(body),
         )
@@ -322,7 +391,7 @@ impl AgentClient {
     /// Starts a download; the caller streams the body.
     pub async fn download(&self, path: &str) -> Result<reqwest::Response> {
         check(
-            self.request(reqwest::Method::GET, "/v1/files")
+            self.request(reqwest::Method::GET, native::FILES)
                 .query(&[("path", path)])
                 .send()
                 .await?,
@@ -332,7 +401,7 @@ impl AgentClient {
 
     pub async fn stat(&self, path: &str) -> Result<FileEntry> {
         Self::call(
-            self.request(reqwest::Method::GET, "/v1/fs/stat")
+            self.request(reqwest::Method::GET, native::FS_STAT)
                 .query(&[("path", path)]),
         )
         .await
@@ -340,55 +409,55 @@ impl AgentClient {
 
     pub async fn list(&self, path: &str, depth: u32) -> Result<ListResponse> {
         Self::call(
-            self.request(reqwest::Method::GET, "/v1/fs/list")
+            self.request(reqwest::Method::GET, native::FS_LIST)
                 .query(&[("path", path), ("depth", &depth.to_string())]),
         )
         .await
     }
 
     pub async fn mkdir(&self, req: &MkdirRequest) -> Result<FileEntry> {
-        self.call_json(reqwest::Method::POST, "/v1/fs/mkdir", req)
+        self.call_json(reqwest::Method::POST, native::FS_MKDIR, req)
             .await
     }
 
     pub async fn move_path(&self, req: &MoveRequest) -> Result<FileEntry> {
-        self.call_json(reqwest::Method::POST, "/v1/fs/move", req)
+        self.call_json(reqwest::Method::POST, native::FS_MOVE, req)
             .await
     }
 
     pub async fn remove(&self, path: &str, recursive: bool) -> Result<serde_json::Value> {
         Self::call(
-            self.request(reqwest::Method::DELETE, "/v1/fs")
+            self.request(reqwest::Method::DELETE, native::FS)
                 .query(&[("path", path), ("recursive", &recursive.to_string())]),
         )
         .await
     }
 
     pub async fn start_recording(&self, req: &RecordingRequest) -> Result<RecordingInfo> {
-        self.call_json(reqwest::Method::POST, "/v1/recordings", req)
+        self.call_json(reqwest::Method::POST, native::RECORDINGS, req)
             .await
     }
 
     pub async fn recordings(&self) -> Result<RecordingList> {
-        self.get("/v1/recordings").await
+        self.get(native::RECORDINGS).await
     }
 
     pub async fn recording(&self, id: &str) -> Result<RecordingInfo> {
-        self.get(&format!("/v1/recordings/{id}")).await
+        self.get(&fill(native::RECORDING, &[id])).await
     }
 
     pub async fn stop_recording(&self, id: &str) -> Result<RecordingInfo> {
-        Self::call(self.request(reqwest::Method::POST, &format!("/v1/recordings/{id}/stop"))).await
+        Self::call(self.request(reqwest::Method::POST, &fill(native::RECORDING_STOP, &[id]))).await
     }
 
     pub async fn delete_recording(&self, id: &str) -> Result<serde_json::Value> {
-        Self::call(self.request(reqwest::Method::DELETE, &format!("/v1/recordings/{id}"))).await
+        Self::call(self.request(reqwest::Method::DELETE, &fill(native::RECORDING, &[id]))).await
     }
 
     /// The recording's MP4 (complete fragments so far, when it is still recording).
     pub async fn recording_file(&self, id: &str) -> Result<Vec<u8>> {
         let resp = check(
-            self.request(reqwest::Method::GET, &format!("/v1/recordings/{id}/file"))
+            self.request(reqwest::Method::GET, &fill(native::RECORDING_FILE, &[id]))
                 .send()
                 .await?,
         )
@@ -397,18 +466,18 @@ impl AgentClient {
     }
 
     pub async fn viewer_token(&self, req: &ViewerTokenRequest) -> Result<ViewerToken> {
-        self.call_json(reqwest::Method::POST, "/v1/viewer-tokens", req)
+        self.call_json(reqwest::Method::POST, native::VIEWER_TOKENS, req)
             .await
     }
 
     pub async fn shutdown(&self) -> Result<serde_json::Value> {
-        Self::call(self.request(reqwest::Method::POST, "/v1/shutdown")).await
+        Self::call(self.request(reqwest::Method::POST, native::SHUTDOWN)).await
     }
 
     /// `GET /v1/ready?wait=…`: the report whether ready (200) or not (503); `wait` zero asks
     /// for the state now.
     pub async fn ready(&self, wait: Duration) -> Result<ReadyReport> {
-        let path = format!("/v1/ready?wait={}ms", wait.as_millis());
+        let path = format!("{}?wait={}ms", native::READY, wait.as_millis());
         let resp = self.request(reqwest::Method::GET, &path).send().await?;
         let resp = if resp.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE {
             resp
@@ -418,25 +487,25 @@ impl AgentClient {
         let bytes = resp.bytes().await?;
         match serde_json::from_slice(&bytes) {
             Ok(r) => Ok(r),
-            // A 503 that is not a report (no desktop code at all, a proxy) is an error.
-            Err(e) => Err(ClientError::Decode(format!(
-                "{e}: {}",
-                String::from_utf8_lossy(&bytes)
-            ))),
+            // A 503 that is not a report (the controller's "not running", a proxy) is an error.
+            Err(e) => Err(match serde_json::from_slice::<ErrorBody>(&bytes) {
+                Ok(body) => ClientError::Api { status: 503, body },
+                Err(_) => ClientError::Decode(format!("{e}: {}", String::from_utf8_lossy(&bytes))),
+            }),
         }
     }
 
     pub async fn browser(&self) -> Result<BrowserInfo> {
-        self.get("/v1/browser").await
+        self.get(native::BROWSER).await
     }
 
     /// `POST /v1/browser/restart`: answers once the new browser is up.
     pub async fn browser_restart(&self) -> Result<BrowserInfo> {
-        Self::call(self.request(reqwest::Method::POST, "/v1/browser/restart")).await
+        Self::call(self.request(reqwest::Method::POST, native::BROWSER_RESTART)).await
     }
 
     pub async fn a11y(&self) -> Result<A11yTree> {
-        self.get("/v1/a11y").await
+        self.get(native::A11Y).await
     }
 }
 

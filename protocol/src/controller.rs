@@ -7,15 +7,13 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::client::{ClientError, Result, check};
+use crate::client::{AgentClient, Auth, ClientError, Result, check, default_http};
+use crate::routes::{controller as route, fill};
 
 /// Header carrying the controller's API key.
-pub const API_KEY_HEADER: &str = "x-api-key";
+pub const API_KEY_HEADER: &str = crate::routes::header::API_KEY;
 
-pub const SANDBOXES: &str = "/sandbox/sandboxes/v1";
-pub const LEASES: &str = "/sandbox/v1/leases";
-pub const CATALOG: &str = "/sandbox/v1/catalog";
-pub const POOLS: &str = "/sandbox/v1/pools";
+pub use crate::routes::controller::{CATALOG, LEASES, POOLS, SANDBOXES};
 
 /// `POST /sandbox/sandboxes/v1`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -199,15 +197,7 @@ pub struct ControllerClient {
 
 impl ControllerClient {
     pub fn new(base: impl Into<String>, key: Option<String>) -> Self {
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .timeout(Duration::from_secs(900))
-            .no_proxy()
-            // Below the servers' idle close (10 s by default), so a request is never sent on a
-            // connection the server is closing.
-            .pool_idle_timeout(Duration::from_secs(5))
-            .build()
-            .expect("reqwest client");
+        let http = default_http(Some(Duration::from_secs(900)));
         ControllerClient {
             base: base.into().trim_end_matches('/').to_string(),
             key,
@@ -217,6 +207,17 @@ impl ControllerClient {
 
     pub fn base(&self) -> &str {
         &self.base
+    }
+
+    /// The sandbox's agent through the controller (`ANY /sandbox/sandboxes/v1/{id}/v1/{*path}`):
+    /// every typed agent call, WebSockets included, authenticated with this client's API key.
+    /// Shares this client's HTTP pool (and its 900 s whole-request timeout).
+    pub fn agent(&self, id: &str) -> AgentClient {
+        AgentClient::with_auth(
+            self.url(&fill(route::SANDBOX, &[id])),
+            self.key.clone().map(Auth::ApiKey).unwrap_or_default(),
+            self.http.clone(),
+        )
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -252,7 +253,7 @@ impl ControllerClient {
     }
 
     pub async fn get(&self, id: &str) -> Result<Sandbox> {
-        Self::call(self.request(reqwest::Method::GET, &format!("{SANDBOXES}/{id}"))).await
+        Self::call(self.request(reqwest::Method::GET, &fill(route::SANDBOX, &[id]))).await
     }
 
     /// `labels`: `k=v` filters, all of which must match.
@@ -265,34 +266,30 @@ impl ControllerClient {
     }
 
     pub async fn delete(&self, id: &str) -> Result<serde_json::Value> {
-        Self::call(self.request(reqwest::Method::DELETE, &format!("{SANDBOXES}/{id}"))).await
+        Self::call(self.request(reqwest::Method::DELETE, &fill(route::SANDBOX, &[id]))).await
     }
 
     pub async fn exec(&self, id: &str, req: &RunRequest) -> Result<Run> {
         Self::call(
-            self.request(reqwest::Method::POST, &format!("{SANDBOXES}/{id}/exec"))
+            self.request(reqwest::Method::POST, &fill(route::SANDBOX_EXEC, &[id]))
                 .json(req),
         )
         .await
     }
 
     pub async fn run(&self, id: &str, run_id: &str) -> Result<Run> {
-        Self::call(self.request(
-            reqwest::Method::GET,
-            &format!("{SANDBOXES}/{id}/runs/{run_id}"),
-        ))
-        .await
+        Self::call(self.request(reqwest::Method::GET, &fill(route::RUN, &[id, run_id]))).await
     }
 
     pub async fn viewer(&self, id: &str) -> Result<ViewerUrl> {
-        Self::call(self.request(reqwest::Method::POST, &format!("{SANDBOXES}/{id}/viewer"))).await
+        Self::call(self.request(reqwest::Method::POST, &fill(route::SANDBOX_VIEWER, &[id]))).await
     }
 
     pub async fn screenshot(&self, id: &str) -> Result<Vec<u8>> {
         let resp = check(
             self.request(
                 reqwest::Method::GET,
-                &format!("{SANDBOXES}/{id}/screenshot"),
+                &fill(route::SANDBOX_SCREENSHOT, &[id]),
             )
             .send()
             .await?,
@@ -307,21 +304,27 @@ impl ControllerClient {
 
     pub async fn renew(&self, lease_id: &str, ttl_seconds: u64) -> Result<Lease> {
         Self::call(
-            self.request(reqwest::Method::POST, &format!("{LEASES}/{lease_id}/renew"))
-                .json(&RenewLease { ttl_seconds }),
+            self.request(
+                reqwest::Method::POST,
+                &fill(route::LEASE_RENEW, &[lease_id]),
+            )
+            .json(&RenewLease { ttl_seconds }),
         )
         .await
     }
 
     pub async fn release(&self, lease_id: &str) -> Result<serde_json::Value> {
-        Self::call(self.request(reqwest::Method::DELETE, &format!("{LEASES}/{lease_id}"))).await
+        Self::call(self.request(reqwest::Method::DELETE, &fill(route::LEASE, &[lease_id]))).await
     }
 
     /// A sandbox's timeline from `from_seq`: `{"events": [...], "next_seq"}`.
     pub async fn events(&self, id: &str, from_seq: u64) -> Result<serde_json::Value> {
         Self::call(self.request(
             reqwest::Method::GET,
-            &format!("{SANDBOXES}/{id}/events?from_seq={from_seq}&limit=10000"),
+            &format!(
+                "{}?from_seq={from_seq}&limit=10000",
+                fill(route::SANDBOX_EVENTS, &[id])
+            ),
         ))
         .await
     }
@@ -346,7 +349,7 @@ impl ControllerClient {
             body.insert("size".into(), s.into());
         }
         Self::call(
-            self.request(reqwest::Method::PUT, &format!("{POOLS}/{profile}"))
+            self.request(reqwest::Method::PUT, &fill(route::POOL, &[profile]))
                 .json(&body),
         )
         .await
@@ -354,7 +357,7 @@ impl ControllerClient {
 
     /// `GET /metrics` (no key needed): the Prometheus text.
     pub async fn metrics(&self) -> Result<String> {
-        let resp = check(self.http.get(self.url("/metrics")).send().await?).await?;
+        let resp = check(self.http.get(self.url(route::METRICS)).send().await?).await?;
         Ok(resp.text().await?)
     }
 

@@ -14,10 +14,11 @@ pub mod exec;
 pub mod fs;
 pub mod pty;
 pub mod record;
+pub mod routes;
 #[cfg(feature = "server")]
 pub mod serve;
 
-pub use client::{AgentClient, ClientError};
+pub use client::{AgentClient, Auth, ClientError};
 pub use desktop::*;
 pub use display::*;
 pub use error::{ErrorBody, ErrorDetail};
@@ -28,4 +29,4 @@ pub use pty::*;
 pub use record::*;
 
 /// Header carrying the native API's bearer token.
-pub const AUTHORIZATION: &str = "authorization";
+pub const AUTHORIZATION: &str = routes::header::AUTHORIZATION;
