@@ -1,5 +1,11 @@
 //! The `berth` command line: `serve`, `demo`, and clients for sandboxes and leases.
 
+mod cp;
+mod events;
+mod forward;
+mod shell;
+mod through;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -48,13 +54,16 @@ pub enum Top {
 
 #[derive(Args, Debug, Clone)]
 pub struct ImageArgs {
+    /// The profile whose image to build (`desktop`, `ide`, …).
     #[arg(long, default_value = "desktop")]
     pub profile: String,
+    /// A catalog bundle of apps to add.
     #[arg(long)]
     pub bundle: Option<String>,
     /// A catalog app to add, repeatable.
     #[arg(long = "app")]
     pub apps: Vec<String>,
+    /// The berth-agent binary put in the image (default: the one beside `berth`).
     #[arg(long, env = "BERTH_AGENT_BIN")]
     pub agent_bin: Option<PathBuf>,
     /// The recipes and lock files (default: the repository's images/).
@@ -87,13 +96,18 @@ pub enum ImageCmd {
     Lock {
         #[command(flatten)]
         args: ImageArgs,
+        /// Print {"lock": path} instead of the path.
+        #[arg(long)]
+        json: bool,
     },
 }
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
+    /// The address the API listens on.
     #[arg(long, env = "BERTH_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
+    /// Where the SQLite store, the secret key and the process provider's sandboxes live.
     #[arg(long, env = "BERTH_DATA_DIR", default_value = "/var/lib/berth")]
     pub data_dir: PathBuf,
     /// TOML configuration (API keys, pools, timeouts).
@@ -106,10 +120,13 @@ pub struct ServeArgs {
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
+    /// The address the demo controller listens on.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
+    /// Where the demo controller keeps its store and sandboxes.
     #[arg(long, default_value = "berth-demo-data")]
     pub data_dir: PathBuf,
+    /// The berth-agent binary the process provider runs (default: the one beside `berth`).
     #[arg(long, env = "BERTH_AGENT_BIN")]
     pub agent_bin: Option<PathBuf>,
     /// Where the screenshot goes.
@@ -120,68 +137,137 @@ pub struct DemoArgs {
     pub once: bool,
 }
 
+/// Which controller to talk to, and how to print.
 #[derive(Args, Debug, Clone)]
 pub struct Remote {
-    /// The controller's URL.
-    #[arg(
-        long,
-        env = "BERTH_URL",
-        default_value = "http://127.0.0.1:8080",
-        global = true
-    )]
-    pub url: String,
-    #[arg(long, env = "BERTH_API_KEY", global = true, hide_env_values = true)]
+    /// The controller's URL. Default: $BERTH_URL, else $SANDBOX_GATEWAY_URL, else
+    /// http://127.0.0.1:8080 (http://localhost:8780 when only SANDBOX_* variables are set).
+    #[arg(long, global = true)]
+    pub url: Option<String>,
+    /// The controller's API key, sent as X-Api-Key. Default: $BERTH_API_KEY, else
+    /// $SANDBOX_API_KEY.
+    #[arg(long, global = true)]
     pub api_key: Option<String>,
-    /// Machine-readable output.
+    /// Machine-readable output: JSON on stdout (one object per line for streams).
     #[arg(long, global = true)]
     pub json: bool,
 }
 
+fn env_var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// The URL and key from flags and the environment: the BERTH_ names first, then the seed's
+/// SANDBOX_GATEWAY_URL / SANDBOX_API_KEY.
+fn resolve(
+    url: Option<String>,
+    key: Option<String>,
+    env: impl Fn(&str) -> Option<String>,
+) -> (String, Option<String>) {
+    let berth_named = env("BERTH_URL").is_some() || env("BERTH_API_KEY").is_some();
+    let sandbox_named = env("SANDBOX_GATEWAY_URL").is_some() || env("SANDBOX_API_KEY").is_some();
+    let url = url
+        .or_else(|| env("BERTH_URL"))
+        .or_else(|| env("SANDBOX_GATEWAY_URL"))
+        .unwrap_or_else(|| match sandbox_named && !berth_named {
+            true => "http://localhost:8780".into(),
+            false => "http://127.0.0.1:8080".into(),
+        });
+    let key = key
+        .or_else(|| env("BERTH_API_KEY"))
+        .or_else(|| env("SANDBOX_API_KEY"));
+    (url, key)
+}
+
+impl Remote {
+    pub fn url(&self) -> String {
+        resolve(self.url.clone(), self.api_key.clone(), env_var).0
+    }
+
+    pub fn key(&self) -> Option<String> {
+        resolve(self.url.clone(), self.api_key.clone(), env_var).1
+    }
+}
+
 #[derive(Subcommand, Debug)]
 pub enum SandboxCmd {
+    /// Create a sandbox, wait until it is ready and print it.
     Create {
+        /// The catalog profile (`berth`'s catalog lists them: desktop, ide, …).
         #[arg(long, default_value = "desktop")]
         profile: String,
+        /// A specific image instead of the profile's default.
         #[arg(long)]
         image_ref: Option<String>,
-        /// key=value, repeatable.
+        /// A label `key=value` to attach; repeatable.
         #[arg(long = "label", value_parser = parse_label)]
         labels: Vec<(String, String)>,
+        /// Delete the sandbox after this many seconds.
         #[arg(long)]
         ttl: Option<u64>,
         #[command(flatten)]
         remote: Remote,
     },
+    /// Print one sandbox: status, viewer, endpoints, labels.
     Get {
+        /// The sandbox's id.
         id: String,
         #[command(flatten)]
         remote: Remote,
     },
+    /// List sandboxes, one a line (id, profile, status, created).
     List {
+        /// Only sandboxes with this label `key=value`; repeatable (all must match).
         #[arg(long = "label", value_parser = parse_label)]
         labels: Vec<(String, String)>,
         #[command(flatten)]
         remote: Remote,
     },
+    /// Delete a sandbox (its processes, files and container).
     Rm {
+        /// The sandbox's id.
         id: String,
         #[command(flatten)]
         remote: Remote,
     },
     /// Run a command (argv after `--`) and print its output; exits with its exit code.
     Exec {
+        /// The sandbox's id.
         id: String,
+        /// Kill the command after this many milliseconds.
         #[arg(long)]
         timeout_ms: Option<u64>,
+        /// A client-chosen run id: repeating the call with it returns the same run.
         #[arg(long)]
         run_id: Option<String>,
+        /// The program and its arguments, after `--`.
         #[arg(required = true, last = true)]
         command: Vec<String>,
         #[command(flatten)]
         remote: Remote,
     },
+    /// An interactive terminal in the sandbox, like `docker exec -it`: exits with the
+    /// program's exit code.
+    #[command(after_help = "\
+The local terminal is put in raw mode (restored on every exit) and its size followed; Ctrl-C, \
+Ctrl-Z and Ctrl-D go to the program in the sandbox. With stdin not a terminal (piped), its bytes \
+are typed into the sandbox's terminal and its end sends Ctrl-D. SIGTERM or SIGHUP to `berth` \
+closes the sandbox's terminal and exits 128+signal.")]
+    Shell(shell::ShellArgs),
+    /// Copy files or directories between this machine and a sandbox (`ID:PATH` names the
+    /// sandbox side), streamed.
+    Cp(cp::CpArgs),
+    /// Print a sandbox's timeline (the controller's and the agent's events); `--follow` keeps
+    /// printing new ones.
+    Events(events::EventsArgs),
+    /// Forward a local port to a port inside the sandbox (HTTP and WebSocket, through the
+    /// controller's preview route).
+    PortForward(forward::ForwardArgs),
+    /// Save a screenshot of the sandbox's display as PNG.
     Screenshot {
+        /// The sandbox's id.
         id: String,
+        /// The PNG file to write.
         #[arg(short, long, default_value = "screenshot.png")]
         output: PathBuf,
         #[command(flatten)]
@@ -189,6 +275,7 @@ pub enum SandboxCmd {
     },
     /// A one-time viewer URL for a browser.
     Viewer {
+        /// The sandbox's id.
         id: String,
         #[command(flatten)]
         remote: Remote,
@@ -197,26 +284,36 @@ pub enum SandboxCmd {
 
 #[derive(Subcommand, Debug)]
 pub enum LeaseCmd {
+    /// Lease a sandbox for a thread: the one it holds, else a warm one, else a new one.
     Acquire {
+        /// The thread (conversation, episode) the lease is for.
         #[arg(long)]
         thread: String,
+        /// The catalog profile of the sandbox.
         #[arg(long, default_value = "desktop")]
         profile: String,
+        /// A label `key=value` the sandbox must have; repeatable.
         #[arg(long = "label", value_parser = parse_label)]
         labels: Vec<(String, String)>,
+        /// The lease's time to live in seconds.
         #[arg(long)]
         ttl: Option<u64>,
         #[command(flatten)]
         remote: Remote,
     },
+    /// Extend a lease.
     Renew {
+        /// The lease's id.
         lease_id: String,
+        /// The new time to live in seconds, from now.
         #[arg(long)]
         ttl: u64,
         #[command(flatten)]
         remote: Remote,
     },
+    /// Give a lease up (its sandbox is deleted or returned to its pool).
     Release {
+        /// The lease's id.
         lease_id: String,
         #[command(flatten)]
         remote: Remote,
@@ -396,7 +493,7 @@ async fn wait_running(
 }
 
 fn client(r: &Remote) -> ControllerClient {
-    ControllerClient::new(&r.url, r.api_key.clone())
+    ControllerClient::new(r.url(), r.key())
 }
 
 fn show_sandbox(sb: &Sandbox, json: bool) {
@@ -468,11 +565,16 @@ async fn sandbox(c: SandboxCmd) -> anyhow::Result<i32> {
             }
         }
         SandboxCmd::Rm { id, remote } => {
-            client(&remote).delete(&id).await?;
-            if !remote.json {
-                println!("deleted {id}");
+            let answer = client(&remote).delete(&id).await?;
+            match remote.json {
+                true => println!("{}", serde_json::to_string_pretty(&answer)?),
+                false => println!("deleted {id}"),
             }
         }
+        SandboxCmd::Shell(a) => return shell::run(a).await,
+        SandboxCmd::Cp(a) => return cp::run(a).await,
+        SandboxCmd::Events(a) => return events::run(a).await,
+        SandboxCmd::PortForward(a) => return forward::run(a).await,
         SandboxCmd::Exec {
             id,
             timeout_ms,
@@ -510,9 +612,14 @@ async fn sandbox(c: SandboxCmd) -> anyhow::Result<i32> {
         }
         SandboxCmd::Screenshot { id, output, remote } => {
             let png = client(&remote).screenshot(&id).await?;
-            std::fs::write(&output, &png)?;
-            if !remote.json {
-                println!("{} ({} bytes)", output.display(), png.len());
+            std::fs::write(&output, &png)
+                .with_context(|| format!("writing {}", output.display()))?;
+            match remote.json {
+                true => println!(
+                    "{}",
+                    serde_json::json!({"path": output.display().to_string(), "bytes": png.len()})
+                ),
+                false => println!("{} ({} bytes)", output.display(), png.len()),
             }
         }
         SandboxCmd::Viewer { id, remote } => {
@@ -573,9 +680,10 @@ async fn lease(c: LeaseCmd) -> anyhow::Result<i32> {
             }
         }
         LeaseCmd::Release { lease_id, remote } => {
-            client(&remote).release(&lease_id).await?;
-            if !remote.json {
-                println!("released {lease_id}");
+            let answer = client(&remote).release(&lease_id).await?;
+            match remote.json {
+                true => println!("{}", serde_json::to_string_pretty(&answer)?),
+                false => println!("released {lease_id}"),
             }
         }
     }
@@ -624,11 +732,77 @@ async fn image(c: ImageCmd) -> anyhow::Result<i32> {
                 ),
             }
         }
-        ImageCmd::Lock { args } => {
+        ImageCmd::Lock { args, json } => {
             let req = request(args)?;
             let path = tokio::task::spawn_blocking(move || crate::image::relock(&req)).await??;
-            println!("{}", path.display());
+            match json {
+                true => println!(
+                    "{}",
+                    serde_json::json!({"lock": path.display().to_string()})
+                ),
+                false => println!("{}", path.display()),
+            }
         }
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resolve;
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |n| {
+            vars.iter()
+                .find(|(k, _)| *k == n)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn berth_names_come_first_then_the_seeds() {
+        let r = |url: Option<&str>, vars: &[(&str, &str)]| {
+            resolve(url.map(Into::into), None, env(vars))
+        };
+        assert_eq!(r(None, &[]), ("http://127.0.0.1:8080".into(), None));
+        assert_eq!(
+            r(None, &[("SANDBOX_API_KEY", "k")]),
+            ("http://localhost:8780".into(), Some("k".into()))
+        );
+        assert_eq!(
+            r(
+                None,
+                &[
+                    ("SANDBOX_GATEWAY_URL", "http://g:1"),
+                    ("BERTH_API_KEY", "b")
+                ]
+            ),
+            ("http://g:1".into(), Some("b".into()))
+        );
+        assert_eq!(
+            r(None, &[("BERTH_API_KEY", "b"), ("SANDBOX_API_KEY", "s")]),
+            ("http://127.0.0.1:8080".into(), Some("b".into()))
+        );
+        assert_eq!(
+            r(
+                Some("http://flag:2"),
+                &[
+                    ("BERTH_URL", "http://b:3"),
+                    ("SANDBOX_GATEWAY_URL", "http://g:1")
+                ]
+            ),
+            ("http://flag:2".into(), None)
+        );
+        assert_eq!(
+            r(
+                None,
+                &[
+                    ("BERTH_URL", "http://b:3"),
+                    ("SANDBOX_GATEWAY_URL", "http://g:1")
+                ]
+            )
+            .0,
+            "http://b:3"
+        );
+    }
 }

@@ -1,0 +1,116 @@
+//! `berth sandbox events`: a sandbox's timeline (`GET /sandbox/sandboxes/v1/{id}/events`), the
+//! controller's events and the agent's in one sequence, and with `--follow` the new ones as they
+//! come.
+
+use std::time::Duration;
+
+use berth_protocol::controller::ControllerClient;
+use clap::Args;
+use serde_json::Value;
+
+use super::Remote;
+use super::through::Through;
+
+#[derive(Args, Debug)]
+#[command(after_help = "\
+Text output: one line per event, `SEQ AT KIND {other fields}`. With --json: one JSON object per \
+line, as the controller stores it (`seq`, `at`, `kind` and the event's own fields).
+
+--follow wakes on the agent's own event stream (a long-poll through the controller), so an \
+agent event shows within moments; the controller's own events (status changes) within a few \
+seconds. Ctrl-C stops.")]
+pub struct EventsArgs {
+    /// The sandbox's id.
+    pub id: String,
+    /// Keep printing new events until Ctrl-C.
+    #[arg(short, long)]
+    pub follow: bool,
+    /// Start at this sequence number (default: the first kept).
+    #[arg(long, default_value_t = 0)]
+    pub from_seq: u64,
+    #[command(flatten)]
+    pub remote: Remote,
+}
+
+/// How long one wait on the agent's events lasts before the timeline is read again (what
+/// bounds the delay of controller-only events).
+const WAKE: Duration = Duration::from_secs(3);
+
+pub async fn run(a: EventsArgs) -> anyhow::Result<i32> {
+    let client = ControllerClient::new(a.remote.url(), a.remote.key());
+    let through = Through::new(&a.remote, &a.id);
+    let mut from = a.from_seq;
+    // The agent's next sequence number, learnt from the imported events (`agent_seq`).
+    let mut agent_next = 0u64;
+    let stop = tokio::signal::ctrl_c();
+    tokio::pin!(stop);
+    loop {
+        let page = client.events(&a.id, from).await?;
+        let events = page["events"].as_array().cloned().unwrap_or_default();
+        for e in &events {
+            print_event(e, a.remote.json);
+            if let Some(s) = e["agent_seq"].as_u64() {
+                agent_next = agent_next.max(s + 1);
+            }
+        }
+        from = page["next_seq"].as_u64().unwrap_or(from).max(from);
+        if !a.follow {
+            return Ok(0);
+        }
+        if !events.is_empty() && events.len() >= 10_000 {
+            continue;
+        }
+        tokio::select! {
+            _ = &mut stop => return Ok(0),
+            next = wait_for_agent(&through, agent_next) => {
+                if let Some(n) = next {
+                    agent_next = agent_next.max(n);
+                }
+            }
+        }
+    }
+}
+
+/// Returns when the agent has an event at or past `from` (a long-poll), or after [`WAKE`], with
+/// the agent's next sequence number; an agent that cannot be reached is simply waited out.
+async fn wait_for_agent(through: &Through, from: u64) -> Option<u64> {
+    let started = tokio::time::Instant::now();
+    let rb = through
+        .request(reqwest::Method::GET, "/v1/events")
+        .query(&[
+            ("from_seq", from.to_string()),
+            ("follow", "true".into()),
+            ("limit", "1000".into()),
+            ("timeout_ms", WAKE.as_millis().to_string()),
+        ])
+        .timeout(WAKE + Duration::from_secs(5));
+    if let Ok(r) = rb.send().await
+        && r.status().is_success()
+        && let Ok(page) = r.json::<berth_protocol::EventsPage>().await
+    {
+        return Some(page.next_seq);
+    }
+    tokio::time::sleep_until(started + WAKE).await;
+    None
+}
+
+fn print_event(e: &Value, json: bool) {
+    if json {
+        println!("{e}");
+        return;
+    }
+    let mut rest = e.as_object().cloned().unwrap_or_default();
+    let seq = rest.remove("seq").unwrap_or(Value::Null);
+    let at = rest.remove("at");
+    let kind = rest.remove("kind");
+    let text = |v: Option<Value>| match v {
+        Some(Value::String(s)) => s,
+        Some(v) => v.to_string(),
+        None => String::new(),
+    };
+    let rest = match rest.is_empty() {
+        true => String::new(),
+        false => Value::Object(rest).to_string(),
+    };
+    println!("{seq:>5} {} {} {rest}", text(at), text(kind))
+}
