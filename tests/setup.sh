@@ -64,6 +64,15 @@ if ! has python3 playwright; then
     || python3 -m pip install --quiet --break-system-packages playwright
 fi
 
+# schemathesis fuzzes both /openapi.json documents (tests/tests/schemathesis.rs); pinned so the
+# CLI's options and check names stay as the test spells them.
+schemathesis_version=4.32.5
+if [ "$(python3 -c 'import importlib.metadata as m; print(m.version("schemathesis"))' 2>/dev/null)" != "$schemathesis_version" ]; then
+  echo "setup: installing schemathesis $schemathesis_version" >&2
+  python3 -m pip install --quiet "schemathesis==$schemathesis_version" 2>/dev/null \
+    || python3 -m pip install --quiet --break-system-packages "schemathesis==$schemathesis_version"
+fi
+
 if ! command -v cargo-nextest >/dev/null 2>&1; then
   echo "setup: installing cargo-nextest" >&2
   cargo install --locked cargo-nextest

@@ -238,11 +238,20 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
 pub fn router(agent: Arc<Agent>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
+        .route(berth_protocol::routes::native::OPENAPI, get(openapi))
         .nest("/v1", api::router(agent.clone()))
         .merge(compat::router(agent.clone()))
         .fallback(compat::not_found)
         .layer(axum::middleware::from_fn(compat::fill_empty_errors))
         .with_state(agent)
+}
+
+/// The OpenAPI 3.1 document of both surfaces (no auth, like `/healthz`).
+async fn openapi() -> impl axum::response::IntoResponse {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        berth_protocol::openapi::agent_json(),
+    )
 }
 
 async fn healthz() -> axum::Json<serde_json::Value> {

@@ -16,7 +16,7 @@ pub const API_KEY_HEADER: &str = crate::routes::header::API_KEY;
 pub use crate::routes::controller::{CATALOG, LEASES, POOLS, SANDBOXES};
 
 /// `POST /sandbox/sandboxes/v1`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSandbox {
     pub profile: String,
@@ -28,7 +28,7 @@ pub struct CreateSandbox {
     pub ttl_seconds: Option<u64>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct Viewer {
     /// `novnc`, or `none` for profiles without a desktop.
     pub kind: String,
@@ -37,7 +37,7 @@ pub struct Viewer {
     pub url: Option<String>,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct Endpoints {
     /// The agent's OSWorld-compatible surface (`/screenshot`, `/execute`, …).
     #[serde(default)]
@@ -52,7 +52,7 @@ pub struct Endpoints {
 }
 
 /// A sandbox as the controller reports it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct Sandbox {
     pub id: String,
     pub profile: String,
@@ -73,13 +73,13 @@ pub struct Sandbox {
     pub lease_id: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct SandboxList {
     pub sandboxes: Vec<Sandbox>,
 }
 
 /// `POST …/{id}/exec`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RunRequest {
     /// An argv list (run directly) or a string (run with `sh -c` unless `shell` is false).
@@ -103,7 +103,7 @@ pub struct RunRequest {
     pub cwd: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum Command {
     Argv(Vec<String>),
@@ -117,7 +117,7 @@ impl Default for Command {
 }
 
 /// A run (`GET …/{id}/runs/{run_id}`).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct Run {
     pub id: String,
     #[serde(default)]
@@ -142,7 +142,7 @@ impl Run {
 }
 
 /// `POST /sandbox/v1/leases`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AcquireLease {
     pub thread_id: String,
@@ -156,7 +156,7 @@ pub struct AcquireLease {
     pub ttl_seconds: Option<u64>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct Lease {
     pub lease_id: String,
     pub sandbox: Sandbox,
@@ -169,20 +169,20 @@ pub struct Lease {
     pub how: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RenewLease {
     pub ttl_seconds: u64,
 }
 
 /// One catalog entry; the fields present depend on the kind.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct CatalogList {
     pub kind: String,
     pub items: Vec<serde_json::Value>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct ViewerUrl {
     pub url: String,
 }

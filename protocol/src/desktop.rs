@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 /// `GET /v1/ready[?wait=30s]`: 200 when `ready`, 503 otherwise, the same body either way.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default, schemars::JsonSchema)]
 pub struct ReadyReport {
     pub ready: bool,
     /// The desktop's components and the end-to-end checks, by name.
@@ -14,7 +14,7 @@ pub struct ReadyReport {
 }
 
 /// One component's or check's condition.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct ComponentStatus {
     pub ok: bool,
     /// `starting`, `up`, `down`, `gave_up`, `stopped`.
@@ -29,7 +29,7 @@ pub struct ComponentStatus {
 
 /// `GET /v1/browser`, `POST /v1/browser/restart`. Fields are alphabetical: the order the agent
 /// has always sent them in.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct BrowserInfo {
     /// The TCP relay's bound address (`--cdp-listen`), when it has one.
     pub cdp_listen: Option<String>,
@@ -44,7 +44,7 @@ pub struct BrowserInfo {
 }
 
 /// One CDP target, reached through the WebSocket relay at `ws_url`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct BrowserTarget {
     pub id: Option<String>,
     pub title: Option<String>,
@@ -56,13 +56,13 @@ pub struct BrowserTarget {
 }
 
 /// `GET /v1/a11y`: every application on the AT-SPI bus with its tree.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default, schemars::JsonSchema)]
 pub struct A11yTree {
     pub applications: Vec<A11yNode>,
 }
 
 /// One accessible object.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default, schemars::JsonSchema)]
 pub struct A11yNode {
     /// The role name with spaces as dashes (`push-button`), `unknown` when empty.
     pub role: String,
@@ -93,14 +93,14 @@ impl A11yNode {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default, schemars::JsonSchema)]
 pub struct A11yAction {
     pub name: String,
     pub description: String,
     pub keybinding: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default, schemars::JsonSchema)]
 pub struct A11yValue {
     pub current: f64,
     pub min: f64,

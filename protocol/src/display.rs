@@ -1,7 +1,7 @@
 use serde::{Deserialize, Serialize};
 
 /// `GET /v1/display`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct DisplayInfo {
     pub display: Option<String>,
     pub width: u32,
@@ -15,7 +15,7 @@ pub struct DisplayInfo {
 }
 
 /// A mouse button by name or number (`left`, `middle`, `right`, `back`, `forward`, 1–9).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum Button {
     Name(String),
@@ -29,7 +29,7 @@ impl Default for Button {
 }
 
 /// One step of `POST /v1/input`. Coordinates are screen pixels; 0 is a real coordinate.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum InputAction {
     Move {
@@ -105,7 +105,7 @@ pub enum InputAction {
 }
 
 /// Settled screenshot wanted after the actions.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ScreenshotAfter {
     #[serde(default)]
@@ -120,7 +120,7 @@ pub struct ScreenshotAfter {
     pub timeout_ms: Option<u64>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InputRequest {
     pub actions: Vec<InputAction>,
@@ -128,7 +128,7 @@ pub struct InputRequest {
     pub screenshot_after: Option<ScreenshotAfter>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct InputResponse {
     pub cursor: [i32; 2],
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -139,14 +139,14 @@ pub struct InputResponse {
     pub settle_timed_out: Option<bool>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct Clipboard {
     /// `null` when no application holds the clipboard.
     pub text: Option<String>,
 }
 
 /// `POST /v1/computer`: the computer-use tool input engines emit.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct ComputerRequest {
     pub action: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -173,7 +173,7 @@ pub struct ComputerRequest {
     pub display_height_px: Option<u32>,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct ComputerResponse {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<String>,

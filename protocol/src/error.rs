@@ -1,12 +1,12 @@
 use serde::{Deserialize, Serialize};
 
 /// The native API's one error body: `{"error": {"code": "...", "message": "..."}}`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct ErrorBody {
     pub error: ErrorDetail,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct ErrorDetail {
     /// Stable machine-readable code (`not_found`, `invalid_request`, `spawn_failed`, …).
     pub code: String,

@@ -2,7 +2,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 /// One observed action on the agent's sequence-numbered timeline.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct Event {
     pub seq: u64,
     /// RFC 3339 wall-clock time with milliseconds.
@@ -15,7 +15,7 @@ pub struct Event {
 }
 
 /// `GET /v1/events` answer.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct EventsPage {
     pub events: Vec<Event>,
     pub next_seq: u64,
@@ -25,7 +25,7 @@ pub struct EventsPage {
 }
 
 /// A message on a followed stream that is not a record: the follower fell too far behind.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct Lagged {
     pub lagged: bool,
     pub resume_from_seq: u64,

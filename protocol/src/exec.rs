@@ -3,7 +3,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 /// `POST /v1/exec`. Exactly one of `argv` and `shell` is given.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -66,7 +66,7 @@ impl ExecRequest {
 }
 
 /// Foreground `POST /v1/exec` answer.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct ExecResult {
     pub id: String,
     /// The exit status; 128 + signal number when the command was killed by a signal.
@@ -113,7 +113,7 @@ fn decode_text_or_b64(text: Option<&str>, b64: Option<&str>) -> Vec<u8> {
 }
 
 /// Background `POST /v1/exec` answer (202).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct BackgroundStarted {
     pub id: String,
     /// With `yield_ms`: the output so far.
@@ -128,7 +128,7 @@ pub struct BackgroundStarted {
     pub exit_code: Option<i32>,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum CommandState {
     Running,
@@ -138,7 +138,7 @@ pub enum CommandState {
 }
 
 /// One command record (`GET /v1/commands/{id}`).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct CommandInfo {
     pub id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -165,12 +165,12 @@ pub struct CommandInfo {
     pub lagged_followers: usize,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct CommandList {
     pub commands: Vec<CommandInfo>,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Stream {
     Stdout,
@@ -179,7 +179,7 @@ pub enum Stream {
 
 /// A run of output bytes from one stream. `seq` is the byte offset of its first byte in the
 /// command's one combined output stream.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct OutputChunk {
     pub seq: u64,
     pub stream: Stream,
@@ -208,7 +208,7 @@ impl OutputChunk {
 }
 
 /// `GET /v1/commands/{id}/output` answer.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct OutputPage {
     pub chunks: Vec<OutputChunk>,
     pub next_seq: u64,
@@ -222,7 +222,7 @@ pub struct OutputPage {
 }
 
 /// One message on a followed output stream (WebSocket text frame, SSE `data:` line).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum FollowMessage {
     Chunk(OutputChunk),
@@ -241,7 +241,7 @@ pub enum FollowMessage {
     },
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StdinRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -252,7 +252,7 @@ pub struct StdinRequest {
     pub eof: Option<bool>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SignalRequest {
     /// A signal name (`TERM`, `SIGKILL`, `int`) or number.

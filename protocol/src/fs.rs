@@ -1,6 +1,6 @@
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum EntryType {
     File,
@@ -10,7 +10,7 @@ pub enum EntryType {
 }
 
 /// One file system entry (`/v1/fs/stat`, `/v1/fs/list`).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct FileEntry {
     pub name: String,
     pub path: String,
@@ -29,20 +29,20 @@ pub struct FileEntry {
     pub depth: Option<u32>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct ListResponse {
     pub path: String,
     pub entries: Vec<FileEntry>,
 }
 
 /// `PUT /v1/files` answer.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct UploadResult {
     pub path: String,
     pub bytes: u64,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MkdirRequest {
     pub path: String,
@@ -53,7 +53,7 @@ pub struct MkdirRequest {
     pub mode: Option<u32>,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MoveRequest {
     pub from: String,
@@ -63,7 +63,7 @@ pub struct MoveRequest {
     pub overwrite: Option<bool>,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum WatchKind {
     Create,
@@ -74,7 +74,7 @@ pub enum WatchKind {
 }
 
 /// One message on `GET /v1/fs/watch`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum WatchMessage {
     Event {

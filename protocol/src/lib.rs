@@ -13,6 +13,7 @@ pub mod events;
 pub mod exec;
 pub mod fs;
 pub mod pty;
+pub mod openapi;
 pub mod record;
 pub mod routes;
 #[cfg(feature = "server")]

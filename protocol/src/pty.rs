@@ -3,7 +3,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 /// `POST /v1/pty`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PtyRequest {
     /// Program and arguments; default the sandbox user's login shell.
@@ -19,14 +19,14 @@ pub struct PtyRequest {
     pub env: Option<BTreeMap<String, String>>,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum PtyState {
     Running,
     Exited,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct PtyInfo {
     pub id: String,
     pub cmd: Vec<String>,
@@ -43,13 +43,13 @@ pub struct PtyInfo {
     pub output_bytes: u64,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct PtyList {
     pub ptys: Vec<PtyInfo>,
 }
 
 /// JSON control messages on a PTY WebSocket (text frames; terminal bytes travel as binary).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum PtyControl {
     /// Client → agent.
@@ -60,7 +60,7 @@ pub enum PtyControl {
     Lagged { lagged: bool, skipped: u64 },
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct PtySize {
     pub cols: u16,
     pub rows: u16,

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 /// `POST /v1/recordings`. Every field is optional; the defaults suit a 1080p desktop.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RecordingRequest {
     /// A client-chosen id (`[A-Za-z0-9_.-]`, at most 128 bytes); taken ids are a 409.
@@ -30,7 +30,7 @@ pub struct RecordingRequest {
     pub max_duration_ms: Option<u64>,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RecordingState {
     Recording,
@@ -43,7 +43,7 @@ pub enum RecordingState {
 }
 
 /// One recording, live or finished.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct RecordingInfo {
     pub id: String,
     pub state: RecordingState,
@@ -81,13 +81,13 @@ pub struct RecordingInfo {
     pub error: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct RecordingList {
     pub recordings: Vec<RecordingInfo>,
 }
 
 /// `POST /v1/viewer-tokens`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ViewerTokenRequest {
     /// How long the one-time URL stays valid, 1–3600 s (default 60).
@@ -100,7 +100,7 @@ pub struct ViewerTokenRequest {
     pub path: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct ViewerToken {
     pub url: String,
     pub expires_at: String,

@@ -24,6 +24,15 @@ pub fn open() -> Router<ApiState> {
             get(|| async { axum::Json(json!({"ok": true})) }),
         )
         .route("/metrics", get(metrics))
+        .route(
+            berth_protocol::routes::controller::OPENAPI,
+            get(|| async {
+                (
+                    [(header::CONTENT_TYPE, "application/json")],
+                    berth_protocol::openapi::controller_json(),
+                )
+            }),
+        )
 }
 
 pub fn keyed() -> Router<ApiState> {
