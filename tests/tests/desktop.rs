@@ -567,6 +567,88 @@ async fn killed_components_come_back_and_readiness_follows() {
     }
 }
 
+/// Clients that ask the session bus for the accessibility bus while its launcher is down must
+/// not get one that D-Bus starts for them: that one would own `org.a11y.Bus`, and every start of
+/// the supervised launcher after it would exit at once (code 0) until the supervisor gave up.
+#[tokio::test]
+async fn clients_asking_for_the_accessibility_bus_while_it_restarts_do_not_take_its_place() {
+    let a = desktop_agent().await;
+    let before = wait_ready(&a).await;
+    let pid = before["components"]["a11y-bus"]["pid"].as_u64().unwrap() as i32;
+    let from = a.get_json("/v1/events?from_seq=0&limit=10000").await["next_seq"]
+        .as_u64()
+        .unwrap();
+    let ask = "gdbus call --session --dest org.a11y.Bus --object-path /org/a11y/bus \
+               --method org.a11y.Bus.GetAddress";
+    // A client asking for the bus over and over, from before the kill to after the restart.
+    let asker = a
+        .client()
+        .exec_background(&berth_protocol::ExecRequest {
+            shell: Some(format!(
+                "for i in $(seq 400); do {ask} >/dev/null 2>&1; done"
+            )),
+            background: Some(true),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let a = &a;
+    let new_pid = wait_for(
+        "the accessibility bus launcher to be restarted",
+        Duration::from_secs(20),
+        || async move {
+            let (_, r) = ready(a, "0s").await;
+            let c = &r["components"]["a11y-bus"];
+            c["pid"]
+                .as_u64()
+                .filter(|p| *p as i32 != pid && c["ok"] == true)
+        },
+    )
+    .await;
+    let asker = &asker.id;
+    wait_for(
+        "the asking client to end",
+        Duration::from_secs(60),
+        || async move {
+            let c = a.client().command(asker).await.unwrap();
+            c.exit_code.is_some().then_some(())
+        },
+    )
+    .await;
+    // The supervised launcher owns the name, and it never had to exit for want of it.
+    let owner = a
+        .client()
+        .exec(&berth_protocol::ExecRequest {
+            shell: Some(
+                "gdbus call --session --dest org.freedesktop.DBus --object-path /org/freedesktop/DBus \
+                 --method org.freedesktop.DBus.GetConnectionUnixProcessID org.a11y.Bus"
+                    .into(),
+            ),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(owner.exit_code, 0, "{owner:?}");
+    assert_eq!(
+        owner.stdout.as_deref().unwrap_or("").trim(),
+        format!("(uint32 {new_pid},)"),
+        "the supervised launcher owns org.a11y.Bus"
+    );
+    let events = events_since(a, from).await;
+    let downs: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["kind"] == "component.down" && e["component"] == "a11y-bus")
+        .collect();
+    assert_eq!(downs.len(), 1, "only the kill took it down: {downs:#?}");
+    let (_, r) = ready(a, "0s").await;
+    assert_eq!(r["components"]["a11y-bus"]["state"], "up", "{r:#}");
+}
+
 #[tokio::test]
 async fn a_component_that_keeps_crashing_is_given_up_on_and_readiness_says_why() {
     // A "browser" that exits at once with code 3, however often it is started.

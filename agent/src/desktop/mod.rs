@@ -103,6 +103,9 @@ pub struct Desktop {
     x_auth_file: PathBuf,
     pub vnc_socket: PathBuf,
     pub session_bus: PathBuf,
+    /// The session bus's configuration (`session_bus_config`), or None to run it on the
+    /// system's session configuration as it is.
+    bus_config: Option<PathBuf>,
     pub bin_dir: PathBuf,
     dir: PathBuf,
     logs: PathBuf,
@@ -162,6 +165,7 @@ impl Desktop {
         }
         let bin_dir = cfg.state_dir.join("desktop-bin");
         make_dir(&bin_dir, 0o755)?;
+        let bus_config = session_bus_config(&cfg.state_dir.join("session-bus"))?;
         // Where Google Chrome keeps its profile: OSWorld's getters read it there.
         let profile = cfg.home.join(".config").join("google-chrome");
         let browser = browser_binary(&cfg.chromium)?;
@@ -183,6 +187,7 @@ impl Desktop {
             x_auth_file,
             vnc_socket: dir.join("vnc.sock"),
             session_bus: session_dir.join("bus"),
+            bus_config,
             bin_dir,
             dir,
             logs,
@@ -491,7 +496,10 @@ impl Desktop {
             "x" => self.xvnc_argv(Some(&self.display), None),
             "session-bus" => vec![
                 "dbus-daemon".into(),
-                "--session".into(),
+                match &self.bus_config {
+                    Some(c) => format!("--config-file={}", c.display()),
+                    None => "--session".into(),
+                },
                 "--nofork".into(),
                 "--nopidfile".into(),
                 format!("--address=unix:path={}", self.session_bus.display()),
@@ -1361,4 +1369,44 @@ mod tests {
         assert!(!quit_on_request(&exit(None, Some(libc::SIGKILL))));
         assert!(!quit_on_request(&exit(None, Some(libc::SIGSEGV))));
     }
+}
+
+/// The system's own session bus configuration, which the desktop's bus includes.
+const SYSTEM_SESSION_CONF: &str = "/usr/share/dbus-1/session.conf";
+
+/// Writes the session bus's configuration into `dir`: the system's session configuration, but
+/// with the AT-SPI bus not activatable on demand. Only the supervised launcher may own
+/// `org.a11y.Bus`: one that D-Bus starts for a client while the supervised one is restarting
+/// (after the X server's restart, say) owns the name, and every later start of the supervised
+/// one then exits at once (code 0, the name taken) until the supervisor gives up on it.
+/// A client that asks in that gap gets an activation error and asks again later, as it does
+/// when accessibility is off. None when the system has no session configuration to include.
+fn session_bus_config(dir: &Path) -> std::io::Result<Option<PathBuf>> {
+    if !Path::new(SYSTEM_SESSION_CONF).exists() {
+        return Ok(None);
+    }
+    let services = dir.join("services");
+    make_dir(dir, 0o755)?;
+    make_dir(&services, 0o755)?;
+    // Earlier service directories win over later ones for the same name.
+    write_readable(
+        &services.join("org.a11y.Bus.service"),
+        "[D-BUS Service]\nName=org.a11y.Bus\nExec=/bin/false\n",
+    )?;
+    let conf = dir.join("session.conf");
+    write_readable(
+        &conf,
+        &format!(
+            "<!DOCTYPE busconfig PUBLIC \"-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN\"\n              \"http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd\">\n\
+             <busconfig>\n  <servicedir>{}</servicedir>\n  <include>{SYSTEM_SESSION_CONF}</include>\n\
+             </busconfig>\n",
+            services.display()
+        ),
+    )?;
+    Ok(Some(conf))
+}
+
+fn write_readable(path: &Path, text: &str) -> std::io::Result<()> {
+    std::fs::write(path, text)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
 }
