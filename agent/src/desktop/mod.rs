@@ -1341,36 +1341,6 @@ fn browser_binary(command: &str) -> std::io::Result<PathBuf> {
         .unwrap_or(resolved))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_last_fixed_debugging_port_of_a_rewritten_command_line_is_found() {
-        let spaced =
-            b"/usr/lib/chromium/chrome --remote-debugging-port=0 --x --remote-debugging-port=1337";
-        assert_eq!(debugging_port(spaced), Some(1337));
-        assert_eq!(
-            debugging_port(b"chrome\0--remote-debugging-port=9\0"),
-            Some(9)
-        );
-        assert_eq!(debugging_port(b"chrome --remote-debugging-port=0"), None);
-        assert_eq!(debugging_port(b"chrome --remote-debugging-port=x"), None);
-        assert_eq!(debugging_port(b"chrome"), None);
-    }
-
-    #[test]
-    fn a_quit_is_told_from_a_crash() {
-        let exit = |code, signal| Exit { code, signal };
-        assert!(quit_on_request(&exit(Some(0), None)));
-        assert!(quit_on_request(&exit(Some(143), None)));
-        assert!(quit_on_request(&exit(None, Some(libc::SIGTERM))));
-        assert!(!quit_on_request(&exit(Some(3), None)));
-        assert!(!quit_on_request(&exit(None, Some(libc::SIGKILL))));
-        assert!(!quit_on_request(&exit(None, Some(libc::SIGSEGV))));
-    }
-}
-
 /// The system's own session bus configuration, which the desktop's bus includes.
 const SYSTEM_SESSION_CONF: &str = "/usr/share/dbus-1/session.conf";
 
@@ -1409,4 +1379,34 @@ fn session_bus_config(dir: &Path) -> std::io::Result<Option<PathBuf>> {
 fn write_readable(path: &Path, text: &str) -> std::io::Result<()> {
     std::fs::write(path, text)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_fixed_debugging_port_of_a_rewritten_command_line_is_found() {
+        let spaced =
+            b"/usr/lib/chromium/chrome --remote-debugging-port=0 --x --remote-debugging-port=1337";
+        assert_eq!(debugging_port(spaced), Some(1337));
+        assert_eq!(
+            debugging_port(b"chrome\0--remote-debugging-port=9\0"),
+            Some(9)
+        );
+        assert_eq!(debugging_port(b"chrome --remote-debugging-port=0"), None);
+        assert_eq!(debugging_port(b"chrome --remote-debugging-port=x"), None);
+        assert_eq!(debugging_port(b"chrome"), None);
+    }
+
+    #[test]
+    fn a_quit_is_told_from_a_crash() {
+        let exit = |code, signal| Exit { code, signal };
+        assert!(quit_on_request(&exit(Some(0), None)));
+        assert!(quit_on_request(&exit(Some(143), None)));
+        assert!(quit_on_request(&exit(None, Some(libc::SIGTERM))));
+        assert!(!quit_on_request(&exit(Some(3), None)));
+        assert!(!quit_on_request(&exit(None, Some(libc::SIGKILL))));
+        assert!(!quit_on_request(&exit(None, Some(libc::SIGSEGV))));
+    }
 }
