@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
-use berth_protocol::{EntryType, FileEntry, ListResponse, MkdirRequest, UploadResult};
+use berth_protocol::{ClientError, EntryType, FileEntry, MkdirRequest};
 use clap::Args;
 use futures_util::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -121,32 +121,18 @@ pub async fn run(a: CpArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// The sandbox's entry at `path`; `None` when nothing is there (an unknown sandbox, or a
+/// controller without the route, is an error).
 async fn stat(t: &Through, path: &str) -> anyhow::Result<Option<FileEntry>> {
-    let rb = t
-        .request(reqwest::Method::GET, "/v1/fs/stat")
-        .query(&[("path", path)]);
-    match rb.send().await {
-        Ok(resp) if resp.status() == reqwest::StatusCode::NOT_FOUND => {
-            // The path, or the sandbox (or route) itself: told apart by the message.
-            let text = resp.text().await.unwrap_or_default();
-            let body: Option<berth_protocol::ErrorBody> = serde_json::from_str(&text).ok();
-            match body {
-                Some(b)
-                    if b.error.message.starts_with("no sandbox ")
-                        || b.error.message.starts_with("no route ") =>
-                {
-                    Err(anyhow!("{}", b.error.message))
-                }
-                Some(b) if b.error.code == "not_found" => Ok(None),
-                Some(b) => Err(anyhow!("404: {} ({})", b.error.message, b.error.code)),
-                None => Err(anyhow!("404: {text}")),
-            }
+    match t.agent().stat(path).await {
+        Ok(e) => Ok(Some(e)),
+        Err(ClientError::Api { status: 404, body })
+            if !body.error.message.starts_with("no sandbox ")
+                && !body.error.message.starts_with("no route ") =>
+        {
+            Ok(None)
         }
-        Ok(resp) => {
-            let resp = berth_protocol::client::check(resp).await?;
-            Ok(Some(resp.json().await?))
-        }
-        Err(e) => Err(anyhow!(e).context("reaching the controller")),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -206,15 +192,12 @@ async fn upload_dir(
         let mode = std::fs::metadata(&dir)
             .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o7777)
             .ok();
-        let _: FileEntry = t
-            .post(
-                "/v1/fs/mkdir",
-                &MkdirRequest {
-                    path: remote.clone(),
-                    parents: Some(true),
-                    mode,
-                },
-            )
+        t.agent()
+            .mkdir(&MkdirRequest {
+                path: remote.clone(),
+                parents: Some(true),
+                mode,
+            })
             .await
             .with_context(|| format!("creating {remote} in the sandbox"))?;
         totals.dirs += 1;
@@ -253,13 +236,9 @@ async fn upload_file(
     let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777;
     let progress = Progress::new(target, Some(meta.len()));
     let body = read_stream(file, progress);
-    let rb = t
-        .request(reqwest::Method::PUT, "/v1/files")
-        .query(&[("path", target), ("mode", &format!("{mode:o}"))])
-        .header(reqwest::header::CONTENT_LENGTH, meta.len())
-        .body(reqwest::Body::wrap_stream(body));
-    let done: UploadResult = t
-        .json(rb)
+    let done = t
+        .agent()
+        .upload(target, reqwest::Body::wrap_stream(body), Some(mode))
         .await
         .with_context(|| format!("uploading {} to {target}", src.display()))?;
     totals.files += 1;
@@ -304,11 +283,10 @@ async fn from_stdin(t: &Through, dst: &str, totals: &mut Totals) -> anyhow::Resu
         None => dst.to_string(),
     };
     let body = read_stream(tokio::io::stdin(), Progress::new(&target, None));
-    let rb = t
-        .request(reqwest::Method::PUT, "/v1/files")
-        .query(&[("path", target.as_str())])
-        .body(reqwest::Body::wrap_stream(body));
-    let done: UploadResult = t.json(rb).await?;
+    let done = t
+        .agent()
+        .upload(&target, reqwest::Body::wrap_stream(body), None)
+        .await?;
     totals.files += 1;
     totals.bytes += done.bytes;
     Ok(target)
@@ -344,11 +322,9 @@ async fn download_dir(
     target: &Path,
     totals: &mut Totals,
 ) -> anyhow::Result<()> {
-    let list: ListResponse = t
-        .json(
-            t.request(reqwest::Method::GET, "/v1/fs/list")
-                .query(&[("path", root.path.as_str()), ("depth", "32")]),
-        )
+    let list = t
+        .agent()
+        .list(&root.path, 32)
         .await
         .with_context(|| format!("listing {}", root.path))?;
     make_dir(target, root.mode)?;
@@ -402,10 +378,8 @@ async fn download_file(
 ) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let resp = t
-        .send(
-            t.request(reqwest::Method::GET, "/v1/files")
-                .query(&[("path", src)]),
-        )
+        .agent()
+        .download(src)
         .await
         .with_context(|| format!("downloading {src}"))?;
     let dir = match target.parent() {
@@ -454,10 +428,8 @@ async fn download_file(
 
 async fn to_stdout(t: &Through, src: &str, totals: &mut Totals) -> anyhow::Result<()> {
     let resp = t
-        .send(
-            t.request(reqwest::Method::GET, "/v1/files")
-                .query(&[("path", src)]),
-        )
+        .agent()
+        .download(src)
         .await
         .with_context(|| format!("downloading {src}"))?;
     let mut progress = Progress::new(src, resp.content_length());

@@ -75,19 +75,8 @@ pub async fn run(a: EventsArgs) -> anyhow::Result<i32> {
 /// the agent's next sequence number; an agent that cannot be reached is simply waited out.
 async fn wait_for_agent(through: &Through, from: u64) -> Option<u64> {
     let started = tokio::time::Instant::now();
-    let rb = through
-        .request(reqwest::Method::GET, "/v1/events")
-        .query(&[
-            ("from_seq", from.to_string()),
-            ("follow", "true".into()),
-            ("limit", "1000".into()),
-            ("timeout_ms", WAKE.as_millis().to_string()),
-        ])
-        .timeout(WAKE + Duration::from_secs(5));
-    if let Ok(r) = rb.send().await
-        && r.status().is_success()
-        && let Ok(page) = r.json::<berth_protocol::EventsPage>().await
-    {
+    let wait = through.agent().events_wait(from, WAKE);
+    if let Ok(Ok(page)) = tokio::time::timeout(WAKE + Duration::from_secs(5), wait).await {
         return Some(page.next_seq);
     }
     tokio::time::sleep_until(started + WAKE).await;

@@ -15,6 +15,9 @@ use clap::Args;
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite;
 
+use berth_protocol::controller::ControllerClient;
+use berth_protocol::routes::{controller as route, fill};
+
 use super::Remote;
 use super::through::Through;
 
@@ -59,6 +62,7 @@ fn parse_ports(s: &str) -> Result<(u16, u16), String> {
 
 struct Relay {
     through: Through,
+    id: String,
     port: u16,
 }
 
@@ -84,8 +88,8 @@ pub async fn run(a: ForwardArgs) -> anyhow::Result<i32> {
     let (local, remote) = a.ports;
     let through = Through::new(&a.remote, &a.id);
     // Check the sandbox first, so a typo fails now and not at the first request.
-    let _: serde_json::Value = through
-        .get("")
+    ControllerClient::new(a.remote.url(), a.remote.key())
+        .get(&a.id)
         .await
         .with_context(|| format!("sandbox {}", a.id))?;
     let listener = tokio::net::TcpListener::bind(SocketAddr::new(a.address, local))
@@ -104,6 +108,7 @@ pub async fn run(a: ForwardArgs) -> anyhow::Result<i32> {
     }
     let state = Arc::new(Relay {
         through,
+        id: a.id.clone(),
         port: remote,
     });
     let app = axum::Router::new().fallback(handle).with_state(state);
@@ -128,7 +133,8 @@ async fn handle(State(r): State<Arc<Relay>>, req: Request) -> Response {
         .path_and_query()
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| "/".into());
-    let target = format!("/ports/{}{path_q}", r.port);
+    let root = fill(route::SANDBOX_PORT_ROOT, &[&r.id, &r.port.to_string()]);
+    let target = format!("{}{path_q}", root.trim_end_matches('/'));
     let is_ws = parts
         .headers
         .get(header::UPGRADE)

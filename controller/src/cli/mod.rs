@@ -193,7 +193,7 @@ impl Remote {
 pub enum SandboxCmd {
     /// Create a sandbox, wait until it is ready and print it.
     Create {
-        /// The catalog profile (`berth`'s catalog lists them: desktop, ide, …).
+        /// The catalog profile (`GET /sandbox/v1/catalog` lists them).
         #[arg(long, default_value = "desktop")]
         profile: String,
         /// A specific image instead of the profile's default.

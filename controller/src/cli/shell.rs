@@ -7,7 +7,7 @@ use std::io::{IsTerminal, Read, Write};
 use std::os::fd::AsFd;
 
 use anyhow::{Context, anyhow};
-use berth_protocol::{PtyControl, PtyInfo, PtyRequest, PtySize};
+use berth_protocol::{PtyControl, PtyRequest, PtySize};
 use clap::Args;
 use futures_util::{SinkExt, StreamExt};
 use nix::sys::termios::{self, SetArg, Termios};
@@ -126,18 +126,18 @@ pub async fn run(a: ShellArgs) -> anyhow::Result<i32> {
         cwd: a.cwd,
         env: (!env.is_empty()).then_some(env),
     };
-    let pty: PtyInfo = through
-        .post("/v1/pty", &req)
+    let pty = through
+        .agent()
+        .pty_create(&req)
         .await
         .context("opening a terminal in the sandbox")?;
-    let (ws, _) = match through
-        .websocket(&format!("/v1/pty/{}/attach", pty.id), &[])
-        .await
-    {
+    let ws = match through.agent().pty_attach(&pty.id).await {
         Ok(ws) => ws,
         Err(e) => {
             kill(&through, &pty.id).await;
-            return Err(e.context("attaching to the sandbox's terminal"));
+            return Err(
+                super::through::client_error(e).context("attaching to the sandbox's terminal")
+            );
         }
     };
     let raw = match interactive {
@@ -154,7 +154,7 @@ pub async fn run(a: ShellArgs) -> anyhow::Result<i32> {
         }
         Ok(Ended::Closed) => {
             // The stream closed without the exit message: ask the agent how it ended.
-            let info: PtyInfo = through.get(&format!("/v1/pty/{}", pty.id)).await?;
+            let info = through.agent().pty(&pty.id).await?;
             info.exit_code.ok_or_else(|| {
                 anyhow!(
                     "the connection to terminal {} closed while it was still running",
@@ -174,10 +174,11 @@ enum Ended {
 }
 
 async fn kill(through: &Through, pty: &str) {
-    let rb = through
-        .request(reqwest::Method::DELETE, &format!("/v1/pty/{pty}"))
-        .timeout(std::time::Duration::from_secs(5));
-    let _ = rb.send().await;
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        through.agent().pty_kill(pty),
+    )
+    .await;
 }
 
 async fn relay(ws: berth_protocol::client::WebSocket, interactive: bool) -> anyhow::Result<Ended> {
