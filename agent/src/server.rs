@@ -237,9 +237,12 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
 
 pub fn router(agent: Arc<Agent>) -> Router {
     Router::new()
-        .route("/healthz", get(healthz))
+        .route(berth_protocol::routes::native::HEALTHZ, get(healthz))
         .route(berth_protocol::routes::native::OPENAPI, get(openapi))
-        .nest("/v1", api::router(agent.clone()))
+        .nest(
+            berth_protocol::routes::native::PREFIX,
+            api::router(agent.clone()),
+        )
         .merge(compat::router(agent.clone()))
         .fallback(compat::not_found)
         .layer(axum::middleware::from_fn(compat::fill_empty_errors))

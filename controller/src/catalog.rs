@@ -7,11 +7,17 @@ const BUILTIN: &str = include_str!("../../images/catalog.toml");
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Profile {
+    /// The canonical name (the seed's: `desktop-ubuntu`, `ide-ubuntu`, …).
     pub name: String,
+    /// Other names the profile answers to (`desktop`, `ide`): a create, lease, pool or config
+    /// may use them; what the controller stores and reports is `name`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<String>,
     pub description: String,
-    /// Which kind of provider serves it (`process`, `docker`, `kubernetes`, `vm`).
+    /// The provider that serves it when the config maps it to none (`process`, `docker`,
+    /// `kubernetes`, `vm`); the catalog route reports the one serving it on this controller.
     pub driver_hint: String,
-    /// `novnc` or `none`.
+    /// The viewer kind: `novnc`, `vscode` (the IDE kind) or `none`.
     pub viewer: String,
     /// Whether the agent runs the desktop stack.
     pub desktop: bool,
@@ -72,6 +78,21 @@ impl Catalog {
 
     pub fn parse(text: &str) -> anyhow::Result<Catalog> {
         let c: Catalog = toml::from_str(text)?;
+        let mut names = std::collections::BTreeSet::new();
+        for p in &c.profiles {
+            for n in std::iter::once(&p.name).chain(&p.aliases) {
+                anyhow::ensure!(names.insert(n.as_str()), "profile name {n} is used twice");
+            }
+        }
+        for a in &c.apps {
+            for port in a.ports.keys() {
+                anyhow::ensure!(
+                    !berth_protocol::controller::RESERVED_ENDPOINT_NAMES.contains(&port.as_str()),
+                    "app {} declares a port named {port}, which endpoints use themselves",
+                    a.name
+                );
+            }
+        }
         for b in &c.bundles {
             for a in &b.apps {
                 anyhow::ensure!(
@@ -84,8 +105,33 @@ impl Catalog {
         Ok(c)
     }
 
+    /// The profile `name` names, canonically or by an alias.
     pub fn profile(&self, name: &str) -> Option<&Profile> {
-        self.profiles.iter().find(|p| p.name == name)
+        self.profiles
+            .iter()
+            .find(|p| p.name == name || p.aliases.iter().any(|a| a == name))
+    }
+
+    /// The canonical name of a profile name or alias; an unknown name as it is.
+    pub fn canonical<'a>(&'a self, name: &'a str) -> &'a str {
+        self.profile(name).map_or(name, |p| p.name.as_str())
+    }
+
+    /// Every name a create accepts, canonical first: `desktop-ubuntu (alias desktop), …`.
+    pub fn known_profiles(&self) -> String {
+        self.profiles
+            .iter()
+            .map(|p| match p.aliases.is_empty() {
+                true => p.name.clone(),
+                false => format!("{} (alias {})", p.name, p.aliases.join(", ")),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The port an app declares under `name` (`vlc` → 8080), from any app.
+    pub fn declared_port(&self, name: &str) -> Option<u16> {
+        self.apps.iter().find_map(|a| a.ports.get(name).copied())
     }
 
     /// The entries of one kind as wire objects; `None` for an unknown kind.
@@ -119,13 +165,66 @@ mod tests {
     #[test]
     fn the_builtin_catalog_has_the_profiles_apps_and_osworld_bundle() {
         let c = Catalog::builtin();
-        assert!(c.profile("desktop").unwrap().desktop);
-        assert!(!c.profile("ide").unwrap().desktop);
-        assert!(!c.profile("windows").unwrap().enabled);
+        assert!(c.profile("desktop-ubuntu").unwrap().desktop);
+        assert!(!c.profile("ide-ubuntu").unwrap().desktop);
+        assert!(!c.profile("desktop-windows").unwrap().enabled);
+        assert!(!c.profile("desktop-macos").unwrap().enabled);
         let osworld = c.bundles.iter().find(|b| b.name == "osworld").unwrap();
         assert!(osworld.apps.contains(&"libreoffice".to_string()));
         assert!(osworld.packages.contains(&"wmctrl".to_string()));
         assert!(c.list("nope").is_none());
         assert_eq!(c.list("profile").unwrap()[0]["viewer"], "novnc");
+        assert_eq!(c.profile("ide-ubuntu").unwrap().viewer, "vscode");
+        assert_eq!(c.declared_port("vlc"), Some(8080));
+    }
+
+    #[test]
+    fn the_older_names_are_aliases_of_the_seeds() {
+        let c = Catalog::builtin();
+        for (alias, name) in [
+            ("desktop", "desktop-ubuntu"),
+            ("ide", "ide-ubuntu"),
+            ("windows", "desktop-windows"),
+            ("macos", "desktop-macos"),
+        ] {
+            assert_eq!(c.profile(alias).unwrap().name, name);
+            assert_eq!(c.canonical(alias), name);
+            assert_eq!(c.canonical(name), name);
+        }
+        assert_eq!(c.canonical("nope"), "nope");
+        assert!(c.profile("desktop-ubuntu-x").is_none());
+        assert!(
+            c.known_profiles()
+                .starts_with("desktop-ubuntu (alias desktop), ide-ubuntu")
+        );
+    }
+
+    #[test]
+    fn a_name_used_twice_or_a_reserved_port_name_is_refused() {
+        let profile = |name: &str, aliases: &str| {
+            format!(
+                "[[profile]]\nname = \"{name}\"\naliases = [{aliases}]\ndescription = \"\"\n\
+                 driver_hint = \"process\"\nviewer = \"none\"\ndesktop = false\nenabled = true\n"
+            )
+        };
+        let app = |port: &str| {
+            format!(
+                "[[app]]\nname = \"a\"\ndescription = \"\"\npackages = []\nlauncher = \"a\"\n\
+                 ports = {{ {port} = 1 }}\n"
+            )
+        };
+        let ok = format!("bundle = []\n{}{}", profile("x", "\"y\""), app("web"));
+        assert!(Catalog::parse(&ok).is_ok(), "{ok}");
+        let twice = format!(
+            "bundle = []\n{}{}{}",
+            profile("x", "\"y\""),
+            profile("y", ""),
+            app("web")
+        );
+        let e = Catalog::parse(&twice).unwrap_err().to_string();
+        assert!(e.contains("used twice"), "{e}");
+        let reserved = format!("bundle = []\n{}{}", profile("x", ""), app("preview"));
+        let e = Catalog::parse(&reserved).unwrap_err().to_string();
+        assert!(e.contains("endpoints use themselves"), "{e}");
     }
 }

@@ -122,6 +122,21 @@ fn load_recipes(images_dir: &Path) -> anyhow::Result<Recipes> {
 }
 
 fn select(req: &BuildRequest, recipes: &Recipes) -> anyhow::Result<Selection> {
+    let catalog = Catalog::builtin();
+    // The recipe of a catalog profile is keyed by its name or one of its aliases
+    // (`desktop-ubuntu` builds the `desktop` recipe, the same image as `--profile desktop`).
+    let recipe = catalog
+        .profile(&req.profile)
+        .and_then(|p| {
+            std::iter::once(&p.name)
+                .chain(&p.aliases)
+                .find(|n| recipes.profiles.contains_key(n.as_str()))
+        })
+        .unwrap_or(&req.profile);
+    let req = &BuildRequest {
+        profile: recipe.clone(),
+        ..req.clone()
+    };
     let p = recipes.profiles.get(&req.profile).with_context(|| {
         format!(
             "no recipe for profile {:?} (recipes: {})",
@@ -134,7 +149,6 @@ fn select(req: &BuildRequest, recipes: &Recipes) -> anyhow::Result<Selection> {
                 .join(", ")
         )
     })?;
-    let catalog = Catalog::builtin();
     let mut packages: BTreeSet<String> = p.packages.iter().cloned().collect();
     let mut apps: BTreeSet<String> = req.apps.iter().cloned().collect();
     let mut user_password = None;

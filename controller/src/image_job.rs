@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use serde::Serialize;
+pub use berth_protocol::controller::ImageJob;
 
 use crate::error::{Error, Result};
 use crate::image::BuildRequest;
@@ -19,19 +19,6 @@ pub struct ImageSettings {
     pub agent_bin: PathBuf,
     pub images_dir: PathBuf,
     pub cache_dir: PathBuf,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct ImageJob {
-    pub image_ref: String,
-    /// The same pin, as the gateway API names it.
-    pub image_uri: String,
-    /// `building`, `ready` or `failed`.
-    pub status: String,
-    pub steps: Vec<String>,
-    pub error: Option<String>,
-    pub started_at: String,
-    pub ended_at: Option<String>,
 }
 
 #[derive(Default)]

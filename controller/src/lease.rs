@@ -22,6 +22,11 @@ impl Controller {
             )));
         }
         crate::sandbox::validate_labels(&req.labels)?;
+        // An alias leases as its profile's canonical name (what the sandbox row holds).
+        let req = &AcquireLease {
+            profile: self.profile(&req.profile)?.name.clone(),
+            ..req.clone()
+        };
         let (image, _) = self.resolve(&req.profile, req.image_ref.as_deref())?;
         let lock = self.lease_locks.get(&req.thread_id);
         let _held = lock.lock().await;

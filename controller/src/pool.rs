@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::Serialize;
+pub use berth_protocol::controller::PoolStatus;
 use tokio::sync::{Notify, Semaphore};
 
 use crate::config::PoolConfig;
@@ -50,19 +50,6 @@ pub struct PoolState {
     failures: AtomicU32,
     failing: Mutex<Option<String>>,
     wake: Notify,
-}
-
-#[derive(Debug, Serialize)]
-pub struct PoolStatus {
-    pub pool: String,
-    pub profile: String,
-    pub image_ref: String,
-    pub size: usize,
-    pub ready: usize,
-    pub starting: usize,
-    pub paused: bool,
-    /// Set when refill stopped after repeated failures: the last one.
-    pub failing: Option<String>,
 }
 
 #[derive(Default)]
@@ -149,7 +136,8 @@ impl Controller {
                 .map_err(|e| anyhow::anyhow!("pool for {}: {e}", c.profile))?;
             let state = Arc::new(PoolState {
                 key: key.clone(),
-                profile: c.profile.clone(),
+                // A pool configured under an alias serves the canonical profile.
+                profile: self.catalog.canonical(&c.profile).to_string(),
                 image_ref: image,
                 size: AtomicUsize::new(c.size),
                 paused: AtomicBool::new(false),

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use berth_protocol::AgentClient;
-use berth_protocol::controller::{Endpoints, Sandbox, Viewer};
+use berth_protocol::controller::{Endpoints, PortPreview, Sandbox, Viewer};
+use berth_protocol::routes::controller as routes;
 use serde_json::json;
 
 use crate::catalog::{Catalog, Profile};
@@ -91,15 +92,9 @@ impl Controller {
 
     pub fn profile(&self, name: &str) -> Result<&Profile> {
         let p = self.catalog.profile(name).ok_or_else(|| {
-            let known: Vec<&str> = self
-                .catalog
-                .profiles
-                .iter()
-                .map(|p| p.name.as_str())
-                .collect();
             Error::BadRequest(format!(
                 "unknown profile {name:?}; known: {}",
-                known.join(", ")
+                self.catalog.known_profiles()
             ))
         })?;
         if !p.enabled {
@@ -111,13 +106,18 @@ impl Controller {
         Ok(p)
     }
 
-    /// The provider that serves a profile: configured by name, else by its driver hint.
+    /// The name of the provider that serves a profile: configured by its name or an alias,
+    /// else its driver hint.
+    pub fn provider_name_for<'a>(&'a self, profile: &'a Profile) -> &'a str {
+        std::iter::once(&profile.name)
+            .chain(&profile.aliases)
+            .find_map(|n| self.config.providers.get(n))
+            .unwrap_or(&profile.driver_hint)
+    }
+
+    /// The provider that serves a profile (see `provider_name_for`).
     pub fn provider_for(&self, profile: &Profile) -> Result<Arc<dyn Provider>> {
-        let name = self
-            .config
-            .providers
-            .get(&profile.name)
-            .unwrap_or(&profile.driver_hint);
+        let name = self.provider_name_for(profile);
         self.providers.get(name).cloned().ok_or_else(|| {
             Error::Unprocessable(format!(
                 "profile {:?} needs the {name} provider, which this controller does not run",
@@ -138,8 +138,10 @@ impl Controller {
     }
 
     /// Resolves profile and image: the image the sandbox will run, and its pool key.
+    /// An alias resolves as its profile's canonical name.
     pub fn resolve(&self, profile: &str, image_ref: Option<&str>) -> Result<(String, String)> {
         let p = self.profile(profile)?;
+        let profile = p.name.as_str();
         let provider = self.provider_for(p)?;
         let image = match image_ref {
             Some(i) => {
@@ -431,25 +433,19 @@ impl Controller {
             .is_some_and(|p| p.desktop);
         let fut = async {
             if desktop {
-                let path = format!("/v1/ready?wait={}ms", wait.as_millis());
-                let resp = agent
-                    .request(reqwest::Method::GET, &path)
-                    .send()
-                    .await
-                    .map_err(|e| format!("agent unreachable: {e}"))?;
-                if resp.status().is_success() {
+                let report = agent.ready(wait).await.map_err(|e| match e {
+                    berth_protocol::ClientError::Transport(e) => format!("agent unreachable: {e}"),
+                    e => format!("readiness: {e}"),
+                })?;
+                if report.ready {
                     return Ok(());
                 }
-                let body: serde_json::Value = resp.json().await.unwrap_or_default();
-                let failing: Vec<String> = body["components"]
-                    .as_object()
-                    .map(|m| {
-                        m.iter()
-                            .filter(|(_, v)| v["ok"] != true)
-                            .map(|(k, v)| format!("{k}: {}", v["reason"].as_str().unwrap_or("")))
-                            .collect()
-                    })
-                    .unwrap_or_default();
+                let failing: Vec<String> = report
+                    .components
+                    .iter()
+                    .filter(|(_, c)| !c.ok)
+                    .map(|(k, c)| format!("{k}: {}", c.reason))
+                    .collect();
                 Err(format!("desktop not ready ({})", failing.join("; ")))
             } else {
                 agent
@@ -619,28 +615,56 @@ impl Controller {
 
     /// The wire form.
     pub fn to_wire(&self, row: &SandboxRow) -> Sandbox {
-        let desktop = self
-            .catalog
-            .profile(&row.profile)
-            .is_some_and(|p| p.desktop);
+        let profile = self.catalog.profile(&row.profile);
+        let desktop = profile.is_some_and(|p| p.desktop);
         let lease_id = self
             .store
             .lease_for_sandbox(&row.id)
             .ok()
             .flatten()
             .map(|l| l.id);
+        let url = |template: &str, args: &[&str]| {
+            format!(
+                "{}{}",
+                self.public_url,
+                berth_protocol::routes::fill(template, args)
+            )
+        };
+        // Each declared port the catalog knows the number of, through the preview route.
+        let preview = row
+            .ports
+            .keys()
+            .filter_map(|name| {
+                let port = self.catalog.declared_port(name)?;
+                let preview_url = url(routes::SANDBOX_PORT_ROOT, &[&row.id, &port.to_string()]);
+                Some((
+                    name.clone(),
+                    PortPreview {
+                        port,
+                        url: preview_url,
+                    },
+                ))
+            })
+            .collect();
         Sandbox {
             id: row.id.clone(),
-            profile: row.profile.clone(),
+            // An older row may carry an alias: the canonical name is reported.
+            profile: self.catalog.canonical(&row.profile).to_string(),
             status: row.status.clone(),
             viewer: Viewer {
-                kind: if desktop { "novnc" } else { "none" }.into(),
-                url: desktop
-                    .then(|| format!("{}/sandbox/sandboxes/v1/{}/vnc/", self.public_url, row.id)),
+                // The profile's kind where the image serves it (noVNC on a desktop); `none`
+                // for ide-ubuntu, whose image ships no IDE server yet.
+                kind: match profile {
+                    Some(p) if p.desktop => p.viewer.as_str(),
+                    _ => "none",
+                }
+                .into(),
+                url: desktop.then(|| url(routes::VNC_INDEX, &[&row.id])),
             },
             endpoints: Endpoints {
                 compat: row.compat_url.clone(),
                 cdp: row.cdp_url.clone(),
+                preview,
                 ports: row.ports.clone(),
             },
             labels: row.labels.clone(),

@@ -45,10 +45,36 @@ pub struct Endpoints {
     /// Chromium's DevTools endpoint through the agent's TCP relay (`connect_over_cdp`).
     #[serde(default)]
     pub cdp: Option<String>,
+    /// The declared ports through the controller's preview route, by name:
+    /// `{"vlc": {"port": 8080, "url": "<controller>/sandbox/sandboxes/v1/{id}/ports/8080/"}}`
+    /// (the URL needs the API key; `POST …/ports/{port}/url` mints one for a browser).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub preview: BTreeMap<String, PortPreview>,
     /// The ports the sandbox's image declares (its `berth.ports` label), by name (`"vlc"`):
     /// `http://host:port` as harnesses on the controller's host reach them.
     #[serde(flatten)]
     pub ports: BTreeMap<String, String>,
+}
+
+/// A declared port as `endpoints.preview` lists it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+pub struct PortPreview {
+    /// The port inside the sandbox (`127.0.0.1:{port}` there).
+    pub port: u16,
+    /// The controller's preview route for it (`…/{id}/ports/{port}/`).
+    pub url: String,
+}
+
+/// Names `endpoints` uses itself, which a declared port may not take.
+pub const RESERVED_ENDPOINT_NAMES: [&str; 3] = ["compat", "cdp", "preview"];
+
+/// `POST /sandbox/sandboxes/v1?wait=`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateQuery {
+    /// false: answer at once (`pending`/`starting`) and let readiness happen in the background.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait: Option<bool>,
 }
 
 /// A sandbox as the controller reports it.
@@ -185,6 +211,78 @@ pub struct CatalogList {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct ViewerUrl {
     pub url: String,
+}
+
+/// `POST /sandbox/sandboxes/v1/{id}/ports/{port}/url`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PortUrlRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+}
+
+/// A one-time browser URL for a preview (it sets a cookie scoped to that port's path).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+pub struct PortUrl {
+    pub url: String,
+    pub expires_at: String,
+}
+
+/// One warm pool (`GET /sandbox/v1/pools`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+pub struct PoolStatus {
+    /// `profile@image_ref`.
+    pub pool: String,
+    pub profile: String,
+    pub image_ref: String,
+    /// The target number of ready members.
+    pub size: usize,
+    pub ready: usize,
+    pub starting: usize,
+    pub paused: bool,
+    /// Set when refill stopped after repeated failures: the last one.
+    pub failing: Option<String>,
+}
+
+/// `GET /sandbox/v1/pools` and the answer to `PUT /sandbox/v1/pools/{profile}`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+pub struct PoolList {
+    pub pools: Vec<PoolStatus>,
+}
+
+/// `PUT /sandbox/v1/pools/{profile}`: pause/resume and/or resize every pool of the profile.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AdjustPool {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<usize>,
+}
+
+/// `POST /sandbox/sandboxes/v1/images/build`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BuildImage {
+    pub profile: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub apps: Vec<String>,
+}
+
+/// An image build job (`POST …/images/build`, `GET …/images/{image_ref}`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+pub struct ImageJob {
+    pub image_ref: String,
+    /// The same pin, as the gateway API names it.
+    pub image_uri: String,
+    /// `building`, `ready` or `failed`.
+    pub status: String,
+    pub steps: Vec<String>,
+    pub error: Option<String>,
+    pub started_at: String,
+    pub ended_at: Option<String>,
 }
 
 /// A typed client for the controller API.
@@ -329,6 +427,30 @@ impl ControllerClient {
         .await
     }
 
+    /// The warm pools, typed.
+    pub async fn pool_list(&self) -> Result<PoolList> {
+        Self::call(self.request(reqwest::Method::GET, POOLS)).await
+    }
+
+    /// Builds (or finds) an image; the job answers at once.
+    pub async fn build_image(&self, req: &BuildImage) -> Result<ImageJob> {
+        Self::call(
+            self.request(reqwest::Method::POST, route::IMAGES_BUILD)
+                .json(req),
+        )
+        .await
+    }
+
+    pub async fn image_job(&self, image_ref: &str) -> Result<ImageJob> {
+        Self::call(self.request(reqwest::Method::GET, &fill(route::IMAGE, &[image_ref]))).await
+    }
+
+    /// A one-time browser URL for the preview of `port` in the sandbox.
+    pub async fn port_url(&self, id: &str, port: u16, req: &PortUrlRequest) -> Result<PortUrl> {
+        let path = fill(route::SANDBOX_PORT_URL, &[id, &port.to_string()]);
+        Self::call(self.request(reqwest::Method::POST, &path).json(req)).await
+    }
+
     /// Warm pools: `{"pools": [{"pool", "profile", "size", "ready", "starting", "paused", "failing"}]}`.
     pub async fn pools(&self) -> Result<serde_json::Value> {
         Self::call(self.request(reqwest::Method::GET, POOLS)).await
@@ -341,13 +463,7 @@ impl ControllerClient {
         paused: Option<bool>,
         size: Option<usize>,
     ) -> Result<serde_json::Value> {
-        let mut body = serde_json::Map::new();
-        if let Some(p) = paused {
-            body.insert("paused".into(), p.into());
-        }
-        if let Some(s) = size {
-            body.insert("size".into(), s.into());
-        }
+        let body = AdjustPool { paused, size };
         Self::call(
             self.request(reqwest::Method::PUT, &fill(route::POOL, &[profile]))
                 .json(&body),

@@ -20,6 +20,9 @@ async fn an_ide_sandbox_runs_commands_and_its_delete_leaves_nothing_running(prov
     let cl = c.client();
     let sb = cl.create(&ide()).await.unwrap();
     assert_eq!(sb.status, "running");
+    // Created under the alias `ide`: stored and reported under the seed's name.
+    assert_eq!(sb.profile, "ide-ubuntu");
+    assert_eq!(cl.get(&sb.id).await.unwrap().profile, "ide-ubuntu");
     assert_eq!(sb.viewer.kind, "none");
     assert!(
         sb.image_ref.starts_with(provider.image_prefix()),
@@ -265,9 +268,33 @@ async fn the_catalog_lists_profiles_apps_and_bundles_and_disabled_profiles_are_4
     let cl = c.client();
     let profiles = cl.catalog("profile").await.unwrap().items;
     let by_name = |n: &str| profiles.iter().find(|p| p["name"] == n).unwrap().clone();
-    assert_eq!(by_name("desktop")["viewer"], "novnc");
-    assert_eq!(by_name("ide")["viewer"], "none");
-    assert_eq!(by_name("windows")["enabled"], false);
+    // The seed's names, the older ones as aliases; driver_hint is the provider serving it here.
+    let names: Vec<&str> = profiles.iter().filter_map(|p| p["name"].as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "desktop-ubuntu",
+            "ide-ubuntu",
+            "desktop-windows",
+            "desktop-macos"
+        ]
+    );
+    assert_eq!(by_name("desktop-ubuntu")["viewer"], "novnc");
+    assert_eq!(
+        by_name("desktop-ubuntu")["aliases"],
+        serde_json::json!(["desktop"])
+    );
+    assert_eq!(by_name("ide-ubuntu")["viewer"], "vscode");
+    assert_eq!(by_name("ide-ubuntu")["aliases"], serde_json::json!(["ide"]));
+    // The Docker runs map the aliases (`ide = "docker"`) in `[providers]`: still honoured.
+    let serving = match provider {
+        Provider::Process => "process",
+        Provider::Docker => "docker",
+    };
+    assert_eq!(by_name("ide-ubuntu")["driver_hint"], serving);
+    assert_eq!(by_name("desktop-ubuntu")["driver_hint"], serving);
+    assert_eq!(by_name("desktop-windows")["enabled"], false);
+    assert_eq!(by_name("desktop-macos")["enabled"], false);
     for p in &profiles {
         for k in ["name", "driver_hint", "viewer", "enabled", "description"] {
             assert!(p.get(k).is_some(), "{k} missing from {p}");
@@ -277,14 +304,16 @@ async fn the_catalog_lists_profiles_apps_and_bundles_and_disabled_profiles_are_4
     assert!(bundles.iter().any(|b| b["name"] == "osworld"));
     assert!(!cl.catalog("desktop_app").await.unwrap().items.is_empty());
     assert_eq!(cl.catalog("nope").await.unwrap_err().status(), Some(400));
-    let e = cl
-        .create(&CreateSandbox {
-            profile: "windows".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(e.status(), Some(422), "{e}");
+    for disabled in ["desktop-windows", "desktop-macos", "windows", "macos"] {
+        let e = cl
+            .create(&CreateSandbox {
+                profile: disabled.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.status(), Some(422), "{disabled}: {e}");
+    }
     let e = cl
         .create(&CreateSandbox {
             profile: "nope".into(),
@@ -293,6 +322,11 @@ async fn the_catalog_lists_profiles_apps_and_bundles_and_disabled_profiles_are_4
         .await
         .unwrap_err();
     assert_eq!(e.status(), Some(400), "{e}");
+    assert!(
+        e.to_string()
+            .contains("known: desktop-ubuntu (alias desktop), ide-ubuntu (alias ide)"),
+        "{e}"
+    );
     let e = cl
         .create(&CreateSandbox {
             image_ref: Some("docker:sha256:abc".into()),

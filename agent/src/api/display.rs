@@ -127,21 +127,22 @@ fn shot_response(shot: &Shot, settled: Option<(Duration, bool)>) -> Response {
     let h = resp.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(shot.mime));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    use berth_protocol::routes::header as wire;
     let mut put = |name: &'static str, v: String| {
         if let Ok(v) = HeaderValue::from_str(&v) {
             h.insert(HeaderName::from_static(name), v);
         }
     };
-    put("x-screen-width", shot.screen.0.to_string());
-    put("x-screen-height", shot.screen.1.to_string());
-    put("x-scale", format!("{}", shot.scale));
+    put(wire::SCREEN_WIDTH, shot.screen.0.to_string());
+    put(wire::SCREEN_HEIGHT, shot.screen.1.to_string());
+    put(wire::SCALE, format!("{}", shot.scale));
     put(
-        "x-cache",
+        wire::CACHE,
         if shot.cached { "hit" } else { "miss" }.to_string(),
     );
     if let Some((waited, timed_out)) = settled {
-        put("x-settled-ms", waited.as_millis().to_string());
-        put("x-settle-timed-out", timed_out.to_string());
+        put(wire::SETTLED_MS, waited.as_millis().to_string());
+        put(wire::SETTLE_TIMED_OUT, timed_out.to_string());
     }
     resp
 }

@@ -27,65 +27,67 @@ use serde_json::json;
 use subtle::ConstantTimeEq;
 use tokio::sync::watch;
 
+use berth_protocol::routes::native::nested;
+
 use crate::{Agent, ShutdownKind};
 use error::ApiError;
 use follow::{Batch, Followable};
 
 pub fn router(agent: Arc<Agent>) -> Router<Arc<Agent>> {
     let bearer = Router::new()
-        .route("/exec", post(exec::exec))
-        .route("/commands", get(exec::list))
-        .route("/commands/{id}", get(exec::get).delete(exec::delete))
-        .route("/commands/{id}/output", get(exec::output))
-        .route("/commands/{id}/stdin", post(exec::stdin))
-        .route("/commands/{id}/signal", post(exec::signal))
-        .route("/pty", post(pty::open).get(pty::list))
-        .route("/pty/{id}", get(pty::get).delete(pty::kill))
-        .route("/pty/{id}/attach", get(pty::attach))
-        .route("/pty/{id}/resize", post(pty::resize))
+        .route(nested::EXEC, post(exec::exec))
+        .route(nested::COMMANDS, get(exec::list))
+        .route(nested::COMMAND, get(exec::get).delete(exec::delete))
+        .route(nested::COMMAND_OUTPUT, get(exec::output))
+        .route(nested::COMMAND_STDIN, post(exec::stdin))
+        .route(nested::COMMAND_SIGNAL, post(exec::signal))
+        .route(nested::PTYS, post(pty::open).get(pty::list))
+        .route(nested::PTY, get(pty::get).delete(pty::kill))
+        .route(nested::PTY_ATTACH, get(pty::attach))
+        .route(nested::PTY_RESIZE, post(pty::resize))
         .route(
-            "/files",
+            nested::FILES,
             get(fs::download)
                 .put(fs::upload)
                 .layer(DefaultBodyLimit::disable()),
         )
-        .route("/fs", axum::routing::delete(fs::remove))
-        .route("/fs/list", get(fs::list))
-        .route("/fs/stat", get(fs::stat))
-        .route("/fs/mkdir", post(fs::mkdir))
-        .route("/fs/move", post(fs::rename))
-        .route("/fs/watch", get(fs::watch))
-        .route("/screenshot", get(display::screenshot))
-        .route("/input", post(display::input))
-        .route("/display", get(display::info))
-        .route("/windows", get(display::windows))
+        .route(nested::FS, axum::routing::delete(fs::remove))
+        .route(nested::FS_LIST, get(fs::list))
+        .route(nested::FS_STAT, get(fs::stat))
+        .route(nested::FS_MKDIR, post(fs::mkdir))
+        .route(nested::FS_MOVE, post(fs::rename))
+        .route(nested::FS_WATCH, get(fs::watch))
+        .route(nested::SCREENSHOT, get(display::screenshot))
+        .route(nested::INPUT, post(display::input))
+        .route(nested::DISPLAY, get(display::info))
+        .route(nested::WINDOWS, get(display::windows))
         .route(
-            "/clipboard",
+            nested::CLIPBOARD,
             get(display::clipboard_get).put(display::clipboard_put),
         )
-        .route("/computer", post(display::computer))
-        .route("/recordings", post(record::start).get(record::list))
-        .route("/recordings/{id}", get(record::get).delete(record::delete))
-        .route("/recordings/{id}/stop", post(record::stop))
-        .route("/recordings/{id}/file", get(record::file))
-        .route("/viewer-tokens", post(viewer::mint))
-        .route("/ready", get(desktop::ready))
-        .route("/a11y", get(desktop::a11y))
-        .route("/browser", get(desktop::browser_info))
-        .route("/browser/restart", post(desktop::browser_restart))
-        .route("/browser/cdp", get(desktop::browser_cdp))
-        .route("/browser/cdp/{kind}/{id}", get(desktop::browser_cdp_target))
-        .route("/events", get(events))
-        .route("/shutdown", post(shutdown))
+        .route(nested::COMPUTER, post(display::computer))
+        .route(nested::RECORDINGS, post(record::start).get(record::list))
+        .route(nested::RECORDING, get(record::get).delete(record::delete))
+        .route(nested::RECORDING_STOP, post(record::stop))
+        .route(nested::RECORDING_FILE, get(record::file))
+        .route(nested::VIEWER_TOKENS, post(viewer::mint))
+        .route(nested::READY, get(desktop::ready))
+        .route(nested::A11Y, get(desktop::a11y))
+        .route(nested::BROWSER, get(desktop::browser_info))
+        .route(nested::BROWSER_RESTART, post(desktop::browser_restart))
+        .route(nested::BROWSER_CDP, get(desktop::browser_cdp))
+        .route(nested::BROWSER_CDP_TARGET, get(desktop::browser_cdp_target))
+        .route(nested::EVENTS, get(events))
+        .route(nested::SHUTDOWN, post(shutdown))
         .fallback(not_found)
         .route_layer(middleware::from_fn_with_state(agent.clone(), require_token));
     // Browser-facing routes (API.md's "(V)"): the bearer token or a viewer cookie.
     let browser = Router::new()
-        .route("/stream.mp4", get(record::stream_mp4))
-        .route("/stream", get(record::stream_ws))
-        .route("/vnc/", get(desktop::vnc_index))
-        .route("/vnc/websockify", get(desktop::vnc_ws))
-        .route("/vnc/{*path}", get(desktop::vnc_file))
+        .route(nested::STREAM_MP4, get(record::stream_mp4))
+        .route(nested::STREAM, get(record::stream_ws))
+        .route(nested::VNC_INDEX, get(desktop::vnc_index))
+        .route(nested::VNC_WS, get(desktop::vnc_ws))
+        .route(nested::VNC_FILE, get(desktop::vnc_file))
         .route_layer(middleware::from_fn_with_state(
             agent,
             viewer::require_viewer,

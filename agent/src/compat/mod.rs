@@ -22,6 +22,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Map, Value, json};
 
+use berth_protocol::routes::compat;
 use berth_protocol::serve::FrameworkError;
 
 use crate::{Agent, CompatAuth};
@@ -31,41 +32,47 @@ pub const COMPAT_JSON_LIMIT: usize = 16 << 20;
 
 pub fn router(agent: Arc<Agent>) -> Router<Arc<Agent>> {
     let mut r = Router::new()
-        .route("/execute", post(execute::execute))
-        .route("/setup/execute", post(execute::execute))
+        .route(compat::EXECUTE, post(execute::execute))
+        .route(compat::SETUP_EXECUTE, post(execute::execute))
         .route(
-            "/execute_with_verification",
+            compat::EXECUTE_WITH_VERIFICATION,
             post(execute::execute_with_verification),
         )
         .route(
-            "/setup/execute_with_verification",
+            compat::SETUP_EXECUTE_WITH_VERIFICATION,
             post(execute::execute_with_verification),
         )
-        .route("/setup/launch", post(execute::launch))
-        .route("/run_python", post(execute::run_python))
-        .route("/run_bash_script", post(execute::run_bash_script))
-        .route("/file", post(files::file))
+        .route(compat::SETUP_LAUNCH, post(execute::launch))
+        .route(compat::RUN_PYTHON, post(execute::run_python))
+        .route(compat::RUN_BASH_SCRIPT, post(execute::run_bash_script))
+        .route(compat::FILE, post(files::file))
         .route(
-            "/setup/upload",
+            compat::SETUP_UPLOAD,
             post(files::upload).layer(DefaultBodyLimit::disable()),
         )
-        .route("/list_directory", post(files::list_directory))
-        .route("/desktop_path", post(files::desktop_path))
-        .route("/setup/download_file", post(files::download_file))
-        .route("/platform", get(platform))
-        .route("/screenshot", get(display::screenshot))
-        .route("/screen_size", post(display::screen_size))
-        .route("/cursor_position", get(display::cursor_position))
-        .route("/window_size", post(display::window_size))
-        .route("/setup/activate_window", post(display::activate_window))
-        .route("/setup/close_window", post(display::close_window))
-        .route("/setup/open_file", post(display::open_file))
-        .route("/wallpaper", post(display::wallpaper))
-        .route("/setup/change_wallpaper", post(display::change_wallpaper))
-        .route("/start_recording", post(record::start_recording))
-        .route("/end_recording", post(record::end_recording))
-        .route("/accessibility", get(a11y::accessibility))
-        .route("/terminal", get(a11y::terminal))
+        .route(compat::LIST_DIRECTORY, post(files::list_directory))
+        .route(compat::DESKTOP_PATH, post(files::desktop_path))
+        .route(compat::SETUP_DOWNLOAD_FILE, post(files::download_file))
+        .route(compat::PLATFORM, get(platform))
+        .route(compat::SCREENSHOT, get(display::screenshot))
+        .route(compat::SCREEN_SIZE, post(display::screen_size))
+        .route(compat::CURSOR_POSITION, get(display::cursor_position))
+        .route(compat::WINDOW_SIZE, post(display::window_size))
+        .route(
+            compat::SETUP_ACTIVATE_WINDOW,
+            post(display::activate_window),
+        )
+        .route(compat::SETUP_CLOSE_WINDOW, post(display::close_window))
+        .route(compat::SETUP_OPEN_FILE, post(display::open_file))
+        .route(compat::WALLPAPER, post(display::wallpaper))
+        .route(
+            compat::SETUP_CHANGE_WALLPAPER,
+            post(display::change_wallpaper),
+        )
+        .route(compat::START_RECORDING, post(record::start_recording))
+        .route(compat::END_RECORDING, post(record::end_recording))
+        .route(compat::ACCESSIBILITY, get(a11y::accessibility))
+        .route(compat::TERMINAL, get(a11y::terminal))
         // Multipart forms (read by axum's extractor) get the compat limit too, not axum's
         // 2 MiB default; `/setup/upload` disables it on its own route, which wins.
         .layer(DefaultBodyLimit::max(COMPAT_JSON_LIMIT));
@@ -272,7 +279,10 @@ pub async fn not_found() -> Response {
 /// `text/plain` rejection text (a path segment that is not UTF-8, …) in the matching surface's
 /// error shape, keeping status, headers (`Allow`) and axum's message.
 pub async fn fill_empty_errors(req: Request, next: Next) -> Response {
-    let native = req.uri().path().starts_with("/v1/") || req.uri().path() == "/v1";
+    let path = req.uri().path();
+    let native = path
+        .strip_prefix(berth_protocol::routes::native::PREFIX)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
     let e = match FrameworkError::take(next.run(req).await).await {
         Ok(e) => e,
         Err(resp) => return resp,

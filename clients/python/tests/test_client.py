@@ -167,6 +167,9 @@ def test_config_from_the_environment(monkeypatch):
         monkeypatch.delenv(k, raising=False)
     c = berth.Client()
     assert (c.url, c.api_key) == ("http://127.0.0.1:8080", None)
+    monkeypatch.setenv("SANDBOX_API_KEY", "gk")
+    # Only the seed's variables: the seed's default URL.
+    assert (berth.Client().url, berth.Client().api_key) == ("http://localhost:8780", "gk")
     monkeypatch.setenv("SANDBOX_GATEWAY_URL", "http://gateway:1/")
     monkeypatch.setenv("SANDBOX_API_KEY", "gk")
     assert (berth.Client().url, berth.Client().api_key) == ("http://gateway:1", "gk")

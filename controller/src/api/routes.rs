@@ -6,10 +6,13 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use berth_protocol::controller::{
-    AcquireLease, CatalogList, CreateSandbox, RenewLease, RunRequest, SandboxList, ViewerUrl,
+    AcquireLease, AdjustPool, BuildImage, CatalogList, CreateQuery, CreateSandbox, PoolList,
+    RenewLease, RunRequest, SandboxList, ViewerUrl,
 };
 use serde::Deserialize;
 use serde_json::json;
+
+use berth_protocol::routes::controller as route;
 
 use super::{ApiError, ApiState, Json, Query};
 use crate::error::Error;
@@ -20,10 +23,10 @@ type Result<T> = std::result::Result<T, ApiError>;
 pub fn open() -> Router<ApiState> {
     Router::new()
         .route(
-            "/healthz",
+            route::HEALTHZ,
             get(|| async { axum::Json(json!({"ok": true})) }),
         )
-        .route("/metrics", get(metrics))
+        .route(route::METRICS, get(metrics))
         .route(
             berth_protocol::routes::controller::OPENAPI,
             get(|| async {
@@ -37,27 +40,21 @@ pub fn open() -> Router<ApiState> {
 
 pub fn keyed() -> Router<ApiState> {
     Router::new()
-        .route("/sandbox/sandboxes/v1", post(create).get(list))
-        .route("/sandbox/sandboxes/v1/{id}", get(show).delete(delete))
-        .route("/sandbox/sandboxes/v1/{id}/viewer", post(viewer))
-        .route("/sandbox/sandboxes/v1/{id}/exec", post(exec))
-        .route("/sandbox/sandboxes/v1/{id}/runs/{run_id}", get(run))
-        .route(
-            "/sandbox/sandboxes/v1/{id}/runs/{run_id}/output",
-            get(run_output),
-        )
-        .route("/sandbox/sandboxes/v1/{id}/events", get(events))
-        .route("/sandbox/v1/leases", post(acquire))
-        .route("/sandbox/v1/leases/{id}/renew", post(renew))
-        .route("/sandbox/v1/leases/{id}", axum::routing::delete(release))
-        .route("/sandbox/sandboxes/v1/images/build", post(build_image))
-        .route("/sandbox/sandboxes/v1/images/{image_ref}", get(image_job))
-        .route("/sandbox/v1/catalog", get(catalog))
-        .route("/sandbox/v1/pools", get(pools))
-        .route(
-            "/sandbox/v1/pools/{profile}",
-            axum::routing::put(adjust_pool),
-        )
+        .route(route::SANDBOXES, post(create).get(list))
+        .route(route::SANDBOX, get(show).delete(delete))
+        .route(route::SANDBOX_VIEWER, post(viewer))
+        .route(route::SANDBOX_EXEC, post(exec))
+        .route(route::RUN, get(run))
+        .route(route::RUN_OUTPUT, get(run_output))
+        .route(route::SANDBOX_EVENTS, get(events))
+        .route(route::LEASES, post(acquire))
+        .route(route::LEASE_RENEW, post(renew))
+        .route(route::LEASE, axum::routing::delete(release))
+        .route(route::IMAGES_BUILD, post(build_image))
+        .route(route::IMAGE, get(image_job))
+        .route(route::CATALOG, get(catalog))
+        .route(route::POOLS, get(pools))
+        .route(route::POOL, axum::routing::put(adjust_pool))
         .merge(super::proxy::keyed_proxies())
 }
 
@@ -73,13 +70,6 @@ async fn metrics(State(s): State<ApiState>) -> Response {
         s.c.metrics.render(&by_state, &pools),
     )
         .into_response()
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CreateQuery {
-    /// false: answer at once (`pending`/`starting`) and let readiness happen in the background.
-    wait: Option<bool>,
 }
 
 async fn create(
@@ -233,23 +223,25 @@ struct KindQuery {
 
 async fn catalog(State(s): State<ApiState>, Query(q): Query<KindQuery>) -> Result<Response> {
     let kind = q.kind.unwrap_or_else(|| "profile".into());
-    let items = s.c.catalog.list(&kind).ok_or_else(|| {
+    let mut items = s.c.catalog.list(&kind).ok_or_else(|| {
         Error::BadRequest(format!(
             "kind {kind:?}: use profile, desktop_app or desktop_app_bundle"
         ))
     })?;
+    if kind == "profile" {
+        // The provider serving each profile here (the config's choice, else the hint).
+        for (item, p) in items.iter_mut().zip(&s.c.catalog.profiles) {
+            item["driver_hint"] = s.c.provider_name_for(p).into();
+        }
+    }
     Ok(CatalogList { kind, items }.into_json().into_response())
 }
 
 async fn pools(State(s): State<ApiState>) -> Response {
-    axum::Json(json!({"pools": s.c.pool_status()})).into_response()
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AdjustPool {
-    paused: Option<bool>,
-    size: Option<usize>,
+    axum::Json(PoolList {
+        pools: s.c.pool_status(),
+    })
+    .into_response()
 }
 
 async fn adjust_pool(
@@ -260,19 +252,17 @@ async fn adjust_pool(
     if body.size.is_some_and(|n| n > 1000) {
         return Err(Error::BadRequest("a pool holds at most 1000 members".into()).into());
     }
-    if !s.c.pools.adjust(&profile, body.paused, body.size) {
+    if !s
+        .c
+        .pools
+        .adjust(s.c.catalog.canonical(&profile), body.paused, body.size)
+    {
         return Err(Error::NotFound(format!("no pool serves profile {profile:?}")).into());
     }
-    Ok(axum::Json(json!({"pools": s.c.pool_status()})).into_response())
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BuildImage {
-    profile: String,
-    bundle: Option<String>,
-    #[serde(default)]
-    apps: Vec<String>,
+    Ok(axum::Json(PoolList {
+        pools: s.c.pool_status(),
+    })
+    .into_response())
 }
 
 async fn build_image(State(s): State<ApiState>, Json(body): Json<BuildImage>) -> Result<Response> {

@@ -143,7 +143,7 @@ async fn measure(runs: usize, config: &str, direct: bool) {
     let mut ide_warm = Vec::new();
     set_size(&c, "ide", 10).await;
     for _ in 0..5 {
-        wait_filled(&c, "ide", 10).await;
+        wait_filled(&c, "ide-ubuntu", 10).await;
         for (ms, warm) in creates(&c, "ide", 10).await {
             assert!(warm, "a claim from a full pool was cold");
             ide_warm.push(ms);
@@ -152,7 +152,7 @@ async fn measure(runs: usize, config: &str, direct: bool) {
     let mut desk_warm = Vec::new();
     set_size(&c, "desktop", 2).await;
     for _ in 0..runs.div_ceil(2) {
-        wait_filled(&c, "desktop", 2).await;
+        wait_filled(&c, "desktop-ubuntu", 2).await;
         for (ms, warm) in creates(&c, "desktop", 2).await {
             assert!(warm, "a claim from a full pool was cold");
             desk_warm.push(ms);
