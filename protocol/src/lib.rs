@@ -15,6 +15,8 @@ pub mod fs;
 pub mod pty;
 pub mod openapi;
 pub mod record;
+#[cfg(feature = "server")]
+pub mod relay;
 pub mod routes;
 #[cfg(feature = "server")]
 pub mod serve;
