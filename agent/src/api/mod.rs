@@ -7,6 +7,7 @@ pub mod exec;
 pub mod extract;
 pub mod follow;
 pub mod fs;
+pub mod ports;
 pub mod pty;
 pub mod record;
 pub mod viewer;
@@ -79,6 +80,7 @@ pub fn router(agent: Arc<Agent>) -> Router<Arc<Agent>> {
         .route(nested::BROWSER_CDP_TARGET, get(desktop::browser_cdp_target))
         .route(nested::EVENTS, get(events))
         .route(nested::SHUTDOWN, post(shutdown))
+        .merge(ports::routes())
         .fallback(not_found)
         .route_layer(middleware::from_fn_with_state(agent.clone(), require_token));
     // Browser-facing routes (API.md's "(V)"): the bearer token or a viewer cookie.

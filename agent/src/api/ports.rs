@@ -1,0 +1,108 @@
+//! Preview: `ANY /v1/ports/{port}/{*path}` relays to `127.0.0.1:{port}` inside the sandbox,
+//! HTTP and WebSocket alike (the shared relay: streamed, headers passed, upgrades tunnelled).
+//! The bearer token (and a viewer cookie) stay here; the app sees the rest of the request.
+//! `/v1/ports/{port}` answers a redirect to `/v1/ports/{port}/`, so the page's relative links
+//! resolve under the prefix.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use berth_protocol::relay::{Relay, RelayError, Upstream};
+use berth_protocol::routes::native;
+
+use super::error::ApiError;
+use crate::Agent;
+
+/// The preview routes, relative to the native nest (`/v1`).
+pub fn routes() -> Router<Arc<Agent>> {
+    Router::new()
+        .route(native::nested::PORT, any(relay))
+        .route(native::nested::PORT_ROOT, any(relay))
+        .route(native::nested::PORT_ROOT.trim_end_matches('/'), any(relay))
+        .layer(DefaultBodyLimit::disable())
+}
+
+/// The port of a preview path's `{port}` segment: 1–65535.
+pub fn parse_port(s: &str) -> Result<u16, String> {
+    match s.parse::<u32>() {
+        Ok(p @ 1..=65535) => Ok(p as u16),
+        _ => Err(format!("port must be 1-65535, not {s:?}")),
+    }
+}
+
+/// Splits `…/ports/{port}[/rest]` (the path as the router sees it, still percent-encoded)
+/// into the port segment and the rest (`None` for the bare form without a slash).
+fn split(path: &str) -> Option<(&str, Option<&str>)> {
+    let at = path.find("/ports/")? + "/ports/".len();
+    let tail = &path[at..];
+    Some(match tail.find('/') {
+        Some(slash) => (&tail[..slash], Some(&tail[slash..])),
+        None => (tail, None),
+    })
+}
+
+async fn relay(req: Request) -> Response {
+    let path = req.uri().path().to_string();
+    let Some((segment, rest)) = split(&path) else {
+        return ApiError::not_found(format!("no route {path}")).into_response();
+    };
+    let port = match parse_port(segment) {
+        Ok(p) => p,
+        Err(e) => return ApiError::bad_request(e).into_response(),
+    };
+    let query = req
+        .uri()
+        .query()
+        .map(|q| format!("?{q}"))
+        .unwrap_or_default();
+    let Some(rest) = rest else {
+        // Relative, so it resolves the same under any prefix (the controller's).
+        return Response::builder()
+            .status(StatusCode::PERMANENT_REDIRECT)
+            .header(header::LOCATION, format!("{port}/{query}"))
+            .body(Body::empty())
+            .unwrap_or_else(|_| StatusCode::PERMANENT_REDIRECT.into_response());
+    };
+    let up = Upstream::new(format!("http://127.0.0.1:{port}"), format!("{rest}{query}"))
+        .strip(header::AUTHORIZATION)
+        .strip_cookie(super::viewer::COOKIE)
+        .rewrite_location("/", format!("{}/ports/{port}/", native::PREFIX));
+    match Relay::shared().forward(req, &up).await {
+        Ok(resp) => resp,
+        Err(RelayError::Connect(e)) => ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "port_unreachable",
+            format!("nothing answers on 127.0.0.1:{port} inside the sandbox ({e})"),
+        )
+        .into_response(),
+        Err(RelayError::Upstream(e)) => ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "port_failed",
+            format!("127.0.0.1:{port} inside the sandbox failed the request: {e}"),
+        )
+        .into_response(),
+        Err(RelayError::BadRequest(e)) => ApiError::bad_request(e).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_and_paths_split() {
+        assert_eq!(split("/ports/8000/a/b"), Some(("8000", Some("/a/b"))));
+        assert_eq!(split("/ports/8000/"), Some(("8000", Some("/"))));
+        assert_eq!(split("/ports/8000"), Some(("8000", None)));
+        assert_eq!(parse_port("8000"), Ok(8000));
+        assert!(parse_port("0").is_err());
+        assert!(parse_port("65536").is_err());
+        assert!(parse_port("-1").is_err());
+        assert!(parse_port("http").is_err());
+    }
+}
