@@ -78,3 +78,92 @@ impl Controller {
             .unwrap_or(false)
     }
 }
+
+/// The cookie a preview URL sets, scoped to its port's path.
+pub const PORT_COOKIE: &str = "berth_port";
+/// The query parameter carrying a preview URL's one-time token.
+pub const PORT_TOKEN_PARAM: &str = "berth_preview";
+/// How long a preview URL can be opened, by default and at most.
+pub const PORT_URL_TTL_SECS: u64 = 120;
+pub const PORT_URL_MAX_TTL_SECS: u64 = 3600;
+
+/// The path a preview is served under (its cookie's `Path`).
+pub fn port_path(sandbox_id: &str, port: u16) -> String {
+    format!("{}ports/{port}/", base_path(sandbox_id))
+}
+
+/// The scope preview tokens are stored under, in the viewer tokens' `sandbox_id` column: one
+/// port of one sandbox, never equal to a sandbox id, so a viewer token never opens a preview
+/// and a preview token never opens the viewer or another port.
+fn port_scope(sandbox_id: &str, port: u16) -> String {
+    format!("{sandbox_id}/ports/{port}")
+}
+
+impl Controller {
+    /// `POST …/{id}/ports/{port}/url` → a one-time URL and when it expires (RFC 3339).
+    pub fn mint_port_url(
+        &self,
+        sandbox_id: &str,
+        port: u16,
+        ttl_secs: Option<u64>,
+    ) -> Result<(String, String)> {
+        let ttl = ttl_secs.unwrap_or(PORT_URL_TTL_SECS);
+        if !(1..=PORT_URL_MAX_TTL_SECS).contains(&ttl) {
+            return Err(Error::BadRequest(format!(
+                "ttl_seconds must be 1-{PORT_URL_MAX_TTL_SECS}, not {ttl}"
+            )));
+        }
+        let row = self.visible_row(sandbox_id)?;
+        if !row.live() {
+            return Err(Error::Conflict(format!(
+                "sandbox {sandbox_id} is {}",
+                row.status
+            )));
+        }
+        let token = random_hex(32);
+        let expires = now_ms() + (ttl as i64) * 1000;
+        self.store.insert_viewer_token(
+            &sha256_hex(token.as_bytes()),
+            &port_scope(sandbox_id, port),
+            "url",
+            expires,
+        )?;
+        let url = format!(
+            "{}{}?{PORT_TOKEN_PARAM}={token}",
+            self.public_url,
+            port_path(sandbox_id, port)
+        );
+        Ok((url, crate::util::rfc3339(expires)))
+    }
+
+    /// Opens a preview URL: the session cookie's value, exactly once.
+    pub fn open_port_url(&self, sandbox_id: &str, port: u16, token: &str) -> Result<String> {
+        let scope = port_scope(sandbox_id, port);
+        if !self
+            .store
+            .use_viewer_token(&sha256_hex(token.as_bytes()), &scope)?
+        {
+            return Err(Error::Unauthorized(format!(
+                "this preview link was already used or has expired; ask for a new one with \
+                 POST /sandbox/sandboxes/v1/{sandbox_id}/ports/{port}/url"
+            )));
+        }
+        let session = random_hex(32);
+        self.store.insert_viewer_token(
+            &sha256_hex(session.as_bytes()),
+            &scope,
+            "session",
+            now_ms() + SESSION_TTL_MS,
+        )?;
+        Ok(session)
+    }
+
+    pub fn port_session_ok(&self, sandbox_id: &str, port: u16, cookie: &str) -> bool {
+        self.store
+            .viewer_session_valid(
+                &sha256_hex(cookie.as_bytes()),
+                &port_scope(sandbox_id, port),
+            )
+            .unwrap_or(false)
+    }
+}

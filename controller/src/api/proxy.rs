@@ -1,93 +1,186 @@
-//! Routes that reach through to a sandbox's agent, adding its bearer token: the viewer (noVNC
-//! page, its WebSocket, the live stream — API key or the viewer cookie) and, with the API key,
-//! screenshots, computer-use actions and files.
+//! Routes that reach through to a sandbox's agent, over the shared relay
+//! (`berth_protocol::relay`: streamed both ways, every end-to-end header passed, WebSocket
+//! upgrades tunnelled): the client's credentials — `X-Api-Key`, `Authorization`, the viewer
+//! and preview cookies — are dropped and the agent's bearer token is added, never shown.
+//!
+//! - with the API key: the agent's whole native API (`…/{id}/v1/{*path}`), and the older
+//!   screenshot, computer-use and files routes;
+//! - with the API key or the viewer cookie: the viewer (noVNC page, its WebSocket and files,
+//!   the live stream);
+//! - with the API key or that port's preview cookie: a port inside the sandbox
+//!   (`…/{id}/ports/{port}/…`, relayed by the agent to `127.0.0.1:{port}`), and the one-time
+//!   URL that sets the cookie (`POST …/{id}/ports/{port}/url`).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, RawQuery, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
-use axum::response::Response;
-use axum::routing::{get, post};
-use futures_util::{SinkExt, StreamExt};
-use tokio_tungstenite::tungstenite;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use axum::extract::{FromRequest, Path, Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use berth_protocol::controller::{PortUrl, PortUrlRequest};
+use berth_protocol::relay::{Relay, RelayError, Upstream};
+use berth_protocol::routes::{controller as route, header as wire};
+use serde::Deserialize;
 
 use super::{ApiError, ApiState};
 use crate::error::Error;
-use crate::viewer::{COOKIE, SESSION_TTL_MS, base_path};
+use crate::viewer::{COOKIE, PORT_COOKIE, PORT_TOKEN_PARAM, SESSION_TTL_MS, base_path, port_path};
 
 type Result<T> = std::result::Result<T, ApiError>;
-type WsResult =
-    std::result::Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>;
-
-/// Headers passed through in each direction.
-const REQUEST_HEADERS: [header::HeaderName; 5] = [
-    header::CONTENT_TYPE,
-    header::CONTENT_LENGTH,
-    header::RANGE,
-    header::ACCEPT,
-    header::IF_NONE_MATCH,
-];
-const RESPONSE_HEADERS: [&str; 12] = [
-    "content-type",
-    "content-length",
-    "content-range",
-    "content-disposition",
-    "accept-ranges",
-    "etag",
-    "last-modified",
-    "cache-control",
-    "x-screen-width",
-    "x-screen-height",
-    "x-scale",
-    "x-settled-ms",
-];
+type Params = Path<HashMap<String, String>>;
 
 pub fn viewer_routes() -> Router<ApiState> {
     Router::new()
-        .route("/sandbox/sandboxes/v1/{id}/vnc/", get(vnc_index))
-        .route("/sandbox/sandboxes/v1/{id}/vnc/websockify", get(vnc_ws))
-        .route("/sandbox/sandboxes/v1/{id}/vnc/{*path}", get(vnc_file))
-        .route("/sandbox/sandboxes/v1/{id}/stream.mp4", get(stream_mp4))
-        .route("/sandbox/sandboxes/v1/{id}/stream", get(stream_ws))
+        .route(route::VNC_INDEX, get(vnc_index))
+        .route(route::VNC_WS, get(viewer))
+        .route(route::VNC_FILE, get(viewer))
+        .route(route::STREAM_MP4, get(viewer))
+        .route(route::STREAM, get(viewer))
+        // Preview checks its own credentials: the API key or the port's cookie, and the
+        // bare `…/ports/{port}` (to which no cookie is sent) redirects without any.
+        .route(route::SANDBOX_PORT, any(preview))
+        // POST mints the one-time URL (in `preview`); other methods reach the app's `/url`.
+        .route(route::SANDBOX_PORT_URL, post(preview).fallback(preview))
+        .route(route::SANDBOX_PORT_ROOT, any(preview))
+        .route(route::SANDBOX_PORT_ROOT.trim_end_matches('/'), any(preview))
+        .layer(axum::extract::DefaultBodyLimit::disable())
 }
 
 pub fn keyed_proxies() -> Router<ApiState> {
     Router::new()
-        .route("/sandbox/sandboxes/v1/{id}/screenshot", get(screenshot))
-        .route("/sandbox/sandboxes/v1/{id}/computer", post(computer))
+        .route(route::SANDBOX_SCREENSHOT, get(screenshot))
+        .route(route::SANDBOX_COMPUTER, post(computer))
         .route(
-            "/sandbox/sandboxes/v1/{id}/files",
-            get(files)
-                .put(files)
+            route::SANDBOX_FILES,
+            get(native)
+                .put(native)
                 .layer(axum::extract::DefaultBodyLimit::disable()),
+        )
+        .route(
+            route::SANDBOX_AGENT,
+            any(native).layer(axum::extract::DefaultBodyLimit::disable()),
         )
 }
 
-/// API key, or the viewer cookie of this very sandbox.
-fn viewer_allowed(s: &ApiState, id: &str, headers: &HeaderMap) -> Result<()> {
-    if s.key_ok(headers) {
-        return Ok(());
-    }
-    let cookie = headers
+/// The values of cookie `name` in the request's `Cookie` headers.
+fn cookies<'a>(headers: &'a HeaderMap, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+    headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|kv| kv.trim().split_once('='))
-        .filter(|(k, _)| *k == COOKIE)
-        .any(|(_, v)| s.c.viewer_session_ok(id, v));
-    match cookie {
-        true => Ok(()),
-        false => Err(ApiError(Error::Unauthorized(
-            "the viewer needs the X-Api-Key header or a viewer cookie from a one-time URL \
-             (POST /sandbox/sandboxes/v1/{id}/viewer)"
-                .into(),
-        ))),
+        .filter(move |(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+/// API key, or the viewer cookie of this very sandbox.
+fn viewer_allowed(s: &ApiState, id: &str, headers: &HeaderMap) -> Result<()> {
+    if s.key_ok(headers) || cookies(headers, COOKIE).any(|v| s.c.viewer_session_ok(id, v)) {
+        return Ok(());
     }
+    Err(ApiError(Error::Unauthorized(
+        "the viewer needs the X-Api-Key header or a viewer cookie from a one-time URL \
+         (POST /sandbox/sandboxes/v1/{id}/viewer)"
+            .into(),
+    )))
+}
+
+/// The part of a controller path after `/sandbox/sandboxes/v1/{id}`, still percent-encoded
+/// (`/v1/fs/list`, `/vnc/websockify`, `/ports/8000/app.js`), with the query.
+fn rest_of(req: &Request) -> String {
+    let path = req.uri().path();
+    // The fifth `/` starts the rest: /sandbox/sandboxes/v1/{id}/…
+    let rest = path
+        .match_indices('/')
+        .nth(4)
+        .map(|(i, _)| &path[i..])
+        .unwrap_or("");
+    match req.uri().query() {
+        Some(q) => format!("{rest}?{q}"),
+        None => rest.to_string(),
+    }
+}
+
+/// Relays `req` to the sandbox's agent at `agent_path` (path and query, percent-encoded). A
+/// `Location` the agent answers under `location.0` is given back under `location.1`.
+async fn to_agent(
+    s: &ApiState,
+    id: &str,
+    req: Request,
+    agent_path: String,
+    location: (String, String),
+    limit: Option<Duration>,
+) -> Result<Response> {
+    let (row, agent) = s.c.running_agent(id)?;
+    let bearer = HeaderValue::from_str(&format!("Bearer {}", row.agent_token)).map_err(|_| {
+        ApiError(Error::Internal(
+            "the agent token is not a header value".into(),
+        ))
+    })?;
+    let mut up = Upstream::new(agent.base(), agent_path)
+        .strip(HeaderName::from_static(wire::API_KEY))
+        .strip(header::AUTHORIZATION)
+        .strip_cookie(COOKIE)
+        .strip_cookie(PORT_COOKIE)
+        .header(header::AUTHORIZATION, bearer)
+        .rewrite_location(location.0, location.1);
+    if let Some(l) = limit {
+        up = up.timeout(l);
+    }
+    Relay::shared().forward(req, &up).await.map_err(|e| {
+        ApiError(match e {
+            RelayError::BadRequest(m) => Error::BadRequest(m),
+            RelayError::Connect(m) => {
+                Error::Agent(format!("the sandbox's agent did not answer: {m}"))
+            }
+            RelayError::Upstream(m) => {
+                Error::Agent(format!("the sandbox's agent failed the request: {m}"))
+            }
+        })
+    })
+}
+
+/// The native API's paths as the controller serves them: `/v1/x` → `…/{id}/v1/x`.
+fn native_location(id: &str) -> (String, String) {
+    ("/v1/".into(), format!("{}v1/", base_path(id)))
+}
+
+/// `…/{id}/v1/{*path}` → the agent's `/v1/{path}`; also the files route (its path is the
+/// agent's `/v1/files`).
+async fn native(State(s): State<ApiState>, Path(p): Params, req: Request) -> Result<Response> {
+    let id = p.get("id").cloned().unwrap_or_default();
+    let rest = rest_of(&req);
+    let path = match rest.starts_with("/v1/") {
+        true => rest,
+        false => format!("/v1{rest}"),
+    };
+    to_agent(&s, &id, req, path, native_location(&id), None).await
+}
+
+async fn screenshot(State(s): State<ApiState>, Path(p): Params, req: Request) -> Result<Response> {
+    let id = p.get("id").cloned().unwrap_or_default();
+    let path = format!("/v1{}", rest_of(&req));
+    let limit = Some(Duration::from_secs(60));
+    to_agent(&s, &id, req, path, native_location(&id), limit).await
+}
+
+async fn computer(State(s): State<ApiState>, Path(p): Params, req: Request) -> Result<Response> {
+    let id = p.get("id").cloned().unwrap_or_default();
+    let path = format!("/v1{}", rest_of(&req));
+    let limit = Some(Duration::from_secs(300));
+    to_agent(&s, &id, req, path, native_location(&id), limit).await
+}
+
+/// The viewer's routes but its index: `…/{id}/{vnc/…,stream…}` → the agent's `/v1/…`.
+async fn viewer(State(s): State<ApiState>, Path(p): Params, req: Request) -> Result<Response> {
+    let id = p.get("id").cloned().unwrap_or_default();
+    viewer_allowed(&s, &id, req.headers())?;
+    let path = format!("/v1{}", rest_of(&req));
+    to_agent(&s, &id, req, path, native_location(&id), None).await
 }
 
 fn vnc_page(id: &str) -> String {
@@ -97,7 +190,7 @@ fn vnc_page(id: &str) -> String {
     )
 }
 
-#[derive(serde::Deserialize)]
+#[derive(Deserialize)]
 struct TokenQuery {
     t: Option<String>,
 }
@@ -130,263 +223,106 @@ async fn vnc_index(
         .map_err(|e| ApiError(Error::Internal(e.to_string())))
 }
 
-async fn vnc_file(
-    State(s): State<ApiState>,
-    Path((id, path)): Path<(String, String)>,
-    RawQuery(q): RawQuery,
-    headers: HeaderMap,
-) -> Result<Response> {
-    viewer_allowed(&s, &id, &headers)?;
-    // The path arrives decoded: a `..` segment would climb out of `/v1/vnc/` on the agent (with
-    // the agent's token), and a `?` or `#` would end the path. Dot segments are refused, as the
-    // agent refuses them; the rest is encoded again.
-    let segments: Vec<&str> = path.split('/').collect();
-    if segments
-        .iter()
-        .any(|p| *p == ".." || *p == "." || p.contains('\\'))
+/// The port of a preview path: 1–65535, else 400.
+fn parse_port(s: &str) -> Result<u16> {
+    match s.parse::<u32>() {
+        Ok(p @ 1..=65535) => Ok(p as u16),
+        _ => Err(ApiError(Error::BadRequest(format!(
+            "port must be 1-65535, not {s:?}"
+        )))),
+    }
+}
+
+/// Preview: `ANY …/{id}/ports/{port}/{*path}` → the agent's `/v1/ports/{port}/{path}`, which
+/// relays to `127.0.0.1:{port}` inside the sandbox. `POST …/ports/{port}/url` is the
+/// one-time URL (so the app's own `/url` takes every method but POST here).
+async fn preview(State(s): State<ApiState>, Path(p): Params, req: Request) -> Result<Response> {
+    let id = p.get("id").cloned().unwrap_or_default();
+    let port = parse_port(p.get("port").map(String::as_str).unwrap_or(""))?;
+    let rest = rest_of(&req);
+    // After `/ports/{port}`: `/…` or nothing (the bare form).
+    let path = rest.split('?').next().unwrap_or("");
+    let tail = path
+        .match_indices('/')
+        .nth(2)
+        .map(|(i, _)| path[i..].to_string())
+        .unwrap_or_default();
+    if tail.is_empty() {
+        // The bare `…/ports/{port}`: relative links resolve only under the slash, and the
+        // port's cookie is only sent there.
+        let q = req
+            .uri()
+            .query()
+            .map(|q| format!("?{q}"))
+            .unwrap_or_default();
+        return Response::builder()
+            .status(StatusCode::PERMANENT_REDIRECT)
+            .header(header::LOCATION, format!("{port}/{q}"))
+            .body(Body::empty())
+            .map_err(|e| ApiError(Error::Internal(e.to_string())));
+    }
+    if req.method() == Method::POST && tail == "/url" {
+        return mint_port_url(&s, &id, port, req).await;
+    }
+    if tail == "/"
+        && let Some(token) = preview_token(req.uri().query())
     {
-        return Err(Error::BadRequest("no such path in noVNC".into()).into());
+        let session = s.c.open_port_url(&id, port, &token)?;
+        return Response::builder()
+            .status(StatusCode::SEE_OTHER)
+            .header(header::LOCATION, port_path(&id, port))
+            .header(header::CACHE_CONTROL, "no-store")
+            .header(
+                header::SET_COOKIE,
+                format!(
+                    "{PORT_COOKIE}={session}; Path={}; HttpOnly; SameSite=Lax; Max-Age={}",
+                    port_path(&id, port),
+                    SESSION_TTL_MS / 1000
+                ),
+            )
+            .body(Body::empty())
+            .map_err(|e| ApiError(Error::Internal(e.to_string())));
     }
-    let path = segments
-        .iter()
-        .map(|p| encode_segment(p))
-        .collect::<Vec<_>>()
-        .join("/");
-    forward(
-        &s,
-        &id,
-        Method::GET,
-        &with_query(&format!("/v1/vnc/{path}"), q),
-        &headers,
-        Body::empty(),
-        None,
-    )
-    .await
-}
-
-/// Percent-encodes a path segment's bytes but RFC 3986's unreserved characters.
-fn encode_segment(seg: &str) -> String {
-    let mut out = String::with_capacity(seg.len());
-    for b in seg.bytes() {
-        match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                out.push(b as char)
-            }
-            _ => out.push_str(&format!("%{b:02X}")),
-        }
-    }
-    out
-}
-
-async fn vnc_ws(
-    State(s): State<ApiState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    ws: WsResult,
-) -> Result<Response> {
-    viewer_allowed(&s, &id, &headers)?;
-    relay_ws(&s, &id, "/v1/vnc/websockify", ws).await
-}
-
-async fn stream_ws(
-    State(s): State<ApiState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    ws: WsResult,
-) -> Result<Response> {
-    viewer_allowed(&s, &id, &headers)?;
-    relay_ws(&s, &id, "/v1/stream", ws).await
-}
-
-async fn stream_mp4(
-    State(s): State<ApiState>,
-    Path(id): Path<String>,
-    RawQuery(q): RawQuery,
-    headers: HeaderMap,
-) -> Result<Response> {
-    viewer_allowed(&s, &id, &headers)?;
-    forward(
-        &s,
-        &id,
-        Method::GET,
-        &with_query("/v1/stream.mp4", q),
-        &headers,
-        Body::empty(),
-        None,
-    )
-    .await
-}
-
-async fn screenshot(
-    State(s): State<ApiState>,
-    Path(id): Path<String>,
-    RawQuery(q): RawQuery,
-    headers: HeaderMap,
-) -> Result<Response> {
-    let limit = Some(Duration::from_secs(60));
-    forward(
-        &s,
-        &id,
-        Method::GET,
-        &with_query("/v1/screenshot", q),
-        &headers,
-        Body::empty(),
-        limit,
-    )
-    .await
-}
-
-async fn computer(
-    State(s): State<ApiState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response> {
-    let limit = Some(Duration::from_secs(300));
-    forward(&s, &id, Method::POST, "/v1/computer", &headers, body, limit).await
-}
-
-async fn files(
-    State(s): State<ApiState>,
-    Path(id): Path<String>,
-    method: Method,
-    RawQuery(q): RawQuery,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response> {
-    forward(
-        &s,
-        &id,
-        method,
-        &with_query("/v1/files", q),
-        &headers,
-        body,
-        None,
-    )
-    .await
-}
-
-fn with_query(path: &str, q: Option<String>) -> String {
-    match q {
-        Some(q) if !q.is_empty() => format!("{path}?{q}"),
-        _ => path.to_string(),
-    }
-}
-
-/// One request to the agent, streamed both ways. `limit`: a deadline for the agent's answer
-/// (streams and file transfers have none beyond the connect timeout).
-async fn forward(
-    s: &ApiState,
-    id: &str,
-    method: Method,
-    path: &str,
-    headers: &HeaderMap,
-    body: Body,
-    limit: Option<Duration>,
-) -> Result<Response> {
-    let (_, agent) = s.c.running_agent(id)?;
-    let method = reqwest::Method::from_bytes(method.as_str().as_bytes())
-        .map_err(|e| ApiError(Error::BadRequest(e.to_string())))?;
-    let mut rb = agent.request(method, path);
-    for h in REQUEST_HEADERS {
-        if let Some(v) = headers.get(&h) {
-            rb = rb.header(h.as_str(), v.as_bytes());
-        }
-    }
-    rb = rb.body(reqwest::Body::wrap_stream(body.into_data_stream()));
-    if let Some(l) = limit {
-        rb = rb.timeout(l);
-    }
-    let resp = rb.send().await.map_err(|e| {
-        ApiError(Error::Agent(format!(
-            "the sandbox's agent did not answer: {e}"
-        )))
-    })?;
-    let mut out = Response::builder().status(resp.status().as_u16());
-    for name in RESPONSE_HEADERS {
-        if let Some(v) = resp.headers().get(name)
-            && let Ok(v) = HeaderValue::from_bytes(v.as_bytes())
-        {
-            out = out.header(name, v);
-        }
-    }
-    out.body(Body::from_stream(resp.bytes_stream()))
-        .map_err(|e| ApiError(Error::Internal(e.to_string())))
-}
-
-/// A WebSocket relayed to the agent's, frames passed through as they come.
-async fn relay_ws(s: &ApiState, id: &str, path: &str, ws: WsResult) -> Result<Response> {
-    let Ok(ws) = ws else {
-        return Err(ApiError(Error::BadRequest(format!(
-            "{path} is a WebSocket: connect with an Upgrade request"
+    let headers = req.headers();
+    if !s.key_ok(headers)
+        && !cookies(headers, PORT_COOKIE).any(|v| s.c.port_session_ok(&id, port, v))
+    {
+        return Err(ApiError(Error::Unauthorized(format!(
+            "a preview needs the X-Api-Key header or the cookie a preview URL sets \
+             (POST /sandbox/sandboxes/v1/{id}/ports/{port}/url)"
         ))));
-    };
-    let (row, _) = s.c.running_agent(id)?;
-    let base = row.agent_url.clone().unwrap_or_default();
-    let url = format!("{}{path}", base.replacen("http://", "ws://", 1));
-    let mut req = url
-        .into_client_request()
-        .map_err(|e| ApiError(Error::Internal(format!("agent URL: {e}"))))?;
-    if let Ok(v) = HeaderValue::from_str(&format!("Bearer {}", row.agent_token)) {
-        req.headers_mut().insert(header::AUTHORIZATION, v);
     }
-    let upstream = tokio::time::timeout(
-        Duration::from_secs(10),
-        tokio_tungstenite::connect_async(req),
-    )
-    .await
-    .map_err(|_| {
-        ApiError(Error::Agent(
-            "the agent did not accept the WebSocket within 10 s".into(),
-        ))
-    })?
-    .map_err(|e| {
-        ApiError(Error::Agent(format!(
-            "the agent refused the WebSocket: {e}"
-        )))
-    })?
-    .0;
-    Ok(ws.on_upgrade(move |socket| pump(socket, upstream)))
+    let agent_path = format!("/v1{rest}");
+    let location = (format!("/v1/ports/{port}/"), port_path(&id, port));
+    to_agent(&s, &id, req, agent_path, location, None).await
 }
 
-async fn pump(
-    client: WebSocket,
-    upstream: tokio_tungstenite::WebSocketStream<
-        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
-    >,
-) {
-    let (mut c_tx, mut c_rx) = client.split();
-    let (mut u_tx, mut u_rx) = upstream.split();
-    let up = async {
-        while let Some(Ok(m)) = c_rx.next().await {
-            let m = match m {
-                Message::Text(t) => tungstenite::Message::text(t.as_str()),
-                Message::Binary(b) => tungstenite::Message::binary(b),
-                Message::Close(_) => break,
-                _ => continue,
-            };
-            if u_tx.send(m).await.is_err() {
-                break;
-            }
-        }
-        let _ = u_tx.close().await;
-    };
-    let down = async {
-        while let Some(Ok(m)) = u_rx.next().await {
-            let m = match m {
-                tungstenite::Message::Text(t) => Message::text(t.as_str()),
-                tungstenite::Message::Binary(b) => Message::binary(b),
-                tungstenite::Message::Close(_) => break,
-                _ => continue,
-            };
-            if c_tx.send(m).await.is_err() {
-                break;
-            }
-        }
-        let _ = c_tx.send(Message::Close(None)).await;
-    };
-    tokio::select! {
-        _ = up => {}
-        _ = down => {}
+/// The one-time token of a preview URL's query (`?berth_preview=…`).
+fn preview_token(query: Option<&str>) -> Option<String> {
+    serde_urlencoded::from_str::<HashMap<String, String>>(query?)
+        .ok()?
+        .remove(PORT_TOKEN_PARAM)
+}
+
+async fn mint_port_url(s: &ApiState, id: &str, port: u16, req: Request) -> Result<Response> {
+    if !s.key_ok(req.headers()) {
+        return Err(ApiError(Error::Unauthorized(
+            "missing or wrong X-Api-Key header".into(),
+        )));
     }
+    let (parts, body) = req.into_parts();
+    let bytes = axum::body::to_bytes(body, super::JSON_LIMIT)
+        .await
+        .map_err(|e| ApiError(Error::BadRequest(format!("reading the body: {e}"))))?;
+    let body = match bytes.is_empty() {
+        true => PortUrlRequest::default(),
+        false => {
+            let req = Request::from_parts(parts, Body::from(bytes));
+            super::Json::<PortUrlRequest>::from_request(req, &())
+                .await?
+                .0
+        }
+    };
+    let (url, expires_at) = s.c.mint_port_url(id, port, body.ttl_seconds)?;
+    Ok((StatusCode::CREATED, axum::Json(PortUrl { url, expires_at })).into_response())
 }
