@@ -208,7 +208,62 @@ async fn shell_under_a_real_terminal_types_resizes_interrupts_and_exits_with_the
     let status = wait_exit(&mut t.child, Duration::from_secs(20));
     assert_eq!(status.code(), Some(7), "{}", t.screen());
     assert_eq!(t.lflags(), cooked, "terminal settings not restored");
+
+    // SIGTERM to the CLI: 128+15, the terminal restored, the sandbox's terminal closed.
+    let before = c.client().agent(&id).pty_list().await.unwrap().ptys.len();
+    let mut cmd = berth(&c);
+    cmd.args(["sandbox", "shell", &id]);
+    let mut t = Terminal::spawn(cmd, 24, 80);
+    t.type_in("echo up-$((7*7))\r");
+    t.wait_for("up-49");
+    let pid = nix::unistd::Pid::from_raw(t.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = wait_exit(&mut t.child, Duration::from_secs(20));
+    assert_eq!(status.code(), Some(143), "{}", t.screen());
+    assert_eq!(
+        t.lflags(),
+        cooked,
+        "terminal settings not restored after SIGTERM"
+    );
+    let agent = c.client().agent(&id);
+    berth_tests::wait_for(
+        "the sandbox's terminal to end",
+        Duration::from_secs(20),
+        || {
+            let agent = agent.clone();
+            async move {
+                let list = agent.pty_list().await.ok()?;
+                let running = list
+                    .ptys
+                    .iter()
+                    .filter(|p| p.state == berth_protocol::PtyState::Running)
+                    .count();
+                (running == 0).then_some(())
+            }
+        },
+    )
+    .await;
+    println!("{before} terminal(s) before the SIGTERM session, none running after");
+
+    // The sandbox deleted under a running shell: an error exit, the terminal restored.
+    let mut cmd = berth(&c);
+    cmd.args(["sandbox", "shell", &id]);
+    let mut t = Terminal::spawn(cmd, 24, 80);
+    t.type_in("echo last-$((8*8))\r");
+    t.wait_for("last-64");
     c.client().delete(&id).await.unwrap();
+    let status = wait_exit(&mut t.child, Duration::from_secs(30));
+    assert_ne!(status.code(), Some(0), "{}", t.screen());
+    assert_eq!(
+        t.lflags(),
+        cooked,
+        "terminal settings not restored after the error"
+    );
+    println!(
+        "deleted under the shell: exit {:?}, {:?}",
+        status.code(),
+        t.screen().lines().last()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
