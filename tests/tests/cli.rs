@@ -1,5 +1,5 @@
-//! The `berth sandbox` client commands against a real controller (process provider, `ide`
-//! profile): `shell` driven under a real pseudo-terminal (typed input, output read back, resize,
+//! The `berth sandbox` client commands against a real controller (`ide` profile, on every
+//! provider): `shell` driven under a real pseudo-terminal (typed input, output read back, resize,
 //! Ctrl-C, exit code, the terminal restored), piped `shell`, `cp` both ways with multi-MiB files
 //! and directories, `events --follow`, `port-forward` to a server inside the sandbox, and help
 //! text on every subcommand and flag.
@@ -11,8 +11,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use berth_tests::controller::{API_KEY, ControllerProcess, ide, shell};
-use berth_tests::{wait_until, workspace_bin, write_pattern_file};
+use berth_tests::controller::{API_KEY, ControllerProcess, Provider, ide, shell};
+use berth_tests::{on_every_provider, wait_until, workspace_bin, write_pattern_file};
 use nix::sys::termios::{self, LocalFlags};
 
 fn berth(c: &ControllerProcess) -> Command {
@@ -147,9 +147,10 @@ impl Terminal {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shell_under_a_real_terminal_types_resizes_interrupts_and_exits_with_the_code() {
-    let c = ControllerProcess::start("").await;
+async fn shell_under_a_real_terminal_types_resizes_interrupts_and_exits_with_the_code(
+    provider: Provider,
+) {
+    let c = ControllerProcess::start_on(provider, "").await;
     let id = sandbox(&c).await;
     let mut cmd = berth(&c);
     cmd.args(["sandbox", "shell", &id]).env("TERM", "xterm");
@@ -266,9 +267,8 @@ async fn shell_under_a_real_terminal_types_resizes_interrupts_and_exits_with_the
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shell_with_piped_stdin_or_a_command_exits_with_its_code() {
-    let c = ControllerProcess::start("").await;
+async fn shell_with_piped_stdin_or_a_command_exits_with_its_code(provider: Provider) {
+    let c = ControllerProcess::start_on(provider, "").await;
     let id = sandbox(&c).await;
     // Piped input is typed into the terminal; the end of it is Ctrl-D.
     let mut child = berth(&c)
@@ -327,9 +327,8 @@ fn sha256(path: &Path) -> String {
         .to_string()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cp_copies_files_and_directories_both_ways_streamed() {
-    let c = ControllerProcess::start("").await;
+async fn cp_copies_files_and_directories_both_ways_streamed(provider: Provider) {
+    let c = ControllerProcess::start_on(provider, "").await;
     let id = sandbox(&c).await;
     let local = tempfile::tempdir().unwrap();
     let big = local.path().join("big.bin");
@@ -537,9 +536,8 @@ fn lines_of(child: &mut Child) -> Arc<Mutex<Vec<String>>> {
     lines
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn events_prints_the_timeline_and_follow_sees_new_events() {
-    let c = ControllerProcess::start("").await;
+async fn events_prints_the_timeline_and_follow_sees_new_events(provider: Provider) {
+    let c = ControllerProcess::start_on(provider, "").await;
     let id = sandbox(&c).await;
     let mut cmd = berth(&c);
     cmd.args(["sandbox", "events", &id, "--json"]);
@@ -603,11 +601,11 @@ async fn events_prints_the_timeline_and_follow_sees_new_events() {
     c.client().delete(&id).await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn port_forward_reaches_an_http_server_inside_the_sandbox() {
-    let c = ControllerProcess::start("").await;
+async fn port_forward_reaches_an_http_server_inside_the_sandbox(provider: Provider) {
+    let c = ControllerProcess::start_on(provider, "").await;
     let id = sandbox(&c).await;
-    // The process provider shares the host's network: pick a free port.
+    // The process provider shares the host's network: pick a free port (any port does in a
+    // container).
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -743,6 +741,14 @@ async fn port_forward_reaches_an_http_server_inside_the_sandbox() {
     );
     c.client().delete(&id).await.unwrap();
 }
+
+on_every_provider!(
+    shell_under_a_real_terminal_types_resizes_interrupts_and_exits_with_the_code,
+    shell_with_piped_stdin_or_a_command_exits_with_its_code,
+    cp_copies_files_and_directories_both_ways_streamed,
+    events_prints_the_timeline_and_follow_sees_new_events,
+    port_forward_reaches_an_http_server_inside_the_sandbox,
+);
 
 /// A WebSocket echo server (RFC 6455, text and binary frames up to 64 KiB) in the standard
 /// library only, for `python3 ws_echo.py PORT`.

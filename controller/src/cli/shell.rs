@@ -146,6 +146,10 @@ pub async fn run(a: ShellArgs) -> anyhow::Result<i32> {
     };
     let outcome = relay(ws, interactive).await;
     drop(raw);
+    if outcome.is_err() && interactive {
+        // The error goes on a line of its own, not after the sandbox's prompt.
+        eprintln!();
+    }
     match outcome {
         Ok(Ended::Exited(code)) => Ok(code),
         Ok(Ended::Signalled(sig)) => {
@@ -199,7 +203,7 @@ async fn relay(ws: berth_protocol::client::WebSocket, interactive: bool) -> anyh
                     if exit_code.is_some() {
                         break;
                     }
-                    return Err(anyhow!("the terminal connection failed: {e}"));
+                    return Err(anyhow!("the connection to the sandbox's terminal was lost: {e}"));
                 }
                 Some(Ok(Message::Binary(b))) => {
                     stdout.write_all(&b)?;
