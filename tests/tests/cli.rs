@@ -309,6 +309,23 @@ async fn shell_with_piped_stdin_or_a_command_exits_with_its_code(provider: Provi
     assert_eq!(code, Some(5), "{out} {err}");
     assert!(out.contains("cmd-6"), "{out}");
 
+    // The seed's variable names, with no BERTH_ ones.
+    let out = Command::new(workspace_bin("berth"))
+        .args(["sandbox", "get", &id, "--json"])
+        .env_remove("BERTH_URL")
+        .env_remove("BERTH_API_KEY")
+        .env("SANDBOX_GATEWAY_URL", &c.base)
+        .env("SANDBOX_API_KEY", API_KEY)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sb: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(sb["id"], id.as_str());
+
     // An unknown sandbox: a clear error, exit 1, no terminal left behind.
     let mut cmd = berth(&c);
     cmd.args(["sandbox", "shell", "sb_nope"]);
