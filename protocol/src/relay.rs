@@ -101,13 +101,17 @@ impl Upstream {
         format!("{}{}", self.base, self.path)
     }
 
-    /// Refuses `.` and `..` segments, plain or percent-encoded, and backslashes: URL parsing
-    /// resolves them, so `/v1/../x` would reach `/x` on the upstream.
+    /// Refuses `.` and `..` segments, plain or percent-encoded, also where an encoded `/` or
+    /// `\` makes one once decoded (`..%2F..%2Fetc`), and backslashes: URL parsing resolves
+    /// them, so `/v1/../x` would reach `/x` on the upstream, and an upstream that decodes a
+    /// segment before it splits the path would climb out of it.
     fn check_path(&self) -> Result<(), RelayError> {
         let path = self.path.split(['?', '#']).next().unwrap_or("");
         let bad = path.split('/').any(|seg| {
-            let s = seg.to_ascii_lowercase().replace("%2e", ".");
-            s == "." || s == ".." || seg.contains('\\')
+            seg.contains('\\')
+                || percent_decode(seg)
+                    .split(|b| *b == b'/' || *b == b'\\')
+                    .any(|piece| piece == b"." || piece == b"..")
         });
         if bad || !path.starts_with('/') {
             return Err(RelayError::BadRequest(format!(
@@ -129,6 +133,27 @@ impl Upstream {
         let rest = path.strip_prefix(from.as_str())?;
         HeaderValue::from_str(&format!("{to}{rest}")).ok()
     }
+}
+
+/// A path segment's bytes with its `%XX` escapes decoded (a malformed escape stays as is).
+fn percent_decode(seg: &str) -> Vec<u8> {
+    let b = seg.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2]))
+        {
+            out.push((h * 16 + l) as u8);
+            i += 3;
+            continue;
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    out
 }
 
 /// An HTTP client for relaying: connect timeout only, no redirects followed, no proxy.
@@ -343,13 +368,24 @@ mod tests {
             "/v1/a\\b",
             "v1",
             "/v1/..?q",
+            "/v1/vnc/..%2F..%2Fetc%2Fpasswd",
+            "/v1/a%5C..",
+            "/v1/%2E",
         ] {
             assert!(
                 Upstream::new("http://h", bad).check_path().is_err(),
                 "{bad}"
             );
         }
-        for good in ["/v1/files?path=/a/../b", "/v1/a..b/.c", "/", "/v1/%2F"] {
+        for good in [
+            "/v1/files?path=/a/../b",
+            "/v1/a..b/.c",
+            "/",
+            "/v1/%2F",
+            "/v1/a%2Fb",
+            "/v1/%",
+            "/v1/%2",
+        ] {
             assert!(
                 Upstream::new("http://h", good).check_path().is_ok(),
                 "{good}"
