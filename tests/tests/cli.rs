@@ -630,7 +630,7 @@ async fn port_forward_reaches_an_http_server_inside_the_sandbox(provider: Provid
         .port();
     let marker = format!("served-from-the-sandbox-{}", std::process::id());
     let line = format!(
-        "mkdir -p pf && cd pf && echo {marker} > index.html && \
+        "mkdir -p pf/sub && cd pf && echo {marker} > index.html && \
          exec python3 -m http.server {port} --bind 127.0.0.1"
     );
     let mut bg = shell(&line);
@@ -685,6 +685,16 @@ async fn port_forward_reaches_an_http_server_inside_the_sandbox(provider: Provid
     assert_eq!(r.text().await.unwrap().trim(), marker);
     let r = http.get(format!("{url}nothing-here")).send().await.unwrap();
     assert_eq!(r.status(), 404);
+    // A redirect of the server inside points at the local root, not the preview route.
+    let no_redirects = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let r = no_redirects.get(format!("{url}sub")).send().await.unwrap();
+    assert_eq!(r.status(), 301);
+    assert_eq!(r.headers()["location"], "/sub/");
+    let r = http.get(format!("{url}sub")).send().await.unwrap();
+    assert_eq!((r.status().as_u16(), r.url().path()), (200, "/sub/"));
 
     // A WebSocket upgrade through the forward: an echo server inside the sandbox.
     let ws_port = std::net::TcpListener::bind("127.0.0.1:0")

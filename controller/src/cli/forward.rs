@@ -168,12 +168,39 @@ async fn handle(State(r): State<Arc<Relay>>, req: Request) -> Response {
         ) {
             continue;
         }
-        if let Ok(v) = HeaderValue::from_bytes(value.as_bytes()) {
+        let value = match name == header::LOCATION {
+            true => local_location(value.as_bytes(), &r.through.url(""), &root),
+            false => value.as_bytes().to_vec(),
+        };
+        if let Ok(v) = HeaderValue::from_bytes(&value) {
             out = out.header(name.as_str(), v);
         }
     }
     out.body(Body::from_stream(resp.bytes_stream()))
         .unwrap_or_else(|e| bad_gateway(e.to_string()))
+}
+
+/// The controller answers a redirect of the server inside with a `Location` under the preview
+/// route (`/sandbox/sandboxes/v1/{id}/ports/{port}/x`, possibly with the controller's URL in
+/// front); here the server is at the root, so that becomes `/x`. Other locations pass as they
+/// are.
+fn local_location(value: &[u8], base: &str, root: &str) -> Vec<u8> {
+    let Ok(loc) = std::str::from_utf8(value) else {
+        return value.to_vec();
+    };
+    let path = loc.strip_prefix(base).unwrap_or(loc);
+    match path.strip_prefix(root.trim_end_matches('/')) {
+        Some(rest) if rest.is_empty() => b"/".to_vec(),
+        Some(rest) if rest.starts_with(['/', '?']) => {
+            let rest = if rest.starts_with('?') {
+                format!("/{rest}")
+            } else {
+                rest.to_string()
+            };
+            rest.into_bytes()
+        }
+        _ => value.to_vec(),
+    }
 }
 
 async fn websocket(r: &Relay, target: &str, headers: &HeaderMap, ws: WebSocketUpgrade) -> Response {
@@ -238,6 +265,26 @@ async fn pump(client: WebSocket, upstream: berth_protocol::client::WebSocket) {
 #[cfg(test)]
 mod tests {
     use super::parse_ports;
+
+    #[test]
+    fn redirects_under_the_preview_route_come_back_to_the_root() {
+        let root = "/sandbox/sandboxes/v1/sb_1/ports/8000/";
+        let base = "http://ctl:8780";
+        let loc =
+            |l: &str| String::from_utf8(super::local_location(l.as_bytes(), base, root)).unwrap();
+        assert_eq!(loc("/sandbox/sandboxes/v1/sb_1/ports/8000/sub/"), "/sub/");
+        assert_eq!(
+            loc("http://ctl:8780/sandbox/sandboxes/v1/sb_1/ports/8000/a?b"),
+            "/a?b"
+        );
+        assert_eq!(loc("/sandbox/sandboxes/v1/sb_1/ports/8000"), "/");
+        assert_eq!(loc("/sandbox/sandboxes/v1/sb_1/ports/8000?x=1"), "/?x=1");
+        assert_eq!(
+            loc("/sandbox/sandboxes/v1/sb_1/ports/80000/"),
+            "/sandbox/sandboxes/v1/sb_1/ports/80000/"
+        );
+        assert_eq!(loc("https://elsewhere/x"), "https://elsewhere/x");
+    }
 
     #[test]
     fn port_pairs_parse_like_kubectl() {
