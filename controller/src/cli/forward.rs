@@ -190,7 +190,7 @@ fn local_location(value: &[u8], base: &str, root: &str) -> Vec<u8> {
     };
     let path = loc.strip_prefix(base).unwrap_or(loc);
     match path.strip_prefix(root.trim_end_matches('/')) {
-        Some(rest) if rest.is_empty() => b"/".to_vec(),
+        Some("") => b"/".to_vec(),
         Some(rest) if rest.starts_with(['/', '?']) => {
             let rest = if rest.starts_with('?') {
                 format!("/{rest}")
