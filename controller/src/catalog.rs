@@ -178,6 +178,44 @@ mod tests {
         assert_eq!(c.declared_port("vlc"), Some(8080));
     }
 
+    /// The catalog's profile entries as `GET /sandbox/v1/catalog?kind=profile` serves them
+    /// (before the route puts the serving provider in `driver_hint`).
+    #[test]
+    fn the_profile_entries_are_golden() {
+        let items = Catalog::builtin().list("profile").unwrap();
+        let names: Vec<&str> = items.iter().filter_map(|p| p["name"].as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "desktop-ubuntu",
+                "ide-ubuntu",
+                "desktop-windows",
+                "desktop-macos"
+            ]
+        );
+        let without_description = |mut v: serde_json::Value| {
+            assert!(v["description"].as_str().is_some_and(|d| !d.is_empty()));
+            v.as_object_mut().unwrap().remove("description");
+            serde_json::to_string(&v).unwrap()
+        };
+        assert_eq!(
+            without_description(items[0].clone()),
+            r#"{"aliases":["desktop"],"cpus":2.0,"desktop":true,"driver_hint":"process","enabled":true,"memory_mb":4096,"name":"desktop-ubuntu","viewer":"novnc"}"#
+        );
+        assert_eq!(
+            without_description(items[1].clone()),
+            r#"{"aliases":["ide"],"cpus":1.0,"desktop":false,"driver_hint":"process","enabled":true,"memory_mb":2048,"name":"ide-ubuntu","viewer":"vscode"}"#
+        );
+        assert_eq!(
+            without_description(items[2].clone()),
+            r#"{"aliases":["windows"],"desktop":true,"driver_hint":"vm","enabled":false,"name":"desktop-windows","viewer":"novnc"}"#
+        );
+        assert_eq!(
+            without_description(items[3].clone()),
+            r#"{"aliases":["macos"],"desktop":true,"driver_hint":"vm","enabled":false,"name":"desktop-macos","viewer":"novnc"}"#
+        );
+    }
+
     #[test]
     fn the_older_names_are_aliases_of_the_seeds() {
         let c = Catalog::builtin();

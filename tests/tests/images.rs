@@ -80,6 +80,10 @@ async fn identical_inputs_give_the_identical_image_ref_and_a_built_image_is_foun
             .starts_with("berth-desktop:")
     );
     assert!(b["size_bytes"].as_u64().unwrap() > 100_000_000);
+    // The seed's name builds the same recipe: the same image, found.
+    let seed = berth_tests::controller::build_image(&["--profile", "desktop-ubuntu"]).unwrap();
+    assert_eq!(seed["image_ref"], a["image_ref"], "{seed}");
+    assert_eq!(seed["built"], false, "{seed}");
 }
 
 #[tokio::test]
@@ -219,6 +223,18 @@ async fn the_controller_answers_an_image_build_with_the_content_addressed_ref() 
     assert_eq!(job["image_ref"], expected.as_str());
     assert_eq!(job["image_uri"], expected.as_str());
     assert_eq!(job["status"], "ready");
+    // Typed, under the seed's profile name: the same image.
+    let typed = cl
+        .build_image(&berth_protocol::controller::BuildImage {
+            profile: "desktop-ubuntu".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (typed.image_ref.as_str(), typed.status.as_str()),
+        (expected.as_str(), "ready")
+    );
     let again: Value = cl
         .request(
             reqwest::Method::GET,

@@ -209,6 +209,21 @@ async fn an_images_declared_ports_are_published_and_listed_in_the_endpoints() {
     c.launch();
     let again = c.client().get(&sb.id).await.unwrap();
     assert_eq!(again.endpoints.ports.get("vlc"), Some(&vlc), "{again:?}");
+    // And its preview through the controller: the port inside, the route's URL.
+    let preview = again.endpoints.preview.get("vlc").expect("a vlc preview");
+    assert_eq!(preview.port, 8080, "{again:?}");
+    assert_eq!(
+        preview.url,
+        format!("{}/sandbox/sandboxes/v1/{}/ports/8080/", c.base, sb.id)
+    );
+    let through = http
+        .get(format!("{}index.html", preview.url))
+        .header(berth_protocol::routes::header::API_KEY, API_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(through.status(), 200);
+    assert_eq!(through.text().await.unwrap(), "vlc-here\n");
 
     // An image without the label declares nothing.
     let plain = c
@@ -220,4 +235,5 @@ async fn an_images_declared_ports_are_published_and_listed_in_the_endpoints() {
         .await
         .unwrap();
     assert!(plain.endpoints.ports.is_empty(), "{:?}", plain.endpoints);
+    assert!(plain.endpoints.preview.is_empty(), "{:?}", plain.endpoints);
 }

@@ -32,7 +32,8 @@ def test_a_desktop_sandbox_end_to_end(client: berth.Client, unique: str):
     sb = client.create_sandbox("desktop", labels=labels)
     try:
         assert sb.status == "running", sb
-        assert sb.profile == "desktop"
+        # Created under the alias: reported under the seed's name.
+        assert sb.profile == "desktop-ubuntu"
         assert sb.image_ref.startswith("berth-"), sb.image_ref
         assert sb.labels == labels
         assert sb.viewer.kind == "novnc" and sb.viewer.url

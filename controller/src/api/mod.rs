@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use berth_protocol::ErrorBody;
-use berth_protocol::controller::API_KEY_HEADER;
+use berth_protocol::routes::header::API_KEY as API_KEY_HEADER;
 use subtle::ConstantTimeEq;
 
 use crate::error::Error;
