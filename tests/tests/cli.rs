@@ -615,7 +615,29 @@ async fn events_prints_the_timeline_and_follow_sees_new_events(provider: Provide
         wait_exit(&mut child, Duration::from_secs(10)).code(),
         Some(0)
     );
+
+    // A follow ends by itself once the sandbox is deleted, after printing its last events.
+    let mut child = berth(&c)
+        .args(["sandbox", "events", &id, "--follow", "--json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = lines_of(&mut child);
+    wait_until("the replayed timeline", Duration::from_secs(20), || {
+        lines.lock().unwrap().iter().any(|l| l.contains(&path))
+    });
     c.client().delete(&id).await.unwrap();
+    let deleted = Instant::now();
+    let status = wait_exit(&mut child, Duration::from_secs(30));
+    assert_eq!(status.code(), Some(0));
+    println!("follow ended {:?} after the delete", deleted.elapsed());
+    let all = lines.lock().unwrap().clone();
+    let stored = c.client().events(&id, 0).await.unwrap()["events"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(all.len(), stored, "the follow missed events: {all:#?}");
+    println!("{stored} events, all printed by the follow");
 }
 
 async fn port_forward_reaches_an_http_server_inside_the_sandbox(provider: Provider) {

@@ -18,7 +18,7 @@ line, as the controller stores it (`seq`, `at`, `kind` and the event's own field
 
 --follow wakes on the agent's own event stream (a long-poll through the controller), so an \
 agent event shows within moments; the controller's own events (status changes) within a few \
-seconds. Ctrl-C stops.")]
+seconds. It stops at Ctrl-C, or once the sandbox has stopped or failed (after its last events).")]
 pub struct EventsArgs {
     /// The sandbox's id.
     pub id: String,
@@ -44,6 +44,8 @@ pub async fn run(a: EventsArgs) -> anyhow::Result<i32> {
     let mut agent_next = 0u64;
     let stop = tokio::signal::ctrl_c();
     tokio::pin!(stop);
+    // Set once the sandbox has ended: one last read, then the follow ends too.
+    let mut ended: Option<String> = None;
     loop {
         let page = client.events(&a.id, from).await?;
         let events = page["events"].as_array().cloned().unwrap_or_default();
@@ -57,14 +59,29 @@ pub async fn run(a: EventsArgs) -> anyhow::Result<i32> {
         if !a.follow {
             return Ok(0);
         }
+        if let Some(status) = &ended {
+            if !a.remote.json {
+                eprintln!("sandbox {} is {status}: no more events", a.id);
+            }
+            return Ok(0);
+        }
         if !events.is_empty() && events.len() >= 10_000 {
             continue;
         }
         tokio::select! {
             _ = &mut stop => return Ok(0),
             next = wait_for_agent(&through, agent_next) => {
-                if let Some(n) = next {
-                    agent_next = agent_next.max(n);
+                match next {
+                    Some(n) => agent_next = agent_next.max(n),
+                    // The agent is not reachable: has the sandbox ended?
+                    None => match client.get(&a.id).await {
+                        Ok(sb) if matches!(sb.status.as_str(), "stopped" | "failed") => {
+                            ended = Some(sb.status);
+                        }
+                        Ok(_) => {}
+                        Err(e) if e.status() == Some(404) => ended = Some("gone".into()),
+                        Err(_) => {}
+                    },
                 }
             }
         }
