@@ -413,6 +413,23 @@ async fn native_api(door: &Door<'_>, seen: &mut Seen) {
         .await;
     assert_eq!(status, 200, "{v}");
     assert!(v["commands"].is_array(), "{v}");
+    // The typed client through the controller (`ControllerClient::agent`).
+    let typed = c.client().agent(&door.id);
+    let r = typed
+        .exec(&berth_protocol::ExecRequest::shell("echo typed-$((2+3))"))
+        .await
+        .unwrap();
+    assert_eq!((r.exit_code, r.stdout.as_deref()), (0, Some("typed-5\n")));
+    assert!(
+        typed
+            .commands()
+            .await
+            .unwrap()
+            .commands
+            .iter()
+            .any(|x| x.id == r.id),
+        "the typed exec is listed"
+    );
     // An agent error body passes as it is.
     let (status, v) = seen.json(door.get("/v1/commands/no-such-command")).await;
     assert_eq!(
@@ -521,8 +538,10 @@ async fn native_api(door: &Door<'_>, seen: &mut Seen) {
     let (_, page) = seen.json(door.get("/v1/events")).await;
     let next = page["next_seq"].as_u64().unwrap();
     let poll = tokio::spawn(
-        door.get(&format!("/v1/events?follow=true&from_seq={next}&timeout_ms=20000"))
-            .send(),
+        door.get(&format!(
+            "/v1/events?follow=true&from_seq={next}&timeout_ms=20000"
+        ))
+        .send(),
     );
     let t = Instant::now();
     let (status, _) = seen
