@@ -193,8 +193,9 @@ impl Remote {
 pub enum SandboxCmd {
     /// Create a sandbox, wait until it is ready and print it.
     Create {
-        /// The catalog profile (`GET /sandbox/v1/catalog` lists them).
-        #[arg(long, default_value = "desktop")]
+        /// The catalog profile: desktop-ubuntu, ide-ubuntu, … (`desktop` and `ide` are
+        /// aliases; `GET /sandbox/v1/catalog` lists them).
+        #[arg(long, default_value = "desktop-ubuntu")]
         profile: String,
         /// A specific image instead of the profile's default.
         #[arg(long)]
@@ -289,8 +290,8 @@ pub enum LeaseCmd {
         /// The thread (conversation, episode) the lease is for.
         #[arg(long)]
         thread: String,
-        /// The catalog profile of the sandbox.
-        #[arg(long, default_value = "desktop")]
+        /// The catalog profile of the sandbox (desktop-ubuntu, ide-ubuntu, …).
+        #[arg(long, default_value = "desktop-ubuntu")]
         profile: String,
         /// A label `key=value` the sandbox must have; repeatable.
         #[arg(long = "label", value_parser = parse_label)]
@@ -388,7 +389,7 @@ async fn demo(a: DemoArgs) -> anyhow::Result<i32> {
     let started = Instant::now();
     let created = client
         .create_nowait(&CreateSandbox {
-            profile: "desktop".into(),
+            profile: "desktop-ubuntu".into(),
             labels: BTreeMap::from([("purpose".into(), "demo".into())]),
             ..Default::default()
         })
