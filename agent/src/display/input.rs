@@ -336,7 +336,13 @@ impl Input {
             keep.insert(kc);
         }
         self.kb.index();
-        self.x.sync()
+        self.x.sync()?;
+        // The focused client must also have read the mapping change before the key events that
+        // use it: a client that translates key events as it reads them off the connection (Tk
+        // does) would otherwise translate one that arrives with the change, in the same read,
+        // by the mapping before it. Its answer to a ping says it has handled the change.
+        self.client_caught_up(CATCH_UP_WAIT)?;
+        Ok(())
     }
 
     fn map(&mut self, kc: u8, sym: u32) -> Result<(), DisplayError> {

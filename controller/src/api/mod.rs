@@ -130,7 +130,29 @@ pub struct Json<T>(pub T);
 impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for Json<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+    async fn from_request(mut req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        // `curl -d '{…}'` (the seed's own quick start) labels its JSON a form; a body without a
+        // type is read as JSON too. Any other declared type is refused.
+        let declared = req
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| {
+                v.split(';')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .to_ascii_lowercase()
+            });
+        if declared
+            .as_deref()
+            .is_none_or(|t| t == "application/x-www-form-urlencoded")
+        {
+            req.headers_mut().insert(
+                axum::http::header::CONTENT_TYPE,
+                axum::http::HeaderValue::from_static("application/json"),
+            );
+        }
         match axum::Json::<T>::from_request(req, state).await {
             Ok(axum::Json(v)) => Ok(Json(v)),
             Err(e) => {
