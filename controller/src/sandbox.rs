@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use berth_protocol::AgentClient;
-use berth_protocol::controller::{Endpoints, PortPreview, Sandbox, Viewer};
+use berth_protocol::controller::{
+    Endpoints, PortPreview, RESERVED_ENDPOINT_NAMES, Sandbox, Viewer,
+};
 use berth_protocol::routes::controller as routes;
 use serde_json::json;
 
@@ -665,7 +667,13 @@ impl Controller {
                 compat: row.compat_url.clone(),
                 cdp: row.cdp_url.clone(),
                 preview,
-                ports: row.ports.clone(),
+                // An image label naming a port like a field of `endpoints` cannot shadow it.
+                ports: row
+                    .ports
+                    .iter()
+                    .filter(|(name, _)| !RESERVED_ENDPOINT_NAMES.contains(&name.as_str()))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
             },
             labels: row.labels.clone(),
             image_ref: row.image_ref.clone(),
