@@ -163,6 +163,14 @@ impl Op {
         self.body("application/json", schema)
     }
 
+    /// The request body may be left out.
+    fn body_optional(mut self) -> Op {
+        if let Some(b) = self.obj.get_mut("requestBody") {
+            b["required"] = false.into();
+        }
+        self
+    }
+
     fn body(mut self, content_type: &str, schema: Value) -> Op {
         self.obj.insert(
             "requestBody".into(),
@@ -276,14 +284,22 @@ fn html() -> Value {
 /// The native error answers (`{"error": {"code", "message"}}`) every native and controller
 /// operation may give: 400 bad input, 401 credentials, 404 unknown id or path, and any other
 /// status by `default`.
-fn native_errors(op: Op, err: &Value, auth: bool) -> Op {
-    let mut op =
-        op.json("400", "bad input", err.clone())
-            .json("404", "unknown id or path", err.clone());
+/// An answer the operation already declares (the computer's own 400 body) is kept.
+fn native_errors(mut op: Op, err: &Value, auth: bool) -> Op {
+    let mut common = vec![
+        ("400", "bad input"),
+        ("404", "unknown id or path"),
+        ("default", "an error"),
+    ];
     if auth {
-        op = op.json("401", "missing or wrong credentials", err.clone());
+        common.push(("401", "missing or wrong credentials"));
     }
-    op.json("default", "an error", err.clone())
+    for (status, description) in common {
+        if op.obj["responses"].get(status).is_none() {
+            op = op.json(status, description, err.clone());
+        }
+    }
+    op
 }
 
 /// The agent's document: native `/v1` (bearer token; the (V) routes also take the viewer
@@ -1111,8 +1127,9 @@ fn compat_ops(d: &mut Doc) {
          "properties": {"message": string(), "status": string()}},
         {"type": "object", "required": ["error"], "properties": {"error": string()}},
     ]});
-    let any_json =
-        json!({"application/json": {"schema": object()}, "text/html": {"schema": string()}});
+    // Results are whatever JSON the reference server's handler returns (objects, the cursor's
+    // `[x, y]`), or text.
+    let any_json = json!({"application/json": {"schema": {}}, "text/html": {"schema": string()}});
     let errors = json!({"application/json": {"schema": err}, "text/html": {"schema": string()}});
     let security = json!([{}, {"bearer": []}]);
     let form = json!({"type": "object", "additionalProperties": true});
@@ -1232,6 +1249,11 @@ fn compat_ops(d: &mut Doc) {
         };
         d.add(
             o.answer("200", "done", ok)
+                .answer(
+                    "500",
+                    "the reference server's own 500 (kept: the compat spec freezes it)",
+                    errors.clone(),
+                )
                 .answer("default", "an error (Flask's shapes)", errors.clone())
                 .security(security.clone()),
         );
@@ -1267,6 +1289,11 @@ fn compat_ops(d: &mut Doc) {
         };
         d.add(
             o.answer("200", "done", ok)
+                .answer(
+                    "500",
+                    "the reference server's own 500 (kept: the compat spec freezes it)",
+                    errors.clone(),
+                )
                 .answer("default", "an error (Flask's shapes)", errors.clone())
                 .security(security.clone()),
         );
@@ -1495,8 +1522,18 @@ pub fn controller() -> Value {
         .json("200", "done", cresp.clone())
         .json("409", "not running", err.clone())
         .json(
+            "400",
+            "bad input (the agent's computer body, or the error body)",
+            json!({"anyOf": [err.clone(), cresp.clone()]}),
+        )
+        .json(
             "422",
             "valid but impossible",
+            json!({"anyOf": [err.clone(), cresp.clone()]}),
+        )
+        .json(
+            "default",
+            "an error",
             json!({"anyOf": [err.clone(), cresp]}),
         ),
         &key,
@@ -1626,6 +1663,25 @@ pub fn controller() -> Value {
             &err,
         );
     }
+
+    let (port_url_req, port_url) = (
+        d.schema::<wire::PortUrlRequest>(),
+        d.schema::<wire::PortUrl>(),
+    );
+    add(
+        &mut d,
+        op(
+            "post",
+            controller::SANDBOX_PORT_URL,
+            "sandbox_port_url",
+            "a browser URL for a port's preview",
+        )
+        .json_body(port_url_req)
+        .body_optional()
+        .json("201", "the URL (it sets the port's cookie)", port_url)
+        .json("409", "not running", err.clone()),
+        &key,
+    );
 
     // Leases.
     let (acq, lease, renew) = (
@@ -1966,6 +2022,10 @@ mod tests {
         out
     }
 
+    /// A router source file, the surface its bare constants belong to, and whether its
+    /// literals are relative to the `/v1` nest.
+    type Source = (PathBuf, &'static str, bool);
+
     fn sources(dir: &Path) -> Vec<PathBuf> {
         let mut out = Vec::new();
         if let Ok(entries) = std::fs::read_dir(dir) {
@@ -1997,7 +2057,7 @@ mod tests {
             "routes.rs parsed to {} constants",
             consts.len()
         );
-        let surfaces: [(&str, Value, Vec<(PathBuf, &str, bool)>); 2] = [
+        let surfaces: [(&str, Value, Vec<Source>); 2] = [
             (
                 "agent",
                 agent(),
