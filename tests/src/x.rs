@@ -4,6 +4,7 @@
 
 use std::io::Read;
 use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -107,6 +108,11 @@ impl XServer {
                 &self.display,
             ])
             .env("DISPLAY", &self.display)
+            // No accessibility bridge: it would have D-Bus start an AT-SPI launcher (and its
+            // bus) on the session bus, outliving the test.
+            .env("NO_AT_BRIDGE", "1")
+            // Its own group, so the bus daemon and whatever it starts end with it.
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -138,7 +144,11 @@ impl XServer {
 impl Drop for XServer {
     fn drop(&mut self) {
         if let Some(wm) = &mut self.wm {
-            let _ = wm.kill();
+            // dbus-run-session killed alone would leave its bus daemon behind.
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(wm.id() as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
             let _ = wm.wait();
         }
         let _ = self.xvfb.kill();

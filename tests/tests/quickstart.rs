@@ -39,6 +39,18 @@ struct Group(std::process::Child);
 
 impl Drop for Group {
     fn drop(&mut self) {
+        // Whatever the test left (it may have failed half-way) is deleted before the controller
+        // stops: a stopped controller leaves its sandboxes running for the next one to adopt.
+        let _ = Command::new("timeout")
+            .args([
+                "60",
+                "bash",
+                "-c",
+                "k='X-Api-Key: change-me'; u=http://127.0.0.1:8780/sandbox/sandboxes/v1; \
+                 for id in $(curl -s -H \"$k\" $u | jq -r '.sandboxes[].id'); do \
+                 curl -s -o /dev/null -H \"$k\" -X DELETE $u/$id; done",
+            ])
+            .status();
         let pgid = nix::unistd::Pid::from_raw(self.0.id() as i32);
         let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGTERM);
         let _ = self.0.wait();
@@ -154,9 +166,9 @@ with sync_playwright() as p:
     assert!(lines[0].contains("/vnc/vnc.html"), "{page}");
     assert_eq!(lines[1], "1920x1080", "the desktop's screen in the viewer");
 
-    // Clean up through the API.
+    // Deleted through the API.
     let c = ControllerClient::new("http://localhost:8780", Some("change-me".to_string()));
-    for sb in c.list(&[]).await.unwrap().sandboxes {
-        c.delete(&sb.id).await.unwrap();
-    }
+    let sandboxes = c.list(&[]).await.unwrap().sandboxes;
+    assert_eq!(sandboxes.len(), 1, "{sandboxes:?}");
+    c.delete(&sandboxes[0].id).await.unwrap();
 }
