@@ -294,7 +294,7 @@ async fn a_pool_whose_members_never_become_ready_stops_refilling_and_says_so() {
     .await;
     let metrics = c.client().metrics().await.unwrap();
     assert!(
-        metrics.contains("berth_pool_refill_failing{pool=\"desktop@"),
+        metrics.contains("berth_pool_refill_failing{pool=\"desktop-ubuntu@"),
         "{metrics}"
     );
     let count = |state: &str| -> u64 {
