@@ -188,7 +188,9 @@ async fn shell_under_a_real_terminal_types_resizes_interrupts_and_exits_with_the
     println!("resize seen after {tries} stty call(s)");
 
     // Ctrl-C interrupts the program inside, not the CLI.
-    t.type_in("echo sleeping-$((3*3)); sleep 60 && echo slept-$((4*4))\r");
+    // The marker comes from the job itself, so when it shows the job holds the terminal's
+    // foreground (a Ctrl-C before that would reach the shell, not the sleep).
+    t.type_in("sh -c 'echo sleeping-$((3*3)); exec sleep 60' && echo slept-$((4*4))\r");
     t.wait_for("sleeping-9");
     let interrupted = Instant::now();
     t.type_in("\x03");
