@@ -1734,8 +1734,7 @@ pub fn controller() -> Value {
     );
 
     // Images, catalog, pools.
-    let job = json!({"type": "object", "required": ["image_ref", "status"],
-                     "properties": {"image_ref": string(), "image_uri": string(), "status": string()}});
+    let (build, job) = (d.schema::<wire::BuildImage>(), d.schema::<wire::ImageJob>());
     add(
         &mut d,
         op(
@@ -1744,11 +1743,7 @@ pub fn controller() -> Value {
             "image_build",
             "build an image (a job)",
         )
-        .json_body(json!({
-            "type": "object", "required": ["profile"], "additionalProperties": false,
-            "properties": {"profile": string(), "bundle": {"type": ["string", "null"]},
-                           "apps": {"type": "array", "items": string()}},
-        }))
+        .json_body(build)
         .json("200", "built already", job.clone())
         .json("202", "building", job.clone()),
         &key,
@@ -1770,8 +1765,7 @@ pub fn controller() -> Value {
             .json("200", "the entries", catalog),
         &key,
     );
-    let pools = json!({"type": "object", "required": ["pools"],
-                       "properties": {"pools": {"type": "array", "items": object()}}});
+    let (pools, adjust) = (d.schema::<wire::PoolList>(), d.schema::<wire::AdjustPool>());
     add(
         &mut d,
         op("get", controller::POOLS, "pools", "the warm pools").json(
@@ -1789,11 +1783,7 @@ pub fn controller() -> Value {
             "pool_adjust",
             "pause or resize a warm pool",
         )
-        .json_body(json!({
-            "type": "object", "additionalProperties": false,
-            "properties": {"paused": {"type": ["boolean", "null"]},
-                           "size": {"type": ["integer", "null"], "minimum": 0}},
-        }))
+        .json_body(adjust)
         .json("200", "the pools", pools),
         &key,
     );
