@@ -12,5 +12,5 @@ cargo build -p berth-agent -p berth-controller --bins
 
 work="$(mktemp -d /tmp/berth-demo.XXXXXX)"
 trap 'rm -rf "$work"' EXIT
-./target/debug/berth demo --listen "127.0.0.1:${PORT:-8080}" --data-dir "$work/data" \
+./target/debug/berth demo --listen "127.0.0.1:${PORT:-8780}" --data-dir "$work/data" \
   --screenshot "$PWD/berth-demo.png" "$@"

@@ -39,7 +39,7 @@ pub enum VerifyCmd {
 
 #[derive(Args, Debug)]
 pub struct DesktopOsworld {
-    /// The controller's URL [default: $SANDBOX_GATEWAY_URL, else http://127.0.0.1:8080]
+    /// The controller's URL [default: $SANDBOX_GATEWAY_URL, else http://localhost:8780]
     #[arg(long, env = "BERTH_URL")]
     pub url: Option<String>,
     /// The controller's API key [default: $SANDBOX_API_KEY]
@@ -93,7 +93,7 @@ async fn desktop_osworld(a: DesktopOsworld) -> anyhow::Result<i32> {
         .url
         .clone()
         .or_else(|| env_nonempty("SANDBOX_GATEWAY_URL"))
-        .unwrap_or_else(|| "http://127.0.0.1:8080".into());
+        .unwrap_or_else(|| crate::cli::DEFAULT_URL.into());
     let key = a.key.clone().or_else(|| env_nonempty("SANDBOX_API_KEY"));
     let controller = ControllerClient::new(&url, key);
     let http = reqwest::Client::builder()

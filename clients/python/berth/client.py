@@ -20,10 +20,8 @@ SANDBOXES = "/sandbox/sandboxes/v1"
 LEASES = "/sandbox/v1/leases"
 CATALOG = "/sandbox/v1/catalog"
 API_KEY_HEADER = "X-Api-Key"
-DEFAULT_URL = "http://127.0.0.1:8080"
-#: The seed's default, used when only ``SANDBOX_GATEWAY_URL``/``SANDBOX_API_KEY`` are the
-#: variables set (as the berth CLI does).
-SANDBOX_DEFAULT_URL = "http://localhost:8780"
+#: The seed's default gateway URL, where ``berth serve`` listens unless told otherwise.
+DEFAULT_URL = "http://localhost:8780"
 
 #: Seconds to connect, and to wait for an answer to an ordinary call.
 CONNECT_TIMEOUT = 10.0
@@ -83,8 +81,8 @@ class Client:
     """The controller API.
 
     ``url`` and ``api_key`` default to ``BERTH_URL`` / ``BERTH_API_KEY`` (then the seed's
-    ``SANDBOX_GATEWAY_URL`` / ``SANDBOX_API_KEY``); the URL falls back to ``http://127.0.0.1:8080``,
-    or to the seed's ``http://localhost:8780`` when only ``SANDBOX_*`` variables are set.
+    ``SANDBOX_GATEWAY_URL`` / ``SANDBOX_API_KEY``); the URL falls back to the seed's
+    ``http://localhost:8780``, where ``berth serve`` listens by default.
     ``timeout`` is the read timeout of ordinary calls; creates, execs and transfers have their own
     (longer) bounds, and every call takes an explicit ``timeout=`` too.
     """
@@ -98,10 +96,7 @@ class Client:
         connect_timeout: float = CONNECT_TIMEOUT,
         session: Optional[requests.Session] = None,
     ):
-        berth_named = _env("BERTH_URL", "BERTH_API_KEY") is not None
-        sandbox_named = _env("SANDBOX_GATEWAY_URL", "SANDBOX_API_KEY") is not None
-        fallback = SANDBOX_DEFAULT_URL if sandbox_named and not berth_named else DEFAULT_URL
-        self.url = (url or _env("BERTH_URL", "SANDBOX_GATEWAY_URL") or fallback).rstrip("/")
+        self.url = (url or _env("BERTH_URL", "SANDBOX_GATEWAY_URL") or DEFAULT_URL).rstrip("/")
         self.api_key = api_key or _env("BERTH_API_KEY", "SANDBOX_API_KEY")
         self.timeout = timeout
         self.connect_timeout = connect_timeout

@@ -167,7 +167,7 @@ def test_config_from_the_environment(monkeypatch):
     for k in ("BERTH_URL", "BERTH_API_KEY", "SANDBOX_GATEWAY_URL", "SANDBOX_API_KEY"):
         monkeypatch.delenv(k, raising=False)
     c = berth.Client()
-    assert (c.url, c.api_key) == ("http://127.0.0.1:8080", None)
+    assert (c.url, c.api_key) == ("http://localhost:8780", None)
     monkeypatch.setenv("SANDBOX_API_KEY", "gk")
     # Only the seed's variables: the seed's default URL.
     assert (berth.Client().url, berth.Client().api_key) == ("http://localhost:8780", "gk")

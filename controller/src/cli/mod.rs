@@ -105,7 +105,7 @@ pub enum ImageCmd {
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// The address the API listens on.
-    #[arg(long, env = "BERTH_LISTEN", default_value = "127.0.0.1:8080")]
+    #[arg(long, env = "BERTH_LISTEN", default_value = "127.0.0.1:8780")]
     pub listen: SocketAddr,
     /// Where the SQLite store, the secret key and the process provider's sandboxes live.
     #[arg(long, env = "BERTH_DATA_DIR", default_value = "/var/lib/berth")]
@@ -121,7 +121,7 @@ pub struct ServeArgs {
 #[derive(Args, Debug)]
 pub struct DemoArgs {
     /// The address the demo controller listens on.
-    #[arg(long, default_value = "127.0.0.1:8080")]
+    #[arg(long, default_value = "127.0.0.1:8780")]
     pub listen: SocketAddr,
     /// Where the demo controller keeps its store and sandboxes.
     #[arg(long, default_value = "berth-demo-data")]
@@ -141,7 +141,7 @@ pub struct DemoArgs {
 #[derive(Args, Debug, Clone)]
 pub struct Remote {
     /// The controller's URL. Default: $BERTH_URL, else $SANDBOX_GATEWAY_URL, else
-    /// http://127.0.0.1:8080 (http://localhost:8780 when only SANDBOX_* variables are set).
+    /// http://localhost:8780 (where `berth serve` listens by default).
     #[arg(long, global = true)]
     pub url: Option<String>,
     /// The controller's API key, sent as X-Api-Key. Default: $BERTH_API_KEY, else
@@ -152,6 +152,9 @@ pub struct Remote {
     #[arg(long, global = true)]
     pub json: bool,
 }
+
+/// The seed's default gateway URL, where `berth serve` listens unless told otherwise.
+pub const DEFAULT_URL: &str = "http://localhost:8780";
 
 fn env_var(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
@@ -164,15 +167,10 @@ fn resolve(
     key: Option<String>,
     env: impl Fn(&str) -> Option<String>,
 ) -> (String, Option<String>) {
-    let berth_named = env("BERTH_URL").is_some() || env("BERTH_API_KEY").is_some();
-    let sandbox_named = env("SANDBOX_GATEWAY_URL").is_some() || env("SANDBOX_API_KEY").is_some();
     let url = url
         .or_else(|| env("BERTH_URL"))
         .or_else(|| env("SANDBOX_GATEWAY_URL"))
-        .unwrap_or_else(|| match sandbox_named && !berth_named {
-            true => "http://localhost:8780".into(),
-            false => "http://127.0.0.1:8080".into(),
-        });
+        .unwrap_or_else(|| DEFAULT_URL.into());
     let key = key
         .or_else(|| env("BERTH_API_KEY"))
         .or_else(|| env("SANDBOX_API_KEY"));
@@ -765,7 +763,7 @@ mod tests {
         let r = |url: Option<&str>, vars: &[(&str, &str)]| {
             resolve(url.map(Into::into), None, env(vars))
         };
-        assert_eq!(r(None, &[]), ("http://127.0.0.1:8080".into(), None));
+        assert_eq!(r(None, &[]), ("http://localhost:8780".into(), None));
         assert_eq!(
             r(None, &[("SANDBOX_API_KEY", "k")]),
             ("http://localhost:8780".into(), Some("k".into()))
@@ -782,7 +780,7 @@ mod tests {
         );
         assert_eq!(
             r(None, &[("BERTH_API_KEY", "b"), ("SANDBOX_API_KEY", "s")]),
-            ("http://127.0.0.1:8080".into(), Some("b".into()))
+            ("http://localhost:8780".into(), Some("b".into()))
         );
         assert_eq!(
             r(
