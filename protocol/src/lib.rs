@@ -12,8 +12,8 @@ pub mod error;
 pub mod events;
 pub mod exec;
 pub mod fs;
-pub mod pty;
 pub mod openapi;
+pub mod pty;
 pub mod record;
 #[cfg(feature = "server")]
 pub mod relay;
