@@ -28,6 +28,8 @@ use super::keys;
 pub const REMAP_GRACE: Duration = Duration::from_millis(1000);
 /// How long the focused client may take to answer the ping that says it read its events.
 const CATCH_UP_WAIT: Duration = Duration::from_secs(5);
+/// How long a window that does not list `_NET_WM_PING` is given to answer one.
+const UNLISTED_PING_WAIT: Duration = Duration::from_millis(250);
 
 const SHIFT_L: u32 = 0xffe1;
 
@@ -126,6 +128,8 @@ pub struct Input {
     held_keys: Vec<u8>,
     /// The last `_NET_WM_PING` sent (`client_caught_up`).
     ping_serial: u32,
+    /// Windows that do not list `_NET_WM_PING` and did not answer one: never pinged again.
+    silent: HashSet<u32>,
 }
 
 impl Input {
@@ -138,6 +142,7 @@ impl Input {
             stale: false,
             held_keys: Vec::new(),
             ping_serial: 0,
+            silent: HashSet::new(),
         })
     }
 
@@ -337,10 +342,12 @@ impl Input {
         }
         self.kb.index();
         self.x.sync()?;
-        // The focused client must also have read the mapping change before the key events that
-        // use it: a client that translates key events as it reads them off the connection (Tk
-        // does) would otherwise translate one that arrives with the change, in the same read,
-        // by the mapping before it. Its answer to a ping says it has handled the change.
+        // The focused client must also have handled the mapping change before the key events
+        // that use it. Tk translates a key event when it reads it off the connection but
+        // handles MappingNotify later, and libX11 loses a keymap change noted while it is
+        // fetching another: a key event read before the client handled its keycode's
+        // MappingNotify can be translated by that keycode's previous mapping. Its answer to a
+        // ping says it has handled the change.
         self.client_caught_up(CATCH_UP_WAIT)?;
         Ok(())
     }
@@ -390,9 +397,11 @@ impl Input {
     }
 
     /// Whether the client holding the input focus has handled every event sent to it so far:
-    /// it answered a `_NET_WM_PING` (EWMH), which its event loop handles after the key events
-    /// queued before it. False when no window up from the focus speaks the protocol or no
-    /// answer came within `wait`.
+    /// it answered a `_NET_WM_PING` (EWMH), which its event loop handles after the events
+    /// queued before it. The ping goes to the nearest window up from the focus with
+    /// `WM_PROTOCOLS`: one that lists `_NET_WM_PING` is waited on for `wait`; one that does not
+    /// (Tk answers pings without listing them) for `UNLISTED_PING_WAIT`, once — a window that
+    /// then stays silent is not pinged again. False when there is no such window or no answer.
     fn client_caught_up(&mut self, wait: Duration) -> Result<bool, DisplayError> {
         use x11rb::protocol::xproto::{AtomEnum, ClientMessageEvent, EventMask};
         let conn = self.x.conn.clone();
@@ -409,13 +418,19 @@ impl Input {
             let p = conn
                 .get_property(false, w, protocols, AtomEnum::ATOM, 0, 64)?
                 .reply()?;
-            if p.value32().is_some_and(|mut v| v.any(|a| a == ping)) {
-                target = Some(w);
+            if let Some(mut listed) = p.value32() {
+                match listed.any(|a| a == ping) {
+                    true => target = Some((w, wait)),
+                    false if !self.silent.contains(&w) => {
+                        target = Some((w, wait.min(UNLISTED_PING_WAIT)))
+                    }
+                    false => {}
+                }
                 break;
             }
             w = conn.query_tree(w)?.reply()?.parent;
         }
-        let Some(target) = target else {
+        let Some((target, wait)) = target else {
             return Ok(false);
         };
         self.drain_events();
@@ -451,6 +466,13 @@ impl Input {
         )?;
         self.x.sync()?;
         self.drain_events();
+        if !answered {
+            // Bounded: window ids are recycled, and a long-lived agent sees many windows.
+            if self.silent.len() >= 1024 {
+                self.silent.clear();
+            }
+            self.silent.insert(target);
+        }
         Ok(answered)
     }
 
