@@ -394,6 +394,34 @@ impl ControllerProcess {
     }
 
     /// The pid of a sandbox's agent.
+    /// The sandbox agent's bearer token, read where the provider hands it to the agent (its
+    /// environment; for Docker, the container's configuration).
+    pub fn agent_token(&self, sandbox_id: &str) -> String {
+        let env = match self.provider {
+            Provider::Process => {
+                let pid = self.agent_pid(sandbox_id);
+                String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/environ")).unwrap())
+                    .replace('\0', "\n")
+            }
+            Provider::Docker => {
+                let out = Command::new("docker")
+                    .args([
+                        "inspect",
+                        "--format",
+                        "{{range .Config.Env}}{{println .}}{{end}}",
+                        &format!("berth-{sandbox_id}"),
+                    ])
+                    .output()
+                    .unwrap();
+                String::from_utf8_lossy(&out.stdout).into_owned()
+            }
+        };
+        env.lines()
+            .find_map(|l| l.strip_prefix("BERTH_AGENT_TOKEN="))
+            .expect("the agent's environment holds its token")
+            .to_string()
+    }
+
     pub fn agent_pid(&self, sandbox_id: &str) -> i32 {
         let p = self
             .data_dir()

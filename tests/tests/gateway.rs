@@ -179,30 +179,7 @@ fn pattern(offset: usize, len: usize) -> Vec<u8> {
 
 /// The agent's bearer token, read where the provider hands it to the agent.
 fn agent_token(c: &ControllerProcess, id: &str) -> String {
-    let env = match c.provider {
-        Provider::Process => {
-            let pid = c.agent_pid(id);
-            String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/environ")).unwrap())
-                .replace('\0', "\n")
-        }
-        Provider::Docker => {
-            let out = std::process::Command::new("docker")
-                .args([
-                    "inspect",
-                    "--format",
-                    "{{range .Config.Env}}{{println .}}{{end}}",
-                    &format!("berth-{id}"),
-                ])
-                .output()
-                .unwrap();
-            String::from_utf8_lossy(&out.stdout).into_owned()
-        }
-    };
-    let token = env
-        .lines()
-        .find_map(|l| l.strip_prefix("BERTH_AGENT_TOKEN="))
-        .expect("the agent's environment holds its token")
-        .to_string();
+    let token = c.agent_token(id);
     assert!(token.len() >= 16, "{token}");
     token
 }

@@ -18,6 +18,7 @@ mod controller;
 mod desktop;
 mod display;
 mod exec;
+mod gateway;
 mod record;
 mod workstation;
 
@@ -58,6 +59,9 @@ async fn main() {
             .and_then(|v| v.parse().ok())
             .unwrap_or(5);
         workstation::bench(runs).await;
+    }
+    if which.is_empty() || which.contains(&"gateway") {
+        gateway::bench(requests.min(2000)).await;
     }
     if which.is_empty() || which.contains(&"controller") {
         let runs = args
