@@ -354,6 +354,55 @@ fn classify(e: &reqwest::Error) -> RelayError {
     }
 }
 
+/// Passes messages between a WebSocket a client opened here and one opened upstream, frame by
+/// frame (text, binary; pings are answered by each side's own stack), until either side
+/// closes. For relays that must see the frames (limits on the CDP socket, a client-side
+/// forward); [`Relay::forward`] joins upgrades as raw bytes instead.
+pub async fn pump_frames(
+    client: axum::extract::ws::WebSocket,
+    upstream: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+) {
+    use axum::extract::ws::Message;
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite;
+    let (mut c_tx, mut c_rx) = client.split();
+    let (mut u_tx, mut u_rx) = upstream.split();
+    let up = async {
+        while let Some(Ok(m)) = c_rx.next().await {
+            let m = match m {
+                Message::Text(t) => tungstenite::Message::text(t.as_str()),
+                Message::Binary(b) => tungstenite::Message::binary(b),
+                Message::Close(_) => break,
+                _ => continue,
+            };
+            if u_tx.send(m).await.is_err() {
+                break;
+            }
+        }
+        let _ = u_tx.close().await;
+    };
+    let down = async {
+        while let Some(Ok(m)) = u_rx.next().await {
+            let m = match m {
+                tungstenite::Message::Text(t) => Message::text(t.as_str()),
+                tungstenite::Message::Binary(b) => Message::binary(b),
+                tungstenite::Message::Close(_) => break,
+                _ => continue,
+            };
+            if c_tx.send(m).await.is_err() {
+                break;
+            }
+        }
+        let _ = c_tx.send(Message::Close(None)).await;
+    };
+    tokio::select! {
+        _ = up => {}
+        _ = down => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

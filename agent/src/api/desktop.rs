@@ -5,11 +5,10 @@ use std::time::Duration;
 
 use axum::Extension;
 use axum::Json;
-use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use futures_util::{SinkExt, StreamExt};
 use serde::Deserialize;
 use tokio_tungstenite::tungstenite;
 
@@ -304,49 +303,7 @@ async fn cdp(agent: Arc<Agent>, path: Option<String>, ws: WsResult) -> Result<Re
     Ok(ws
         .max_message_size(CDP_MESSAGE_LIMIT)
         .max_frame_size(CDP_MESSAGE_LIMIT)
-        .on_upgrade(move |socket| pump_cdp(socket, upstream)))
-}
-
-async fn pump_cdp(
-    client: WebSocket,
-    upstream: tokio_tungstenite::WebSocketStream<
-        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
-    >,
-) {
-    let (mut c_tx, mut c_rx) = client.split();
-    let (mut u_tx, mut u_rx) = upstream.split();
-    let up = async {
-        while let Some(Ok(m)) = c_rx.next().await {
-            let m = match m {
-                Message::Text(t) => tungstenite::Message::text(t.as_str()),
-                Message::Binary(b) => tungstenite::Message::binary(b),
-                Message::Close(_) => break,
-                _ => continue,
-            };
-            if u_tx.send(m).await.is_err() {
-                break;
-            }
-        }
-        let _ = u_tx.close().await;
-    };
-    let down = async {
-        while let Some(Ok(m)) = u_rx.next().await {
-            let m = match m {
-                tungstenite::Message::Text(t) => Message::text(t.as_str()),
-                tungstenite::Message::Binary(b) => Message::binary(b),
-                tungstenite::Message::Close(_) => break,
-                _ => continue,
-            };
-            if c_tx.send(m).await.is_err() {
-                break;
-            }
-        }
-        let _ = c_tx.send(Message::Close(None)).await;
-    };
-    tokio::select! {
-        _ = up => {}
-        _ = down => {}
-    }
+        .on_upgrade(move |socket| berth_protocol::relay::pump_frames(socket, upstream)))
 }
 
 /// `GET /v1/a11y`: the accessibility tree as JSON (what `/accessibility` serialises as XML).

@@ -7,13 +7,11 @@ use std::sync::Arc;
 
 use anyhow::{Context, anyhow};
 use axum::body::Body;
-use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use clap::Args;
-use futures_util::{SinkExt, StreamExt};
-use tokio_tungstenite::tungstenite;
 
 use berth_protocol::controller::ControllerClient;
 use berth_protocol::routes::{controller as route, fill};
@@ -222,44 +220,7 @@ async fn websocket(r: &Relay, target: &str, headers: &HeaderMap, ws: WebSocketUp
         Some(p) => ws.protocols([p.to_string()]),
         None => ws,
     };
-    ws.on_upgrade(move |socket| pump(socket, upstream))
-}
-
-async fn pump(client: WebSocket, upstream: berth_protocol::client::WebSocket) {
-    let (mut c_tx, mut c_rx) = client.split();
-    let (mut u_tx, mut u_rx) = upstream.split();
-    let up = async {
-        while let Some(Ok(m)) = c_rx.next().await {
-            let m = match m {
-                Message::Text(t) => tungstenite::Message::text(t.as_str()),
-                Message::Binary(b) => tungstenite::Message::binary(b),
-                Message::Close(_) => break,
-                _ => continue,
-            };
-            if u_tx.send(m).await.is_err() {
-                break;
-            }
-        }
-        let _ = u_tx.close().await;
-    };
-    let down = async {
-        while let Some(Ok(m)) = u_rx.next().await {
-            let m = match m {
-                tungstenite::Message::Text(t) => Message::text(t.as_str()),
-                tungstenite::Message::Binary(b) => Message::binary(b),
-                tungstenite::Message::Close(_) => break,
-                _ => continue,
-            };
-            if c_tx.send(m).await.is_err() {
-                break;
-            }
-        }
-        let _ = c_tx.send(Message::Close(None)).await;
-    };
-    tokio::select! {
-        _ = up => {}
-        _ = down => {}
-    }
+    ws.on_upgrade(move |socket| berth_protocol::relay::pump_frames(socket, upstream))
 }
 
 #[cfg(test)]
