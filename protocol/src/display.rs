@@ -1,5 +1,13 @@
 use serde::{Deserialize, Serialize};
 
+/// `PUT /v1/display`: the screen's new size, set through RandR.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DisplaySize {
+    pub width: u32,
+    pub height: u32,
+}
+
 /// `GET /v1/display`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct DisplayInfo {

@@ -1,5 +1,4 @@
-//! `/v1/screenshot`, `/v1/input`, `/v1/display`, `/v1/clipboard`, `/v1/windows` and
-//! `/v1/computer`.
+//! `/v1/screenshot`, `/v1/input`, `/v1/display`, `/v1/clipboard` and `/v1/windows`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,9 +8,7 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
-use berth_protocol::{
-    Clipboard, ComputerRequest, ComputerResponse, DisplayInfo, InputRequest, InputResponse,
-};
+use berth_protocol::{Clipboard, DisplayInfo, InputRequest, InputResponse};
 use serde::Deserialize;
 
 use super::error::ApiError;
@@ -253,26 +250,6 @@ pub async fn clipboard_put(
     let d = agent.display.clone();
     blocking(move || d.clipboard_set(text)).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
-}
-
-pub async fn computer(
-    State(agent): State<Arc<Agent>>,
-    ApiJson(req): ApiJson<ComputerRequest>,
-) -> Response {
-    match crate::display::computer::run(&agent.display, req).await {
-        Ok(r) => Json(r).into_response(),
-        Err(e) => {
-            let e = ApiError::from(e);
-            (
-                e.status,
-                Json(ComputerResponse {
-                    error: Some(e.message),
-                    ..Default::default()
-                }),
-            )
-                .into_response()
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! The native surface `/v1/*`: bearer-token auth and thin handlers over the domains.
 
+pub mod computer;
 pub mod desktop;
 pub mod display;
 pub mod error;
@@ -66,7 +67,7 @@ pub fn router(agent: Arc<Agent>) -> Router<Arc<Agent>> {
             nested::CLIPBOARD,
             get(display::clipboard_get).put(display::clipboard_put),
         )
-        .route(nested::COMPUTER, post(display::computer))
+        .route(nested::COMPUTER, post(computer::computer))
         .route(nested::RECORDINGS, post(record::start).get(record::list))
         .route(nested::RECORDING, get(record::get).delete(record::delete))
         .route(nested::RECORDING_STOP, post(record::stop))
