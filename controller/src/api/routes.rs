@@ -77,17 +77,22 @@ async fn create(
     Query(q): Query<CreateQuery>,
     Json(body): Json<CreateSandbox>,
 ) -> Result<Response> {
-    let req = Request {
-        profile: body.profile,
-        image_ref: body.image_ref,
-        labels: body.labels,
-        ttl_seconds: body.ttl_seconds,
-    };
+    let req = sandbox_request(body);
     let row = match q.wait.unwrap_or(true) {
         true => s.c.provision(&req).await?.0,
         false => s.c.provision_nowait(&req).await?,
     };
     Ok((StatusCode::CREATED, s.c.to_wire(&row).into_json()).into_response())
+}
+
+/// The domain's request for a create body (the REST route's and the MCP tool's).
+pub(crate) fn sandbox_request(body: CreateSandbox) -> Request {
+    Request {
+        profile: body.profile,
+        image_ref: body.image_ref,
+        labels: body.labels,
+        ttl_seconds: body.ttl_seconds,
+    }
 }
 
 trait IntoJson {
