@@ -195,4 +195,228 @@ pub struct ComputerResponse {
     pub settled_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settle_timed_out: Option<bool>,
+    /// A batch that stopped at an action that failed: which one and why (the actions before
+    /// it ran; `error` says the same in one line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<ComputerFailure>,
+}
+
+/// The action a batch stopped at.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+pub struct ComputerFailure {
+    /// Its index in `actions` (those before it ran).
+    pub index: usize,
+    /// Its name (`click`, `left_click`, …).
+    pub action: String,
+    pub error: String,
+}
+
+/// `POST /v1/computer`'s body, recognised by its key: `action` is Anthropic's computer-use
+/// tool input, `type` OpenAI's computer-use action (a Responses API `computer_call.action`),
+/// `actions` a batch of either.
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
+#[serde(untagged)]
+pub enum ComputerBody {
+    Anthropic(ComputerRequest),
+    OpenAi(OpenAiComputerRequest),
+    Batch(ComputerBatch),
+}
+
+/// One OpenAI computer-use action, with the size the engine believes the screen is (as for
+/// Anthropic's actions: screenshots are scaled to it and its coordinates mapped back).
+/// (Parsed by the agent, which dispatches on the keys itself for clear errors.)
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
+pub struct OpenAiComputerRequest {
+    #[serde(flatten)]
+    pub action: OpenAiAction,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub display_width_px: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub display_height_px: Option<u32>,
+}
+
+/// `{"actions": [...]}`: actions of either dialect run in order, all checked before the
+/// first runs, answered once with the screen settled after the last.
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ComputerBatch {
+    /// 1-100 actions; their `wait`s and `hold_key`s add up to at most 60 s.
+    pub actions: Vec<ComputerAction>,
+    /// The engine's screen size, for every action of the batch (not given per action).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub display_width_px: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub display_height_px: Option<u32>,
+}
+
+/// One action of a batch: Anthropic's (`action`) or OpenAI's (`type`).
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
+#[serde(untagged)]
+pub enum ComputerAction {
+    Anthropic(ComputerRequest),
+    OpenAi(OpenAiAction),
+}
+
+/// OpenAI's mouse buttons; `wheel` is the middle one.
+#[derive(
+    Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum OpenAiButton {
+    #[default]
+    Left,
+    Right,
+    Wheel,
+    Back,
+    Forward,
+}
+
+/// A point of an OpenAI `drag` path.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OpenAiPoint {
+    pub x: i64,
+    pub y: i64,
+}
+
+/// OpenAI's computer-use action (the Responses API's `computer_call.action`), by `type`.
+/// Coordinates are the engine's pixels. Keys of the call itself (`call_id`,
+/// `pending_safety_checks`) are not part of it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum OpenAiAction {
+    Click(OpenAiClick),
+    DoubleClick(OpenAiAt),
+    Drag(OpenAiDrag),
+    Keypress(OpenAiKeypress),
+    Move(OpenAiAt),
+    Screenshot(OpenAiNothing),
+    Scroll(OpenAiScroll),
+    Type(OpenAiType),
+    Wait(OpenAiWait),
+}
+
+impl OpenAiAction {
+    /// The action's `type`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            OpenAiAction::Click(_) => "click",
+            OpenAiAction::DoubleClick(_) => "double_click",
+            OpenAiAction::Drag(_) => "drag",
+            OpenAiAction::Keypress(_) => "keypress",
+            OpenAiAction::Move(_) => "move",
+            OpenAiAction::Screenshot(_) => "screenshot",
+            OpenAiAction::Scroll(_) => "scroll",
+            OpenAiAction::Type(_) => "type",
+            OpenAiAction::Wait(_) => "wait",
+        }
+    }
+}
+
+/// `click`: `button` defaults to `left`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OpenAiClick {
+    pub x: i64,
+    pub y: i64,
+    #[serde(default)]
+    pub button: OpenAiButton,
+}
+
+/// `double_click` and `move`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OpenAiAt {
+    pub x: i64,
+    pub y: i64,
+}
+
+/// `drag`: presses at the first point, moves through the rest, releases at the last.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OpenAiDrag {
+    /// At least two points.
+    pub path: Vec<OpenAiPoint>,
+}
+
+/// `keypress`: the keys pressed together as one chord (`["CTRL", "SHIFT", "T"]`), released in
+/// reverse; OpenAI's key names (`CTRL`, `ENTER`, `ARROWLEFT`, `PAGEDOWN`, single characters),
+/// any case.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OpenAiKeypress {
+    pub keys: Vec<String>,
+}
+
+/// `scroll`: moves the pointer to `x`, `y`, then scrolls `scroll_y` pixels down (negative:
+/// up) and `scroll_x` right (negative: left), as wheel clicks of 100 pixels each (at least
+/// one for any non-zero amount; at most 100 a direction).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OpenAiScroll {
+    pub x: i64,
+    pub y: i64,
+    #[serde(default)]
+    pub scroll_x: i64,
+    #[serde(default)]
+    pub scroll_y: i64,
+}
+
+/// `type`: the text typed exactly.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OpenAiType {
+    pub text: String,
+}
+
+/// `wait`: OpenAI sends no duration; berth waits 1 s, or `ms` (berth's own, 0-60000).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OpenAiWait {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ms: Option<u64>,
+}
+
+/// `screenshot`: no fields.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OpenAiNothing {}
+
+/// The `type` of OpenAI's answer: always `computer_screenshot`.
+#[derive(
+    Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum OpenAiOutputType {
+    #[default]
+    ComputerScreenshot,
+}
+
+/// The answer to an OpenAI request (one OpenAI action, or a batch of only OpenAI actions):
+/// OpenAI's `computer_call_output.output` (`type`, `image_url`), plus berth's own fields.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+pub struct OpenAiComputerResponse {
+    #[serde(rename = "type")]
+    pub kind: OpenAiOutputType,
+    /// `data:image/png;base64,…`: the settled screen, in the engine's size. Absent when the
+    /// request failed before a screenshot could be taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settled_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settle_timed_out: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<ComputerFailure>,
+}
+
+/// What `POST /v1/computer` answers: Anthropic's shape for Anthropic and mixed requests,
+/// OpenAI's for OpenAI ones.
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
+#[serde(untagged)]
+pub enum ComputerAnswer {
+    Anthropic(ComputerResponse),
+    OpenAi(OpenAiComputerResponse),
 }

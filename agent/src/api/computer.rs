@@ -1,32 +1,29 @@
-//! `POST /v1/computer`: computer-use tool actions as engines emit them.
+//! `POST /v1/computer`: computer-use actions as engines emit them, in Anthropic's dialect
+//! (`action`), OpenAI's (`type`) or as a batch of either (`actions`); see
+//! `display::computer`.
 
 use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use berth_protocol::{ComputerRequest, ComputerResponse};
+use serde_json::Value;
 
 use super::error::ApiError;
 use super::extract::ApiJson;
 use crate::Agent;
+use crate::display::DisplayError;
+use crate::display::computer::{self, Answer};
 
-pub async fn computer(
-    State(agent): State<Arc<Agent>>,
-    ApiJson(req): ApiJson<ComputerRequest>,
-) -> Response {
-    match crate::display::computer::run(&agent.display, req).await {
-        Ok(r) => Json(r).into_response(),
-        Err(e) => {
-            let e = ApiError::from(e);
-            (
-                e.status,
-                Json(ComputerResponse {
-                    error: Some(e.message),
-                    ..Default::default()
-                }),
-            )
-                .into_response()
-        }
-    }
+pub async fn computer(State(agent): State<Arc<Agent>>, ApiJson(body): ApiJson<Value>) -> Response {
+    let answer = match computer::parse(body) {
+        Ok(body) => computer::run_body(&agent.display, body).await,
+        Err(e) => Answer::error(e.dialect, DisplayError::Invalid(e.message)),
+    };
+    let status = answer
+        .error
+        .map(|e| ApiError::from(e).status)
+        .unwrap_or(StatusCode::OK);
+    (status, Json(answer.body)).into_response()
 }

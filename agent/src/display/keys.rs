@@ -161,6 +161,68 @@ pub fn chord(spec: &str) -> Result<Vec<u32>, String> {
         .collect()
 }
 
+/// OpenAI's computer-use key names (`keypress`'s `keys`), any case, to the X keysym names
+/// [`keysym`] resolves.
+const OPENAI: &[(&str, &str)] = &[
+    ("CTRL", "Control_L"),
+    ("CONTROL", "Control_L"),
+    ("ALT", "Alt_L"),
+    ("OPTION", "Alt_L"),
+    ("SHIFT", "Shift_L"),
+    ("META", "Super_L"),
+    ("CMD", "Super_L"),
+    ("COMMAND", "Super_L"),
+    ("SUPER", "Super_L"),
+    ("WIN", "Super_L"),
+    ("ENTER", "Return"),
+    ("RETURN", "Return"),
+    ("ESC", "Escape"),
+    ("ESCAPE", "Escape"),
+    ("TAB", "Tab"),
+    ("SPACE", "space"),
+    ("BACKSPACE", "BackSpace"),
+    ("DELETE", "Delete"),
+    ("DEL", "Delete"),
+    ("ARROWLEFT", "Left"),
+    ("ARROWRIGHT", "Right"),
+    ("ARROWUP", "Up"),
+    ("ARROWDOWN", "Down"),
+    ("LEFT", "Left"),
+    ("RIGHT", "Right"),
+    ("UP", "Up"),
+    ("DOWN", "Down"),
+    ("HOME", "Home"),
+    ("END", "End"),
+    ("PAGEUP", "Prior"),
+    ("PAGEDOWN", "Next"),
+    ("INSERT", "Insert"),
+    ("CAPSLOCK", "Caps_Lock"),
+];
+
+/// An OpenAI key name (`CTRL`, `ENTER`, `ARROWLEFT`, `F5`, `a`, `/`) as the X keysym name
+/// that [`keysym`] and [`chord`] resolve, or `None` for a name OpenAI does not use. Letters
+/// are lower case (`T` in `["CTRL", "T"]` is the T key, not a capital: OpenAI names Shift
+/// when it means it); `+` and space are spelled out so they survive in a chord.
+pub fn openai_key(name: &str) -> Option<String> {
+    let upper = name.to_ascii_uppercase();
+    if let Some((_, x)) = OPENAI.iter().find(|(o, _)| *o == upper) {
+        return Some((*x).to_string());
+    }
+    if let Some(n) = upper.strip_prefix('F').and_then(|n| n.parse::<u32>().ok())
+        && (1..=24).contains(&n)
+        && !upper[1..].starts_with(['0', '+'])
+    {
+        return Some(format!("F{n}"));
+    }
+    let mut chars = name.chars();
+    match (chars.next(), chars.next()) {
+        (Some('+'), None) => Some("plus".into()),
+        (Some(' '), None) => Some("space".into()),
+        (Some(c), None) if !c.is_control() => Some(c.to_lowercase().collect()),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,5 +256,88 @@ mod tests {
         assert_eq!(chord("+").unwrap(), vec![0x2b]);
         assert_eq!(chord("ctrl+bogus").unwrap_err(), "unknown key \"bogus\"");
         assert!(chord("").is_err());
+    }
+
+    #[test]
+    fn openai_key_names_map_to_keysyms_in_any_case() {
+        let sym = |n: &str| openai_key(n).and_then(|x| keysym(&x));
+        for (name, want) in [
+            ("CTRL", 0xffe3),
+            ("control", 0xffe3),
+            ("ALT", 0xffe9),
+            ("option", 0xffe9),
+            ("SHIFT", 0xffe1),
+            ("META", 0xffeb),
+            ("CMD", 0xffeb),
+            ("SUPER", 0xffeb),
+            ("Win", 0xffeb),
+            ("ENTER", 0xff0d),
+            ("RETURN", 0xff0d),
+            ("ESC", 0xff1b),
+            ("ESCAPE", 0xff1b),
+            ("TAB", 0xff09),
+            ("SPACE", 0x20),
+            (" ", 0x20),
+            ("BACKSPACE", 0xff08),
+            ("DELETE", 0xffff),
+            ("ARROWLEFT", 0xff51),
+            ("ARROWUP", 0xff52),
+            ("ARROWRIGHT", 0xff53),
+            ("ARROWDOWN", 0xff54),
+            ("LEFT", 0xff51),
+            ("up", 0xff52),
+            ("RIGHT", 0xff53),
+            ("DOWN", 0xff54),
+            ("HOME", 0xff50),
+            ("END", 0xff57),
+            ("PAGEUP", 0xff55),
+            ("PAGEDOWN", 0xff56),
+            ("INSERT", 0xff63),
+            ("CAPSLOCK", 0xffe5),
+            ("F1", 0xffbe),
+            ("f12", 0xffc9),
+            ("F24", 0xffd5),
+            ("T", 0x74),
+            ("t", 0x74),
+            ("/", 0x2f),
+            ("\\", 0x5c),
+            ("+", 0x2b),
+            ("1", 0x31),
+            ("é", 0xe9),
+        ] {
+            assert_eq!(sym(name), Some(want), "{name:?}");
+        }
+        for bad in [
+            "",
+            "F0",
+            "F25",
+            "F01",
+            "HYPERSPACE",
+            "CTRL+C",
+            "\u{7}",
+            "ab",
+        ] {
+            assert_eq!(openai_key(bad), None, "{bad:?}");
+        }
+        // Every target of the table is a key the agent can press.
+        for (name, x) in OPENAI {
+            assert!(keysym(x).is_some(), "{name} -> {x}");
+        }
+    }
+
+    #[test]
+    fn openai_chords_survive_the_join() {
+        let join = |keys: &[&str]| {
+            keys.iter()
+                .map(|k| openai_key(k).unwrap())
+                .collect::<Vec<_>>()
+                .join("+")
+        };
+        assert_eq!(
+            chord(&join(&["CTRL", "SHIFT", "T"])).unwrap(),
+            vec![0xffe3, 0xffe1, 0x74]
+        );
+        assert_eq!(chord(&join(&["CTRL", "+"])).unwrap(), vec![0xffe3, 0x2b]);
+        assert_eq!(chord(&join(&["SHIFT", " "])).unwrap(), vec![0xffe1, 0x20]);
     }
 }
