@@ -60,6 +60,10 @@ pub struct PoolConfig {
     #[serde(default)]
     pub image_ref: Option<String>,
     pub size: usize,
+    /// The members' screen (`"1280x800"`, desktop profiles): each is resized to it once
+    /// ready, before anyone can claim it.
+    #[serde(default)]
+    pub screen: Option<String>,
 }
 
 impl Default for Config {
@@ -164,5 +168,16 @@ mod tests {
         assert!(c.validate().is_ok());
         let c: Config = toml::from_str("http_body_idle_timeout_secs = 0.0").unwrap();
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn a_pool_may_declare_its_screen() {
+        let c: Config = toml::from_str(
+            "[[pools]]\nprofile = \"desktop-ubuntu\"\nsize = 1\nscreen = \"1280x800\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.pools[0].screen.as_deref(), Some("1280x800"));
+        let c: Config = toml::from_str("[[pools]]\nprofile = \"ide\"\nsize = 1\n").unwrap();
+        assert_eq!(c.pools[0].screen, None);
     }
 }

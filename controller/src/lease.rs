@@ -35,6 +35,7 @@ impl Controller {
             image_ref: Some(image.clone()),
             labels: req.labels.clone(),
             ttl_seconds: req.ttl_seconds,
+            screen: None,
         };
         if let Some(lease) = self.store.active_lease_for_thread(&req.thread_id)? {
             let current = self.store.sandbox(&lease.sandbox_id)?;

@@ -45,6 +45,8 @@ pub struct PoolState {
     pub key: String,
     pub profile: String,
     pub image_ref: String,
+    /// The members' screen (`WxH`), when the pool declares one.
+    pub screen: Option<String>,
     pub size: AtomicUsize,
     pub paused: AtomicBool,
     failures: AtomicU32,
@@ -134,11 +136,15 @@ impl Controller {
             let (image, key) = self
                 .resolve(&c.profile, c.image_ref.as_deref())
                 .map_err(|e| anyhow::anyhow!("pool for {}: {e}", c.profile))?;
+            let screen = self
+                .check_screen(&c.profile, c.screen.as_deref())
+                .map_err(|e| anyhow::anyhow!("pool for {}: {e}", c.profile))?;
             let state = Arc::new(PoolState {
                 key: key.clone(),
                 // A pool configured under an alias serves the canonical profile.
                 profile: self.catalog.canonical(&c.profile).to_string(),
                 image_ref: image,
+                screen,
                 size: AtomicUsize::new(c.size),
                 paused: AtomicBool::new(false),
                 failures: AtomicU32::new(0),
@@ -225,6 +231,7 @@ impl Controller {
                     image_ref: Some(pool.image_ref.clone()),
                     labels: Default::default(),
                     ttl_seconds: None,
+                    screen: pool.screen.clone(),
                 };
                 let row = match self.insert_row(&req, &pool.image_ref, Some(&pool.key)) {
                     Ok(r) => r,
@@ -314,6 +321,7 @@ mod tests {
             ended_at: None,
             error: None,
             agent_event_seq: 0,
+            screen: None,
         }
     }
 

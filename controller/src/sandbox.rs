@@ -26,6 +26,9 @@ use crate::util::{new_id, now_ms, random_hex, rfc3339};
 /// How long one readiness or liveness probe of an agent may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// How long the agent may take to resize its screen (`PUT /v1/display`) or say its size.
+const SCREEN_TIMEOUT: Duration = Duration::from_secs(15);
+
 pub struct Controller {
     pub config: Config,
     pub store: Store,
@@ -54,6 +57,8 @@ pub struct Request {
     pub image_ref: Option<String>,
     pub labels: BTreeMap<String, String>,
     pub ttl_seconds: Option<u64>,
+    /// The desktop's screen, `WxH` (checked by [`Controller::check_screen`]).
+    pub screen: Option<String>,
 }
 
 impl Controller {
@@ -168,6 +173,7 @@ impl Controller {
     pub async fn provision(self: &Arc<Self>, req: &Request) -> Result<(SandboxRow, &'static str)> {
         let started = Instant::now();
         validate_labels(&req.labels)?;
+        let req = &self.checked(req)?;
         let (image, key) = self.resolve(&req.profile, req.image_ref.as_deref())?;
         if let Some(row) = self.claim_warm(&key, req).await? {
             self.metrics.claim("warm", started.elapsed());
@@ -184,6 +190,7 @@ impl Controller {
     pub async fn provision_nowait(self: &Arc<Self>, req: &Request) -> Result<SandboxRow> {
         let started = Instant::now();
         validate_labels(&req.labels)?;
+        let req = &self.checked(req)?;
         let (image, key) = self.resolve(&req.profile, req.image_ref.as_deref())?;
         if let Some(row) = self.claim_warm(&key, req).await? {
             self.metrics.claim("warm", started.elapsed());
@@ -200,6 +207,108 @@ impl Controller {
         Ok(row)
     }
 
+    /// `req` with its screen checked and written `WxH`.
+    fn checked(&self, req: &Request) -> Result<Request> {
+        Ok(Request {
+            screen: self.check_screen(&req.profile, req.screen.as_deref())?,
+            ..req.clone()
+        })
+    }
+
+    /// A `screen` asked for `profile`: `WxH` within the bounds (400 otherwise), on a profile
+    /// with a desktop (400 otherwise).
+    pub fn check_screen(&self, profile: &str, screen: Option<&str>) -> Result<Option<String>> {
+        let Some(s) = screen else { return Ok(None) };
+        let (w, h) = berth_protocol::controller::parse_screen(s).map_err(Error::BadRequest)?;
+        let p = self.profile(profile)?;
+        if !p.desktop {
+            return Err(Error::BadRequest(format!(
+                "profile {} has no desktop: `screen` is for desktop profiles",
+                p.name
+            )));
+        }
+        Ok(Some(format!("{w}x{h}")))
+    }
+
+    /// Resizes a ready desktop's screen through its agent (`PUT /v1/display`) and answers the
+    /// size it then reports.
+    async fn resize_screen(
+        &self,
+        row: &SandboxRow,
+        screen: &str,
+    ) -> std::result::Result<String, String> {
+        let (width, height) = berth_protocol::controller::parse_screen(screen)?;
+        let agent = self.agent(row).map_err(|e| e.to_string())?;
+        let rb = agent
+            .request(
+                reqwest::Method::PUT,
+                berth_protocol::routes::native::DISPLAY,
+            )
+            .json(&berth_protocol::DisplaySize { width, height })
+            .timeout(SCREEN_TIMEOUT);
+        let info = display_info(rb)
+            .await
+            .map_err(|e| format!("resizing the screen to {screen}: {e}"))?;
+        let got = format!("{}x{}", info.width, info.height);
+        if got != screen {
+            return Err(format!("the screen is {got} after resizing it to {screen}"));
+        }
+        Ok(got)
+    }
+
+    /// Once a desktop is ready: the screen it was asked to have (resized to it), or the one
+    /// it started with, recorded on its row. An asked screen that cannot be had fails it.
+    async fn settle_screen(&self, row: &SandboxRow) -> std::result::Result<(), String> {
+        let screen = match &row.screen {
+            Some(want) => self.resize_screen(row, want).await?,
+            None => {
+                let agent = self.agent(row).map_err(|e| e.to_string())?;
+                let rb = agent
+                    .request(
+                        reqwest::Method::GET,
+                        berth_protocol::routes::native::DISPLAY,
+                    )
+                    .timeout(SCREEN_TIMEOUT);
+                match display_info(rb).await {
+                    Ok(info) => format!("{}x{}", info.width, info.height),
+                    Err(e) => {
+                        // Only a record: the sandbox is no less ready without it.
+                        tracing::warn!(sandbox = %row.id, error = %e, "cannot read the screen size");
+                        return Ok(());
+                    }
+                }
+            }
+        };
+        self.store
+            .set_screen(&row.id, &screen)
+            .map_err(|e| e.to_string())?;
+        if row.screen.is_some() {
+            self.event(&row.id, "sandbox.screen", json!({"screen": screen}));
+        }
+        Ok(())
+    }
+
+    /// A warm member claimed by a create asking another screen is resized to it.
+    async fn claim_screen(
+        &self,
+        row: SandboxRow,
+        want: Option<&str>,
+    ) -> std::result::Result<SandboxRow, String> {
+        let Some(want) = want else { return Ok(row) };
+        if row.screen.as_deref() == Some(want) {
+            return Ok(row);
+        }
+        let got = self.resize_screen(&row, want).await?;
+        self.store
+            .set_screen(&row.id, &got)
+            .map_err(|e| e.to_string())?;
+        self.event(&row.id, "sandbox.screen", json!({"screen": got}));
+        Ok(SandboxRow {
+            screen: Some(got),
+            ..row
+        })
+    }
+
     /// Takes warm members until one answers its probe; a dead one is discarded.
     async fn claim_warm(self: &Arc<Self>, key: &str, req: &Request) -> Result<Option<SandboxRow>> {
         if !self.pools.has(key) {
@@ -213,8 +322,12 @@ impl Controller {
             let Some(row) = claimed else {
                 return Ok(None);
             };
-            match self.probe(&row).await {
-                Ok(()) => {
+            let ready = match self.probe(&row).await {
+                Ok(()) => self.claim_screen(row.clone(), req.screen.as_deref()).await,
+                Err(e) => Err(e),
+            };
+            match ready {
+                Ok(row) => {
                     self.event(
                         &row.id,
                         "sandbox.claimed",
@@ -278,6 +391,7 @@ impl Controller {
             ended_at: None,
             error: None,
             agent_event_seq: 0,
+            screen: req.screen.clone(),
         };
         self.store.insert_sandbox(&row)?;
         self.event(
@@ -394,6 +508,20 @@ impl Controller {
                         last = "it became ready only after its deadline".into();
                     }
                     Ok(()) => {
+                        // A desktop has the screen it was asked (its pool's or its create's)
+                        // before it counts as ready: one path for cold creates and pools.
+                        if self
+                            .catalog
+                            .profile(&row.profile)
+                            .is_some_and(|p| p.desktop)
+                            && let Err(reason) = self.settle_screen(&row).await
+                        {
+                            self.fail(id, &reason);
+                            self.destroy(id).await;
+                            return Err(Error::Unavailable(format!(
+                                "sandbox {id} failed: {reason}"
+                            )));
+                        }
                         let now = now_ms();
                         self.store.set_status(
                             id,
@@ -683,6 +811,7 @@ impl Controller {
             error: row.error.clone(),
             claim: row.claim.clone(),
             lease_id,
+            screen: row.screen.clone(),
         }
     }
 
@@ -700,6 +829,22 @@ impl Controller {
             .map(|r| self.to_wire(r))
             .collect())
     }
+}
+
+/// The agent's `DisplayInfo` answer to `rb`, or why there is none.
+async fn display_info(
+    rb: reqwest::RequestBuilder,
+) -> std::result::Result<berth_protocol::DisplayInfo, String> {
+    let resp = rb
+        .send()
+        .await
+        .map_err(|e| format!("agent unreachable: {e}"))?;
+    let resp = berth_protocol::client::check(resp)
+        .await
+        .map_err(|e| e.to_string())?;
+    resp.json()
+        .await
+        .map_err(|e| format!("the agent's display answer: {e}"))
 }
 
 pub fn validate_labels(labels: &BTreeMap<String, String>) -> Result<()> {

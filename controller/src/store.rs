@@ -48,7 +48,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     expires_at INTEGER,
     ended_at INTEGER,
     error TEXT,
-    agent_event_seq INTEGER NOT NULL DEFAULT 0
+    agent_event_seq INTEGER NOT NULL DEFAULT 0,
+    screen TEXT
 );
 CREATE INDEX IF NOT EXISTS sandboxes_pool ON sandboxes (pool, status);
 CREATE INDEX IF NOT EXISTS sandboxes_status ON sandboxes (status);
@@ -124,6 +125,8 @@ pub struct SandboxRow {
     pub ended_at: Option<i64>,
     pub error: Option<String>,
     pub agent_event_seq: u64,
+    /// A desktop's screen (`1280x800`): asked at create or by its pool, or as it started.
+    pub screen: Option<String>,
 }
 
 impl SandboxRow {
@@ -155,6 +158,7 @@ impl SandboxRow {
             ended_at: r.get("ended_at")?,
             error: r.get("error")?,
             agent_event_seq: r.get::<_, i64>("agent_event_seq")? as u64,
+            screen: r.get("screen")?,
         })
     }
 }
@@ -304,6 +308,13 @@ impl Store {
         if !has_start {
             conn.execute_batch("ALTER TABLE runs ADD COLUMN start_request TEXT")?;
         }
+        // Stores made before sandboxes recorded their screen.
+        let has_screen = conn
+            .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'screen'")?
+            .exists([])?;
+        if !has_screen {
+            conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN screen TEXT")?;
+        }
         let store = Store {
             conn: Mutex::new(conn),
             sealer,
@@ -389,8 +400,8 @@ impl Store {
         self.with(|c| {
             c.execute(
                 "INSERT INTO sandboxes (id, profile, image_ref, provider, status, labels, pool,
-                   claim, agent_token, created_at, ready_deadline, expires_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                   claim, agent_token, created_at, ready_deadline, expires_at, screen)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
                 params![
                     s.id,
                     s.profile,
@@ -403,7 +414,8 @@ impl Store {
                     self.sealer.seal(s.agent_token.as_bytes(), &s.id),
                     s.created_at,
                     s.ready_deadline,
-                    s.expires_at
+                    s.expires_at,
+                    s.screen
                 ],
             )
             .map(|_| ())
@@ -507,6 +519,17 @@ impl Store {
                 |r| self.open_sandbox(r),
             )
             .optional()
+        })
+    }
+
+    /// Records a sandbox's screen as its desktop now has it.
+    pub fn set_screen(&self, id: &str, screen: &str) -> Result<()> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE sandboxes SET screen = ?2 WHERE id = ?1",
+                params![id, screen],
+            )
+            .map(|_| ())
         })
     }
 
@@ -983,6 +1006,7 @@ mod tests {
             ended_at: None,
             error: None,
             agent_event_seq: 0,
+            screen: None,
         }
     }
 

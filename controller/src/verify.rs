@@ -296,6 +296,7 @@ async fn create(
         image_ref: a.image_ref.clone(),
         labels: BTreeMap::from([(RUN_LABEL.to_string(), tag.to_string())]),
         ttl_seconds: Some(SANDBOX_TTL_SECS),
+        screen: None,
     };
     let mut sb = bounded(controller.create_nowait(&req)).await?;
     *created.lock().unwrap_or_else(|p| p.into_inner()) = Some(sb.id.clone());

@@ -26,6 +26,40 @@ pub struct CreateSandbox {
     pub labels: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_seconds: Option<u64>,
+    /// The desktop's screen as `WIDTHxHEIGHT` (`"1280x800"`): even sides from 320x200 to
+    /// 7680x4320. Desktop profiles only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub screen: Option<String>,
+}
+
+/// The smallest and largest screens a desktop is asked to take (`screen`, `PUT /v1/display`).
+pub const SCREEN_MIN: (u32, u32) = (320, 200);
+pub const SCREEN_MAX: (u32, u32) = (7680, 4320);
+
+/// Parses a screen size `WIDTHxHEIGHT` (`1280x800`; `X` and `*` also separate) within
+/// [`SCREEN_MIN`]..=[`SCREEN_MAX`], with even sides; the reason when it is not one.
+pub fn parse_screen(s: &str) -> std::result::Result<(u32, u32), String> {
+    let bad = || format!("screen {s:?}: give WIDTHxHEIGHT, e.g. 1280x800");
+    let (w, h) = s.trim().split_once(['x', 'X', '*']).ok_or_else(bad)?;
+    let side = |v: &str| -> std::result::Result<u32, String> {
+        let v = v.trim();
+        if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        v.parse().map_err(|_| bad())
+    };
+    let (w, h) = (side(w)?, side(h)?);
+    let (lo, hi) = (SCREEN_MIN, SCREEN_MAX);
+    if w < lo.0 || h < lo.1 || w > hi.0 || h > hi.1 {
+        return Err(format!(
+            "screen {w}x{h}: from {}x{} to {}x{}",
+            lo.0, lo.1, hi.0, hi.1
+        ));
+    }
+    if w % 2 != 0 || h % 2 != 0 {
+        return Err(format!("screen {w}x{h}: width and height must be even"));
+    }
+    Ok((w, h))
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
@@ -97,6 +131,10 @@ pub struct Sandbox {
     pub claim: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_id: Option<String>,
+    /// A desktop's screen (`"1280x800"`): the one asked at create or by its pool, else the
+    /// one its desktop started with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub screen: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
@@ -483,5 +521,49 @@ impl ControllerClient {
                 .query(&[("kind", kind)]),
         )
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn screens_parse_and_bad_ones_are_named() {
+        assert_eq!(parse_screen("1280x800"), Ok((1280, 800)));
+        assert_eq!(parse_screen(" 1024X768 "), Ok((1024, 768)));
+        assert_eq!(parse_screen("320x200"), Ok((320, 200)));
+        assert_eq!(parse_screen("7680x4320"), Ok((7680, 4320)));
+        for bad in [
+            "",
+            "1280",
+            "1280x",
+            "x800",
+            "1280x800x2",
+            "-1280x800",
+            "+1280x800",
+            "a x b",
+        ] {
+            let e = parse_screen(bad).unwrap_err();
+            assert!(e.contains("WIDTHxHEIGHT"), "{bad:?}: {e}");
+        }
+        assert!(parse_screen("99999999999x800").is_err());
+        let small = parse_screen("100x100").unwrap_err();
+        assert!(small.contains("320x200"), "{small}");
+        assert!(parse_screen("7682x4320").is_err());
+        let odd = parse_screen("1281x800").unwrap_err();
+        assert!(odd.contains("even"), "{odd}");
+    }
+
+    #[test]
+    fn a_create_carries_its_screen_and_refuses_unknown_fields() {
+        let c: CreateSandbox =
+            serde_json::from_str(r#"{"profile": "desktop-ubuntu", "screen": "1280x800"}"#).unwrap();
+        assert_eq!(c.screen.as_deref(), Some("1280x800"));
+        let c: CreateSandbox = serde_json::from_str(r#"{"profile": "desktop-ubuntu"}"#).unwrap();
+        assert_eq!(c.screen, None);
+        assert!(
+            serde_json::from_str::<CreateSandbox>(r#"{"profile": "x", "scren": "1x1"}"#).is_err()
+        );
     }
 }

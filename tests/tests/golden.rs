@@ -175,9 +175,10 @@ fn sandbox_requests() {
             image_ref: Some("berth-desktop:0f1e2d".into()),
             labels: BTreeMap::from([("k".into(), "v".into())]),
             ttl_seconds: Some(600),
+            screen: Some("1280x800".into()),
         },
         r#"{"profile": "desktop-ubuntu", "image_ref": "berth-desktop:0f1e2d",
-            "labels": {"k": "v"}, "ttl_seconds": 600}"#,
+            "labels": {"k": "v"}, "ttl_seconds": 600, "screen": "1280x800"}"#,
     );
     golden(
         &CreateSandbox {

@@ -8,7 +8,7 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
-use berth_protocol::{Clipboard, DisplayInfo, InputRequest, InputResponse};
+use berth_protocol::{Clipboard, DisplayInfo, DisplaySize, InputRequest, InputResponse};
 use serde::Deserialize;
 
 use super::error::ApiError;
@@ -52,6 +52,7 @@ impl From<DisplayError> for ApiError {
             DisplayError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
             DisplayError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             DisplayError::Unsupported(_) => (StatusCode::UNPROCESSABLE_ENTITY, "unsupported"),
+            DisplayError::NoRandr(_) => (StatusCode::SERVICE_UNAVAILABLE, "no_randr"),
             _ => (StatusCode::INTERNAL_SERVER_ERROR, "display_error"),
         };
         ApiError::new(status, code, msg)
@@ -207,6 +208,22 @@ pub async fn info(
     State(agent): State<Arc<Agent>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    display_info(&agent, &headers).await
+}
+
+/// `PUT /v1/display`: resizes the live screen (RandR) and answers the display as the server
+/// then reports it. 400 for a size the screen cannot take, 503 `no_display` / `no_randr`.
+pub async fn resize(
+    State(agent): State<Arc<Agent>>,
+    headers: HeaderMap,
+    ApiJson(size): ApiJson<DisplaySize>,
+) -> Result<Response, ApiError> {
+    let d = agent.display.clone();
+    blocking(move || d.resize(size.width, size.height)).await?;
+    display_info(&agent, &headers).await
+}
+
+async fn display_info(agent: &Arc<Agent>, headers: &HeaderMap) -> Result<Response, ApiError> {
     let d = agent.display.clone();
     let (size, depth, extensions) =
         blocking(move || Ok((d.screen_size()?, d.depth()?, d.extensions()?))).await?;

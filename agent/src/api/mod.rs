@@ -61,7 +61,7 @@ pub fn router(agent: Arc<Agent>) -> Router<Arc<Agent>> {
         .route(nested::FS_WATCH, get(fs::watch))
         .route(nested::SCREENSHOT, get(display::screenshot))
         .route(nested::INPUT, post(display::input))
-        .route(nested::DISPLAY, get(display::info))
+        .route(nested::DISPLAY, get(display::info).put(display::resize))
         .route(nested::WINDOWS, get(display::windows))
         .route(
             nested::CLIPBOARD,

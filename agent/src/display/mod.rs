@@ -12,6 +12,7 @@ pub mod conn;
 pub mod encode;
 pub mod input;
 pub mod keys;
+pub mod randr;
 pub mod watch;
 pub mod windows;
 pub mod xauth;
@@ -53,6 +54,9 @@ pub enum DisplayError {
     NoWindowManager,
     #[error("{0}")]
     NotFound(String),
+    /// The server cannot change its size (no RandR 1.2, no output to drive).
+    #[error("{0}")]
+    NoRandr(String),
 }
 
 impl From<x11rb::errors::ConnectionError> for DisplayError {
@@ -147,6 +151,8 @@ pub struct Display {
     input: Mutex<Option<Input>>,
     watch: Option<Arc<ScreenWatch>>,
     clipboard: Mutex<Option<clipboard::Owner>>,
+    /// Held through a resize: two never interleave.
+    resizing: Mutex<()>,
 }
 
 impl Display {
@@ -161,6 +167,7 @@ impl Display {
             input: Mutex::new(None),
             watch,
             clipboard: Mutex::new(None),
+            resizing: Mutex::new(()),
         })
     }
 
@@ -236,6 +243,25 @@ impl Display {
             let (w, h) = s.x.screen_size()?;
             Ok((w as u32, h as u32))
         })
+    }
+
+    /// Changes the screen's size through RandR and answers the size the server then reports.
+    /// Resizes run one at a time, and no screenshot is taken halfway through one (both use
+    /// the capture session); the screenshot cache and the SHM segment start over at the new
+    /// size, and the screen watch's counter moves (its ConfigureNotify on the root).
+    pub fn resize(&self, width: u32, height: u32) -> Result<(u32, u32), DisplayError> {
+        let _one = self.resizing.lock().unwrap_or_else(|p| p.into_inner());
+        let size = self.with_capture(|s| {
+            randr::resize(&s.x, (width, height))?;
+            s.cache = None;
+            s.shm.release(&s.x);
+            let (w, h) = s.x.screen_size()?;
+            Ok((w as u32, h as u32))
+        })?;
+        if let Some(w) = &self.watch {
+            w.generation_now();
+        }
+        Ok(size)
     }
 
     /// Takes a screenshot, or answers from the cache when nothing on screen (cursor

@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use x11rb::connection::Connection;
 use x11rb::protocol::Event;
 use x11rb::protocol::damage::{ConnectionExt as _, ReportLevel};
+use x11rb::protocol::xproto::{ChangeWindowAttributesAux, ConnectionExt as _, EventMask};
 
 use super::conn::{Target, XConn};
 
@@ -80,6 +81,14 @@ impl ScreenWatch {
         x.conn
             .damage_create(damage, x.root, ReportLevel::RAW_RECTANGLES)?
             .check()?;
+        // The root's ConfigureNotify: a RandR resize moves the counter (no cached picture of
+        // the old size is served) and the share of the screen a change must cover follows.
+        x.conn
+            .change_window_attributes(
+                x.root,
+                &ChangeWindowAttributesAux::new().event_mask(EventMask::STRUCTURE_NOTIFY),
+            )?
+            .check()?;
         let (w, h) = x.screen_size()?;
         {
             let mut s = self.state();
@@ -91,7 +100,7 @@ impl ScreenWatch {
         *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(x.clone());
         loop {
             let ev = x.conn.wait_for_event()?;
-            self.handle(ev);
+            self.handle(ev, x.root);
         }
     }
 
@@ -105,7 +114,7 @@ impl ScreenWatch {
         self.bump();
     }
 
-    fn handle(&self, ev: Event) {
+    fn handle(&self, ev: Event, root: u32) {
         let now = Instant::now();
         match ev {
             Event::DamageNotify(d) => {
@@ -121,7 +130,12 @@ impl ScreenWatch {
                     s.last_big = Some(now);
                 }
             }
-            Event::RandrScreenChangeNotify(_) | Event::ConfigureNotify(_) => {
+            Event::ConfigureNotify(c) if c.window == root => {
+                let mut s = self.state();
+                s.generation += 1;
+                s.screen_area = c.width as u64 * c.height as u64;
+            }
+            Event::RandrScreenChangeNotify(_) => {
                 self.state().generation += 1;
             }
             _ => return,
@@ -142,7 +156,7 @@ impl ScreenWatch {
             && x.sync().is_ok()
         {
             while let Ok(Some(ev)) = x.conn.poll_for_event() {
-                self.handle(ev);
+                self.handle(ev, x.root);
             }
         }
         self.state().generation

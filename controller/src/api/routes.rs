@@ -92,6 +92,7 @@ pub(crate) fn sandbox_request(body: CreateSandbox) -> Request {
         image_ref: body.image_ref,
         labels: body.labels,
         ttl_seconds: body.ttl_seconds,
+        screen: body.screen,
     }
 }
 

@@ -204,6 +204,9 @@ pub enum SandboxCmd {
         /// Delete the sandbox after this many seconds.
         #[arg(long)]
         ttl: Option<u64>,
+        /// The desktop's screen, `WIDTHxHEIGHT` (e.g. 1280x800).
+        #[arg(long)]
+        screen: Option<String>,
         #[command(flatten)]
         remote: Remote,
     },
@@ -530,6 +533,7 @@ async fn sandbox(c: SandboxCmd) -> anyhow::Result<i32> {
             image_ref,
             labels,
             ttl,
+            screen,
             remote,
         } => {
             let cl = client(&remote);
@@ -539,6 +543,7 @@ async fn sandbox(c: SandboxCmd) -> anyhow::Result<i32> {
                     image_ref,
                     labels: labels.into_iter().collect(),
                     ttl_seconds: ttl,
+                    screen,
                 })
                 .await?;
             if !remote.json {
