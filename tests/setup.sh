@@ -73,6 +73,15 @@ if [ "$(python3 -c 'import importlib.metadata as m; print(m.version("schemathesi
     || python3 -m pip install --quiet --break-system-packages "schemathesis==$schemathesis_version"
 fi
 
+# The official MCP Python SDK drives the agent's /mcp in tests/tests/mcp.rs; pinned so its client
+# API stays as tests/mcp/client.py spells it.
+mcp_version=2.3.0
+if [ "$(python3 -c 'import importlib.metadata as m; print(m.version("mcp"))' 2>/dev/null)" != "$mcp_version" ]; then
+  echo "setup: installing mcp $mcp_version" >&2
+  python3 -m pip install --quiet "mcp==$mcp_version" 2>/dev/null \
+    || python3 -m pip install --quiet --break-system-packages "mcp==$mcp_version"
+fi
+
 if ! command -v cargo-nextest >/dev/null 2>&1; then
   echo "setup: installing cargo-nextest" >&2
   cargo install --locked cargo-nextest

@@ -13,6 +13,7 @@ pub mod events;
 pub mod exec;
 pub mod fs;
 pub mod init;
+pub mod mcp;
 pub mod proc;
 pub mod pty;
 pub mod reaper;

@@ -243,6 +243,7 @@ pub fn router(agent: Arc<Agent>) -> Router {
             berth_protocol::routes::native::PREFIX,
             api::router(agent.clone()),
         )
+        .merge(crate::mcp::router(agent.clone()))
         .merge(compat::router(agent.clone()))
         .fallback(compat::not_found)
         .layer(axum::middleware::from_fn(compat::fill_empty_errors))

@@ -114,7 +114,12 @@ pub fn token_matches(headers: &HeaderMap, token: &str) -> bool {
     given.as_bytes().ct_eq(token.as_bytes()).into()
 }
 
-async fn require_token(State(agent): State<Arc<Agent>>, req: Request, next: Next) -> Response {
+/// The bearer check of `/v1` (and `/mcp`): 401 with the native error body otherwise.
+pub(crate) async fn require_token(
+    State(agent): State<Arc<Agent>>,
+    req: Request,
+    next: Next,
+) -> Response {
     if token_matches(req.headers(), &agent.token) {
         next.run(req).await
     } else {

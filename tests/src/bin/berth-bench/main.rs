@@ -1,7 +1,7 @@
 //! berth's benchmarks, each figure printed beside the peer it is compared with, measured in
 //! the same run on the same machine.
 //!
-//!   cargo run -p berth-tests --bin berth-bench -- [exec] [display] [record] [workstation] [controller]
+//!   cargo run -p berth-tests --bin berth-bench -- [exec] [display] [record] [workstation] [controller] [mcp]
 //!                                                 [--requests N] [--seconds S] [--runs R]
 //!
 //! `exec`: `/execute` round trip for `echo hi`, a new TCP connection per request as OSWorld's
@@ -13,12 +13,15 @@
 //! `record`: CPU per recorded minute against OSWorld's and Daytona's ffmpeg commands.
 //! `workstation`: `--desktop` cold start to strict readiness, agent and desktop memory.
 //! `controller`: warm-pool claim latency and cold create-to-ready through `berth serve`.
+//! `mcp`: a `computer` click answered with the settled screenshot over MCP (rmcp's client, one
+//! session) beside the same through `POST /v1/computer`.
 
 mod controller;
 mod desktop;
 mod display;
 mod exec;
 mod gateway;
+mod mcp;
 mod record;
 mod workstation;
 
@@ -62,6 +65,9 @@ async fn main() {
     }
     if which.is_empty() || which.contains(&"gateway") {
         gateway::bench(requests.min(2000)).await;
+    }
+    if which.is_empty() || which.contains(&"mcp") {
+        mcp::bench(requests.min(100)).await;
     }
     if which.is_empty() || which.contains(&"controller") {
         let runs = args
