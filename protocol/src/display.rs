@@ -349,8 +349,9 @@ pub struct OpenAiKeypress {
 }
 
 /// `scroll`: moves the pointer to `x`, `y`, then scrolls `scroll_y` pixels down (negative:
-/// up) and `scroll_x` right (negative: left), as wheel clicks of 100 pixels each (at least
-/// one for any non-zero amount; at most 100 a direction).
+/// up) and `scroll_x` right (negative: left), as wheel clicks of 120 pixels each (what one
+/// click scrolls in the desktop's Chromium), rounded, at least one for any non-zero amount,
+/// at most 100 a direction.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OpenAiScroll {

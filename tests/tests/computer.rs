@@ -233,7 +233,7 @@ async fn every_openai_action_type_arrives_at_x_and_answers_openais_shape() {
             (7, 102, 102),
             (6, 103, 103),
         ],
-        "buttons: wheel is the middle one, back/forward 8/9; scroll pixels at 100 a click, \
+        "buttons: wheel is the middle one, back/forward 8/9; scroll pixels at 120 a click, \
          positive scroll_y down (5), negative up (4), positive scroll_x right (7), negative \
          left (6), any movement at least one click"
     );
