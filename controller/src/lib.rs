@@ -10,6 +10,7 @@ pub mod error;
 pub mod image;
 pub mod image_job;
 pub mod lease;
+pub mod mcp;
 pub mod metrics;
 pub mod pool;
 pub mod provider;

@@ -221,6 +221,10 @@ pub mod header {
     pub const SETTLED_MS: &str = "x-settled-ms";
     /// Screenshot: `true` when the screen did not settle before the wait's timeout.
     pub const SETTLE_TIMED_OUT: &str = "x-settle-timed-out";
+    /// MCP (Streamable HTTP): the session a server assigned, and the protocol version a
+    /// client speaks; both pass through the controller's relay either way.
+    pub const MCP_SESSION_ID: &str = "mcp-session-id";
+    pub const MCP_PROTOCOL_VERSION: &str = "mcp-protocol-version";
     /// Every header the agent sets on its own answers, which proxies pass through.
     pub const AGENT_RESPONSE: [&str; 6] = [
         SCREEN_WIDTH,

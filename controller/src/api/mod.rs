@@ -3,6 +3,8 @@
 mod proxy;
 mod routes;
 
+pub(crate) use routes::sandbox_request;
+
 use std::sync::Arc;
 
 use axum::Router;
@@ -48,10 +50,12 @@ pub fn hash(key: &str) -> [u8; 32] {
 }
 
 pub fn router(state: ApiState) -> Router {
-    let keyed = routes::keyed().layer(axum::middleware::from_fn_with_state(
-        state.clone(),
-        require_key,
-    ));
+    let keyed = routes::keyed()
+        .merge(crate::mcp::router(state.c.clone()))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_key,
+        ));
     Router::new()
         .merge(routes::open())
         .merge(proxy::viewer_routes())

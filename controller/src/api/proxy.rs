@@ -63,6 +63,10 @@ pub fn keyed_proxies() -> Router<ApiState> {
             route::SANDBOX_AGENT,
             any(native).layer(axum::extract::DefaultBodyLimit::disable()),
         )
+        .route(
+            route::SANDBOX_MCP,
+            any(mcp).layer(axum::extract::DefaultBodyLimit::disable()),
+        )
 }
 
 /// The values of cookie `name` in the request's `Cookie` headers.
@@ -159,6 +163,58 @@ async fn native(State(s): State<ApiState>, Path(p): Params, req: Request) -> Res
         false => format!("/v1{rest}"),
     };
     to_agent(&s, &id, req, path, native_location(&id), None).await
+}
+
+/// How long a relayed MCP exchange may go without a byte from the agent: the wait for its
+/// answer's head, then each gap in its body (an SSE stream, which the agent keeps alive with
+/// pings, lasts as long as it sends).
+pub const MCP_IDLE: Duration = Duration::from_secs(300);
+
+/// `ANY …/{id}/mcp` → the agent's MCP server (`/mcp`): POST (a JSON or SSE answer, streamed),
+/// GET (the session's SSE stream), DELETE (ends the session); `Mcp-Session-Id` and
+/// `Mcp-Protocol-Version` pass both ways like every end-to-end header.
+async fn mcp(State(s): State<ApiState>, Path(p): Params, req: Request) -> Result<Response> {
+    let id = p.get("id").cloned().unwrap_or_default();
+    let query = req
+        .uri()
+        .query()
+        .map(|q| format!("?{q}"))
+        .unwrap_or_default();
+    let path = format!("{}{query}", berth_protocol::routes::native::MCP);
+    let location = (
+        berth_protocol::routes::native::MCP.to_string(),
+        format!("{}mcp", base_path(&id)),
+    );
+    let relayed = tokio::time::timeout(MCP_IDLE, to_agent(&s, &id, req, path, location, None))
+        .await
+        .map_err(|_| {
+            ApiError(Error::Agent(format!(
+                "the sandbox's MCP server sent no answer within {}s",
+                MCP_IDLE.as_secs()
+            )))
+        })??;
+    Ok(relayed.map(|body| idle_bounded(body, MCP_IDLE)))
+}
+
+/// `body`, failing (which ends the answer) once it has delivered nothing for `idle`.
+fn idle_bounded(body: Body, idle: Duration) -> Body {
+    use futures_util::StreamExt;
+    let frames =
+        futures_util::stream::unfold(Some(body.into_data_stream()), move |rest| async move {
+            let mut rest = rest?;
+            match tokio::time::timeout(idle, rest.next()).await {
+                Ok(Some(chunk)) => Some((chunk, Some(rest))),
+                Ok(None) => None,
+                Err(_) => Some((
+                    Err(axum::Error::new(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("the sandbox's MCP stream sent nothing for {idle:?}"),
+                    ))),
+                    None,
+                )),
+            }
+        });
+    Body::from_stream(frames)
 }
 
 async fn screenshot(State(s): State<ApiState>, Path(p): Params, req: Request) -> Result<Response> {
@@ -325,4 +381,43 @@ async fn mint_port_url(s: &ApiState, id: &str, port: u16, req: Request) -> Resul
     };
     let (url, expires_at) = s.c.mint_port_url(id, port, body.ttl_seconds)?;
     Ok((StatusCode::CREATED, axum::Json(PortUrl { url, expires_at })).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_idle_bounded_body_passes_its_chunks_and_fails_once_silent() {
+        let (tx, rx) =
+            tokio::sync::mpsc::channel::<std::result::Result<bytes::Bytes, std::io::Error>>(4);
+        let body = idle_bounded(
+            Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|item| (item, rx))
+            })),
+            Duration::from_millis(200),
+        );
+        let mut frames = body.into_data_stream();
+        use futures_util::StreamExt;
+        tx.send(Ok(bytes::Bytes::from_static(b"event: ping\n\n")))
+            .await
+            .unwrap();
+        assert_eq!(
+            frames.next().await.unwrap().unwrap(),
+            bytes::Bytes::from_static(b"event: ping\n\n")
+        );
+        let started = std::time::Instant::now();
+        let silent = frames.next().await.unwrap();
+        assert!(silent.is_err(), "{silent:?}");
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        assert!(frames.next().await.is_none(), "nothing after the failure");
+        drop(tx);
+    }
+
+    #[tokio::test]
+    async fn an_idle_bounded_body_ends_when_its_source_ends() {
+        let body = idle_bounded(Body::from("done"), Duration::from_secs(5));
+        let bytes = axum::body::to_bytes(body, 1024).await.unwrap();
+        assert_eq!(&bytes[..], b"done");
+    }
 }

@@ -1,0 +1,167 @@
+"""Drives the controller's MCP servers with the official MCP Python SDK, as an engine would.
+
+Usage:
+  client.py controller URL KEY PROFILE
+      The controller's own /mcp: a session (the initialize handshake) lists the tools, creates a
+      sandbox of PROFILE with a label, lists by that label, shows it, asks for an unknown one,
+      acquires and releases a lease, deletes the sandbox; then a session-less connection
+      (server/discover, 2026-07-28) lists the tools.
+  client.py sandbox URL KEY X Y
+      One sandbox's /mcp through the controller: a session lists the tools, clicks at (X, Y) with
+      `computer` and reads the cursor back, takes a `screenshot`, runs `exec`; then a session-less
+      connection runs `exec` too.
+
+Every request carries the X-Api-Key header. Prints one JSON object with what it saw; the Rust
+test (tests/tests/mcp_controller.rs) asserts on it.
+"""
+
+import asyncio
+import base64
+import json
+import struct
+import sys
+
+import httpx2
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+
+def png_size(data: bytes) -> list:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    width, height = struct.unpack(">II", data[16:24])
+    return [width, height]
+
+
+def answer(result) -> dict:
+    content = []
+    for c in result.content:
+        if c.type == "text":
+            content.append({"type": "text", "text": c.text})
+        elif c.type == "image":
+            size = png_size(base64.b64decode(c.data))
+            content.append({"type": "image", "mime_type": c.mime_type, "size": size})
+        else:
+            content.append({"type": c.type})
+    return {
+        "is_error": bool(result.is_error),
+        "content": content,
+        "structured": result.structured_content,
+    }
+
+
+def tools_of(listed) -> dict:
+    return {
+        t.name: {
+            "description": t.description,
+            "input_schema": t.input_schema,
+            "output_schema": t.output_schema,
+        }
+        for t in listed.tools
+    }
+
+
+async def controller(url: str, http: httpx2.AsyncClient, profile: str) -> dict:
+    out = {}
+    async with streamable_http_client(url, http_client=http) as (read, write):
+        async with ClientSession(read, write) as s:
+            init = await s.initialize()
+            out["server"] = {
+                "name": init.server_info.name,
+                "protocol_version": init.protocol_version,
+                "instructions": init.instructions,
+            }
+            out["tools"] = tools_of(await s.list_tools())
+            created = answer(
+                await s.call_tool(
+                    "create_sandbox",
+                    {"profile": profile, "labels": {"suite": "mcp"}, "ttl_seconds": 600},
+                )
+            )
+            out["create"] = created
+            sid = (created["structured"] or {}).get("id")
+            out["list"] = answer(await s.call_tool("list_sandboxes", {"labels": {"suite": "mcp"}}))
+            out["list_other"] = answer(
+                await s.call_tool("list_sandboxes", {"labels": {"suite": "other"}})
+            )
+            out["list_running"] = answer(
+                await s.call_tool("list_sandboxes", {"status": "running"})
+            )
+            out["get"] = answer(await s.call_tool("get_sandbox", {"id": sid}))
+            out["get_unknown"] = answer(await s.call_tool("get_sandbox", {"id": "sb_nosuch"}))
+            out["bad_status"] = answer(
+                await s.call_tool("list_sandboxes", {"status": "sleeping"})
+            )
+            out["bad_field"] = answer(
+                await s.call_tool("create_sandbox", {"profile": profile, "bogus": True})
+            )
+            out["bad_profile"] = answer(
+                await s.call_tool("create_sandbox", {"profile": "no-such-profile"})
+            )
+            lease = answer(
+                await s.call_tool("acquire_lease", {"thread_id": "mcp-thread", "profile": profile})
+            )
+            out["acquire"] = lease
+            out["acquire_again"] = answer(
+                await s.call_tool("acquire_lease", {"thread_id": "mcp-thread", "profile": profile})
+            )
+            lid = (lease["structured"] or {}).get("lease_id")
+            out["release"] = answer(await s.call_tool("release_lease", {"lease_id": lid}))
+            out["release_unknown"] = answer(
+                await s.call_tool("release_lease", {"lease_id": "ls_nosuch"})
+            )
+            out["delete"] = answer(await s.call_tool("delete_sandbox", {"id": sid}))
+            out["list_after"] = answer(
+                await s.call_tool("list_sandboxes", {"labels": {"suite": "mcp"}})
+            )
+    async with streamable_http_client(url, http_client=http) as (read, write):
+        async with ClientSession(read, write) as s:
+            await s.discover()
+            out["stateless"] = {
+                "protocol_version": s.protocol_version,
+                "tools": sorted(t.name for t in (await s.list_tools()).tools),
+            }
+    return out
+
+
+async def sandbox(url: str, http: httpx2.AsyncClient, x: int, y: int) -> dict:
+    out = {}
+    async with streamable_http_client(url, http_client=http) as (read, write):
+        async with ClientSession(read, write) as s:
+            init = await s.initialize()
+            out["server"] = {
+                "name": init.server_info.name,
+                "protocol_version": init.protocol_version,
+            }
+            out["tools"] = sorted(t.name for t in (await s.list_tools()).tools)
+            out["click"] = answer(
+                await s.call_tool("computer", {"action": "left_click", "coordinate": [x, y]})
+            )
+            out["cursor"] = answer(await s.call_tool("computer", {"action": "cursor_position"}))
+            out["screenshot"] = answer(await s.call_tool("screenshot", {}))
+            out["exec"] = answer(await s.call_tool("exec", {"shell": "echo out; exit 7"}))
+    async with streamable_http_client(url, http_client=http) as (read, write):
+        async with ClientSession(read, write) as s:
+            await s.discover()
+            out["stateless"] = {
+                "protocol_version": s.protocol_version,
+                "exec": answer(await s.call_tool("exec", {"argv": ["echo", "stateless"]})),
+            }
+    return out
+
+
+async def main() -> None:
+    mode, url, key = sys.argv[1], sys.argv[2], sys.argv[3]
+    headers = {"X-Api-Key": key}
+    # A create waits until the sandbox is ready: a cold Docker desktop takes a while.
+    timeout = httpx2.Timeout(180.0)
+    async with httpx2.AsyncClient(headers=headers, timeout=timeout) as http:
+        if mode == "controller":
+            result = await controller(url, http, sys.argv[4])
+        elif mode == "sandbox":
+            result = await sandbox(url, http, int(sys.argv[4]), int(sys.argv[5]))
+        else:
+            raise SystemExit(f"unknown mode {mode!r}")
+    print(json.dumps(result))
+
+
+asyncio.run(main())
