@@ -257,6 +257,66 @@ fn relay_ops(
     }
 }
 
+/// `POST …/computer`: the body by its key (`action` Anthropic's, `type` OpenAI's, `actions` a
+/// batch), the answer in the request's dialect; an error answer is the error body or the
+/// dialect's answer carrying `error` (and `failed` for a batch that stopped).
+fn computer_op(d: &mut Doc, o: Op, err: &Value) -> Op {
+    let body = d.schema::<ComputerBody>();
+    let answer = d.schema::<ComputerAnswer>();
+    let failed = json!({"anyOf": [err.clone(), answer.clone()]});
+    o.json_body(body)
+        .json(
+            "200",
+            "done: the settled screen in the request's dialect",
+            answer,
+        )
+        .json("400", "bad input (nothing ran)", failed.clone())
+        .json("422", "valid but impossible", failed.clone())
+        .json("default", "an error", failed)
+}
+
+/// An MCP endpoint (Streamable HTTP): `POST` a JSON-RPC message (answered as JSON or as an
+/// SSE stream; 202 for a notification), `GET` the session's SSE stream, `DELETE` ends the
+/// session (`Mcp-Session-Id`). Errors of the transport are its own (400 no or bad session
+/// header, 404 unknown session, 406 `Accept`, 415 content type).
+fn mcp_ops(
+    d: &mut Doc,
+    path: &'static str,
+    id: &str,
+    summary: &str,
+    security: &Value,
+    err: &Value,
+) {
+    let message = json!({"type": "object", "description": "a JSON-RPC 2.0 message (MCP)"});
+    let sse = json!({"text/event-stream": {"schema": string()}});
+    let answer = json!({
+        "application/json": {"schema": message.clone()},
+        "text/event-stream": {"schema": string()},
+    });
+    let other = json!({"*/*": {"schema": binary()}});
+    let ops = [
+        op("post", path, &format!("{id}_post"), summary)
+            .json_body(message.clone())
+            .answer("200", "the answer (JSON, or an SSE stream)", answer)
+            .answer("202", "a notification or response accepted", json!({})),
+        op("get", path, &format!("{id}_get"), summary).answer(
+            "200",
+            "the session's server-to-client stream",
+            sse,
+        ),
+        op("delete", path, &format!("{id}_delete"), summary)
+            .answer("200", "the session ended", other.clone())
+            .answer("204", "the session ended", json!({})),
+    ];
+    for o in ops {
+        let o = o
+            .json("401", "missing or wrong credentials", err.clone())
+            .answer("default", "the transport's error", other.clone())
+            .tag("mcp");
+        d.add(o.security(security.clone()));
+    }
+}
+
 fn int() -> Value {
     json!({"type": "integer", "minimum": 0})
 }
@@ -724,7 +784,25 @@ pub fn agent() -> Value {
     let dinfo = d.schema::<DisplayInfo>();
     native_op(
         &mut d,
-        op("get", native::DISPLAY, "display", "the display").json("200", "the display", dinfo),
+        op("get", native::DISPLAY, "display", "the display").json(
+            "200",
+            "the display",
+            dinfo.clone(),
+        ),
+        false,
+    );
+    let size = d.schema::<DisplaySize>();
+    native_op(
+        &mut d,
+        op(
+            "put",
+            native::DISPLAY,
+            "display_resize",
+            "resize the live screen (RandR)",
+        )
+        .json_body(size)
+        .json("200", "resized: the display at its new size", dinfo)
+        .json("503", "no display, or no RandR", err.clone()),
         false,
     );
     native_op(
@@ -761,37 +839,14 @@ pub fn agent() -> Value {
         .answer("204", "set", json!({})),
         false,
     );
-    let (creq, cresp) = (
-        d.schema::<ComputerRequest>(),
-        d.schema::<ComputerResponse>(),
+    let o = op(
+        "post",
+        native::COMPUTER,
+        "computer",
+        "a computer-use tool action (Anthropic's or OpenAI's) or a batch of them",
     );
-    native_op(
-        &mut d,
-        op(
-            "post",
-            native::COMPUTER,
-            "computer",
-            "a computer-use tool action",
-        )
-        .json_body(creq)
-        .json("200", "done", cresp.clone())
-        .json(
-            "400",
-            "bad input",
-            json!({"anyOf": [err.clone(), cresp.clone()]}),
-        )
-        .json(
-            "422",
-            "valid but impossible",
-            json!({"anyOf": [err.clone(), cresp.clone()]}),
-        )
-        .json(
-            "default",
-            "an error",
-            json!({"anyOf": [err.clone(), cresp]}),
-        ),
-        false,
-    );
+    let o = computer_op(&mut d, o, &err);
+    native_op(&mut d, o, false);
 
     // Recordings and the live stream.
     let (rreq, rinfo, rlist) = (
@@ -1095,6 +1150,15 @@ pub fn agent() -> Value {
             &err,
         );
     }
+
+    mcp_ops(
+        &mut d,
+        native::MCP,
+        "mcp",
+        "MCP (Streamable HTTP): the sandbox's computer, exec, file, accessibility, browser and recording tools",
+        &bearer,
+        &err,
+    );
 
     compat_ops(&mut d);
 
@@ -1506,38 +1570,15 @@ pub fn controller() -> Value {
         .json("409", "not running", err.clone()),
         &key,
     );
-    let (creq, cresp) = (
-        d.schema::<ComputerRequest>(),
-        d.schema::<ComputerResponse>(),
-    );
-    add(
-        &mut d,
-        op(
-            "post",
-            controller::SANDBOX_COMPUTER,
-            "sandbox_computer",
-            "a computer-use action",
-        )
-        .json_body(creq)
-        .json("200", "done", cresp.clone())
-        .json("409", "not running", err.clone())
-        .json(
-            "400",
-            "bad input (the agent's computer body, or the error body)",
-            json!({"anyOf": [err.clone(), cresp.clone()]}),
-        )
-        .json(
-            "422",
-            "valid but impossible",
-            json!({"anyOf": [err.clone(), cresp.clone()]}),
-        )
-        .json(
-            "default",
-            "an error",
-            json!({"anyOf": [err.clone(), cresp]}),
-        ),
-        &key,
-    );
+    let o = op(
+        "post",
+        controller::SANDBOX_COMPUTER,
+        "sandbox_computer",
+        "a computer-use action (Anthropic's or OpenAI's) or a batch, run by the sandbox's agent",
+    )
+    .json("409", "not running", err.clone());
+    let o = computer_op(&mut d, o, &err);
+    add(&mut d, o, &key);
     add(
         &mut d,
         op(
@@ -1663,6 +1704,23 @@ pub fn controller() -> Value {
             &err,
         );
     }
+
+    mcp_ops(
+        &mut d,
+        controller::SANDBOX_MCP,
+        "sandbox_mcp",
+        "the sandbox's MCP server (its agent's /mcp, relayed)",
+        &key,
+        &err,
+    );
+    mcp_ops(
+        &mut d,
+        controller::MCP,
+        "controller_mcp",
+        "MCP (Streamable HTTP): sandbox and lease tools",
+        &key,
+        &err,
+    );
 
     let (port_url_req, port_url) = (
         d.schema::<wire::PortUrlRequest>(),
@@ -1945,8 +2003,17 @@ mod tests {
     ) -> Vec<(String, String)> {
         let mut out = Vec::new();
         let mut rest = src;
-        while let Some(at) = rest.find(".route(") {
-            rest = &rest[at + ".route(".len()..];
+        // `.route(PATH, methods)`, and `.route_service(PATH, svc)` (a tower service, e.g. an
+        // MCP server: every method).
+        let next = |rest: &str| {
+            [".route(", ".route_service("]
+                .into_iter()
+                .filter_map(|n| rest.find(n).map(|at| (at, n)))
+                .min()
+        };
+        while let Some((at, needle)) = next(rest) {
+            rest = &rest[at + needle.len()..];
+            let service = needle == ".route_service(";
             // The call's argument text, to its closing parenthesis.
             let mut depth = 1;
             let mut end = 0;
@@ -1995,6 +2062,11 @@ mod tests {
                     true => path.trim_end_matches('/').to_string(),
                     false => path.clone(),
                 }
+            };
+            // `any_service(svc)` (a tower service) is an `any` route.
+            let methods = match service {
+                true => "any()".to_string(),
+                false => methods.replace("any_service(", "any("),
             };
             for m in ["get", "post", "put", "delete", "patch", "any"] {
                 let needle = format!("{m}(");
@@ -2060,6 +2132,10 @@ mod tests {
                         .into_iter()
                         .map(|p| (p, "compat", false))
                         .collect(),
+                    sources(&root.join("agent/src/mcp"))
+                        .into_iter()
+                        .map(|p| (p, "native", false))
+                        .collect(),
                     vec![(root.join("agent/src/server.rs"), "native", false)],
                 ]
                 .concat(),
@@ -2067,10 +2143,15 @@ mod tests {
             (
                 "controller",
                 controller(),
-                sources(&root.join("controller/src/api"))
-                    .into_iter()
-                    .map(|p| (p, "controller", false))
-                    .collect(),
+                [
+                    sources(&root.join("controller/src/api")),
+                    vec![root.join("controller/src/mcp.rs")],
+                ]
+                .concat()
+                .into_iter()
+                .filter(|p| p.exists())
+                .map(|p| (p, "controller", false))
+                .collect(),
             ),
         ];
         for (name, doc, files) in surfaces {
