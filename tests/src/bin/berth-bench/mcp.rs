@@ -38,7 +38,8 @@ pub async fn bench(n: usize) {
     let http = reqwest::Client::new();
     let computer_url = a.url("/v1/computer");
 
-    // Clicks alternate between the two windows, so focus (and the screen) changes each time.
+    // Clicks alternate between the two windows, so focus (and the screen) changes with each;
+    // the two ways take turns going first and each gets both windows equally often.
     let points = [[400, 300], [1300, 400]];
     let over_mcp = |action: Value| {
         let mcp = &mcp;
@@ -69,21 +70,36 @@ pub async fn bench(n: usize) {
             r.json::<Value>().await.unwrap()
         }
     };
-    let click = |i: usize| json!({"action": "left_click", "coordinate": points[i % 2]});
-    for i in 0..4 {
-        over_mcp(click(i)).await;
-        over_http(click(i)).await;
-    }
-    let (mut m, mut h) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    for i in 0..n {
+    let click = |p: usize| json!({"action": "left_click", "coordinate": points[p]});
+    let time_mcp = |p: usize| async move {
         let t = Instant::now();
-        let r = over_mcp(click(i)).await;
-        m.push(t.elapsed());
+        let r = over_mcp(click(p)).await;
+        let took = t.elapsed();
         assert!(matches!(r.content.first(), Some(ContentBlock::Image(_))));
+        took
+    };
+    let time_http = |p: usize| async move {
         let t = Instant::now();
-        let r = over_http(click(i)).await;
-        h.push(t.elapsed());
+        let r = over_http(click(p)).await;
+        let took = t.elapsed();
         assert!(r["base64_image"].is_string());
+        took
+    };
+    let (mut m, mut h) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n + 4 {
+        // Each round clicks the first window, then the second.
+        let (dm, dh) = if i % 2 == 0 {
+            let dm = time_mcp(0).await;
+            (dm, time_http(1).await)
+        } else {
+            let dh = time_http(0).await;
+            (time_mcp(1).await, dh)
+        };
+        // The first rounds warm up.
+        if i >= 4 {
+            m.push(dm);
+            h.push(dh);
+        }
     }
     let (mc, hc) = (percentiles(m), percentiles(h));
 
