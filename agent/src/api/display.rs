@@ -208,7 +208,7 @@ pub async fn info(
     State(agent): State<Arc<Agent>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    display_info(&agent, &headers).await
+    display_info(&agent, &headers, None).await
 }
 
 /// `PUT /v1/display`: resizes the live screen (RandR) and answers the display as the server
@@ -219,14 +219,26 @@ pub async fn resize(
     ApiJson(size): ApiJson<DisplaySize>,
 ) -> Result<Response, ApiError> {
     let d = agent.display.clone();
-    blocking(move || d.resize(size.width, size.height)).await?;
-    display_info(&agent, &headers).await
+    // The size as the server reported it at the end of this resize (a later one may already
+    // have begun).
+    let now = blocking(move || d.resize(size.width, size.height)).await?;
+    display_info(&agent, &headers, Some(now)).await
 }
 
-async fn display_info(agent: &Arc<Agent>, headers: &HeaderMap) -> Result<Response, ApiError> {
+async fn display_info(
+    agent: &Arc<Agent>,
+    headers: &HeaderMap,
+    size: Option<(u32, u32)>,
+) -> Result<Response, ApiError> {
     let d = agent.display.clone();
-    let (size, depth, extensions) =
-        blocking(move || Ok((d.screen_size()?, d.depth()?, d.extensions()?))).await?;
+    let (size, depth, extensions) = blocking(move || {
+        let size = match size {
+            Some(s) => s,
+            None => d.screen_size()?,
+        };
+        Ok((size, d.depth()?, d.extensions()?))
+    })
+    .await?;
     let listen = headers
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())

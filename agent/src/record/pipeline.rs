@@ -387,12 +387,39 @@ impl Pipeline {
     }
 }
 
+/// Where a `from`-sized screen lands in a `to`-sized picture with its aspect kept: the
+/// box's width, height and top-left corner (centred; bars of a pixel or less are not drawn).
+pub fn letterbox(from: (usize, usize), to: (usize, usize)) -> (usize, usize, usize, usize) {
+    let (fw, fh) = (from.0.max(1) as f64, from.1.max(1) as f64);
+    let scale = (to.0 as f64 / fw).min(to.1 as f64 / fh);
+    let mut w = ((fw * scale).round() as usize).clamp(1, to.0);
+    let mut h = ((fh * scale).round() as usize).clamp(1, to.1);
+    if to.0 - w <= 1 {
+        w = to.0;
+    }
+    if to.1 - h <= 1 {
+        h = to.1;
+    }
+    // Even offsets keep the bars' edges on the chroma grid.
+    (w, h, ((to.0 - w) / 2) & !1, ((to.1 - h) / 2) & !1)
+}
+
 /// Brings captured frames to the encoder's size: a frame one pixel wider or taller than an
 /// even size is cropped in place (no copy); any other size is scaled.
+///
+/// A screen resized during a recording (`PUT /v1/display`) is *scaled*, not restarted: the
+/// file keeps the dimensions it started with (one track, one set of parameter sets, so it
+/// stays one valid MP4), and each frame of the new size is scaled into it with its aspect
+/// kept, black bars where the aspects differ.
 #[derive(Default)]
 struct Fit {
     resizer: Option<Resizer>,
+    /// The picture-sized frame handed to the converter.
     scaled: Vec<u8>,
+    /// The scaled screen before it is placed in `scaled` (when bars surround it).
+    boxed: Vec<u8>,
+    /// The box `scaled`'s bars were last drawn around.
+    layout: Option<(usize, usize, usize, usize)>,
 }
 
 impl Fit {
@@ -403,11 +430,25 @@ impl Fit {
             picture.fill_from_bgrx(&frame.bgrx, fw);
             return;
         }
+        let layout = letterbox((fw, fh), (w, h));
+        let (bw, bh, ox, oy) = layout;
+        let full = bw == w && bh == h;
+        if self.layout != Some(layout) {
+            // Black bars (BGRX zero) once per layout; the box is redrawn every frame.
+            self.scaled.clear();
+            self.scaled.resize(w * h * 4, 0);
+            self.layout = Some(layout);
+        }
         let resizer = self.resizer.get_or_insert_with(Resizer::new);
-        self.scaled.resize(w * h * 4, 0);
+        let dst_buf = if full {
+            &mut self.scaled
+        } else {
+            self.boxed.resize(bw * bh * 4, 0);
+            &mut self.boxed
+        };
         let ok = ImageRef::new(frame.width, frame.height, &frame.bgrx, PixelType::U8x4)
             .ok()
-            .zip(Image::from_slice_u8(w as u32, h as u32, &mut self.scaled, PixelType::U8x4).ok())
+            .zip(Image::from_slice_u8(bw as u32, bh as u32, dst_buf, PixelType::U8x4).ok())
             .map(|(src, mut dst)| {
                 // The fourth byte is padding, not alpha. A bilinear kernel widened to the
                 // scale factor: proper area averaging when shrinking, and cheap.
@@ -417,8 +458,41 @@ impl Fit {
                 resizer.resize(&src, &mut dst, &opts).is_ok()
             })
             .unwrap_or(false);
-        if ok {
-            picture.fill_from_bgrx(&self.scaled, w);
+        if !ok {
+            return;
+        }
+        if !full {
+            for row in 0..bh {
+                let from = &self.boxed[row * bw * 4..(row + 1) * bw * 4];
+                let at = ((oy + row) * w + ox) * 4;
+                self.scaled[at..at + bw * 4].copy_from_slice(from);
+            }
+        }
+        picture.fill_from_bgrx(&self.scaled, w);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_resized_screen_keeps_its_aspect_in_the_file() {
+        // The same aspect fills the picture (a scaled recording, or a resize back).
+        assert_eq!(letterbox((1920, 1080), (960, 540)), (960, 540, 0, 0));
+        assert_eq!(letterbox((1920, 1080), (1920, 1080)), (1920, 1080, 0, 0));
+        // 16:10 into 16:9: bars left and right.
+        assert_eq!(letterbox((1280, 800), (1920, 1080)), (1728, 1080, 96, 0));
+        // 4:3 into 16:10 and a tall screen into a wide file.
+        assert_eq!(letterbox((1024, 768), (1280, 800)), (1067, 800, 106, 0));
+        assert_eq!(letterbox((800, 1200), (1920, 1080)), (720, 1080, 600, 0));
+        // Wider: bars top and bottom.
+        assert_eq!(letterbox((1920, 1080), (1280, 800)), (1280, 720, 0, 40));
+        // A rounding pixel is no bar.
+        assert_eq!(letterbox((1366, 768), (1920, 1080)), (1920, 1080, 0, 0));
+        for (from, to) in [((333, 201), (640, 480)), ((7680, 4320), (320, 200))] {
+            let (w, h, x, y) = letterbox(from, to);
+            assert!(x + w <= to.0 && y + h <= to.1, "{from:?} -> {to:?}");
         }
     }
 }
