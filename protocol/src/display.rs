@@ -226,6 +226,7 @@ pub enum ComputerBody {
 /// Anthropic's actions: screenshots are scaled to it and its coordinates mapped back).
 /// (Parsed by the agent, which dispatches on the keys itself for clear errors.)
 #[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
+#[schemars(transform = display_size_in_each_variant)]
 pub struct OpenAiComputerRequest {
     #[serde(flatten)]
     pub action: OpenAiAction,
@@ -420,4 +421,44 @@ pub struct OpenAiComputerResponse {
 pub enum ComputerAnswer {
     Anthropic(ComputerResponse),
     OpenAi(OpenAiComputerResponse),
+}
+
+/// The display size beside an OpenAI action, as JSON Schema: the two fields go into every
+/// action variant, each closed again (`additionalProperties: false`, which flattening drops)
+/// as the agent takes no other field.
+fn display_size_in_each_variant(schema: &mut schemars::Schema) {
+    let Some(obj) = schema.as_object_mut() else {
+        return;
+    };
+    let Some(serde_json::Value::Object(size)) = obj.remove("properties") else {
+        return;
+    };
+    if let Some(serde_json::Value::Array(variants)) = obj.get_mut("oneOf") {
+        for v in variants {
+            if let Some(serde_json::Value::Object(props)) = v.get_mut("properties") {
+                props.extend(size.clone());
+            }
+            if let Some(v) = v.as_object_mut() {
+                v.insert("additionalProperties".into(), false.into());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_openai_actions_schema_admits_the_display_size_beside_it() {
+        let s = serde_json::to_value(schemars::schema_for!(OpenAiComputerRequest)).unwrap();
+        let variants = s["oneOf"].as_array().unwrap();
+        assert_eq!(variants.len(), 9);
+        for v in variants {
+            assert_eq!(v["additionalProperties"], false, "{v}");
+            assert!(v["properties"]["display_width_px"].is_object(), "{v}");
+            assert!(v["properties"]["display_height_px"].is_object(), "{v}");
+        }
+        assert!(s.get("properties").is_none(), "{s}");
+    }
 }

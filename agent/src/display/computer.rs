@@ -315,7 +315,10 @@ fn parse_batch(mut map: Map<String, Value>) -> Result<ComputerBody, BodyError> {
         let Value::Object(item) = item else {
             return Err(at("an action is a JSON object".into()));
         };
-        if let Some(k) = DISPLAY_KEYS.iter().find(|k| item.contains_key(**k)) {
+        if let Some(k) = DISPLAY_KEYS
+            .iter()
+            .find(|k| item.get(**k).is_some_and(|v| !v.is_null()))
+        {
             return Err(at(format!(
                 "`{k}` goes at the batch's top level (it applies to every action), not on an \
                  action"
@@ -1120,6 +1123,10 @@ mod tests {
         assert!(e.message.starts_with("actions[1]: "), "{e:?}");
         let e = err(json!({"actions": [{"type": "screenshot", "display_width_px": 5}]}));
         assert!(e.message.contains("top level"), "{e:?}");
+        assert!(
+            parse(json!({"actions": [{"action": "screenshot", "display_width_px": null}]})).is_ok(),
+            "a null size is no size"
+        );
         let e = err(json!({"actions": [{"actions": []}]}));
         assert!(e.message.contains("nest"), "{e:?}");
         let e = err(json!({"actions": [{"type": "screenshot"}], "speed": 2}));
