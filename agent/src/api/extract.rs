@@ -18,8 +18,10 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
-        // The body must be declared JSON (`application/json` or `application/*+json`); any other
-        // content type, or none, is a 415 and the body is not parsed.
+        // The body must be declared JSON (`application/json` or `application/*+json`) or come
+        // as `curl -d` sends it (labelled a form, or with no type: read as JSON, as the
+        // controller, which relays such bodies here, reads its own); any other content type is
+        // a 415 and the body is not parsed.
         let bytes = read_body(req, JSON_LIMIT, true).await?;
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Err(ApiError::bad_request(
@@ -44,12 +46,13 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
 }
 
 /// Reads a whole body up to `limit` bytes (413 beyond), checking for a JSON content type when
-/// asked (anything else, or none, is a 415; the body is drained so the client reads it).
+/// asked (JSON, a form or none; anything else is a 415, the body drained so the client reads
+/// it).
 pub async fn read_body(req: Request, limit: usize, json: bool) -> Result<bytes::Bytes, ApiError> {
     let json_declared = req
         .headers()
         .get(header::CONTENT_TYPE)
-        .is_some_and(|ct| is_json(ct.to_str().unwrap_or("")));
+        .is_none_or(|ct| read_as_json(ct.to_str().unwrap_or("")));
     if json && !json_declared {
         drain(req.into_body()).await;
         return Err(ApiError::new(
@@ -103,6 +106,17 @@ fn too_large(limit: usize) -> ApiError {
         "too_large",
         format!("the request body exceeds {limit} bytes"),
     )
+}
+
+/// A JSON body's declared type as `curl -d` sends it: JSON, or a form.
+fn read_as_json(content_type: &str) -> bool {
+    is_json(content_type)
+        || content_type
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .eq_ignore_ascii_case("application/x-www-form-urlencoded")
 }
 
 /// `application/json` or `application/*+json`, parameters ignored.
