@@ -2,59 +2,18 @@
 //! the README's command line on the seed's address, the client block run by bash verbatim, and the
 //! viewer URL it prints opened in Chromium by Playwright.
 
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 use berth_protocol::controller::ControllerClient;
-use berth_tests::{wait_for, workspace_bin};
-
-const README: &str = include_str!("../../README.md");
+use berth_tests::readme::{Served, block, section};
 
 /// The `sh` fenced blocks of the README's quick start section: the server's, then the client's.
 fn quickstart_blocks() -> (String, String) {
-    let section = README
-        .split("\n## Quick start: the gateway API\n")
-        .nth(1)
-        .expect("the README has a gateway quick start")
-        .split("\n## ")
-        .next()
-        .unwrap();
-    let block = |text: &str| -> String {
-        let start = text.find("```sh\n").expect("a sh block") + "```sh\n".len();
-        let len = text[start..].find("\n```").expect("the block ends");
-        text[start..start + len].to_string()
-    };
-    let server = block(section);
-    let client = block(
-        section
-            .split("<!-- quickstart -->")
-            .nth(1)
-            .expect("the client block is marked"),
-    );
-    (server, client)
-}
-
-/// Kills the server's process group when the test ends, however it ends.
-struct Group(std::process::Child);
-
-impl Drop for Group {
-    fn drop(&mut self) {
-        // Whatever the test left (it may have failed half-way) is deleted before the controller
-        // stops: a stopped controller leaves its sandboxes running for the next one to adopt.
-        let _ = Command::new("timeout")
-            .args([
-                "60",
-                "bash",
-                "-c",
-                "k='X-Api-Key: change-me'; u=http://127.0.0.1:8780/sandbox/sandboxes/v1; \
-                 for id in $(curl -s -H \"$k\" $u | jq -r '.sandboxes[].id'); do \
-                 curl -s -o /dev/null -H \"$k\" -X DELETE $u/$id; done",
-            ])
-            .status();
-        let pgid = nix::unistd::Pid::from_raw(self.0.id() as i32);
-        let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGTERM);
-        let _ = self.0.wait();
-    }
+    let text = section("Quick start: the gateway API");
+    (
+        block(text, "sh", None),
+        block(text, "sh", Some("quickstart")),
+    )
 }
 
 #[tokio::test]
@@ -66,40 +25,7 @@ async fn the_seed_quick_start_runs_verbatim() {
     );
     assert!(client.contains("desktop-ubuntu"), "{client}");
     let dir = tempfile::tempdir().unwrap();
-    let bin_dir = workspace_bin("berth").parent().unwrap().to_path_buf();
-    let path = format!(
-        "{}:{}",
-        bin_dir.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let log = std::fs::File::create(dir.path().join("serve.log")).unwrap();
-    use std::os::unix::process::CommandExt;
-    let child = Command::new("bash")
-        .args(["-c", &server])
-        .env("PATH", &path)
-        .env("BERTH_DATA_DIR", dir.path().join("data"))
-        .env("BERTH_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .process_group(0)
-        .spawn()
-        .expect("bash");
-    let _group = Group(child);
-    let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    wait_for(
-        "the controller on :8780",
-        Duration::from_secs(60),
-        || async {
-            let r = http
-                .get("http://localhost:8780/healthz")
-                .send()
-                .await
-                .ok()?;
-            r.status().is_success().then_some(())
-        },
-    )
-    .await;
+    let _served = Served::start(&server, dir.path(), "http://localhost:8780", "change-me").await;
 
     // The client block as written, with only what a user's shell has around it.
     let out = tokio::task::spawn_blocking(move || {
