@@ -9,11 +9,13 @@ use std::time::Duration;
 use base64::Engine;
 use berth_tests::x::{XServer, decode_png};
 use berth_tests::{AgentOptions, AgentProcess, TOKEN};
+use futures_util::{SinkExt, StreamExt};
 use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::{self, client::IntoClientRequest};
 use x11rb::connection::Connection;
 use x11rb::protocol::xproto::ConnectionExt as _;
 
@@ -322,6 +324,17 @@ async fn rmcp_client_lists_clicks_and_sees_the_screen() {
     let (w, h, _) = image(&shot);
     assert_eq!((w, h), (400, 300));
 
+    // zoom answers the region at the screen's own pixels.
+    let zoom = client
+        .call_tool(
+            CallToolRequestParams::new("computer")
+                .with_arguments(args(json!({"action": "zoom", "region": [0, 0, 400, 150]}))),
+        )
+        .await
+        .unwrap();
+    let (w, h, _) = image(&zoom);
+    assert_eq!((w, h), (400, 150));
+
     // Without --desktop, the desktop's tools say why they cannot answer.
     for (tool, why) in [
         ("browser_cdp_url", "without --desktop"),
@@ -447,4 +460,111 @@ async fn sessions_are_capped_and_unknown_ones_are_404() {
             .contains("Session not found"),
         "{body}"
     );
+}
+
+async fn call(
+    client: &rmcp::service::RunningService<rmcp::RoleClient, ()>,
+    tool: &'static str,
+) -> CallToolResult {
+    let r = client
+        .call_tool(CallToolRequestParams::new(tool))
+        .await
+        .unwrap();
+    assert_eq!(r.is_error, Some(false), "{tool}: {r:?}");
+    r
+}
+
+#[tokio::test]
+async fn desktop_tools_answer_on_a_real_desktop() {
+    let a = AgentProcess::start_with(AgentOptions {
+        extra_args: vec![
+            "--desktop".into(),
+            "--cdp-listen".into(),
+            "127.0.0.1:0".into(),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let r = a
+        .client()
+        .request(reqwest::Method::GET, "/v1/ready?wait=90s")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "not ready: {}", r.text().await.unwrap());
+    let transport = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(a.url("/mcp")).auth_header(TOKEN),
+    );
+    let client = ().serve(transport).await.expect("an MCP session");
+
+    // browser_cdp_url: both relays it names reach Chromium.
+    let cdp = call(&client, "browser_cdp_url").await;
+    let v = cdp.structured_content.clone().expect("structured");
+    let host = berth_tests::host_port(&a.base);
+    assert_eq!(v["ws_url"], format!("ws://{host}/v1/browser/cdp"), "{v}");
+    assert_eq!(v["ws_path"], "/v1/browser/cdp");
+    assert!(
+        v["browser_version"]
+            .as_str()
+            .is_some_and(|b| b.contains('/')),
+        "{v}"
+    );
+    let listen = v["cdp_listen"].as_str().expect("cdp_listen");
+    let version: Value = reqwest::get(format!("http://{listen}/json/version"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(version["Browser"], v["browser_version"]);
+    let mut req = v["ws_url"].as_str().unwrap().into_client_request().unwrap();
+    req.headers_mut()
+        .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+    ws.send(tungstenite::Message::text(
+        json!({"id": 1, "method": "Browser.getVersion"}).to_string(),
+    ))
+    .await
+    .unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Some(Ok(tungstenite::Message::Text(t))) = ws.next().await {
+                let m: Value = serde_json::from_str(&t).unwrap();
+                if m["id"] == 1 {
+                    return m;
+                }
+            }
+        }
+    })
+    .await
+    .expect("Browser.getVersion answers through ws_url");
+    assert_eq!(
+        answer["result"]["product"], v["browser_version"],
+        "{answer}"
+    );
+
+    // accessibility_tree: the applications on the bus, as /v1/a11y lists them.
+    let tree = call(&client, "accessibility_tree").await;
+    let text = tree.content[0]
+        .as_text()
+        .expect("a text block")
+        .text
+        .clone();
+    let tree: Value = serde_json::from_str(&text).unwrap();
+    let names = |t: &Value| -> BTreeSet<String> {
+        t["applications"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["name"].as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    let over_mcp = names(&tree);
+    assert!(over_mcp.len() >= 2, "{tree}");
+    let over_rest = names(&a.get_json("/v1/a11y").await);
+    assert!(
+        over_mcp.intersection(&over_rest).count() >= 2,
+        "{over_mcp:?} vs {over_rest:?}"
+    );
+    client.cancel().await.unwrap();
 }

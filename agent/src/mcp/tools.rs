@@ -489,7 +489,7 @@ impl BerthMcp {
     }
 
     #[tool(
-        description = "The desktop's accessibility tree (AT-SPI, as GET /v1/a11y) as JSON text: every application with its nested objects (role, name, states, bounds); at most 960 KiB.",
+        description = "The desktop's accessibility tree (AT-SPI, as GET /v1/a11y) as JSON text: every application with its nested objects (role, name, states, attributes, screencoord, size); at most 960 KiB.",
         annotations(read_only_hint = true)
     )]
     async fn accessibility_tree(&self) -> CallToolResult {
