@@ -72,6 +72,9 @@ pub async fn serve(listener: TcpListener, app: Router, limits: Limits) {
                 continue;
             }
         };
+        // An answer written in pieces as it streams (a relayed body, SSE events) must not wait
+        // for the peer's delayed ACK between them (Nagle's algorithm: ~40 ms each on Linux).
+        let _ = stream.set_nodelay(true);
         let app = app.clone();
         let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
             let req = req.map(|b| Body::new(IdleBody::new(b, body_idle)));
