@@ -104,6 +104,7 @@ fn desktop_sandbox() -> Sandbox {
         error: None,
         claim: Some("warm".into()),
         lease_id: Some("ls_0456".into()),
+        screen: Some("1280x800".into()),
     }
 }
 
@@ -127,7 +128,8 @@ const DESKTOP_SANDBOX: &str = r#"{
     "expires_at": "2026-12-01T17:00:00.000Z",
     "error": null,
     "claim": "warm",
-    "lease_id": "ls_0456"
+    "lease_id": "ls_0456",
+    "screen": "1280x800"
 }"#;
 
 #[test]
@@ -156,6 +158,7 @@ fn sandbox() {
         error: None,
         claim: None,
         lease_id: None,
+        screen: None,
     };
     golden(
         &ide,

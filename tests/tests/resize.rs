@@ -252,10 +252,10 @@ fn panel_width(c: &RustConnection) -> u32 {
     let mut best = 0;
     let mut stack = vec![(root, 0)];
     while let Some((w, depth)) = stack.pop() {
-        if let Ok(Ok(tree)) = c.query_tree(w).map(|t| t.reply()) {
-            if depth < 2 {
-                stack.extend(tree.children.iter().map(|&k| (k, depth + 1)));
-            }
+        if depth < 2
+            && let Ok(Ok(tree)) = c.query_tree(w).map(|t| t.reply())
+        {
+            stack.extend(tree.children.iter().map(|&k| (k, depth + 1)));
         }
         let class = c
             .get_property(false, w, AtomEnum::WM_CLASS, AtomEnum::STRING, 0, 64)
