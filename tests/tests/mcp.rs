@@ -335,6 +335,18 @@ async fn rmcp_client_lists_clicks_and_sees_the_screen() {
     let (w, h, _) = image(&zoom);
     assert_eq!((w, h), (400, 150));
 
+    // A wait longer than a session may sit silent is refused, with the way to run it.
+    let long = client
+        .call_tool(
+            CallToolRequestParams::new("exec")
+                .with_arguments(args(json!({"argv": ["true"], "timeout_ms": 3_600_000}))),
+        )
+        .await
+        .unwrap();
+    assert_eq!(long.is_error, Some(true), "{long:?}");
+    let why = long.content[0].as_text().unwrap().text.clone();
+    assert!(why.contains("background"), "{why}");
+
     // Without --desktop, the desktop's tools say why they cannot answer.
     for (tool, why) in [
         ("browser_cdp_url", "without --desktop"),

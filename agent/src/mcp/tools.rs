@@ -36,6 +36,9 @@ pub const WRITE_MAX: u64 = 8 << 20;
 /// stdout and stderr bytes one `exec` answer carries, each (the rest is at
 /// `GET /v1/commands/{id}/output`).
 pub const OUTPUT_MAX: usize = 128 << 10;
+/// The longest `exec` timeout: less than a session's idle limit, which a call's wait counts
+/// towards.
+pub const EXEC_TIMEOUT_MAX_MS: u64 = 20 * 60 * 1000;
 /// Entries one `list_dir` answer carries.
 pub const LIST_MAX: usize = 1_000;
 /// The largest accessibility tree answered (serialized bytes, answered once, as text).
@@ -141,7 +144,7 @@ pub struct ExecArgs {
     /// Run as this account instead of the sandbox user.
     #[serde(default)]
     pub user: Option<String>,
-    /// Kill the command's process group after this long (default 120000).
+    /// Kill the command's process group after this long (default 120000, at most 1200000).
     #[serde(default)]
     pub timeout_ms: Option<u64>,
     /// Bytes written to the command's stdin, which is then closed.
@@ -293,8 +296,18 @@ impl BerthMcp {
             Ok(a) => a,
             Err(e) => return tool_error(e),
         };
-        if args.timeout_ms == Some(0) {
-            return tool_error("`timeout_ms` must be at least 1");
+        match args.timeout_ms {
+            Some(0) => return tool_error("`timeout_ms` must be at least 1"),
+            Some(ms) if ms > EXEC_TIMEOUT_MAX_MS => {
+                return tool_error(format!(
+                    "`timeout_ms` is at most {EXEC_TIMEOUT_MAX_MS} here (a session that hears \
+                     nothing for {} min ends); run longer commands with POST {} and \
+                     \"background\": true",
+                    super::SESSION_IDLE.as_secs() / 60,
+                    native::EXEC
+                ));
+            }
+            _ => {}
         }
         let commands = &self.agent.commands;
         let prepared = match commands.prepare(
