@@ -716,3 +716,185 @@ async fn a_pool_with_a_screen_hands_out_that_screen_and_a_claim_may_ask_another(
     assert_eq!(other.screen.as_deref(), Some("1280x800"));
     assert_eq!(sandbox_screen(&c, &other.id).await, (1280, 800));
 }
+
+// The viewer: Xvnc tells RFB clients the new size (DesktopSize / ExtendedDesktopSize) and the
+// agent's relay passes it to full and view-only viewers alike.
+
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn viewer(a: &AgentProcess, view_only: bool) -> Ws {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let token = a
+        .client()
+        .viewer_token(&berth_protocol::ViewerTokenRequest {
+            view_only: Some(view_only),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let browser = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let r = browser.get(a.url(&token.url)).send().await.unwrap();
+    assert_eq!(r.status(), 303);
+    let cookie = r.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let url = format!("ws://{}/v1/vnc/websockify", berth_tests::host_port(&a.base));
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut().insert("cookie", cookie.parse().unwrap());
+    tokio_tungstenite::connect_async(req).await.unwrap().0
+}
+
+/// Reads until `buf` holds at least `n` bytes.
+async fn fill(ws: &mut Ws, buf: &mut Vec<u8>, n: usize) {
+    use futures_util::StreamExt;
+    let read = async {
+        while buf.len() < n {
+            match ws.next().await {
+                Some(Ok(tokio_tungstenite::tungstenite::Message::Binary(b))) => {
+                    buf.extend_from_slice(&b)
+                }
+                Some(Ok(_)) => {}
+                other => panic!("the VNC relay ended: {other:?}"),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), read)
+        .await
+        .expect("the VNC server answered within 20 s");
+}
+
+async fn send(ws: &mut Ws, bytes: Vec<u8>) {
+    use futures_util::SinkExt;
+    ws.send(tokio_tungstenite::tungstenite::Message::binary(bytes))
+        .await
+        .unwrap();
+}
+
+/// An RFB 3.8 handshake (security None); the framebuffer size and bytes per pixel.
+async fn rfb_handshake(ws: &mut Ws, buf: &mut Vec<u8>) -> ((u32, u32), usize) {
+    fill(ws, buf, 12).await;
+    assert!(buf.starts_with(b"RFB 003.00"));
+    buf.drain(..12);
+    send(ws, b"RFB 003.008\n".to_vec()).await;
+    fill(ws, buf, 1).await;
+    let n = buf[0] as usize;
+    fill(ws, buf, 1 + n).await;
+    assert!(buf[1..1 + n].contains(&1));
+    buf.drain(..1 + n);
+    send(ws, vec![1]).await;
+    fill(ws, buf, 4).await;
+    assert_eq!(&buf[..4], &[0, 0, 0, 0], "SecurityResult");
+    buf.drain(..4);
+    send(ws, vec![1]).await; // shared
+    fill(ws, buf, 24).await;
+    let w = u16::from_be_bytes([buf[0], buf[1]]) as u32;
+    let h = u16::from_be_bytes([buf[2], buf[3]]) as u32;
+    let bytes_per_pixel = buf[4] as usize / 8;
+    let name_len = u32::from_be_bytes([buf[20], buf[21], buf[22], buf[23]]) as usize;
+    fill(ws, buf, 24 + name_len).await;
+    buf.drain(..24 + name_len);
+    ((w, h), bytes_per_pixel)
+}
+
+const DESKTOP_SIZE: i32 = -223;
+const EXTENDED_DESKTOP_SIZE: i32 = -308;
+
+/// One whole server message at the front of `buf`: its length and the rectangles it carries
+/// (width, height, encoding); `None` while more bytes are needed.
+fn server_message(buf: &[u8], bytes_per_pixel: usize) -> Option<(usize, Vec<(u16, u16, i32)>)> {
+    let u16_at = |i: usize| Some(u16::from_be_bytes([*buf.get(i)?, *buf.get(i + 1)?]));
+    match *buf.first()? {
+        0 => {
+            let n = u16_at(2)?;
+            let mut pos = 4;
+            let mut rects = Vec::new();
+            for _ in 0..n {
+                let (w, h) = (u16_at(pos + 4)?, u16_at(pos + 6)?);
+                let enc = i32::from_be_bytes(buf.get(pos + 8..pos + 12)?.try_into().ok()?);
+                pos += 12;
+                match enc {
+                    0 => pos += w as usize * h as usize * bytes_per_pixel,
+                    DESKTOP_SIZE => {}
+                    EXTENDED_DESKTOP_SIZE => pos += 4 + 16 * *buf.get(pos)? as usize,
+                    other => panic!("an encoding not asked for: {other}"),
+                }
+                rects.push((w, h, enc));
+            }
+            (buf.len() >= pos).then_some((pos, rects))
+        }
+        // Bell, EndOfContinuousUpdates.
+        2 | 150 => Some((1, Vec::new())),
+        3 => {
+            let len = u32::from_be_bytes(buf.get(4..8)?.try_into().ok()?) as usize;
+            (buf.len() >= 8 + len).then_some((8 + len, Vec::new()))
+        }
+        t => panic!("an unexpected server message {t}"),
+    }
+}
+
+/// Asks for one-pixel updates until a size rectangle of `want` arrives.
+async fn hear_size(ws: &mut Ws, buf: &mut Vec<u8>, bpp: usize, want: (u32, u32)) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        assert!(Instant::now() < deadline, "no size update of {want:?} came");
+        // An incremental request for the top-left pixel: small answers, and a pending size
+        // change rides on the next one.
+        send(ws, vec![3, 1, 0, 0, 0, 0, 0, 1, 0, 1]).await;
+        loop {
+            let Some((len, rects)) = server_message(buf, bpp) else {
+                let need = buf.len() + 1;
+                fill(ws, buf, need).await;
+                continue;
+            };
+            buf.drain(..len);
+            if let Some(&(_, _, enc)) = rects.iter().find(|&&(w, h, enc)| {
+                (enc == DESKTOP_SIZE || enc == EXTENDED_DESKTOP_SIZE)
+                    && (w as u32, h as u32) == want
+            }) {
+                return enc;
+            }
+            if !rects.is_empty() {
+                break;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn viewers_through_the_relay_hear_the_new_size() {
+    let a = desktop_agent().await;
+    let mut viewers = Vec::new();
+    for view_only in [false, true] {
+        let mut ws = viewer(&a, view_only).await;
+        let mut buf = Vec::new();
+        let (size, bpp) = rfb_handshake(&mut ws, &mut buf).await;
+        assert_eq!(size, START);
+        // SetEncodings: raw, ExtendedDesktopSize, DesktopSize (what noVNC announces, among
+        // others).
+        let mut msg = vec![2, 0, 0, 3];
+        for e in [0i32, EXTENDED_DESKTOP_SIZE, DESKTOP_SIZE] {
+            msg.extend_from_slice(&e.to_be_bytes());
+        }
+        send(&mut ws, msg).await;
+        // A first full request of one pixel.
+        send(&mut ws, vec![3, 0, 0, 0, 0, 0, 0, 1, 0, 1]).await;
+        viewers.push((view_only, ws, buf, bpp));
+    }
+    resize(&a, 1280, 800).await;
+    for (view_only, ws, buf, bpp) in &mut viewers {
+        let enc = hear_size(ws, buf, *bpp, (1280, 800)).await;
+        println!("a viewer (view-only {view_only}) heard 1280x800 (encoding {enc})");
+    }
+    resize(&a, START.0, START.1).await;
+    for (_, ws, buf, bpp) in &mut viewers {
+        hear_size(ws, buf, *bpp, START).await;
+    }
+}
