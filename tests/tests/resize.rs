@@ -804,12 +804,15 @@ async fn rfb_handshake(ws: &mut Ws, buf: &mut Vec<u8>) -> ((u32, u32), usize) {
     ((w, h), bytes_per_pixel)
 }
 
+/// A framebuffer update's rectangle: width, height, encoding.
+type Rect = (u16, u16, i32);
+
 const DESKTOP_SIZE: i32 = -223;
 const EXTENDED_DESKTOP_SIZE: i32 = -308;
 
 /// One whole server message at the front of `buf`: its length and the rectangles it carries
 /// (width, height, encoding); `None` while more bytes are needed.
-fn server_message(buf: &[u8], bytes_per_pixel: usize) -> Option<(usize, Vec<(u16, u16, i32)>)> {
+fn server_message(buf: &[u8], bytes_per_pixel: usize) -> Option<(usize, Vec<Rect>)> {
     let u16_at = |i: usize| Some(u16::from_be_bytes([*buf.get(i)?, *buf.get(i + 1)?]));
     match *buf.first()? {
         0 => {
