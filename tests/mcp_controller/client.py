@@ -6,10 +6,11 @@ Usage:
       sandbox of PROFILE with a label, lists by that label, shows it, asks for an unknown one,
       acquires and releases a lease, deletes the sandbox; then a session-less connection
       (server/discover, 2026-07-28) lists the tools.
-  client.py sandbox URL KEY X Y
-      One sandbox's /mcp through the controller: a session lists the tools, clicks at (X, Y) with
-      `computer` and reads the cursor back, takes a `screenshot`, runs `exec`; then a session-less
-      connection runs `exec` too.
+  client.py engine URL KEY PROFILE SCREEN X Y
+      As an engine works: the controller's /mcp creates a sandbox of PROFILE with SCREEN
+      ("WxH"); a second session, to the `mcp_url` it answered, lists the tools, clicks at (X, Y)
+      with `computer` and reads the cursor back, takes a `screenshot`, runs `exec`; a
+      session-less connection there runs `exec` too; the first session deletes the sandbox.
 
 Every request carries the X-Api-Key header. Prints one JSON object with what it saw; the Rust
 test (tests/tests/mcp_controller.rs) asserts on it.
@@ -149,6 +150,24 @@ async def sandbox(url: str, http: httpx2.AsyncClient, x: int, y: int) -> dict:
     return out
 
 
+async def engine(url: str, http: httpx2.AsyncClient, profile: str, screen: str, x: int, y: int) -> dict:
+    out = {}
+    async with streamable_http_client(url, http_client=http) as (read, write):
+        async with ClientSession(read, write) as s:
+            await s.initialize()
+            created = answer(
+                await s.call_tool("create_sandbox", {"profile": profile, "screen": screen})
+            )
+            out["create"] = created
+            if created["is_error"]:
+                return out
+            out["sandbox"] = await sandbox(created["structured"]["mcp_url"], http, x, y)
+            out["delete"] = answer(
+                await s.call_tool("delete_sandbox", {"id": created["structured"]["id"]})
+            )
+    return out
+
+
 async def main() -> None:
     mode, url, key = sys.argv[1], sys.argv[2], sys.argv[3]
     headers = {"X-Api-Key": key}
@@ -157,8 +176,9 @@ async def main() -> None:
     async with httpx2.AsyncClient(headers=headers, timeout=timeout) as http:
         if mode == "controller":
             result = await controller(url, http, sys.argv[4])
-        elif mode == "sandbox":
-            result = await sandbox(url, http, int(sys.argv[4]), int(sys.argv[5]))
+        elif mode == "engine":
+            x, y = int(sys.argv[6]), int(sys.argv[7])
+            result = await engine(url, http, sys.argv[4], sys.argv[5], x, y)
         else:
             raise SystemExit(f"unknown mode {mode!r}")
     print(json.dumps(result))

@@ -111,7 +111,14 @@ async fn python_sdk_manages_sandboxes_and_leases_through_the_controller_mcp() {
     // The create's input is the REST body (`CreateSandbox`) and `wait`.
     let create_in = &tools["create_sandbox"]["input_schema"];
     assert_eq!(create_in["required"], json!(["profile"]), "{create_in}");
-    for field in ["profile", "image_ref", "labels", "ttl_seconds", "wait"] {
+    for field in [
+        "profile",
+        "image_ref",
+        "labels",
+        "ttl_seconds",
+        "screen",
+        "wait",
+    ] {
         assert!(
             create_in["properties"][field].is_object(),
             "{field}: {create_in}"
@@ -425,61 +432,68 @@ async fn a_sandbox_mcp_session_is_relayed_on_the_wire() {
 #[tokio::test]
 async fn python_sdk_drives_a_docker_desktop_through_the_controller() {
     let c = ControllerProcess::start_on(Provider::Docker, "").await;
-    let cl = c.client();
-    let sb = cl
-        .create(&berth_protocol::controller::CreateSandbox {
-            profile: "desktop-ubuntu".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    assert_eq!(sb.status, "running", "{sb:?}");
-    // The screen's size, as the REST screenshot reports it.
-    let shot = reqwest::Client::new()
-        .get(format!(
-            "{}{}",
-            c.base,
-            fill(route::SANDBOX_SCREENSHOT, &[&sb.id])
-        ))
-        .header(header::API_KEY, API_KEY)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(shot.status(), 200);
-    let dim = |h: &str| -> u64 { shot.headers()[h].to_str().unwrap().parse().unwrap() };
-    let screen = json!([dim(header::SCREEN_WIDTH), dim(header::SCREEN_HEIGHT)]);
+    let url = format!("{}{}", c.base, route::MCP);
+    let v = client_py(&[
+        "engine",
+        &url,
+        API_KEY,
+        "desktop-ubuntu",
+        "1280x800",
+        "321",
+        "234",
+    ])
+    .await;
+    let created = &v["create"];
+    assert_eq!(created["is_error"], false, "{created}");
+    let id = created["structured"]["id"].as_str().unwrap();
+    assert_eq!(created["structured"]["status"], "running", "{created}");
+    assert!(
+        created["structured"]["image_ref"]
+            .as_str()
+            .unwrap()
+            .starts_with(Provider::Docker.image_prefix()),
+        "{created}"
+    );
+    assert_eq!(created["structured"]["mcp_url"], mcp_url(&c, id));
 
-    let v = client_py(&["sandbox", &mcp_url(&c, &sb.id), API_KEY, "321", "234"]).await;
-    assert_eq!(v["server"]["name"], "berth", "{}", v["server"]);
-    assert_eq!(v["tools"], json!(SANDBOX_TOOLS), "{}", v["tools"]);
-    let click = &v["click"];
+    // The second session, to the sandbox's own MCP server through the controller.
+    let s = &v["sandbox"];
+    assert_eq!(s["server"]["name"], "berth", "{}", s["server"]);
+    assert_eq!(s["tools"], json!(SANDBOX_TOOLS), "{}", s["tools"]);
+    let screen = json!([1280, 800]);
+    let click = &s["click"];
     assert_eq!(click["is_error"], false, "{click}");
     assert_eq!(
         click["content"][0],
         json!({"type": "image", "mime_type": "image/png", "size": screen})
     );
     assert_eq!(
-        v["cursor"]["content"],
+        s["cursor"]["content"],
         json!([{"type": "text", "text": "X=321,Y=234"}]),
         "{}",
-        v["cursor"]
+        s["cursor"]
     );
     assert_eq!(
-        v["screenshot"]["content"],
+        s["screenshot"]["content"],
         json!([{"type": "image", "mime_type": "image/png", "size": screen}]),
         "{}",
-        v["screenshot"]
+        s["screenshot"]
     );
-    assert_eq!(v["exec"]["structured"]["exit_code"], 7, "{}", v["exec"]);
-    assert_eq!(v["exec"]["structured"]["stdout"], "out\n", "{}", v["exec"]);
-    assert_eq!(v["stateless"]["protocol_version"], "2026-07-28");
+    assert_eq!(s["exec"]["structured"]["exit_code"], 7, "{}", s["exec"]);
+    assert_eq!(s["exec"]["structured"]["stdout"], "out\n", "{}", s["exec"]);
+    assert_eq!(s["stateless"]["protocol_version"], "2026-07-28");
     assert_eq!(
-        v["stateless"]["exec"]["structured"]["stdout"], "stateless\n",
+        s["stateless"]["exec"]["structured"]["stdout"], "stateless\n",
         "{}",
-        v["stateless"]
+        s["stateless"]
     );
 
-    cl.delete(&sb.id).await.unwrap();
+    // Deleted by the first session: answered stopped, and the container goes.
+    assert_eq!(
+        v["delete"]["structured"]["status"], "stopped",
+        "{}",
+        v["delete"]
+    );
     wait_for("the container to go", Duration::from_secs(30), || async {
         c.all_leftovers().is_empty().then_some(())
     })
