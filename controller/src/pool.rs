@@ -177,6 +177,7 @@ impl Controller {
                     starting,
                     paused: p.paused.load(Ordering::SeqCst),
                     failing: p.failing.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+                    screen: p.screen.clone(),
                 }
             })
             .collect()

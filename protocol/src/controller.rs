@@ -280,6 +280,9 @@ pub struct PoolStatus {
     pub paused: bool,
     /// Set when refill stopped after repeated failures: the last one.
     pub failing: Option<String>,
+    /// The members' screen (`"1280x800"`) when the pool declares one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub screen: Option<String>,
 }
 
 /// `GET /sandbox/v1/pools` and the answer to `PUT /sandbox/v1/pools/{profile}`.

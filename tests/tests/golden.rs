@@ -313,6 +313,7 @@ fn catalog_viewer_pools_images_and_previews() {
                 starting: 1,
                 paused: false,
                 failing: None,
+                screen: None,
             }],
         },
         r#"{"pools": [{"pool": "ide-ubuntu@process:abc", "profile": "ide-ubuntu",

@@ -698,6 +698,12 @@ async fn a_pool_with_a_screen_hands_out_that_screen_and_a_claim_may_ask_another(
         (pools.pools.first()?.ready >= 1).then_some(())
     };
     wait_for("the pool to fill", Duration::from_secs(120), ready).await;
+    let pools = cl.pool_list().await.unwrap();
+    assert_eq!(
+        pools.pools[0].screen.as_deref(),
+        Some("1024x768"),
+        "{pools:?}"
+    );
     let sb = cl.create(&desktop_with(None)).await.unwrap();
     assert_eq!(sb.claim.as_deref(), Some("warm"), "{sb:?}");
     assert_eq!(sb.screen.as_deref(), Some("1024x768"));
