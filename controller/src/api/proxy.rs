@@ -165,10 +165,12 @@ async fn native(State(s): State<ApiState>, Path(p): Params, req: Request) -> Res
     to_agent(&s, &id, req, path, native_location(&id), None).await
 }
 
-/// How long a relayed MCP exchange may go without a byte from the agent: the wait for its
-/// answer's head, then each gap in its body (an SSE stream, which the agent keeps alive with
-/// pings, lasts as long as it sends).
+/// How long a relayed MCP answer's body may go without a byte from the agent (an SSE stream,
+/// which the agent keeps alive with pings every 15 s, lasts as long as it sends).
 pub const MCP_IDLE: Duration = Duration::from_secs(300);
+/// How long the agent may take to begin its answer: a session-less tool call is answered as
+/// JSON once done, and the agent's longest `exec` runs 20 minutes.
+pub const MCP_ANSWER_WAIT: Duration = Duration::from_secs(25 * 60);
 
 /// `ANY …/{id}/mcp` → the agent's MCP server (`/mcp`): POST (a JSON or SSE answer, streamed),
 /// GET (the session's SSE stream), DELETE (ends the session); `Mcp-Session-Id` and
@@ -185,14 +187,17 @@ async fn mcp(State(s): State<ApiState>, Path(p): Params, req: Request) -> Result
         berth_protocol::routes::native::MCP.to_string(),
         format!("{}mcp", base_path(&id)),
     );
-    let relayed = tokio::time::timeout(MCP_IDLE, to_agent(&s, &id, req, path, location, None))
-        .await
-        .map_err(|_| {
-            ApiError(Error::Agent(format!(
-                "the sandbox's MCP server sent no answer within {}s",
-                MCP_IDLE.as_secs()
-            )))
-        })??;
+    let relayed = tokio::time::timeout(
+        MCP_ANSWER_WAIT,
+        to_agent(&s, &id, req, path, location, None),
+    )
+    .await
+    .map_err(|_| {
+        ApiError(Error::Agent(format!(
+            "the sandbox's MCP server sent no answer within {}s",
+            MCP_ANSWER_WAIT.as_secs()
+        )))
+    })??;
     Ok(relayed.map(|body| idle_bounded(body, MCP_IDLE)))
 }
 
