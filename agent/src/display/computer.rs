@@ -987,6 +987,36 @@ pub async fn run_batch(d: &Arc<Display>, batch: ComputerBatch) -> Answer {
     }
 }
 
+/// What running `body` on a screen of `screen` pixels would send, checked as running it
+/// checks (without the display): each action's input in order (none for a screenshot, a
+/// zoom or a cursor read), or the error the request would be answered with.
+pub fn plan(
+    body: &ComputerBody,
+    screen: (u32, u32),
+) -> Result<Vec<Vec<InputAction>>, DisplayError> {
+    let input = |p: Plan| match p {
+        Plan::Input(a) => a,
+        Plan::CursorPosition | Plan::Zoom(_) => Vec::new(),
+    };
+    match body {
+        ComputerBody::Anthropic(req) => {
+            let space = Space::new(screen, req.display_width_px, req.display_height_px)?;
+            Ok(vec![input(lower_anthropic(req, &space)?)])
+        }
+        ComputerBody::OpenAi(req) => {
+            let space = Space::new(screen, req.display_width_px, req.display_height_px)?;
+            Ok(vec![lower_openai(&req.action, &space)?])
+        }
+        ComputerBody::Batch(b) => {
+            let space = Space::new(screen, b.display_width_px, b.display_height_px)?;
+            Ok(plan_batch(b, &space)?
+                .into_iter()
+                .map(|s| input(s.plan))
+                .collect())
+        }
+    }
+}
+
 /// Any body [`parse`] gives, answered in its dialect's shape.
 pub async fn run_body(d: &Arc<Display>, body: ComputerBody) -> Answer {
     match body {
