@@ -30,6 +30,9 @@ async fn desktop_agent() -> AgentProcess {
     let a = AgentProcess::start_with(AgentOptions {
         extra_args: vec![
             "--desktop".into(),
+            // Desktops run side by side: each its own CDP port.
+            "--cdp-listen".into(),
+            "127.0.0.1:0".into(),
             "--screen".into(),
             format!("{}x{}", START.0, START.1),
         ],
@@ -510,8 +513,10 @@ async fn a_recording_across_a_resize_stays_one_valid_mp4_scaled_with_its_aspect_
     };
     let before = frames(2).await;
     resize(&a, 1280, 800).await;
-    // The picture changes with the resize, then once-a-second refreshes follow.
-    frames(before + 3).await;
+    // The picture changes with the resize, then once-a-second refreshes follow; a picture
+    // taken just before the resize may still be encoded after it.
+    let at_resize = client.recording(&rec.id).await.unwrap().frames_encoded;
+    frames(at_resize + 4).await;
     let info = client.stop_recording(&rec.id).await.unwrap();
     assert_eq!(info.state, RecordingState::Stopped);
     assert_eq!(
