@@ -178,13 +178,17 @@ class Client:
         image_ref: Optional[str] = None,
         labels: Optional[Mapping[str, str]] = None,
         ttl_seconds: Optional[int] = None,
+        screen: Optional[str] = None,
         wait: bool = True,
         timeout: Optional[Timeout] = None,
     ) -> Sandbox:
         """``POST /sandbox/sandboxes/v1``. With ``wait`` (the default) the controller answers once
         the sandbox is ``running`` (strict readiness for desktops) or failed; ``wait=False``
-        answers at once (``starting``): then :meth:`wait_until_running`."""
+        answers at once (``starting``): then :meth:`wait_until_running`. ``screen``
+        (``"1280x800"``) is a desktop's screen size, set before it counts as running."""
         body: Dict[str, Any] = {"profile": profile}
+        if screen:
+            body["screen"] = screen
         if image_ref:
             body["image_ref"] = image_ref
         if labels:

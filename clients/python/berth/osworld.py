@@ -28,6 +28,7 @@ import functools
 import inspect
 import logging
 import os
+import re
 import threading
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
@@ -52,6 +53,8 @@ PROVIDER_NAME = "berth"
 DEFAULT_PROFILE = "desktop"
 #: ``path_to_vm`` of a sandbox this provider made (what ``revert_to_snapshot`` answers).
 SANDBOX_PATH_PREFIX = "berth-sandbox:"
+#: Between a VM path and the screen it asks for (``desktop@1280x800``).
+SCREEN_SEP = "@"
 #: How long to wait for a sandbox's compat surface to answer ``/screenshot`` from this host.
 COMPAT_WAIT_SECS = 120.0
 
@@ -60,9 +63,20 @@ def sandbox_path(sandbox: Sandbox) -> str:
     return SANDBOX_PATH_PREFIX + sandbox.id
 
 
-def parse_path(path_to_vm: Optional[str], default_profile: str = DEFAULT_PROFILE) -> Tuple[str, str]:
-    """``("sandbox", id)``, ``("image", image_ref)`` or ``("profile", name)``."""
+def split_screen(path_to_vm: Optional[str]) -> Tuple[str, Optional[str]]:
+    """A VM path and the screen it asks for: ``desktop@1280x800`` is ``("desktop", "1280x800")``
+    (what :meth:`BerthVMManager.get_vm_path` answers for a ``DesktopEnv(screen_size=…)``)."""
     path = (path_to_vm or "").strip()
+    base, sep, screen = path.rpartition(SCREEN_SEP)
+    if sep and re.fullmatch(r"[0-9]+x[0-9]+", screen):
+        return base, screen
+    return path, None
+
+
+def parse_path(path_to_vm: Optional[str], default_profile: str = DEFAULT_PROFILE) -> Tuple[str, str]:
+    """``("sandbox", id)``, ``("image", image_ref)`` or ``("profile", name)`` (a screen suffix,
+    ``@1280x800``, set aside: :func:`split_screen`)."""
+    path, _ = split_screen(path_to_vm)
     if path.startswith(SANDBOX_PATH_PREFIX):
         return "sandbox", path[len(SANDBOX_PATH_PREFIX):]
     if not path:
@@ -104,7 +118,7 @@ class BerthProvider(_OSWorldProvider):
                 self.sandbox = self.client.wait_until_running(value)
         else:
             profile, image_ref = (value, None) if kind == "profile" else (self.profile, value)
-            self.sandbox = self._create(profile, image_ref)
+            self.sandbox = self._create(profile, image_ref, split_screen(path_to_vm)[1])
         self._wait_for_compat(self.sandbox)
 
     def get_ip_address(self, path_to_vm: str) -> str:
@@ -151,13 +165,15 @@ class BerthProvider(_OSWorldProvider):
         old: Optional[Sandbox] = self.sandbox
         if kind == "sandbox" and (old is None or old.id != value):
             old = self.client.get_sandbox(value)
+        screen = split_screen(path_to_vm)[1]
         if old is not None:
-            profile, image_ref = old.profile, old.image_ref
+            # The next episode's sandbox is the same kind, at the same screen size.
+            profile, image_ref, screen = old.profile, old.image_ref, screen or old.screen
             self._delete(old.id)
         else:
             profile, image_ref = (value, None) if kind == "profile" else (self.profile, value)
         self.sandbox = None
-        self.sandbox = self._create(profile, image_ref)
+        self.sandbox = self._create(profile, image_ref, screen)
         self._wait_for_compat(self.sandbox)
         return sandbox_path(self.sandbox)
 
@@ -171,9 +187,11 @@ class BerthProvider(_OSWorldProvider):
 
     # ---- helpers ----
 
-    def _create(self, profile: str, image_ref: Optional[str]) -> Sandbox:
+    def _create(self, profile: str, image_ref: Optional[str], screen: Optional[str] = None) -> Sandbox:
         labels = {**self.labels, "osworld.pid": str(os.getpid())}
-        sb = self.client.create_sandbox(profile, image_ref=image_ref, labels=labels, ttl_seconds=self.ttl_seconds)
+        sb = self.client.create_sandbox(
+            profile, image_ref=image_ref, labels=labels, ttl_seconds=self.ttl_seconds, screen=screen
+        )
         if not sb.running:
             sb = self.client.wait_until_running(sb.id)
         logger.info("berth sandbox %s (%s, %s) is running: %s", sb.id, sb.profile, sb.image_ref, sb.endpoints)
@@ -252,9 +270,13 @@ class BerthVMManager(_OSWorldVMManager):
                     self._registry[path] = None
 
     def get_vm_path(self, os_type: str = "Ubuntu", region: Optional[str] = None, screen_size=(1920, 1080), **kwargs: Any) -> str:
-        if tuple(screen_size or (1920, 1080)) != (1920, 1080):
-            logger.warning("berth sandboxes run at their image's screen size; %s was asked for", screen_size)
-        return self.image_ref or self.profile
+        """What to create; a ``screen_size`` other than the desktop's own 1920x1080 rides along
+        as ``@WxH`` and the sandbox is created at that size (``"screen"``)."""
+        path = self.image_ref or self.profile
+        if screen_size and tuple(screen_size) != (1920, 1080):
+            w, h = (int(v) for v in screen_size)
+            path = f"{path}{SCREEN_SEP}{w}x{h}"
+        return path
 
 
 def _pid_alive(pid: int) -> bool:

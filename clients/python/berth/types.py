@@ -93,6 +93,8 @@ class Sandbox:
     #: ``warm`` (from a pool) or ``cold``
     claim: Optional[str] = None
     lease_id: Optional[str] = None
+    #: A desktop's screen, ``"1280x800"`` (as asked at create or by its pool)
+    screen: Optional[str] = None
     extra: Dict[str, Any] = field(default_factory=dict)
 
     @classmethod

@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
+import struct
 import textwrap
 import threading
 import time
@@ -328,8 +329,38 @@ def test_two_envs_in_parallel(osworld, site, tmp_path, client):
     assert [client.get_sandbox(i).status for i in ids] == ["stopped", "stopped"]
 
 
+def test_a_screen_size_asked_of_desktop_env_is_the_sandboxs_screen(osworld, site, tmp_path, client):
+    env = make_env(osworld, tmp_path, screen_size=(1280, 800))
+    try:
+        sb = env.provider.sandbox
+        assert env.path_to_vm.endswith("@1280x800"), env.path_to_vm
+        assert client.get_sandbox(sb.id).screen == "1280x800"
+        # OSWorld's own controller reads the size back from /screen_size and the screenshot.
+        assert env.vm_screen_size == {"width": 1280, "height": 800}
+        png = env.controller.get_screenshot()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        assert struct.unpack(">II", png[16:24]) == (1280, 800)
+        # The episode reset's fresh sandbox (a used env is reverted) keeps the size.
+        obs, _, _, _ = env.step("pyautogui.moveTo(1279, 799)")
+        assert struct.unpack(">II", obs["screenshot"][16:24]) == (1280, 800)
+        with bounded(env, "reset (the screen-size task)"):
+            env.reset(task_config=form_task("berth-screen", site))
+        again = env.provider.sandbox
+        assert again.id != sb.id and client.get_sandbox(again.id).screen == "1280x800"
+        assert env.vm_screen_size == {"width": 1280, "height": 800}
+    finally:
+        env.close()
+
+
 def test_paths_and_the_ip_address_format(osworld_code):
-    from berth.osworld import BerthProvider, BerthVMManager, parse_path
+    from berth.osworld import BerthProvider, BerthVMManager, parse_path, split_screen
+
+    assert split_screen("desktop@1280x800") == ("desktop", "1280x800")
+    assert split_screen("berth-desktop:ab@1024x768") == ("berth-desktop:ab", "1024x768")
+    assert split_screen("desktop") == ("desktop", None)
+    assert parse_path("berth-desktop:ab@1024x768") == ("image", "berth-desktop:ab")
+    assert BerthVMManager().get_vm_path("Ubuntu", None, screen_size=(1280, 800)) == "desktop@1280x800"
+    assert BerthVMManager().get_vm_path("Ubuntu", None, screen_size=(1920, 1080)) == "desktop"
 
     assert parse_path(None) == ("profile", "desktop")
     assert parse_path("desktop") == ("profile", "desktop")
