@@ -288,6 +288,37 @@ impl Controller {
         Ok(())
     }
 
+    /// After a resize sent to the agent through the relay (`PUT …/{id}/v1/display`): the
+    /// screen the agent now has, recorded on the row (with a `sandbox.screen` event when it
+    /// changed), so the record never shows a size the desktop left.
+    pub async fn screen_changed(&self, id: &str) {
+        let Ok(Some(row)) = self.store.sandbox(id) else {
+            return;
+        };
+        let Ok(agent) = self.agent(&row) else { return };
+        let rb = agent
+            .request(
+                reqwest::Method::GET,
+                berth_protocol::routes::native::DISPLAY,
+            )
+            .timeout(SCREEN_TIMEOUT);
+        let screen = match display_info(rb).await {
+            Ok(info) => format!("{}x{}", info.width, info.height),
+            Err(e) => {
+                tracing::warn!(sandbox = %id, error = %e, "cannot read the screen size after a resize");
+                return;
+            }
+        };
+        if row.screen.as_deref() == Some(screen.as_str()) {
+            return;
+        }
+        if let Err(e) = self.store.set_screen(id, &screen) {
+            tracing::warn!(sandbox = %id, error = %e, "cannot record the screen size");
+            return;
+        }
+        self.event(id, "sandbox.screen", json!({"screen": screen}));
+    }
+
     /// A warm member claimed by a create asking another screen is resized to it.
     async fn claim_screen(
         &self,

@@ -678,6 +678,20 @@ async fn screen_at_create(provider: Provider) {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
+    // The record follows by the time the resize answers, with the event on the timeline.
+    let after = cl.get(&sb.id).await.unwrap();
+    assert_eq!(after.screen.as_deref(), Some("1024x768"), "{after:?}");
+    let display = c
+        .client()
+        .agent(&sb.id)
+        .request(reqwest::Method::GET, "/v1/display")
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap();
+    assert_eq!(display["width"], 1024);
     cl.delete(&sb.id).await.unwrap();
 }
 

@@ -162,7 +162,14 @@ async fn native(State(s): State<ApiState>, Path(p): Params, req: Request) -> Res
         true => rest,
         false => format!("/v1{rest}"),
     };
-    to_agent(&s, &id, req, path, native_location(&id), None).await
+    let resize = req.method() == Method::PUT
+        && path.split('?').next() == Some(berth_protocol::routes::native::DISPLAY);
+    let resp = to_agent(&s, &id, req, path, native_location(&id), None).await?;
+    if resize && resp.status() == StatusCode::OK {
+        // The record follows the desktop's new size before the caller hears it is done.
+        s.c.screen_changed(&id).await;
+    }
+    Ok(resp)
 }
 
 /// How long a relayed MCP answer's body may go without a byte from the agent (an SSE stream,
