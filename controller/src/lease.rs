@@ -27,6 +27,7 @@ impl Controller {
             profile: self.profile(&req.profile)?.name.clone(),
             ..req.clone()
         };
+        let screen = self.check_screen(&req.profile, req.screen.as_deref())?;
         let (image, _) = self.resolve(&req.profile, req.image_ref.as_deref())?;
         let lock = self.lease_locks.get(&req.thread_id);
         let _held = lock.lock().await;
@@ -35,7 +36,7 @@ impl Controller {
             image_ref: Some(image.clone()),
             labels: req.labels.clone(),
             ttl_seconds: req.ttl_seconds,
-            screen: None,
+            screen: screen.clone(),
         };
         if let Some(lease) = self.store.active_lease_for_thread(&req.thread_id)? {
             let current = self.store.sandbox(&lease.sandbox_id)?;
@@ -43,9 +44,16 @@ impl Controller {
                 Some(row) => self.staleness(row, req, &image).await,
                 None => Some("its sandbox is unknown".to_string()),
             };
-            let Some(reason) = stale else {
-                let row = current.expect("checked above");
-                return Ok(self.lease_wire(&lease, &row, "reused"));
+            let reason = match stale {
+                // Reused, at the screen asked (resized when it has another).
+                None => {
+                    let row = current.clone().expect("checked above");
+                    match self.claim_screen(row, screen.as_deref()).await {
+                        Ok(row) => return Ok(self.lease_wire(&lease, &row, "reused")),
+                        Err(e) => format!("its sandbox could not take the screen: {e}"),
+                    }
+                }
+                Some(reason) => reason,
             };
             // Re-provision under the same lease; the old sandbox goes.
             tracing::info!(lease = %lease.id, %reason, "lease re-provisions");

@@ -320,7 +320,7 @@ impl Controller {
     }
 
     /// A warm member claimed by a create asking another screen is resized to it.
-    async fn claim_screen(
+    pub(crate) async fn claim_screen(
         &self,
         row: SandboxRow,
         want: Option<&str>,

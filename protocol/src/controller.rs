@@ -218,6 +218,10 @@ pub struct AcquireLease {
     pub labels: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_seconds: Option<u64>,
+    /// A desktop's screen (`"1280x800"`), as at create: a new sandbox starts at it and a
+    /// reused one of another size is resized to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub screen: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]

@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use berth_protocol::controller::{CreateSandbox, PoolList};
+use berth_protocol::controller::{AcquireLease, CreateSandbox, PoolList};
 use berth_protocol::{RecordingRequest, RecordingState};
 use berth_tests::controller::{ControllerProcess, Provider};
 use berth_tests::video::{decode_rgb, near, probe, rgb_at};
@@ -925,4 +925,42 @@ async fn viewers_through_the_relay_hear_the_new_size() {
     for (_, ws, buf, bpp) in &mut viewers {
         hear_size(ws, buf, *bpp, START).await;
     }
+}
+
+#[tokio::test]
+async fn a_lease_may_ask_a_screen_and_a_reused_sandbox_takes_the_next_one_asked() {
+    let c = ControllerProcess::start("").await;
+    let cl = c.client();
+    let acquire = |screen: Option<&str>| AcquireLease {
+        thread_id: "screen-thread".into(),
+        profile: "desktop-ubuntu".into(),
+        screen: screen.map(Into::into),
+        ..Default::default()
+    };
+    let a = cl.acquire(&acquire(Some("1280x800"))).await.unwrap();
+    assert_eq!(a.sandbox.screen.as_deref(), Some("1280x800"), "{a:?}");
+    assert_eq!(sandbox_screen(&c, &a.sandbox.id).await, (1280, 800));
+    // The same thread asks another size: the same sandbox, resized.
+    let b = cl.acquire(&acquire(Some("1024x768"))).await.unwrap();
+    assert_eq!(b.how.as_deref(), Some("reused"), "{b:?}");
+    assert_eq!(b.sandbox.id, a.sandbox.id);
+    assert_eq!(b.sandbox.screen.as_deref(), Some("1024x768"));
+    assert_eq!(sandbox_screen(&c, &b.sandbox.id).await, (1024, 768));
+    // Asking none keeps what it has.
+    let same = cl.acquire(&acquire(None)).await.unwrap();
+    assert_eq!(same.sandbox.screen.as_deref(), Some("1024x768"));
+    // A bad size, or a screen for a profile without a desktop, is refused before anything.
+    for (profile, screen) in [("desktop-ubuntu", "1281x800"), ("ide-ubuntu", "1280x800")] {
+        let e = cl
+            .acquire(&AcquireLease {
+                thread_id: "screen-bad".into(),
+                profile: profile.into(),
+                screen: Some(screen.into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("400"), "{profile} {screen}: {e}");
+    }
+    cl.release(&a.lease_id).await.unwrap();
 }

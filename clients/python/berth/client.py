@@ -465,11 +465,14 @@ class Client:
         image_ref: Optional[str] = None,
         labels: Optional[Mapping[str, str]] = None,
         ttl_seconds: Optional[int] = None,
+        screen: Optional[str] = None,
         timeout: Optional[Timeout] = None,
     ) -> Lease:
         """``POST /sandbox/v1/leases``: the thread's sandbox (the same lease comes back for the
-        same ``thread_id``; a stale sandbox is replaced)."""
+        same ``thread_id``; a stale sandbox is replaced; a reused one is resized to ``screen``)."""
         body: Dict[str, Any] = {"thread_id": thread_id, "profile": profile}
+        if screen:
+            body["screen"] = screen
         if image_ref:
             body["image_ref"] = image_ref
         if labels:

@@ -653,6 +653,7 @@ async fn lease(c: LeaseCmd) -> anyhow::Result<i32> {
                     image_ref: None,
                     labels: labels.into_iter().collect(),
                     ttl_seconds: ttl,
+                    screen: None,
                 })
                 .await?;
             match remote.json {
