@@ -294,6 +294,11 @@ fn mcp_ops(
         "text/event-stream": {"schema": string()},
     });
     let other = json!({"*/*": {"schema": binary()}});
+    // A transport error: a JSON-RPC error object (the agent's), or the transport's own text.
+    let failed = json!({
+        "application/json": {"schema": message.clone()},
+        "*/*": {"schema": binary()},
+    });
     let ops = [
         op("post", path, &format!("{id}_post"), summary)
             .json_body(message.clone())
@@ -311,7 +316,7 @@ fn mcp_ops(
     for o in ops {
         let o = o
             .json("401", "missing or wrong credentials", err.clone())
-            .answer("default", "the transport's error", other.clone())
+            .answer("default", "the transport's error", failed.clone())
             .tag("mcp");
         d.add(o.security(security.clone()));
     }
