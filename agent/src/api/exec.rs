@@ -72,20 +72,7 @@ pub async fn exec(
                 },
             )
             .await?;
-        let (stdout, stdout_b64) = text_or_b64(out.stdout);
-        let (stderr, stderr_b64) = text_or_b64(out.stderr);
-        let body = ExecResult {
-            id: out.id,
-            exit_code: out.exit.exit_code(),
-            signal: out.exit.signal.map(crate::proc::signal_name),
-            stdout,
-            stdout_b64,
-            stderr,
-            stderr_b64,
-            duration_ms: out.duration.as_millis() as u64,
-            timed_out: out.timed_out,
-            output_truncated: out.truncated,
-        };
+        let body = exec_result(out, usize::MAX);
         return Ok(Json(body).into_response());
     }
     let (cmd, _) = agent
@@ -338,4 +325,24 @@ pub async fn delete(
 ) -> Result<Response, ApiError> {
     agent.commands.delete(&id).await?;
     Ok(Json(json!({"id": id, "deleted": true})).into_response())
+}
+
+/// A foreground command's answer, each stream cut to `max` bytes (`output_truncated` then).
+pub(crate) fn exec_result(out: crate::exec::ForegroundOutcome, max: usize) -> ExecResult {
+    let (stdout, cut_out) = crate::mcp::tools::bound_output(out.stdout, max);
+    let (stderr, cut_err) = crate::mcp::tools::bound_output(out.stderr, max);
+    let (stdout, stdout_b64) = text_or_b64(stdout);
+    let (stderr, stderr_b64) = text_or_b64(stderr);
+    ExecResult {
+        id: out.id,
+        exit_code: out.exit.exit_code(),
+        signal: out.exit.signal.map(crate::proc::signal_name),
+        stdout,
+        stdout_b64,
+        stderr,
+        stderr_b64,
+        duration_ms: out.duration.as_millis() as u64,
+        timed_out: out.timed_out,
+        output_truncated: out.truncated || cut_out || cut_err,
+    }
 }

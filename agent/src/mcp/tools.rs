@@ -11,7 +11,7 @@ use base64::Engine;
 use berth_protocol::desktop::A11yTree;
 use berth_protocol::events::kinds;
 use berth_protocol::routes::{fill, native};
-use berth_protocol::{ComputerRequest, ExecResult, RecordingRequest};
+use berth_protocol::{ComputerRequest, RecordingRequest};
 use bytes::Bytes;
 use rmcp::handler::server::common::{FromContextPart, schema_for_input};
 use rmcp::handler::server::tool::{Extension, ToolCallContext, ToolRouter};
@@ -102,16 +102,6 @@ pub fn bound_output(mut bytes: Vec<u8>, max: usize) -> (Vec<u8>, bool) {
         bytes.truncate(e.valid_up_to());
     }
     (bytes, true)
-}
-
-fn text_or_b64(bytes: Vec<u8>) -> (Option<String>, Option<String>) {
-    match String::from_utf8(bytes) {
-        Ok(s) => (Some(s), None),
-        Err(e) => (
-            None,
-            Some(base64::engine::general_purpose::STANDARD.encode(e.into_bytes())),
-        ),
-    }
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -334,22 +324,7 @@ impl BerthMcp {
             Ok(o) => o,
             Err(e) => return tool_error(e.to_string()),
         };
-        let (stdout, cut_out) = bound_output(out.stdout, OUTPUT_MAX);
-        let (stderr, cut_err) = bound_output(out.stderr, OUTPUT_MAX);
-        let (stdout, stdout_b64) = text_or_b64(stdout);
-        let (stderr, stderr_b64) = text_or_b64(stderr);
-        structured(ExecResult {
-            id: out.id,
-            exit_code: out.exit.exit_code(),
-            signal: out.exit.signal.map(crate::proc::signal_name),
-            stdout,
-            stdout_b64,
-            stderr,
-            stderr_b64,
-            duration_ms: out.duration.as_millis() as u64,
-            timed_out: out.timed_out,
-            output_truncated: out.truncated || cut_out || cut_err,
-        })
+        structured(crate::api::exec::exec_result(out, OUTPUT_MAX))
     }
 
     #[tool(
