@@ -19,6 +19,7 @@ packages=(
   xfce4-terminal                         # a terminal for /terminal
   python3-pyatspi python3-lxml           # the accessibility benchmark's peer (OSWorld's way)
   debootstrap                            # the image builder's base rootfs
+  docker-registry                        # a local registry for `berth image push` (tests/tests/registry.rs)
 )
 
 sudo=""

@@ -16,6 +16,8 @@ use serde::{Deserialize, Serialize};
 use crate::catalog::Catalog;
 use crate::util::sha256_hex;
 
+pub mod push;
+
 const BUILTIN_RECIPES: &str = include_str!("../../images/recipes.toml");
 
 /// Files the builder puts into a desktop image: (path in the image, contents, mode).
@@ -496,6 +498,142 @@ pub fn build(req: &BuildRequest) -> anyhow::Result<Built> {
     })
 }
 
+/// What `berth image build --controller` puts together: the base rootfs (the sandbox images'
+/// first stage, cached) with `berth` and `berth-agent` (which `berth serve` expects beside
+/// it) in /usr/local/bin, running `berth serve` — the image deploy/kubernetes runs.
+#[derive(Debug, Clone)]
+pub struct ControllerBuild {
+    pub berth_bin: PathBuf,
+    pub agent_bin: PathBuf,
+    pub images_dir: PathBuf,
+    pub cache_dir: PathBuf,
+}
+
+/// The controller image's name: the base's inputs, both binaries and the layout.
+fn controller_ref(recipes: &Recipes, berth_digest: &str, agent_digest: &str) -> String {
+    let h = sha256_hex(
+        format!(
+            "controller|{}|{}|{:?}|{berth_digest}|{agent_digest}|{LAYOUT}",
+            recipes.suite, recipes.mirror, recipes.base_packages
+        )
+        .as_bytes(),
+    );
+    format!("berth-controller:{}", &h[..24])
+}
+
+/// Builds (or finds) the controller's image.
+pub fn build_controller(req: &ControllerBuild) -> anyhow::Result<Built> {
+    let started = Instant::now();
+    let recipes = load_recipes(&req.images_dir)?;
+    let read = |p: &Path| {
+        std::fs::read(p).with_context(|| format!("reading {} for the image", p.display()))
+    };
+    let berth = read(&req.berth_bin)?;
+    let agent = read(&req.agent_bin)?;
+    let image = controller_ref(&recipes, &sha256_hex(&berth), &sha256_hex(&agent));
+    if docker_has(&image) {
+        return Ok(Built {
+            size_bytes: docker_size(&image),
+            image_ref: image,
+            built: false,
+            seconds: started.elapsed().as_secs_f64(),
+        });
+    }
+    let _guard = lock_cache(&req.cache_dir)?;
+    // The base stage is all a selection's base needs.
+    let sel = Selection {
+        name: "controller".into(),
+        suite: recipes.suite.clone(),
+        mirror: recipes.mirror.clone(),
+        base_packages: recipes.base_packages.clone(),
+        packages: vec![],
+        pip: vec![],
+        desktop: false,
+        ports: Default::default(),
+        user_password: None,
+        sudo: false,
+        guest_files: String::new(),
+        layout: LAYOUT,
+    };
+    let base = base_stage(
+        &BuildRequest {
+            profile: "controller".into(),
+            bundle: None,
+            apps: vec![],
+            agent_bin: req.agent_bin.clone(),
+            images_dir: req.images_dir.clone(),
+            cache_dir: req.cache_dir.clone(),
+        },
+        &sel,
+    )?;
+    let dir = req.cache_dir.join("controller-staging");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let rootfs = dir.join("rootfs");
+    let result = (|| -> anyhow::Result<()> {
+        run_step(
+            "copy the base rootfs",
+            Command::new("cp").arg("-a").arg(&base).arg(&rootfs),
+        )?;
+        for (name, bytes) in [("berth", &berth), ("berth-agent", &agent)] {
+            let bin = rootfs.join("usr/local/bin").join(name);
+            std::fs::write(&bin, bytes).with_context(|| format!("installing {name}"))?;
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755))?;
+        }
+        for d in ["var/lib/berth", "etc/berth"] {
+            std::fs::create_dir_all(rootfs.join(d))?;
+        }
+        let mut tar = Command::new("tar")
+            .arg("-C")
+            .arg(&rootfs)
+            .args([
+                "--numeric-owner",
+                "--exclude=./proc/*",
+                "--exclude=./sys/*",
+                "--exclude=./dev/*",
+                "-cf",
+                "-",
+                ".",
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("docker import: tar")?;
+        run_step(
+            "docker import",
+            Command::new("docker")
+                .arg("import")
+                .args(["--change", r#"ENTRYPOINT ["/usr/local/bin/berth"]"#])
+                .args([
+                    "--change",
+                    r#"CMD ["serve", "--listen", "0.0.0.0:8780", "--config", "/etc/berth/berth.toml", "--data-dir", "/var/lib/berth"]"#,
+                ])
+                .args(["--change", "ENV LANG=C.UTF-8"])
+                .args(["--change", "EXPOSE 8780"])
+                .args(["--change", &format!("LABEL berth.image_ref={image}")])
+                .args(["-", &image])
+                .stdin(tar.stdout.take().expect("piped")),
+        )?;
+        let tar_status = tar.wait()?;
+        if !tar_status.success() {
+            bail!("docker import: tar of the rootfs failed ({tar_status})");
+        }
+        Ok(())
+    })();
+    // The staging copy is not a cache: the image is the result.
+    let _ = std::fs::remove_dir_all(&dir);
+    result?;
+    if docker_size(&image) == 0 {
+        bail!("docker import produced an empty image {image}");
+    }
+    Ok(Built {
+        size_bytes: docker_size(&image),
+        image_ref: image,
+        built: true,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
 /// `berth image lock`: resolves the selection afresh and rewrites its lock file.
 pub fn relock(req: &BuildRequest) -> anyhow::Result<PathBuf> {
     let recipes = load_recipes(&req.images_dir)?;
@@ -739,6 +877,19 @@ fn guest_script(sel: &Selection) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_controller_image_ref_follows_its_binaries_and_the_base() {
+        let recipes: Recipes = toml::from_str(BUILTIN_RECIPES).unwrap();
+        let a = controller_ref(&recipes, "b1", "a1");
+        assert!(a.starts_with("berth-controller:"), "{a}");
+        assert_eq!(a, controller_ref(&recipes, "b1", "a1"));
+        assert_ne!(a, controller_ref(&recipes, "b2", "a1"));
+        assert_ne!(a, controller_ref(&recipes, "b1", "a2"));
+        let mut other = recipes.clone();
+        other.base_packages.push("jq".into());
+        assert_ne!(a, controller_ref(&other, "b1", "a1"));
+    }
 
     #[test]
     fn the_image_ref_follows_every_input_and_nothing_else() {
