@@ -44,7 +44,7 @@ pub enum Top {
     /// Leases on a running controller.
     #[command(subcommand)]
     Lease(LeaseCmd),
-    /// Sandbox images: build (content-addressed, cached) and lock.
+    /// Sandbox images: build (content-addressed, cached), push to a registry, and lock.
     #[command(subcommand)]
     Image(ImageCmd),
     /// Check a live deployment against what a harness needs of it.
@@ -91,6 +91,35 @@ pub enum ImageCmd {
         /// lock files fix it before building).
         #[arg(long, conflicts_with = "json")]
         plan: bool,
+        /// Build the controller's own image instead (`berth-controller:…`: the base rootfs
+        /// with `berth` and `berth-agent`, running `berth serve`; deploy/kubernetes runs it).
+        #[arg(long, conflicts_with_all = ["plan", "profile", "bundle", "apps"])]
+        controller: bool,
+    },
+    /// Push a built image to a registry a cluster pulls from; prints the pushed reference and
+    /// its digest (`HOST/PATH/<name>@sha256:…`, what `[kubernetes] image` should name).
+    #[command(after_help = "\
+The image is tagged HOST[:PORT]/PATH/<name>:<tag> (its name and tag as `berth image build` \
+printed them) and pushed by the local Docker daemon, which speaks HTTPS to a registry, and plain \
+HTTP to 127.0.0.0/8 and to its insecure-registries. Credentials: --username with the password on \
+stdin (--password-stdin), else the registry's `auths` entry in $DOCKER_CONFIG/config.json or \
+~/.docker/config.json (auth, username/password or identitytoken), else none; credential helpers \
+(credsStore, credHelpers) are not run. Progress is shown on a terminal only.")]
+    Push {
+        /// The local image: an image_ref `berth image build` printed (`berth-desktop:…`).
+        image_ref: String,
+        /// Where to push: HOST[:PORT]/PATH (registry.example.com/berth, 127.0.0.1:5000/berth).
+        #[arg(long)]
+        registry: String,
+        /// The registry user; the password is read from stdin (--password-stdin).
+        #[arg(long, requires = "password_stdin")]
+        username: Option<String>,
+        /// Read the registry password from stdin (with --username).
+        #[arg(long, requires = "username")]
+        password_stdin: bool,
+        /// Print only {"image_ref", "pushed", "digest", "digest_ref", "image_id", "seconds"}.
+        #[arg(long)]
+        json: bool,
     },
     /// Resolve the packages afresh and rewrite images/<profile>.lock.
     Lock {
@@ -719,6 +748,37 @@ async fn image(c: ImageCmd) -> anyhow::Result<i32> {
                 serde_json::json!({"image_ref": image_ref, "exists": exists})
             );
         }
+        ImageCmd::Build {
+            args,
+            json,
+            controller: true,
+            ..
+        } => {
+            let req = crate::image::ControllerBuild {
+                berth_bin: std::env::current_exe().context("locating the berth binary")?,
+                agent_bin: serve::agent_bin(args.agent_bin, &Config::default())?,
+                images_dir: args
+                    .images_dir
+                    .unwrap_or_else(crate::image::default_images_dir),
+                cache_dir: args.cache_dir,
+            };
+            let built =
+                tokio::task::spawn_blocking(move || crate::image::build_controller(&req)).await??;
+            match json {
+                true => println!("{}", serde_json::to_string(&built)?),
+                false => println!(
+                    "{} ({:.0} MB, {} in {:.1} s)",
+                    built.image_ref,
+                    built.size_bytes as f64 / 1e6,
+                    if built.built {
+                        "built"
+                    } else {
+                        "already built"
+                    },
+                    built.seconds
+                ),
+            }
+        }
         ImageCmd::Build { args, json, .. } => {
             let req = request(args)?;
             let built = tokio::task::spawn_blocking(move || crate::image::build(&req)).await??;
@@ -735,6 +795,37 @@ async fn image(c: ImageCmd) -> anyhow::Result<i32> {
                     },
                     built.seconds
                 ),
+            }
+        }
+        ImageCmd::Push {
+            image_ref,
+            registry,
+            username,
+            password_stdin,
+            json,
+        } => {
+            let registry: crate::image::push::Registry = registry.parse()?;
+            let auth = match (username, password_stdin) {
+                (Some(username), true) => {
+                    let mut password = String::new();
+                    std::io::stdin()
+                        .read_line(&mut password)
+                        .context("reading the password from stdin")?;
+                    let password = password.trim_end_matches(['\r', '\n']).to_string();
+                    if password.is_empty() {
+                        anyhow::bail!("--password-stdin: stdin held no password");
+                    }
+                    crate::image::push::Auth::Given { username, password }
+                }
+                _ => crate::image::push::Auth::DockerConfig,
+            };
+            let p = crate::image::push::push(&image_ref, &registry, &auth).await?;
+            match json {
+                true => println!("{}", serde_json::to_string(&p)?),
+                false => {
+                    println!("pushed {} in {:.1} s", p.pushed, p.seconds);
+                    println!("digest {}", p.digest_ref);
+                }
             }
         }
         ImageCmd::Lock { args, json } => {
