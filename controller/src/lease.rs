@@ -9,6 +9,7 @@ use berth_protocol::controller::{AcquireLease, Lease};
 use serde_json::json;
 
 use crate::error::{Error, Result};
+use crate::lifecycle::{LeaseStatus, SandboxStatus};
 use crate::sandbox::{Controller, Request};
 use crate::store::{LeaseRow, SandboxRow};
 use crate::util::{new_id, now_ms, rfc3339, valid_id};
@@ -58,14 +59,12 @@ impl Controller {
             // Re-provision under the same lease; the old sandbox goes.
             tracing::info!(lease = %lease.id, %reason, "lease re-provisions");
             if let Some(old) = &current {
-                let me = self.clone();
-                let id = old.id.clone();
                 self.event(
-                    &id,
+                    &old.id,
                     "lease.released",
                     json!({"lease_id": lease.id, "reason": reason}),
                 );
-                tokio::spawn(async move { me.destroy(&id).await });
+                let _ = self.destroy(&old.id);
             }
             let want = Request {
                 ttl_seconds: Some(((lease.expires_at - now_ms()).max(1000) / 1000) as u64),
@@ -94,7 +93,7 @@ impl Controller {
             thread_id: req.thread_id.clone(),
             sandbox_id: row.id.clone(),
             profile: req.profile.clone(),
-            status: "active".into(),
+            status: LeaseStatus::Active,
             created_at: now,
             expires_at: self.expiry(req.ttl_seconds),
         };
@@ -111,7 +110,7 @@ impl Controller {
 
     /// Why a leased sandbox cannot be reused for `req`, or `None` when it can.
     async fn staleness(&self, row: &SandboxRow, req: &AcquireLease, image: &str) -> Option<String> {
-        if row.status != "running" {
+        if row.status != SandboxStatus::Running {
             return Some(format!("its sandbox is {}", row.status));
         }
         if row.profile != req.profile || row.image_ref != image {
@@ -142,7 +141,7 @@ impl Controller {
             .store
             .lease(lease_id)?
             .ok_or_else(|| Error::NotFound(format!("no lease {lease_id}")))?;
-        if lease.status != "active" {
+        if lease.status != LeaseStatus::Active {
             return Err(Error::Conflict(format!(
                 "lease {lease_id} is {}",
                 lease.status
@@ -170,9 +169,9 @@ impl Controller {
             .lease(lease_id)?
             .ok_or_else(|| Error::NotFound(format!("no lease {lease_id}")))?;
         let status = if reason == "expired" {
-            "expired"
+            LeaseStatus::Expired
         } else {
-            "released"
+            LeaseStatus::Released
         };
         if self.store.end_lease(lease_id, status)? {
             self.event(
@@ -181,11 +180,8 @@ impl Controller {
                 json!({"lease_id": lease.id, "reason": reason}),
             );
         }
-        let me = self.clone();
-        let id = lease.sandbox_id.clone();
-        tokio::spawn(async move { me.destroy(&id).await })
-            .await
-            .map_err(|e| Error::Internal(format!("release task: {e}")))
+        self.destroy(&lease.sandbox_id).await;
+        Ok(())
     }
 
     fn lease_wire(&self, lease: &LeaseRow, row: &SandboxRow, how: &str) -> Lease {
@@ -196,5 +192,132 @@ impl Controller {
             expires_at: Some(rfc3339(lease.expires_at)),
             how: Some(how.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::provider::fake::{FakeProvider, controller_on};
+
+    const WITHIN: Duration = Duration::from_secs(20);
+
+    fn acquire(thread: &str, ttl: Option<u64>) -> AcquireLease {
+        AcquireLease {
+            thread_id: thread.into(),
+            profile: "ide".into(),
+            image_ref: None,
+            labels: Default::default(),
+            ttl_seconds: ttl,
+            screen: None,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_thread_reuses_its_lease_renews_only_forward_and_a_release_destroys_once() {
+        let d = tempfile::tempdir().unwrap();
+        let fake = FakeProvider::new("process");
+        let c = controller_on(d.path(), &fake, Config::default());
+        let first = c.acquire(&acquire("t1", Some(600))).await.unwrap();
+        assert_eq!(first.how.as_deref(), Some("cold"));
+        assert_eq!(first.sandbox.status, "running");
+        let again = c.acquire(&acquire("t1", Some(600))).await.unwrap();
+        assert_eq!(again.how.as_deref(), Some("reused"));
+        assert_eq!(again.lease_id, first.lease_id);
+        assert_eq!(again.sandbox.id, first.sandbox.id);
+        assert_eq!(fake.creates(), 1);
+        // Another thread, another sandbox.
+        let other = c.acquire(&acquire("t2", None)).await.unwrap();
+        assert_ne!(other.sandbox.id, first.sandbox.id);
+        // Renewals only extend; the sandbox's expiry follows the lease's.
+        let before = c.store.lease(&first.lease_id).unwrap().unwrap().expires_at;
+        c.renew(&first.lease_id, 1).await.unwrap();
+        assert_eq!(
+            c.store.lease(&first.lease_id).unwrap().unwrap().expires_at,
+            before
+        );
+        c.renew(&first.lease_id, 7200).await.unwrap();
+        let after = c.store.lease(&first.lease_id).unwrap().unwrap();
+        assert!(after.expires_at > before);
+        assert_eq!(
+            c.get_row(&first.sandbox.id).unwrap().expires_at,
+            Some(after.expires_at)
+        );
+        // Released: the lease ends, its sandbox is destroyed; twice is no error.
+        c.release(&first.lease_id, "done").await.unwrap();
+        c.release(&first.lease_id, "done").await.unwrap();
+        let l = c.store.lease(&first.lease_id).unwrap().unwrap();
+        assert_eq!(l.status, LeaseStatus::Released);
+        assert_eq!(
+            c.get_row(&first.sandbox.id).unwrap().status,
+            SandboxStatus::Stopped
+        );
+        assert!(!fake.ids().contains(&first.sandbox.id));
+        assert!(
+            c.renew(&first.lease_id, 60).await.is_err(),
+            "an ended lease"
+        );
+        // The thread's next acquire is a new lease.
+        let next = c.acquire(&acquire("t1", None)).await.unwrap();
+        assert_ne!(next.lease_id, first.lease_id);
+        assert!(c.acquire(&acquire("bad thread!", None)).await.is_err());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_whose_sandbox_died_or_stopped_answering_is_given_a_new_one() {
+        let d = tempfile::tempdir().unwrap();
+        let fake = FakeProvider::new("process");
+        let c = controller_on(d.path(), &fake, Config::default());
+        let first = c.acquire(&acquire("t", None)).await.unwrap();
+        fake.set_reachable(&first.sandbox.id, false);
+        let second = c.acquire(&acquire("t", None)).await.unwrap();
+        assert_eq!(second.lease_id, first.lease_id);
+        assert_ne!(second.sandbox.id, first.sandbox.id);
+        assert_eq!(second.how.as_deref(), Some("cold"));
+        let old = c.get_row(&first.sandbox.id).unwrap();
+        assert_eq!(old.status, SandboxStatus::Failed);
+        assert!(
+            old.error
+                .unwrap()
+                .contains("failed its probe at lease reuse")
+        );
+        // The old one is destroyed behind the new one.
+        let gone = fake
+            .wait_for(WITHIN, |f| !f.ids().contains(&first.sandbox.id))
+            .await;
+        assert!(gone);
+        fake.kill(&second.sandbox.id, "oom");
+        let third = c.acquire(&acquire("t", None)).await.unwrap();
+        assert_ne!(third.sandbox.id, second.sandbox.id);
+        assert_eq!(
+            c.store.lease(&first.lease_id).unwrap().unwrap().sandbox_id,
+            third.sandbox.id
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_acquires_of_one_thread_share_one_lease() {
+        let d = tempfile::tempdir().unwrap();
+        let fake = FakeProvider::new("process");
+        let c = controller_on(d.path(), &fake, Config::default());
+        let tasks: Vec<_> = (0..6)
+            .map(|_| {
+                let c = c.clone();
+                tokio::spawn(async move { c.acquire(&acquire("same", None)).await.unwrap() })
+            })
+            .collect();
+        let mut leases = std::collections::BTreeSet::new();
+        let mut sandboxes = std::collections::BTreeSet::new();
+        for t in tasks {
+            let l = t.await.unwrap();
+            leases.insert(l.lease_id);
+            sandboxes.insert(l.sandbox.id);
+        }
+        assert_eq!(leases.len(), 1);
+        assert_eq!(sandboxes.len(), 1);
+        assert_eq!(fake.creates(), 1);
     }
 }

@@ -41,6 +41,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::api::ApiError;
 use crate::error::Error;
+use crate::lifecycle::SandboxStatus;
 use crate::sandbox::Controller;
 
 /// The most MCP sessions open at once.
@@ -181,15 +182,15 @@ pub enum Status {
     Failed,
 }
 
-impl Status {
-    fn as_str(self) -> &'static str {
-        match self {
-            Status::Pending => "pending",
-            Status::Starting => "starting",
-            Status::Running => "running",
-            Status::Stopping => "stopping",
-            Status::Stopped => "stopped",
-            Status::Failed => "failed",
+impl From<Status> for SandboxStatus {
+    fn from(s: Status) -> SandboxStatus {
+        match s {
+            Status::Pending => SandboxStatus::Pending,
+            Status::Starting => SandboxStatus::Starting,
+            Status::Running => SandboxStatus::Running,
+            Status::Stopping => SandboxStatus::Stopping,
+            Status::Stopped => SandboxStatus::Stopped,
+            Status::Failed => SandboxStatus::Failed,
         }
     }
 }
@@ -289,7 +290,7 @@ impl ControllerMcp {
         Parameters(args): Parameters<ListArgs>,
     ) -> Result<Json<SandboxListAnswer>, ToolError> {
         let labels: Vec<(String, String)> = args.labels.into_iter().collect();
-        let status = args.status.map(Status::as_str);
+        let status = args.status.map(SandboxStatus::from);
         let sandboxes = self.c.list(&labels, status)?;
         Ok(Json(SandboxListAnswer {
             sandboxes: sandboxes.into_iter().map(|s| self.answer(s)).collect(),

@@ -76,9 +76,10 @@ impl Metrics {
         let mut o = String::new();
         let _ = writeln!(o, "# HELP berth_sandboxes Sandboxes by state.");
         let _ = writeln!(o, "# TYPE berth_sandboxes gauge");
-        for state in [
-            "pending", "starting", "running", "stopping", "stopped", "failed",
-        ] {
+        for state in crate::lifecycle::SandboxStatus::ALL
+            .iter()
+            .map(|s| s.as_str())
+        {
             let n = by_state.get(state).copied().unwrap_or(0);
             let _ = writeln!(o, "berth_sandboxes{{state=\"{state}\"}} {n}");
         }

@@ -15,6 +15,7 @@ pub use berth_protocol::controller::PoolStatus;
 use tokio::sync::{Notify, Semaphore};
 
 use crate::config::PoolConfig;
+use crate::lifecycle::SandboxStatus;
 use crate::sandbox::{Controller, Request};
 use crate::store::SandboxRow;
 
@@ -31,7 +32,10 @@ pub fn key(profile: &str, image_ref: &str) -> String {
 /// is decided on once it is ready (then surplus, it goes), or ends when its start fails. So
 /// ready ones are kept while starting ones could be the surplus.
 pub fn surplus(members: &[SandboxRow], size: usize) -> Vec<String> {
-    let mut ready: Vec<&SandboxRow> = members.iter().filter(|m| m.status == "running").collect();
+    let mut ready: Vec<&SandboxRow> = members
+        .iter()
+        .filter(|m| m.status == SandboxStatus::Running)
+        .collect();
     ready.sort_by(|a, b| b.ready_at.cmp(&a.ready_at).then_with(|| b.id.cmp(&a.id)));
     let extra = ready.len().saturating_sub(size);
     ready
@@ -274,8 +278,7 @@ impl Controller {
             match self.store.retire_member(&pool.key, &id) {
                 Ok(true) => {
                     tracing::info!(pool = %pool.key, sandbox = %id, "destroying a surplus pool member");
-                    let me = self.clone();
-                    tokio::spawn(async move { me.destroy(&id).await });
+                    let _ = self.destroy(&id);
                 }
                 Ok(false) => {}
                 Err(e) => {
@@ -299,14 +302,16 @@ impl Controller {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lifecycle::SandboxStatus;
 
     fn member(id: &str, status: &str, ready_at: Option<i64>) -> SandboxRow {
+        let status = status.parse().unwrap();
         SandboxRow {
             id: id.into(),
             profile: "ide".into(),
             image_ref: "process:x".into(),
             provider: "process".into(),
-            status: status.into(),
+            status,
             labels: Default::default(),
             pool: Some("ide@process:x".into()),
             claim: None,
@@ -368,5 +373,154 @@ mod tests {
         ];
         assert!(surplus(&m, 2).is_empty());
         assert_eq!(surplus(&m, 1), ["b"]);
+    }
+
+    mod on_the_fake_provider {
+        use std::collections::BTreeSet;
+        use std::time::Duration;
+
+        use super::*;
+        use crate::config::Config;
+        use crate::provider::fake::{CreateMode, FakeProvider, controller_on};
+
+        const PROFILE: &str = "ide";
+        const WITHIN: Duration = Duration::from_secs(20);
+
+        fn config(size: usize, concurrency: usize) -> Config {
+            Config {
+                pools: vec![PoolConfig {
+                    profile: PROFILE.into(),
+                    image_ref: None,
+                    size,
+                    screen: None,
+                }],
+                refill_concurrency: concurrency,
+                refill_max_failures: 3,
+                ..Config::default()
+            }
+        }
+
+        fn req() -> Request {
+            Request {
+                profile: PROFILE.into(),
+                image_ref: None,
+                labels: Default::default(),
+                ttl_seconds: None,
+                screen: None,
+            }
+        }
+
+        fn pool(c: &Controller) -> PoolStatus {
+            c.pool_status().pop().expect("one pool")
+        }
+
+        async fn until(
+            c: &Arc<Controller>,
+            fake: &FakeProvider,
+            cond: impl Fn(&PoolStatus) -> bool,
+        ) {
+            let ok = fake.wait_for(WITHIN, |_| cond(&pool(c))).await;
+            assert!(ok, "the pool never got there: {:?}", pool(c));
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn racing_creates_each_get_their_own_sandbox_and_warm_members_go_once() {
+            let d = tempfile::tempdir().unwrap();
+            let fake = FakeProvider::new("process");
+            let c = controller_on(d.path(), &fake, config(2, 2));
+            c.start_pools().unwrap();
+            until(&c, &fake, |p| p.ready == 2).await;
+            let members: BTreeSet<String> = c
+                .store
+                .pool_member_rows(&pool(&c).pool)
+                .unwrap()
+                .into_iter()
+                .map(|r| r.id)
+                .collect();
+            // Paused, the pool makes no new member while they race.
+            assert!(c.pools.adjust("ide-ubuntu", Some(true), None));
+            // Eight creates race for the two members: each gets a sandbox of its own, two of
+            // them the members, the rest cold ones.
+            let tasks: Vec<_> = (0..8)
+                .map(|_| {
+                    let c = c.clone();
+                    tokio::spawn(async move { c.provision(&req()).await.unwrap() })
+                })
+                .collect();
+            let mut got = Vec::new();
+            for t in tasks {
+                got.push(t.await.unwrap());
+            }
+            let ids: BTreeSet<&str> = got.iter().map(|(r, _)| r.id.as_str()).collect();
+            assert_eq!(ids.len(), 8, "one sandbox per create");
+            let warm: BTreeSet<String> = got
+                .iter()
+                .filter(|(_, how)| *how == "warm")
+                .map(|(r, _)| r.id.clone())
+                .collect();
+            assert_eq!(warm, members, "each member claimed once");
+            assert_eq!(fake.creates(), 2 + 6);
+            for (row, how) in &got {
+                assert_eq!(row.status, SandboxStatus::Running);
+                assert!(row.pool.is_none(), "a claimed sandbox leaves its pool");
+                assert_eq!(row.claim.as_deref(), Some(*how));
+            }
+            // Resumed, it refills to its size.
+            assert!(c.pools.adjust("ide-ubuntu", Some(false), None));
+            until(&c, &fake, |p| p.ready == 2).await;
+            assert_eq!(fake.creates(), 2 + 6 + 2);
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_member_still_starting_is_never_claimed_and_hanging_starts_never_multiply() {
+            let d = tempfile::tempdir().unwrap();
+            let fake = FakeProvider::new("process");
+            fake.set_create(CreateMode::Hang);
+            let c = controller_on(d.path(), &fake, config(2, 2));
+            c.start_pools().unwrap();
+            until(&c, &fake, |p| p.starting == 2).await;
+            assert_eq!(fake.creates(), 2);
+            // Nothing is ready: a create is cold, and waits like any (it hangs too).
+            let key = pool(&c).pool;
+            assert!(
+                c.store
+                    .claim_warm(&key, &Default::default(), None)
+                    .unwrap()
+                    .is_none()
+            );
+            fake.set_create(CreateMode::Succeed);
+            until(&c, &fake, |p| p.ready == 2).await;
+            // However long the starts hung, the pool made exactly its size.
+            assert_eq!(fake.creates(), 2);
+            assert_eq!(pool(&c).starting, 0);
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn refills_stop_after_repeated_failures_and_resume_when_asked() {
+            let d = tempfile::tempdir().unwrap();
+            let fake = FakeProvider::new("process");
+            fake.set_create(CreateMode::Fail("no capacity".into()));
+            let c = controller_on(d.path(), &fake, config(2, 1));
+            c.start_pools().unwrap();
+            until(&c, &fake, |p| p.failing.is_some()).await;
+            let failing = pool(&c).failing.unwrap();
+            assert!(failing.contains("after 3 failed starts"), "{failing}");
+            assert!(failing.contains("no capacity"), "{failing}");
+            // One start at a time: exactly the three that failed were tried.
+            assert_eq!(fake.creates(), 3);
+            // Each failed member ended failed, none left running in the provider.
+            let rows = c.store.sandboxes(&[SandboxStatus::Failed]).unwrap();
+            assert_eq!(rows.len(), 3);
+            assert!(fake.ids().is_empty());
+            // Resumed, with the provider working again: the pool fills.
+            fake.set_create(CreateMode::Succeed);
+            assert!(c.pools.adjust("ide-ubuntu", Some(false), None));
+            until(&c, &fake, |p| p.ready == 2 && p.failing.is_none()).await;
+            assert_eq!(fake.creates(), 5);
+            // Shrunk to one: the surplus member is destroyed.
+            assert!(c.pools.adjust("ide-ubuntu", None, Some(1)));
+            until(&c, &fake, |p| p.ready == 1).await;
+            assert!(fake.wait_for(WITHIN, |f| f.ids().len() == 1).await);
+        }
     }
 }

@@ -1,24 +1,26 @@
 //! Reconciliation: the store is the truth and the world is brought to it — at start-up (adopt
 //! what the store knows, reap what it does not after a grace period, fail what vanished) and
-//! then continuously (vanished sandboxes, expiries, unfinished deletes, runs in flight).
+//! then continuously (vanished sandboxes, expiries, unfinished deletes, runs in flight). What
+//! each pass observes is decided on by [`crate::reconcile::decide`] alone.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::json;
-
+use crate::lifecycle::SandboxStatus;
 use crate::provider::Observed;
+use crate::reconcile::{Action, Context, Health, Observation, Pass, Stored, decide};
 use crate::sandbox::Controller;
-use crate::store::{SandboxRow, SandboxUpdate};
 use crate::util::now_ms;
 
 const SWEEP_EVERY: Duration = Duration::from_secs(2);
 
 impl Controller {
-    /// Every provider sandbox labelled with this controller's id.
-    async fn observed(&self) -> BTreeMap<String, (Observed, String)> {
+    /// Every provider sandbox labelled with this controller's id, and the providers that
+    /// could not say (their sandboxes are decided on once they can).
+    async fn observed(&self) -> (BTreeMap<String, (Observed, String)>, BTreeSet<String>) {
         let mut out = BTreeMap::new();
+        let mut unlisted = BTreeSet::new();
         for p in self.providers() {
             match p.list(&self.controller_id).await {
                 Ok(list) => {
@@ -28,107 +30,61 @@ impl Controller {
                 }
                 Err(e) => {
                     self.metrics.provider_error();
+                    unlisted.insert(p.name().to_string());
                     tracing::error!(provider = p.name(), error = %e, "cannot list sandboxes");
                 }
             }
         }
-        out
+        (out, unlisted)
     }
 
-    /// Start-up reconciliation: runs before the API serves.
-    pub async fn recover(self: &Arc<Self>) -> anyhow::Result<()> {
-        let observed = self.observed().await;
-        let rows = self.store.sandboxes(&[])?;
-        let known: BTreeMap<&str, &SandboxRow> = rows.iter().map(|r| (r.id.as_str(), r)).collect();
-        let (mut adopted, mut resumed, mut vanished, mut reaped) = (0, 0, 0, 0);
-        for row in rows.iter().filter(|r| r.live() || r.status == "stopping") {
-            match observed.get(&row.id) {
-                None if row.status == "stopping" => {
-                    // Nothing of it runs, but a delete cut short may have left its files: the
-                    // provider's destroy (idempotent) finishes it and marks it stopped.
-                    let me = self.clone();
-                    let id = row.id.clone();
-                    tokio::spawn(async move { me.destroy(&id).await });
-                }
-                None => {
-                    vanished += 1;
-                    let reason = if row.status == "pending" {
-                        "the controller stopped before the provider created it"
-                    } else {
-                        "vanished while the controller was down: the provider has no trace of it"
-                    };
-                    self.fail(&row.id, reason);
-                }
-                Some((o, _)) if !o.alive => {
-                    vanished += 1;
-                    self.fail(&row.id, "its agent died while the controller was down");
-                    let me = self.clone();
-                    let id = row.id.clone();
-                    tokio::spawn(async move { me.destroy(&id).await });
-                }
-                Some((o, _)) => match row.status.as_str() {
-                    "running" => match self.probe(row).await {
-                        Ok(()) => {
-                            adopted += 1;
-                            self.event(&row.id, "sandbox.adopted", json!({}));
-                        }
-                        Err(reason) => {
-                            vanished += 1;
-                            self.fail(
-                                &row.id,
-                                &format!("not ready when the controller restarted: {reason}"),
-                            );
-                            let me = self.clone();
-                            let id = row.id.clone();
-                            tokio::spawn(async move { me.destroy(&id).await });
-                        }
-                    },
-                    "pending" | "starting" => {
-                        resumed += 1;
-                        if let Some(ep) = &o.endpoint {
-                            let _ = self.store.set_status(
-                                &row.id,
-                                "starting",
-                                &["stopping", "stopped", "failed"],
-                                SandboxUpdate {
-                                    agent_url: Some(&ep.agent_url),
-                                    compat_url: Some(&ep.compat_url),
-                                    cdp_url: ep.cdp_url.as_deref(),
-                                    ports: Some(&ep.ports),
-                                    ..Default::default()
-                                },
-                            );
-                        }
-                        let me = self.clone();
-                        let id = row.id.clone();
-                        tokio::spawn(async move {
-                            let _ = me.await_ready(id).await;
-                        });
-                    }
-                    _ => {
-                        let me = self.clone();
-                        let id = row.id.clone();
-                        tokio::spawn(async move { me.destroy(&id).await });
-                    }
-                },
-            }
+    fn context(&self, pass: Pass) -> Context {
+        Context {
+            pass,
+            now_ms: now_ms(),
+            orphan_grace_ms: self.config.orphan_grace_secs as i64 * 1000,
         }
-        for (id, (o, _)) in &observed {
-            match known.get(id.as_str()) {
-                Some(r) if r.live() || r.status == "stopping" => {}
-                Some(_) => {
-                    // A delete that did not finish: finish it.
-                    let me = self.clone();
-                    let id = id.clone();
-                    tokio::spawn(async move { me.destroy(&id).await });
-                }
-                None => {
-                    if now_ms() - o.created_at_ms >= self.config.orphan_grace_secs as i64 * 1000 {
-                        reaped += 1;
-                        self.reap_orphan(id).await;
-                    }
-                }
+    }
+
+    /// Start-up reconciliation: runs before the API serves. Every stored sandbox and every
+    /// provider sandbox of this controller is decided on ([`decide`]) and the decision applied.
+    pub async fn recover(self: &Arc<Self>) -> anyhow::Result<()> {
+        let (observed, unlisted) = self.observed().await;
+        let rows = self.store.sandboxes(&[])?;
+        let cx = self.context(Pass::Startup);
+        let (mut adopted, mut resumed, mut vanished, mut reaped) = (0, 0, 0, 0);
+        for row in &rows {
+            if unlisted.contains(&row.provider) {
+                continue;
             }
+            let mut seen = observed.get(&row.id).map(|(o, _)| Observation::of(o));
+            // A running sandbox is adopted only if its agent answers.
+            if row.status == SandboxStatus::Running
+                && let Some(o) = seen.as_mut()
+                && o.health == Health::Alive
+                && let Err(reason) = self.probe(row).await
+            {
+                o.health = Health::Unreachable(reason);
+            }
+            let action = decide(&cx, Some(&Stored::of(row)), seen.as_ref());
+            match &action {
+                Action::Adopt => adopted += 1,
+                Action::Resume { .. } => resumed += 1,
+                Action::Fail { .. } => vanished += 1,
+                _ => {}
+            }
+            self.apply(&row.id, &action);
+        }
+        let known: BTreeSet<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+        for (id, (o, _)) in &observed {
+            if known.contains(id.as_str()) {
+                continue;
+            }
+            let action = decide(&cx, None, Some(&Observation::of(o)));
+            if action == Action::Reap {
+                reaped += 1;
+            }
+            self.apply(id, &action);
         }
         tracing::info!(
             adopted,
@@ -140,25 +96,6 @@ impl Controller {
         Ok(())
     }
 
-    async fn reap_orphan(&self, id: &str) {
-        for p in self.providers() {
-            if let Ok(Some(_)) = p.inspect(id).await {
-                tracing::warn!(
-                    sandbox = id,
-                    provider = p.name(),
-                    "reaping a sandbox the store does not know"
-                );
-                match p.destroy(id).await {
-                    Ok(()) => self.metrics.orphan_reaped(),
-                    Err(e) => {
-                        self.metrics.provider_error();
-                        tracing::error!(sandbox = id, error = %e, "cannot reap an orphan");
-                    }
-                }
-            }
-        }
-    }
-
     /// The loops that keep the world matching the store.
     pub fn start_loops(self: &Arc<Self>) {
         // Deaths the providers report (Docker's die/oom events) are acted on at once.
@@ -167,17 +104,17 @@ impl Controller {
                 let me = self.clone();
                 tokio::spawn(async move {
                     while let Some(d) = deaths.recv().await {
-                        let live = me
-                            .store
-                            .sandbox(&d.sandbox_id)
-                            .ok()
-                            .flatten()
-                            .is_some_and(|r| r.live());
-                        if live {
-                            me.fail(&d.sandbox_id, &d.reason);
-                            let me2 = me.clone();
-                            tokio::spawn(async move { me2.destroy(&d.sandbox_id).await });
-                        }
+                        // A death report is an observation like any other.
+                        let Ok(Some(row)) = me.store.sandbox(&d.sandbox_id) else {
+                            continue;
+                        };
+                        let seen = Observation {
+                            health: Health::Dead(Some(d.reason)),
+                            created_at_ms: row.created_at,
+                            endpoint: None,
+                        };
+                        let cx = me.context(Pass::Death);
+                        me.apply(&row.id, &decide(&cx, Some(&Stored::of(&row)), Some(&seen)));
                     }
                 });
             }
@@ -212,65 +149,303 @@ impl Controller {
                 }
             }
         }
+        use SandboxStatus::*;
         let Ok(rows) = self
             .store
-            .sandboxes(&["running", "starting", "pending", "stopping"])
+            .sandboxes(&[Running, Starting, Pending, Stopping])
         else {
             return;
         };
+        let cx = self.context(Pass::Sweep);
         for row in rows {
-            if row.status == "stopping" {
-                let me = self.clone();
-                tokio::spawn(async move { me.destroy(&row.id).await });
-                continue;
+            let stored = Stored::of(&row);
+            // Only a running, unexpired sandbox is looked at: its create and readiness check
+            // own one still starting, and an expired one goes whatever it is.
+            let look = row.status == Running && !row.expires_at.is_some_and(|e| e <= cx.now_ms);
+            let seen = if look {
+                let Ok(provider) = self.provider_named(&row.provider) else {
+                    continue;
+                };
+                match provider.inspect(&row.id).await {
+                    Ok(o) => o.as_ref().map(Observation::of),
+                    Err(e) => {
+                        tracing::warn!(sandbox = %row.id, error = %e, "cannot inspect");
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
+            let action = decide(&cx, Some(&stored), seen.as_ref());
+            if action == Action::Nothing
+                && seen.as_ref().is_some_and(|o| o.health == Health::Alive)
+                && let Err(e) = self.import_agent_events(&row).await
+            {
+                tracing::debug!(sandbox = %row.id, error = %e, "agent events not imported");
             }
-            if row.expires_at.is_some_and(|e| e <= now) {
-                self.event(&row.id, "sandbox.expired", json!({}));
-                let me = self.clone();
-                tokio::spawn(async move { me.destroy(&row.id).await });
-                continue;
-            }
-            if row.status != "running" {
-                continue;
-            }
-            // The store says running: is it?
-            let Ok(provider) = self.provider_named(&row.provider) else {
+            self.apply(&row.id, &action);
+        }
+        // What the providers run that the store holds ended, or not at all.
+        let (observed, _) = self.observed().await;
+        for (id, (o, _)) in observed {
+            let Ok(known) = self.store.sandbox(&id) else {
                 continue;
             };
-            match provider.inspect(&row.id).await {
-                Ok(Some(o)) if o.alive => {
-                    if let Err(e) = self.import_agent_events(&row).await {
-                        tracing::debug!(sandbox = %row.id, error = %e, "agent events not imported");
-                    }
-                }
-                Ok(found) => {
-                    let reason = match found {
-                        Some(_) => "its agent process is gone",
-                        None => "vanished: the provider has no trace of it",
-                    };
-                    self.fail(&row.id, reason);
-                    let me = self.clone();
-                    tokio::spawn(async move { me.destroy(&row.id).await });
-                }
-                Err(e) => tracing::warn!(sandbox = %row.id, error = %e, "cannot inspect"),
+            let stored = known.as_ref().map(Stored::of);
+            if stored
+                .as_ref()
+                .is_some_and(|s| s.status.live() || s.status == Stopping)
+            {
+                continue; // decided on above
             }
+            let action = decide(&cx, stored.as_ref(), Some(&Observation::of(&o)));
+            self.apply(&id, &action);
         }
-        // Orphans past their grace period.
-        let observed = self.observed().await;
-        for (id, (o, _)) in observed {
-            let known = self.store.sandbox(&id).ok().flatten();
-            match known {
-                Some(r) if r.status == "failed" || r.status == "stopped" => {
-                    let me = self.clone();
-                    tokio::spawn(async move { me.destroy(&id).await });
-                }
-                Some(_) => {}
-                None => {
-                    if now - o.created_at_ms >= self.config.orphan_grace_secs as i64 * 1000 {
-                        self.reap_orphan(&id).await;
-                    }
-                }
-            }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::lifecycle::LeaseStatus;
+    use crate::provider::fake::{CreateMode, FakeProvider, controller_on};
+    use crate::provider::{Identity, Provider};
+    use crate::reconcile::reasons;
+    use crate::sandbox::Request;
+    use crate::store::SandboxUpdate;
+
+    const WITHIN: Duration = Duration::from_secs(20);
+
+    fn req() -> Request {
+        Request {
+            profile: "ide".into(),
+            image_ref: None,
+            labels: Default::default(),
+            ttl_seconds: None,
+            screen: None,
         }
+    }
+
+    fn status(c: &Controller, id: &str) -> SandboxStatus {
+        c.get_row(id).unwrap().status
+    }
+
+    fn kinds(c: &Controller, id: &str) -> Vec<String> {
+        c.store
+            .events(id, 0, 1000)
+            .unwrap()
+            .iter()
+            .map(|e| e["kind"].as_str().unwrap_or_default().to_string())
+            .collect()
+    }
+
+    /// A controller restarted on the same store and the same provider finds each sandbox in
+    /// each state the provider can show, and does what `decide` says.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restarted_controller_adopts_resumes_fails_finishes_and_reaps() {
+        let d = tempfile::tempdir().unwrap();
+        let fake = FakeProvider::new("process");
+        let config = Config {
+            orphan_grace_secs: 60,
+            ..Config::default()
+        };
+        let before = controller_on(d.path(), &fake, config.clone());
+        let make = || async { before.provision(&req()).await.unwrap().0.id };
+        let adopted = make().await;
+        let died = make().await;
+        let vanished = make().await;
+        let unreachable = make().await;
+        let deleting = make().await;
+        let failed = make().await;
+        fake.kill(&died, "oom");
+        fake.vanish(&vanished);
+        fake.set_reachable(&unreachable, false);
+        assert!(
+            before
+                .store
+                .set_status(&deleting, SandboxStatus::Stopping, Default::default())
+                .unwrap()
+        );
+        before.fail(&failed, "a failure before the restart");
+        // A start under way: recorded, made by the provider, not ready yet.
+        let starting = before.insert_row(&req(), "fake:ide-ubuntu", None).unwrap();
+        let identity = Identity {
+            controller_id: before.controller_id.clone(),
+            sandbox_id: starting.id.clone(),
+            profile: starting.profile.clone(),
+            image_ref: starting.image_ref.clone(),
+        };
+        fake.plant(identity.clone(), 0).await;
+        let ep = fake
+            .inspect(&starting.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .endpoint
+            .unwrap();
+        before
+            .store
+            .set_status(
+                &starting.id,
+                SandboxStatus::Starting,
+                SandboxUpdate {
+                    agent_url: Some(&ep.agent_url),
+                    compat_url: Some(&ep.compat_url),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        // A create the provider never answered.
+        let pending = before.insert_row(&req(), "fake:ide-ubuntu", None).unwrap();
+        // Sandboxes of this controller the store does not know: an old one and a new one.
+        let orphan = |id: &str| Identity {
+            sandbox_id: id.into(),
+            ..identity.clone()
+        };
+        fake.plant(orphan("sb_old_orphan"), 61_000).await;
+        fake.plant(orphan("sb_new_orphan"), 1_000).await;
+        // Another controller's sandbox is none of this one's business.
+        let foreign = Identity {
+            controller_id: "ctl_other".into(),
+            ..orphan("sb_foreign")
+        };
+        fake.plant(foreign, 3_600_000).await;
+        drop(before);
+
+        let after = controller_on(d.path(), &fake, config);
+        after.recover().await.unwrap();
+        assert_eq!(status(&after, &adopted), SandboxStatus::Running);
+        assert!(kinds(&after, &adopted).contains(&"sandbox.adopted".to_string()));
+        let check_failed = |id: &str, reason: &str| {
+            let row = after.get_row(id).unwrap();
+            assert_eq!(row.status, SandboxStatus::Failed, "{id}");
+            assert!(
+                row.error.as_deref().unwrap_or_default().starts_with(reason),
+                "{id}: {:?}",
+                row.error
+            );
+        };
+        check_failed(&died, reasons::DIED_WHILE_DOWN);
+        check_failed(&vanished, reasons::VANISHED_WHILE_DOWN);
+        check_failed(&unreachable, reasons::NOT_READY_AT_RESTART);
+        check_failed(&pending.id, reasons::NEVER_CREATED);
+        check_failed(&failed, "a failure before the restart");
+        let gone = fake
+            .wait_for(WITHIN, |f| {
+                let ids = f.ids();
+                [&died, &unreachable, &deleting, &failed, "sb_old_orphan"]
+                    .iter()
+                    .all(|id| !ids.contains(&id.to_string()))
+            })
+            .await;
+        assert!(gone, "left: {:?}", fake.ids());
+        assert!(fake.ids().contains(&"sb_new_orphan".to_string()));
+        assert!(fake.ids().contains(&"sb_foreign".to_string()));
+        assert!(fake.ids().contains(&adopted));
+        // The delete cut short is finished.
+        let finished = fake
+            .wait_for(WITHIN, |_| {
+                after.get_row(&deleting).unwrap().status == SandboxStatus::Stopped
+            })
+            .await;
+        assert!(finished);
+        // The start under way is driven to ready again.
+        let ready = fake
+            .wait_for(WITHIN, |_| {
+                after.get_row(&starting.id).unwrap().status == SandboxStatus::Running
+            })
+            .await;
+        assert!(ready, "{:?}", after.get_row(&starting.id).unwrap());
+        // A failed sandbox keeps its status once destroyed.
+        assert_eq!(status(&after, &failed), SandboxStatus::Failed);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_death_report_fails_a_sandbox_at_once_and_the_sweep_catches_what_is_not_reported() {
+        let d = tempfile::tempdir().unwrap();
+        let fake = FakeProvider::new("process");
+        let c = controller_on(d.path(), &fake, Config::default());
+        c.start_loops();
+        let id = c.provision(&req()).await.unwrap().0.id;
+        fake.kill(&id, "the container was OOM-killed");
+        let failed = fake
+            .wait_for(WITHIN, |f| {
+                status(&c, &id) == SandboxStatus::Failed && !f.ids().contains(&id)
+            })
+            .await;
+        assert!(failed);
+        assert_eq!(
+            c.get_row(&id).unwrap().error.as_deref(),
+            Some("the container was OOM-killed")
+        );
+        // Gone without a report: the sweep finds it.
+        let quiet = c.provision(&req()).await.unwrap().0.id;
+        fake.vanish(&quiet);
+        let found = fake
+            .wait_for(WITHIN, |_| status(&c, &quiet) == SandboxStatus::Failed)
+            .await;
+        assert!(found);
+        assert_eq!(
+            c.get_row(&quiet).unwrap().error.as_deref(),
+            Some(reasons::VANISHED)
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_sweep_ends_expired_leases_and_sandboxes_and_leaves_starts_alone() {
+        let d = tempfile::tempdir().unwrap();
+        let fake = FakeProvider::new("process");
+        let c = controller_on(d.path(), &fake, Config::default());
+        let lease = c
+            .acquire(&berth_protocol::controller::AcquireLease {
+                thread_id: "t".into(),
+                profile: "ide".into(),
+                image_ref: None,
+                labels: Default::default(),
+                ttl_seconds: Some(1),
+                screen: None,
+            })
+            .await
+            .unwrap();
+        let short = c
+            .provision(&Request {
+                ttl_seconds: Some(1),
+                ..req()
+            })
+            .await
+            .unwrap()
+            .0
+            .id;
+        // A create that hangs stays pending: the sweep does not touch it.
+        fake.set_create(CreateMode::Hang);
+        let hanging = {
+            let c = c.clone();
+            tokio::spawn(async move { c.provision_nowait(&req()).await })
+        };
+        assert!(fake.wait_for(WITHIN, |f| f.creates() == 3).await);
+        // The clock passes both expiries (what the sweep waits for is time itself).
+        let expires = c.store.lease(&lease.lease_id).unwrap().unwrap().expires_at;
+        let latest = expires.max(c.get_row(&short).unwrap().expires_at.unwrap());
+        tokio::time::sleep(Duration::from_millis((latest - now_ms()).max(0) as u64 + 5)).await;
+        c.sweep().await;
+        assert_eq!(
+            c.store.lease(&lease.lease_id).unwrap().unwrap().status,
+            LeaseStatus::Expired
+        );
+        let stopped = fake
+            .wait_for(WITHIN, |f| {
+                status(&c, &lease.sandbox.id) == SandboxStatus::Stopped
+                    && status(&c, &short) == SandboxStatus::Stopped
+                    && !f.ids().contains(&short)
+            })
+            .await;
+        assert!(stopped);
+        assert!(kinds(&c, &short).contains(&"sandbox.expired".to_string()));
+        let pending = c.store.sandboxes(&[SandboxStatus::Pending]).unwrap();
+        assert_eq!(pending.len(), 1);
+        hanging.abort();
     }
 }

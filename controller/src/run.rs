@@ -10,6 +10,7 @@ use berth_protocol::{AgentClient, ClientError, CommandState, ExecRequest, Output
 use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
+use crate::lifecycle::{RunStatus, SandboxStatus};
 use crate::sandbox::Controller;
 use crate::store::{RunRow, SandboxRow};
 use crate::util::{new_id, now_ms, valid_id};
@@ -76,7 +77,7 @@ impl Controller {
         let fresh = RunRow {
             sandbox_id: row.id.clone(),
             id: run_id.clone(),
-            status: "pending".into(),
+            status: RunStatus::Pending,
             command,
             timeout_ms: req.timeout_ms,
             exit_code: None,
@@ -139,7 +140,7 @@ impl Controller {
             Ok(Err(e)) if e.status().is_some_and(|s| (400..500).contains(&s)) => {
                 self.end_run(
                     run,
-                    "failed",
+                    RunStatus::Failed,
                     None,
                     None,
                     Some(format!("the agent refused it: {e}")),
@@ -150,7 +151,7 @@ impl Controller {
             }
             Ok(Err(e)) => {
                 let reason = format!("the agent could not start it: {e}");
-                self.end_run(run, "failed", None, None, Some(reason.clone()))?;
+                self.end_run(run, RunStatus::Failed, None, None, Some(reason.clone()))?;
                 Ok(())
             }
             Err(_) => {
@@ -182,7 +183,7 @@ impl Controller {
             if run.done() || Instant::now() >= deadline {
                 return Ok(());
             }
-            if run.status == "pending" {
+            if run.status == RunStatus::Pending {
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
@@ -214,7 +215,7 @@ impl Controller {
         adopting: bool,
     ) -> Result<()> {
         let agent = match self.agent(sandbox) {
-            Ok(a) if sandbox.status == "running" => a,
+            Ok(a) if sandbox.status == SandboxStatus::Running => a,
             _ => {
                 let why = format!(
                     "its sandbox is {}{}",
@@ -225,14 +226,16 @@ impl Controller {
                         .map(|e| format!(": {e}"))
                         .unwrap_or_default()
                 );
-                return self.end_run(run, "lost", None, None, Some(why)).map(|_| ());
+                return self
+                    .end_run(run, RunStatus::Lost, None, None, Some(why))
+                    .map(|_| ());
             }
         };
         let adopting = adopting || run.created_at < self.started_ms;
         match tokio::time::timeout(AGENT_CALL, agent.command(&run.id)).await {
             Ok(Ok(info)) => {
                 self.store.run_unreachable(&run.sandbox_id, &run.id, None)?;
-                if run.status == "pending" {
+                if run.status == RunStatus::Pending {
                     self.store.run_started(&run.sandbox_id, &run.id, now_ms())?;
                 }
                 match info.state {
@@ -240,10 +243,10 @@ impl Controller {
                     CommandState::Exited | CommandState::Lost => {
                         let (chunks, truncated) = self.fetch_output(&agent, &run.id).await?;
                         let status = match info.state {
-                            CommandState::Lost => "lost",
-                            _ => "exited",
+                            CommandState::Lost => RunStatus::Lost,
+                            _ => RunStatus::Exited,
                         };
-                        let error = (status == "lost")
+                        let error = (status == RunStatus::Lost)
                             .then(|| "the agent lost track of the command's end".to_string());
                         let wrote = self.end_run(
                             run,
@@ -269,21 +272,23 @@ impl Controller {
                     .start_request
                     .as_deref()
                     .and_then(|q| serde_json::from_str::<ExecRequest>(q).ok());
-                match (run.status.as_str(), request) {
+                match (run.status, request) {
                     // Its start never reached the agent, or is still on the way: deliver it.
                     // The agent keys commands by the run id (a start it is still creating is
                     // the same command), so a second delivery never runs it twice.
-                    ("pending", Some(req)) if now_ms() - run.created_at < REDELIVER_WITHIN_MS => {
+                    (RunStatus::Pending, Some(req))
+                        if now_ms() - run.created_at < REDELIVER_WITHIN_MS =>
+                    {
                         tracing::info!(run = %run.id, "delivering a run the agent has no record of");
                         match self.start_run(&agent, run, &req).await {
                             Err(Error::BadRequest(_)) => Ok(()), // recorded as failed
                             other => other,
                         }
                     }
-                    ("pending", _) => self
+                    (RunStatus::Pending, _) => self
                         .end_run(
                             run,
-                            "failed",
+                            RunStatus::Failed,
                             None,
                             None,
                             Some(
@@ -296,7 +301,7 @@ impl Controller {
                     _ => self
                         .end_run(
                             run,
-                            "lost",
+                            RunStatus::Lost,
                             None,
                             None,
                             Some("the agent no longer has a record of it".into()),
@@ -316,7 +321,7 @@ impl Controller {
                     return self
                         .end_run(
                             run,
-                            "failed",
+                            RunStatus::Failed,
                             None,
                             None,
                             Some(format!(
@@ -365,7 +370,7 @@ impl Controller {
     fn end_run(
         &self,
         run: &RunRow,
-        status: &str,
+        status: RunStatus,
         exit_code: Option<i32>,
         output: Option<(Vec<OutputChunk>, bool)>,
         error: Option<String>,
@@ -380,7 +385,7 @@ impl Controller {
             }
         }
         let done = RunRow {
-            status: status.into(),
+            status,
             exit_code,
             stdout: String::from_utf8_lossy(&stdout).into_owned(),
             stderr: String::from_utf8_lossy(&stderr).into_owned(),
@@ -392,7 +397,7 @@ impl Controller {
             ..run.clone()
         };
         let wrote = self.store.finish_run(&done)?;
-        if wrote && status != "exited" {
+        if wrote && status != RunStatus::Exited {
             self.event(
                 &run.sandbox_id,
                 "run.failed",
@@ -410,7 +415,7 @@ impl Controller {
             .store
             .run(sandbox_id, run_id)?
             .ok_or_else(|| Error::NotFound(format!("no run {run_id} in sandbox {sandbox_id}")))?;
-        if row.status == "running"
+        if row.status == SandboxStatus::Running
             && let Ok(agent) = self.agent(&row)
             && let Ok(Ok(page)) =
                 tokio::time::timeout(AGENT_CALL, agent.output(run_id, from_seq)).await
@@ -457,7 +462,7 @@ impl Controller {
             if let Err(e) = self.check_run(&sandbox, &run, true).await {
                 tracing::warn!(run = %run.id, error = %e, "reconciling a run");
             }
-            if sandbox.status == "running" {
+            if sandbox.status == SandboxStatus::Running {
                 self.follow_runs(&sandbox.id);
             }
         }
@@ -514,7 +519,7 @@ impl Controller {
             let Ok(Some(sandbox)) = self.store.sandbox(sandbox_id) else {
                 return;
             };
-            if sandbox.status != "running" {
+            if sandbox.status != SandboxStatus::Running {
                 return; // the reconciler settles its runs
             }
             let Ok(agent) = self.agent(&sandbox) else {

@@ -17,9 +17,11 @@ use serde_json::json;
 use crate::catalog::{Catalog, Profile};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::lifecycle::{LeaseStatus, SandboxStatus};
 use crate::metrics::Metrics;
 use crate::pool::Pools;
 use crate::provider::{Identity, Provider, Spec};
+use crate::reconcile::Action;
 use crate::store::{SandboxRow, SandboxUpdate, Store};
 use crate::util::{new_id, now_ms, random_hex, rfc3339};
 
@@ -44,6 +46,8 @@ pub struct Controller {
     pub image_jobs: crate::image_job::ImageJobs,
     pub(crate) lease_locks: crate::util::KeyedLocks,
     destroy_locks: crate::util::KeyedLocks,
+    /// Every destroy under way (`Controller::destroy`).
+    pub(crate) destroys: crate::reconcile::Destroys,
     /// Sandboxes whose runs in flight a follower watches (`Controller::follow_runs`).
     pub(crate) run_followers: std::sync::Mutex<std::collections::HashSet<String>>,
     /// When this controller started: a run made before it is an adopted one.
@@ -94,6 +98,7 @@ impl Controller {
             run_followers: Default::default(),
             started_ms: now_ms(),
             destroy_locks: Default::default(),
+            destroys: Default::default(),
         }))
     }
 
@@ -368,13 +373,13 @@ impl Controller {
                 }
                 Err(reason) => {
                     tracing::warn!(sandbox = %row.id, %reason, "warm member failed its probe; discarding it");
-                    self.fail(
+                    let _ = self.apply(
                         &row.id,
-                        &format!("warm member failed its probe at claim: {reason}"),
+                        &Action::Fail {
+                            reason: format!("warm member failed its probe at claim: {reason}"),
+                            destroy: true,
+                        },
                     );
-                    let me = self.clone();
-                    let id = row.id.clone();
-                    tokio::spawn(async move { me.destroy(&id).await });
                 }
             }
         }
@@ -398,7 +403,7 @@ impl Controller {
             profile: profile.name.clone(),
             image_ref: image.to_string(),
             provider: provider.name().to_string(),
-            status: "pending".into(),
+            status: SandboxStatus::Pending,
             labels: req.labels.clone(),
             pool: pool.map(Into::into),
             claim: if pool.is_some() {
@@ -459,8 +464,7 @@ impl Controller {
                 Ok(ep) => {
                     me.store.set_status(
                         &id,
-                        "starting",
-                        &["stopping", "stopped", "failed"],
+                        SandboxStatus::Starting,
                         SandboxUpdate {
                             agent_url: Some(&ep.agent_url),
                             compat_url: Some(&ep.compat_url),
@@ -474,8 +478,7 @@ impl Controller {
                 Err(e) => {
                     me.metrics.provider_error();
                     let reason = format!("the provider could not create it: {e}");
-                    me.fail(&id, &reason);
-                    me.destroy(&id).await;
+                    me.fail_and_destroy(&id, &reason).await;
                     Err(Error::Unavailable(reason))
                 }
             }
@@ -499,9 +502,9 @@ impl Controller {
         let mut last = String::from("not probed yet");
         loop {
             let row = self.get_row(id)?;
-            match row.status.as_str() {
-                "running" => return Ok(row),
-                "pending" | "starting" => {}
+            match row.status {
+                SandboxStatus::Running => return Ok(row),
+                SandboxStatus::Pending | SandboxStatus::Starting => {}
                 other => {
                     return Err(Error::Unavailable(format!(
                         "sandbox {id} is {other}: {}",
@@ -514,19 +517,17 @@ impl Controller {
                     "not ready within {} s: {last}",
                     self.config.create_timeout_secs
                 );
-                self.fail(id, &reason);
-                self.destroy(id).await;
+                self.fail_and_destroy(id, &reason).await;
                 return Err(Error::Unavailable(format!("sandbox {id} failed: {reason}")));
             }
-            if row.status == "starting" {
+            if row.status == SandboxStatus::Starting {
                 // A dead agent fails at once, not at the deadline.
                 let provider = self.provider_named(&row.provider)?;
                 if let Ok(Some(o)) = provider.inspect(id).await
                     && !o.alive
                 {
                     let reason = format!("its agent exited while starting ({last})");
-                    self.fail(id, &reason);
-                    self.destroy(id).await;
+                    self.fail_and_destroy(id, &reason).await;
                     return Err(Error::Unavailable(format!("sandbox {id} failed: {reason}")));
                 }
                 // Never past the deadline: a probe that answers after it does not count.
@@ -547,8 +548,7 @@ impl Controller {
                             .is_some_and(|p| p.desktop)
                             && let Err(reason) = self.settle_screen(&row).await
                         {
-                            self.fail(id, &reason);
-                            self.destroy(id).await;
+                            self.fail_and_destroy(id, &reason).await;
                             return Err(Error::Unavailable(format!(
                                 "sandbox {id} failed: {reason}"
                             )));
@@ -556,8 +556,7 @@ impl Controller {
                         let now = now_ms();
                         self.store.set_status(
                             id,
-                            "running",
-                            &["stopping", "stopped", "failed"],
+                            SandboxStatus::Running,
                             SandboxUpdate {
                                 ready_at: Some(now),
                                 ..Default::default()
@@ -643,7 +642,7 @@ impl Controller {
     /// The agent of a running sandbox, or a 409/503 saying why there is none.
     pub fn running_agent(&self, id: &str) -> Result<(SandboxRow, AgentClient)> {
         let row = self.visible_row(id)?;
-        if row.status != "running" {
+        if row.status != SandboxStatus::Running {
             return Err(Error::Conflict(format!(
                 "sandbox {id} is {}{}",
                 row.status,
@@ -677,8 +676,7 @@ impl Controller {
             .store
             .set_status(
                 id,
-                "failed",
-                &["stopped", "failed"],
+                SandboxStatus::Failed,
                 SandboxUpdate {
                     error: Some(reason),
                     ended_at: Some(now_ms()),
@@ -692,24 +690,33 @@ impl Controller {
         }
     }
 
-    /// Stops and removes a sandbox; the row ends `stopped` (or keeps `failed` with its reason).
-    /// Safe to call twice and concurrently.
-    pub async fn destroy(self: &Arc<Self>, id: &str) {
+    /// Fails a sandbox and waits until it is destroyed.
+    pub(crate) async fn fail_and_destroy(self: &Arc<Self>, id: &str, reason: &str) {
+        let action = Action::Fail {
+            reason: reason.to_string(),
+            destroy: true,
+        };
+        if let Some(d) = self.apply(id, &action) {
+            d.await;
+        }
+    }
+
+    /// Stops and removes a sandbox; the row ends `stopped` (or keeps `failed` with its
+    /// reason). Only [`Controller::destroy`]'s tracked task calls it. Safe to call twice and
+    /// concurrently.
+    pub(crate) async fn destroy_now(self: &Arc<Self>, id: &str) {
         let lock = self.destroy_locks.get(id);
         let _one_at_a_time = lock.lock().await;
         let Ok(Some(row)) = self.store.sandbox(id) else {
             return;
         };
-        if row.status == "stopped" {
+        if row.status == SandboxStatus::Stopped {
             return;
         }
-        if row.status != "failed" {
-            let _ = self.store.set_status(
-                id,
-                "stopping",
-                &["stopped", "failed"],
-                SandboxUpdate::default(),
-            );
+        if row.status != SandboxStatus::Failed {
+            let _ = self
+                .store
+                .set_status(id, SandboxStatus::Stopping, SandboxUpdate::default());
         }
         // The last words of its agent go into the timeline before it goes.
         if row.agent_url.is_some() {
@@ -722,17 +729,16 @@ impl Controller {
         };
         match provider.destroy(id).await {
             Ok(()) => {
-                // A failed sandbox keeps its status and reason.
+                // A failed sandbox keeps its status and reason (the table refuses the move).
                 let _ = self.store.set_status(
                     id,
-                    "stopped",
-                    &["stopped", "failed"],
+                    SandboxStatus::Stopped,
                     SandboxUpdate {
                         ended_at: Some(now_ms()),
                         ..Default::default()
                     },
                 );
-                if row.status != "failed" {
+                if row.status != SandboxStatus::Failed {
                     self.event(id, "sandbox.deleted", json!({}));
                 }
             }
@@ -747,21 +753,18 @@ impl Controller {
     pub async fn delete(self: &Arc<Self>, id: &str) -> Result<()> {
         let row = self.visible_row(id)?;
         if let Some(lease) = self.store.lease_for_sandbox(id)? {
-            self.store.end_lease(&lease.id, "released")?;
+            self.store.end_lease(&lease.id, LeaseStatus::Released)?;
             self.event(
                 id,
                 "lease.released",
                 json!({"lease_id": lease.id, "reason": "sandbox deleted"}),
             );
         }
-        if row.status == "stopped" {
+        if row.status == SandboxStatus::Stopped {
             return Ok(());
         }
-        let me = self.clone();
-        let id = id.to_string();
-        tokio::spawn(async move { me.destroy(&id).await })
-            .await
-            .map_err(|e| Error::Internal(format!("delete task: {e}")))
+        self.destroy(id).await;
+        Ok(())
     }
 
     pub fn event(&self, sandbox_id: &str, kind: &str, data: serde_json::Value) {
@@ -811,7 +814,7 @@ impl Controller {
             id: row.id.clone(),
             // An older row may carry an alias: the canonical name is reported.
             profile: self.catalog.canonical(&row.profile).to_string(),
-            status: row.status.clone(),
+            status: row.status.as_str().to_string(),
             viewer: Viewer {
                 // The profile's kind where the image serves it (noVNC on a desktop); `none`
                 // for ide-ubuntu, whose image ships no IDE server yet.
@@ -847,14 +850,18 @@ impl Controller {
     }
 
     /// Sandboxes callers own, filtered by labels (all must match) and status.
-    pub fn list(&self, labels: &[(String, String)], status: Option<&str>) -> Result<Vec<Sandbox>> {
+    pub fn list(
+        &self,
+        labels: &[(String, String)],
+        status: Option<SandboxStatus>,
+    ) -> Result<Vec<Sandbox>> {
         let rows = self.store.sandboxes(&[])?;
         Ok(rows
             .iter()
             .filter(|r| r.pool.is_none())
             .filter(|r| match status {
                 Some(s) => r.status == s,
-                None => r.status != "stopped",
+                None => r.status != SandboxStatus::Stopped,
             })
             .filter(|r| labels.iter().all(|(k, v)| r.labels.get(k) == Some(v)))
             .map(|r| self.to_wire(r))

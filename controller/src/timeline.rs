@@ -63,7 +63,7 @@ impl Controller {
         limit: usize,
     ) -> Result<Value> {
         let row = self.visible_row(id)?;
-        if row.status == "running"
+        if row.status == crate::lifecycle::SandboxStatus::Running
             && let Err(e) = self.import_agent_events(&row).await
         {
             tracing::debug!(sandbox = id, error = %e, "agent events not imported");

@@ -120,24 +120,18 @@ async fn list(State(s): State<ApiState>, RawQuery(q): RawQuery) -> Result<Respon
                 labels.push((lk.to_string(), lv.to_string()));
             }
             "status" => {
-                const STATUSES: [&str; 6] = [
-                    "pending", "starting", "running", "stopping", "stopped", "failed",
-                ];
-                if !STATUSES.contains(&v.as_str()) {
-                    return Err(Error::BadRequest(format!(
-                        "status {v:?}: use one of {}",
-                        STATUSES.join(", ")
-                    ))
-                    .into());
-                }
-                status = Some(v)
+                let all = crate::lifecycle::SandboxStatus::ALL;
+                status = Some(v.parse().map_err(|_| {
+                    let names: Vec<&str> = all.iter().map(|s| s.as_str()).collect();
+                    Error::BadRequest(format!("status {v:?}: use one of {}", names.join(", ")))
+                })?);
             }
             other => {
                 return Err(Error::BadRequest(format!("unknown query parameter {other:?}")).into());
             }
         }
     }
-    let sandboxes = s.c.list(&labels, status.as_deref())?;
+    let sandboxes = s.c.list(&labels, status)?;
     Ok(SandboxList { sandboxes }.into_json().into_response())
 }
 

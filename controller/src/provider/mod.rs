@@ -6,6 +6,7 @@
 //! (Docker) cannot relabel a running sandbox.
 
 pub mod docker;
+pub mod fake;
 pub mod process;
 pub mod seccomp;
 
