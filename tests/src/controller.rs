@@ -10,6 +10,7 @@ use berth_protocol::controller::{
     Command as RunCommand, ControllerClient, CreateSandbox, RunRequest,
 };
 
+use crate::kube_fake::FakeApiServer;
 use crate::{processes_matching, workspace_bin};
 
 pub const API_KEY: &str = "test-api-key-0123456789";
@@ -59,7 +60,19 @@ pub enum Provider {
     Process,
     /// Containers of the desktop image (`tests/test.sh` builds it).
     Docker,
+    /// Pods on the in-process fake Kubernetes API server ([`FakeApiServer`]; no real API
+    /// server runs here), whose kubelet runs each Pod's agent as a real process; the
+    /// controller reaches agents at their Pod IPs (`reach = "pod-ip"`).
+    KubernetesFakeApiserver,
+    /// The same, reached through the fake API server's port-forward.
+    KubernetesFakeApiserverPortForward,
 }
+
+/// The image the Kubernetes runs' Pods name (the fake kubelet runs the workspace's agent
+/// whatever the image).
+pub const FAKE_APISERVER_IMAGE: &str = "registry.fake-apiserver.invalid/berth/desktop:test";
+/// The namespace the Kubernetes runs use.
+pub const FAKE_APISERVER_NAMESPACE: &str = "berth-test";
 
 impl Provider {
     /// How the `image_ref` of this provider's sandboxes begins.
@@ -67,6 +80,26 @@ impl Provider {
         match self {
             Provider::Process => "process:",
             Provider::Docker => "berth-desktop:",
+            Provider::KubernetesFakeApiserver | Provider::KubernetesFakeApiserverPortForward => {
+                "registry.fake-apiserver.invalid/berth/"
+            }
+        }
+    }
+
+    /// Whether sandboxes run as Pods on the fake API server.
+    pub fn is_kubernetes(self) -> bool {
+        matches!(
+            self,
+            Provider::KubernetesFakeApiserver | Provider::KubernetesFakeApiserverPortForward
+        )
+    }
+
+    /// The provider's name in `[providers]` and the catalog's `driver_hint`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Provider::Process => "process",
+            Provider::Docker => "docker",
+            _ => "kubernetes",
         }
     }
 
@@ -75,11 +108,13 @@ impl Provider {
         match self {
             Provider::Process => "agent",
             Provider::Docker => "container died",
+            _ => "agent exited",
         }
     }
 
-    /// `config` with every profile placed on this provider.
-    fn config(self, config: &str) -> String {
+    /// `config` with every profile placed on this provider (`dir`: the controller's dir,
+    /// where a kubeconfig is).
+    fn config(self, config: &str, dir: &std::path::Path) -> String {
         match self {
             Provider::Process => config.to_string(),
             Provider::Docker => {
@@ -89,14 +124,36 @@ impl Provider {
                     "docker_image = \"{image}\"\n{config}\n[providers]\ndesktop = \"docker\"\nide = \"docker\"\n"
                 )
             }
+            Provider::KubernetesFakeApiserver | Provider::KubernetesFakeApiserverPortForward => {
+                let reach = match self {
+                    Provider::KubernetesFakeApiserver => "pod-ip",
+                    _ => "port-forward",
+                };
+                format!(
+                    "{config}\n[providers]\ndesktop = \"kubernetes\"\nide = \"kubernetes\"\n\
+                     [kubernetes]\nnamespace = \"{FAKE_APISERVER_NAMESPACE}\"\nkubeconfig = \"{}\"\n\
+                     reach = \"{reach}\"\nimage = \"{FAKE_APISERVER_IMAGE}\"\n",
+                    dir.join("kubeconfig").display()
+                )
+            }
         }
     }
 }
 
 /// Runs each named `async fn(Provider)` as a test on every provider: `process::<name>` and
-/// `docker::<name>`.
+/// `docker::<name>`; the cases listed after `; kubernetes_fake_apiserver:` also as
+/// `kubernetes_fake_apiserver::<name>` (Pods on the in-process fake API server).
 #[macro_export]
 macro_rules! on_every_provider {
+    ($($name:ident),+ ; kubernetes_fake_apiserver: $($k:ident),+ $(,)?) => {
+        $crate::on_every_provider!($($name),+);
+        mod kubernetes_fake_apiserver {
+            $(#[tokio::test]
+            async fn $k() {
+                super::$k($crate::controller::Provider::KubernetesFakeApiserver).await
+            })+
+        }
+    };
     ($($name:ident),+ $(,)?) => {
         mod process {
             $(#[tokio::test]
@@ -123,6 +180,8 @@ pub struct ControllerProcess {
     pub log: PathBuf,
     /// The controller's id (its provider labels carry it).
     pub id: String,
+    /// The fake Kubernetes API server of the Kubernetes runs (it outlives restarts).
+    pub kube: Option<FakeApiServer>,
 }
 
 impl ControllerProcess {
@@ -134,13 +193,19 @@ impl ControllerProcess {
 
     /// [`start`](Self::start) with every profile on `provider`.
     pub async fn start_on(provider: Provider, config: &str) -> ControllerProcess {
-        let config = provider.config(config);
         let dir = tempfile::Builder::new()
             .prefix("berth-ctl-")
             .tempdir()
             .expect("tempdir");
+        let config = provider.config(config, dir.path());
+        let kube = provider.is_kubernetes().then(|| {
+            let fake = FakeApiServer::start();
+            fake.write_kubeconfig(&dir.path().join("kubeconfig"), FAKE_APISERVER_NAMESPACE);
+            fake
+        });
         let mut c = ControllerProcess {
             provider,
+            kube,
             child: None,
             log: dir.path().join("controller.log"),
             dir,
@@ -179,6 +244,9 @@ impl ControllerProcess {
             .arg(&config)
             .env("BERTH_API_KEYS", API_KEY)
             .env("BERTH_LOG", "info")
+            // Never the machine's own cluster, if it has one.
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("KUBECONFIG")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)
@@ -224,14 +292,69 @@ impl ControllerProcess {
         }
     }
 
+    /// The fake API server of a Kubernetes run.
+    pub fn fake(&self) -> &FakeApiServer {
+        self.kube
+            .as_ref()
+            .expect("a Kubernetes run has its fake API server")
+    }
+
+    /// The stored objects (`Pod`, `Secret`, `NetworkPolicy`) labelled with `label=value`;
+    /// `live` keeps only those not being deleted.
+    fn kube_objects(&self, label: &str, value: &str, live: bool) -> Vec<serde_json::Value> {
+        ["Pod", "Secret", "NetworkPolicy"]
+            .into_iter()
+            .flat_map(|k| self.fake().objects_json(k))
+            .filter(|o| o["metadata"]["labels"][label] == value)
+            .filter(|o| !live || o["metadata"]["deletionTimestamp"].is_null())
+            .collect()
+    }
+
+    /// The names of a sandbox's Pods not being deleted.
+    fn kube_pods(&self, sandbox_id: &str) -> Vec<String> {
+        self.kube_objects("berth.sandbox", sandbox_id, true)
+            .iter()
+            .filter(|o| o["kind"] == "Pod")
+            .filter_map(|o| o["metadata"]["name"].as_str().map(String::from))
+            .collect()
+    }
+
+    /// `Kind/name` of each object, and `pid N` of each process of the Pods among them.
+    fn kube_leftovers(&self, objects: &[serde_json::Value]) -> Vec<String> {
+        let mut left = Vec::new();
+        for o in objects {
+            let name = o["metadata"]["name"].as_str().unwrap_or_default();
+            left.push(format!("{}/{name}", o["kind"].as_str().unwrap_or_default()));
+            if o["kind"] == "Pod" {
+                left.extend(
+                    self.fake()
+                        .pod_processes(name)
+                        .iter()
+                        .map(|p| format!("pid {p}")),
+                );
+            }
+        }
+        left
+    }
+
     /// The live processes that belong to a sandbox (its agent and everything under it).
     pub fn sandbox_processes(&self, sandbox_id: &str) -> Vec<u32> {
+        if self.provider.is_kubernetes() {
+            return self
+                .kube_pods(sandbox_id)
+                .iter()
+                .flat_map(|p| self.fake().pod_processes(p))
+                .collect();
+        }
         let dir = self.data_dir().join("sandboxes").join(sandbox_id);
         processes_matching(&dir.to_string_lossy())
     }
 
     /// Every live process started for any sandbox of this controller.
     pub fn all_sandbox_processes(&self) -> Vec<u32> {
+        if let Some(k) = &self.kube {
+            return k.all_pod_processes();
+        }
         processes_matching(&self.data_dir().join("sandboxes").to_string_lossy())
     }
 
@@ -267,6 +390,9 @@ impl ControllerProcess {
                 left
             }
             Provider::Docker => docker_names(&format!("label=berth.sandbox={sandbox_id}")),
+            // A Pod being deleted is the kubelet's to finish (its grace period): what is left
+            // is what no delete was asked for.
+            _ => self.kube_leftovers(&self.kube_objects("berth.sandbox", sandbox_id, true)),
         }
     }
 
@@ -279,6 +405,7 @@ impl ControllerProcess {
                 .map(|p| format!("pid {p}"))
                 .collect(),
             Provider::Docker => docker_names(&format!("label=berth.controller={}", self.id)),
+            _ => self.kube_leftovers(&self.kube_objects("berth.controller", &self.id, true)),
         }
     }
 
@@ -297,6 +424,17 @@ impl ControllerProcess {
                 })
                 .unwrap_or(0),
             Provider::Docker => self.containers().len(),
+            _ => self
+                .kube_objects("berth.controller", &self.id, true)
+                .iter()
+                .filter(|o| o["kind"] == "Pod")
+                .filter(|o| {
+                    o["metadata"]["name"]
+                        .as_str()
+                        .and_then(|n| self.fake().agent_pid(n))
+                        .is_some_and(crate::pid_alive)
+                })
+                .count(),
         }
     }
 
@@ -309,6 +447,10 @@ impl ControllerProcess {
                 .arg(format!("berth-{sandbox_id}"))
                 .output()
                 .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "true"),
+            _ => self
+                .kube_pods(sandbox_id)
+                .iter()
+                .any(|p| self.fake().agent_pid(p).is_some_and(crate::pid_alive)),
         }
     }
 
@@ -333,6 +475,14 @@ impl ControllerProcess {
                     String::from_utf8_lossy(&out.stderr)
                 );
             }
+            // Everything in the Pod's container, SIGKILLed: the Pod turns Failed.
+            _ => {
+                let pods = self.kube_pods(sandbox_id);
+                assert!(!pods.is_empty(), "{sandbox_id} has no Pod");
+                for p in pods {
+                    self.fake().kill_pod(&p);
+                }
+            }
         }
     }
 
@@ -340,9 +490,19 @@ impl ControllerProcess {
     /// events), its log, the user's home and /tmp.
     pub fn state_files_containing(&self, sandbox_id: &str, needle: &str) -> Vec<String> {
         match self.provider {
-            Provider::Process => {
+            Provider::Process
+            | Provider::KubernetesFakeApiserver
+            | Provider::KubernetesFakeApiserverPortForward => {
                 let mut found = Vec::new();
-                let mut stack = vec![self.data_dir().join("sandboxes").join(sandbox_id)];
+                // A Pod's root holds its agent's state, home, volumes and container log.
+                let mut stack = match self.provider.is_kubernetes() {
+                    true => self
+                        .kube_pods(sandbox_id)
+                        .iter()
+                        .filter_map(|p| self.fake().pod_root(p))
+                        .collect(),
+                    false => vec![self.data_dir().join("sandboxes").join(sandbox_id)],
+                };
                 while let Some(p) = stack.pop() {
                     if p.is_dir() {
                         stack.extend(std::fs::read_dir(&p).unwrap().flatten().map(|e| e.path()));
@@ -393,10 +553,22 @@ impl ControllerProcess {
         }
     }
 
-    /// The pid of a sandbox's agent.
     /// The sandbox agent's bearer token, read where the provider hands it to the agent (its
-    /// environment; for Docker, the container's configuration).
+    /// environment; for Docker, the container's configuration; on Kubernetes, the Secret
+    /// mounted as the agent's token file).
     pub fn agent_token(&self, sandbox_id: &str) -> String {
+        if self.provider.is_kubernetes() {
+            let secret = self
+                .kube_objects("berth.sandbox", sandbox_id, true)
+                .into_iter()
+                .find(|o| o["kind"] == "Secret")
+                .expect("the sandbox's token Secret");
+            use base64::Engine as _;
+            let b = base64::engine::general_purpose::STANDARD
+                .decode(secret["data"]["token"].as_str().expect("a token key"))
+                .unwrap();
+            return String::from_utf8(b).unwrap();
+        }
         let env = match self.provider {
             Provider::Process => {
                 let pid = self.agent_pid(sandbox_id);
@@ -415,6 +587,7 @@ impl ControllerProcess {
                     .unwrap();
                 String::from_utf8_lossy(&out.stdout).into_owned()
             }
+            _ => unreachable!(),
         };
         env.lines()
             .find_map(|l| l.strip_prefix("BERTH_AGENT_TOKEN="))
@@ -422,7 +595,15 @@ impl ControllerProcess {
             .to_string()
     }
 
+    /// The pid of a sandbox's agent.
     pub fn agent_pid(&self, sandbox_id: &str) -> i32 {
+        if self.provider.is_kubernetes() {
+            let pods = self.kube_pods(sandbox_id);
+            return pods
+                .iter()
+                .find_map(|p| self.fake().agent_pid(p))
+                .expect("the sandbox's Pod runs an agent") as i32;
+        }
         let p = self
             .data_dir()
             .join("sandboxes")
@@ -450,6 +631,11 @@ fn docker_names(filter: &str) -> Vec<String> {
 impl Drop for ControllerProcess {
     fn drop(&mut self) {
         self.kill9();
+        // The fake API server's kubelet kills every Pod's processes as it goes.
+        if let Some(k) = self.kube.take() {
+            drop(k);
+            return;
+        }
         let containers = self.containers();
         if !containers.is_empty() {
             let _ = Command::new("docker")

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use berth_protocol::AgentClient;
 
 pub mod controller;
+pub mod kube_fake;
 pub mod readme;
 pub mod video;
 pub mod x;

@@ -1,6 +1,8 @@
 //! The controller end to end: real `berth serve`, real agents, real SQLite, restarts with
 //! `kill -9`. One suite, run on every provider (`process::…` local agent processes,
-//! `docker::…` containers of the desktop image); it uses the `ide` profile (no desktop).
+//! `docker::…` containers of the desktop image, `kubernetes_fake_apiserver::…` Pods on the
+//! tests' in-process fake API server, whose kubelet runs real agents); it uses the `ide`
+//! profile (no desktop).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -287,10 +289,7 @@ async fn the_catalog_lists_profiles_apps_and_bundles_and_disabled_profiles_are_4
     assert_eq!(by_name("ide-ubuntu")["viewer"], "vscode");
     assert_eq!(by_name("ide-ubuntu")["aliases"], serde_json::json!(["ide"]));
     // The Docker runs map the aliases (`ide = "docker"`) in `[providers]`: still honoured.
-    let serving = match provider {
-        Provider::Process => "process",
-        Provider::Docker => "docker",
-    };
+    let serving = provider.name();
     assert_eq!(by_name("ide-ubuntu")["driver_hint"], serving);
     assert_eq!(by_name("desktop-ubuntu")["driver_hint"], serving);
     assert_eq!(by_name("desktop-windows")["enabled"], false);
@@ -858,6 +857,18 @@ async fn without_configured_keys_one_is_generated_printed_once_and_stored_hashed
 }
 
 berth_tests::on_every_provider!(
+    an_ide_sandbox_runs_commands_and_its_delete_leaves_nothing_running,
+    runs_are_idempotent_by_id_and_secrets_stay_out_of_every_answer_and_log,
+    the_catalog_lists_profiles_apps_and_bundles_and_disabled_profiles_are_422,
+    leases_reuse_their_sandbox_and_reprovision_on_label_mismatch_or_a_dead_agent,
+    a_lease_past_its_ttl_is_released_and_its_sandbox_destroyed,
+    a_run_survives_a_kill_9_of_the_controller_with_its_exit_code_and_full_output,
+    a_controller_killed_during_creates_adopts_or_reaps_them_and_leaks_nothing,
+    a_sandbox_whose_agent_dies_is_marked_failed_not_running,
+    fifty_concurrent_claims_against_a_pool_of_ten_are_exactly_ten_warm,
+    a_pool_resized_to_zero_destroys_its_idle_members_and_spares_the_claimed_one,
+    the_cli_creates_execs_lists_and_removes_sandboxes;
+    kubernetes_fake_apiserver:
     an_ide_sandbox_runs_commands_and_its_delete_leaves_nothing_running,
     runs_are_idempotent_by_id_and_secrets_stay_out_of_every_answer_and_log,
     the_catalog_lists_profiles_apps_and_bundles_and_disabled_profiles_are_422,
