@@ -171,16 +171,14 @@ pub async fn upload(State(agent): State<Arc<Agent>>, req: Request) -> Response {
         Err(_) => return required(),
     };
     let mut target: Option<PathBuf> = None;
-    // Where the data went: (temp file, bytes).
-    let mut staged: Option<(PathBuf, u64)> = None;
+    // Where the data went: (temp file, bytes). The temp file goes when `staged` is dropped,
+    // also when the client resets the request mid-body and this future is dropped.
+    let mut staged: Option<(crate::fs::TempFile, u64)> = None;
     // A NUL in file_path: the rest of the body is read and dropped, then a 400 (the client is
     // still sending; answering mid-body would reset its connection).
     let mut nul_path = false;
     let staging_dir = agent.state_dir.join("uploads");
-    let fail = |staged: &Option<(PathBuf, u64)>, msg: String| {
-        if let Some((tmp, _)) = staged {
-            let _ = std::fs::remove_file(tmp);
-        }
+    let fail = |msg: String| {
         flask(
             StatusCode::INTERNAL_SERVER_ERROR,
             &json!({"error": format!("Failed to upload file: {msg}")}),
@@ -188,24 +186,19 @@ pub async fn upload(State(agent): State<Arc<Agent>>, req: Request) -> Response {
     };
     // A body that ends early or does not parse is the client's fault: a 400 (413 kept), as
     // Werkzeug's form parser answers it, in the compat error shape.
-    let malformed = |staged: &Option<(PathBuf, u64)>, e: MultipartError| {
-        if let Some((tmp, _)) = staged {
-            let _ = std::fs::remove_file(tmp);
-        }
-        error(multipart_status(&e), e.body_text())
-    };
+    let malformed = |e: MultipartError| error(multipart_status(&e), e.body_text());
     let read: Result<(), Response> = async {
         loop {
             let field = match mp.next_field().await {
                 Ok(Some(f)) => f,
                 Ok(None) => return Ok(()),
-                Err(e) => return Err(malformed(&staged, e)),
+                Err(e) => return Err(malformed(e)),
             };
             match field.name() {
                 Some("file_path") if target.is_none() => {
                     let raw = match field.text().await {
                         Ok(raw) => raw,
-                        Err(e) => return Err(malformed(&staged, e)),
+                        Err(e) => return Err(malformed(e)),
                     };
                     if raw.is_empty() {
                         continue;
@@ -224,22 +217,21 @@ pub async fn upload(State(agent): State<Arc<Agent>>, req: Request) -> Response {
                     let tmp = match &target {
                         Some(t) => {
                             if let Err(e) = agent.files.create_parents(t) {
-                                return Err(fail(&staged, e.to_string()));
+                                return Err(fail(e.to_string()));
                             }
-                            crate::fs::temp_beside(t)
+                            crate::fs::TempFile::beside(t)
                         }
                         None => {
                             let _ = std::fs::create_dir_all(&staging_dir);
-                            crate::fs::temp_beside(&staging_dir.join("upload"))
+                            crate::fs::TempFile::beside(&staging_dir.join("upload"))
                         }
                     };
-                    match write_stream(&tmp, field).await {
+                    match write_stream(tmp.path(), field).await {
                         Ok(n) => staged = Some((tmp, n)),
                         Err(e) => {
-                            let _ = std::fs::remove_file(&tmp);
                             return Err(match e {
-                                StreamError::Read(e) => malformed(&None, e),
-                                StreamError::Write(m) => fail(&None, m),
+                                StreamError::Read(e) => malformed(e),
+                                StreamError::Write(m) => fail(m),
                             });
                         }
                     }
@@ -255,38 +247,34 @@ pub async fn upload(State(agent): State<Arc<Agent>>, req: Request) -> Response {
         return resp;
     }
     if nul_path {
-        if let Some((tmp, _)) = staged {
-            let _ = std::fs::remove_file(tmp);
-        }
         return flask(
             StatusCode::BAD_REQUEST,
             &json!({"error": "file_path contains a NUL byte"}),
         );
     }
-    let (Some(target), Some((tmp, n))) = (target, staged.clone()) else {
-        if let Some((tmp, _)) = staged {
-            let _ = std::fs::remove_file(tmp);
-        }
+    let (Some(target), Some((tmp, n))) = (target, staged) else {
         return required();
     };
     if let Err(e) = agent.files.create_parents(&target) {
-        return fail(&staged, e.to_string());
+        return fail(e.to_string());
     }
-    agent.files.chown(&tmp);
-    let moved = match std::fs::rename(&tmp, &target) {
-        Ok(()) => Ok(()),
+    agent.files.chown(tmp.path());
+    let moved = match std::fs::rename(tmp.path(), &target) {
+        Ok(()) => {
+            tmp.keep();
+            Ok(())
+        }
         // Staged in the state dir on another file system: copied beside the target first, so
         // the target is still replaced whole or not at all.
         Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
-            let beside = crate::fs::temp_beside(&target);
-            let copied = std::fs::copy(&tmp, &beside).and_then(|_| {
-                agent.files.chown(&beside);
-                std::fs::rename(&beside, &target)
+            let beside = crate::fs::TempFile::beside(&target);
+            let copied = std::fs::copy(tmp.path(), beside.path()).and_then(|_| {
+                agent.files.chown(beside.path());
+                std::fs::rename(beside.path(), &target)
             });
-            if copied.is_err() {
-                let _ = std::fs::remove_file(&beside);
+            if copied.is_ok() {
+                beside.keep();
             }
-            let _ = std::fs::remove_file(&tmp);
             copied
         }
         Err(e) => Err(e),
@@ -296,7 +284,7 @@ pub async fn upload(State(agent): State<Arc<Agent>>, req: Request) -> Response {
             Some(errno) => py_os_error(errno, &target.to_string_lossy()),
             None => e.to_string(),
         };
-        return fail(&staged, msg);
+        return fail(msg);
     }
     agent.events.emit(
         kinds::FILE_UPLOADED,
@@ -493,11 +481,10 @@ async fn fetch(agent: &Agent, url: &str, target: &Path) -> Result<u64, String> {
         .files
         .create_parents(target)
         .map_err(|e| e.to_string())?;
-    let tmp = crate::fs::temp_beside(target);
-    let n = match write_stream(&tmp, Box::pin(resp.bytes_stream())).await {
+    let tmp = crate::fs::TempFile::beside(target);
+    let n = match write_stream(tmp.path(), Box::pin(resp.bytes_stream())).await {
         Ok(n) => n,
         Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
             return Err(match e {
                 StreamError::Read(e) => e.to_string(),
                 StreamError::Write(m) => m,
@@ -507,16 +494,13 @@ async fn fetch(agent: &Agent, url: &str, target: &Path) -> Result<u64, String> {
     if let Some(len) = expected
         && len != n
     {
-        let _ = std::fs::remove_file(&tmp);
         return Err(format!(
             "Download incomplete: expected {len} bytes, got {n}"
         ));
     }
-    agent.files.chown(&tmp);
-    if let Err(e) = std::fs::rename(&tmp, target) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e.to_string());
-    }
+    agent.files.chown(tmp.path());
+    std::fs::rename(tmp.path(), target).map_err(|e| e.to_string())?;
+    tmp.keep();
     Ok(n)
 }
 

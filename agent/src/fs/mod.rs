@@ -267,43 +267,62 @@ impl Files {
             return Err(FsError::IsADirectory(path.to_path_buf()));
         }
         self.create_parents(path)?;
-        let tmp = temp_beside(path);
-        let mut file = tokio::fs::File::create(&tmp)
+        let tmp = TempFile::beside(path);
+        let mut file = tokio::fs::File::create(tmp.path())
             .await
             .map_err(|e| FsError::from_io(path, e))?;
-        let result: Result<u64, FsError> = async {
-            let mut n = 0u64;
-            while let Some(chunk) = body.next().await {
-                let chunk = chunk.map_err(|e| FsError::Body(path.to_path_buf(), e.to_string()))?;
-                file.write_all(&chunk)
-                    .await
-                    .map_err(|e| FsError::from_io(path, e))?;
-                n += chunk.len() as u64;
-            }
-            file.flush().await.map_err(|e| FsError::from_io(path, e))?;
-            Ok(n)
-        }
-        .await;
-        drop(file);
-        let n = match result {
-            Ok(n) => n,
-            Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(e);
-            }
-        };
-        let finish = || -> Result<(), FsError> {
-            let mode = mode.unwrap_or(0o644) & 0o7777;
-            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
+        let mut n = 0u64;
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| FsError::Body(path.to_path_buf(), e.to_string()))?;
+            file.write_all(&chunk)
+                .await
                 .map_err(|e| FsError::from_io(path, e))?;
-            self.chown(&tmp);
-            std::fs::rename(&tmp, path).map_err(|e| FsError::from_io(path, e))
-        };
-        if let Err(e) = finish() {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
+            n += chunk.len() as u64;
         }
+        file.flush().await.map_err(|e| FsError::from_io(path, e))?;
+        drop(file);
+        let mode = mode.unwrap_or(0o644) & 0o7777;
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(mode))
+            .map_err(|e| FsError::from_io(path, e))?;
+        self.chown(tmp.path());
+        std::fs::rename(tmp.path(), path).map_err(|e| FsError::from_io(path, e))?;
+        tmp.keep();
         Ok(n)
+    }
+}
+
+/// A temp file that is removed when dropped unless [`keep`](Self::keep) was called: an upload
+/// whose request is dropped mid-body (the client reset it) leaves nothing behind.
+#[derive(Debug)]
+pub struct TempFile {
+    path: PathBuf,
+    keep: bool,
+}
+
+impl TempFile {
+    /// A fresh name beside `target` ([`temp_beside`]); nothing is created yet.
+    pub fn beside(target: &Path) -> TempFile {
+        TempFile {
+            path: temp_beside(target),
+            keep: false,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file was renamed into place (or must stay): it is no longer removed on drop.
+    pub fn keep(mut self) {
+        self.keep = true;
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -478,5 +497,45 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
             .collect();
         assert!(leftovers.is_empty());
+    }
+
+    /// A request dropped mid-body (the client reset its connection) drops the upload's future
+    /// while it waits for the next chunk: its temp file goes with it.
+    #[tokio::test]
+    async fn an_upload_dropped_mid_body_leaves_no_temp_file() {
+        let d = tempfile::tempdir().unwrap();
+        let f = files(d.path());
+        let target = d.path().join("dropped.bin");
+        let first = futures_util::stream::iter(vec![Ok::<_, std::io::Error>(Bytes::from_static(
+            b"partial",
+        ))]);
+        let body = first.chain(futures_util::stream::pending());
+        let temps = || -> Vec<String> {
+            std::fs::read_dir(d.path())
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".tmp"))
+                .collect()
+        };
+        let upload = f.upload(&target, body, None);
+        let mut upload = Box::pin(upload);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        // Poll until the first chunk is written (the temp file exists) and it waits for more.
+        while temps().is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no temp file appeared"
+            );
+            let polled =
+                tokio::time::timeout(std::time::Duration::from_millis(20), upload.as_mut()).await;
+            assert!(
+                polled.is_err(),
+                "the upload cannot finish: its body never ends"
+            );
+        }
+        drop(upload);
+        assert_eq!(temps(), Vec::<String>::new());
+        assert!(!target.exists());
     }
 }
