@@ -1,0 +1,360 @@
+//! `berth image push` into a real registry: Debian's `docker-registry` (tests/setup.sh installs
+//! it), started here on a free loopback port with its own storage, and the pushed image pulled
+//! back by digest through the real Docker daemon. Docker speaks plain HTTP to 127.0.0.0/8.
+//!
+//! The image pushed is the controller's own (`berth image build --controller`: the base rootfs
+//! and the two binaries), the smallest the builder makes and the one deploy/kubernetes runs.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use berth_tests::{wait_for, workspace_bin};
+use serde_json::Value;
+use sha2::Digest;
+
+/// A registry process on 127.0.0.1:<free port>, killed on drop.
+struct Registry {
+    child: Child,
+    addr: String,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Registry {
+    async fn start() -> Registry {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let config = dir.path().join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n    rootdirectory: {}\n  \
+                 delete:\n    enabled: true\nhttp:\n  addr: {addr}\n",
+                dir.path().join("storage").display()
+            ),
+        )
+        .unwrap();
+        let log = dir.path().join("registry.log");
+        let child = Command::new("/usr/bin/docker-registry")
+            .arg("serve")
+            .arg(&config)
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(Stdio::from(
+                std::fs::OpenOptions::new().append(true).open(&log).unwrap(),
+            ))
+            .spawn()
+            .expect("/usr/bin/docker-registry (tests/setup.sh installs docker-registry)");
+        let mut r = Registry {
+            child,
+            addr,
+            log,
+            _dir: dir,
+        };
+        let url = format!("http://{}/v2/", r.addr);
+        let http = reqwest::Client::new();
+        wait_for(
+            "the registry's GET /v2/ to answer 200",
+            Duration::from_secs(30),
+            || {
+                let (http, url) = (http.clone(), url.clone());
+                let exited = r.child.try_wait().unwrap();
+                assert!(
+                    exited.is_none(),
+                    "docker-registry exited ({exited:?}): {}",
+                    std::fs::read_to_string(&r.log).unwrap_or_default()
+                );
+                async move {
+                    match http.get(&url).send().await {
+                        Ok(a) if a.status() == 200 => Some(()),
+                        _ => None,
+                    }
+                }
+            },
+        )
+        .await;
+        r
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn docker(args: &[&str]) -> std::process::Output {
+    Command::new("docker").args(args).output().unwrap()
+}
+
+/// `berth image build --controller --json`: found when built before.
+fn controller_image() -> Value {
+    let out = Command::new(workspace_bin("berth"))
+        .args(["image", "build", "--controller", "--json"])
+        .env("BERTH_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "berth image build --controller: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("only JSON on stdout")
+}
+
+fn push(image: &str, registry: &str) -> std::process::Output {
+    Command::new(workspace_bin("berth"))
+        .args(["image", "push", image, "--registry", registry, "--json"])
+        .env("BERTH_LOG", "warn")
+        // No credentials file of this machine's user is read.
+        .env("DOCKER_CONFIG", "/nonexistent")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    format!("sha256:{:x}", sha2::Sha256::digest(bytes))
+}
+
+const MANIFEST_TYPES: &str = "application/vnd.docker.distribution.manifest.v2+json, \
+                              application/vnd.oci.image.manifest.v1+json";
+
+#[tokio::test]
+async fn push_then_pull_back_by_digest() {
+    let built = controller_image();
+    let image = built["image_ref"].as_str().unwrap().to_string();
+    let (name, tag) = image.split_once(':').unwrap();
+    let image_id =
+        String::from_utf8(docker(&["image", "inspect", "--format", "{{.Id}}", &image]).stdout)
+            .unwrap()
+            .trim()
+            .to_string();
+    assert!(image_id.starts_with("sha256:"), "{image_id:?}");
+
+    let reg = Registry::start().await;
+    let registry = format!("{}/berth-test", reg.addr);
+    let started = Instant::now();
+    let out = push(&image, &registry);
+    let push_secs = started.elapsed().as_secs_f64();
+    assert!(
+        out.status.success(),
+        "push: {}\nregistry log: {}",
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_to_string(&reg.log).unwrap_or_default()
+    );
+    let pushed: Value = serde_json::from_slice(&out.stdout).expect("only JSON on stdout");
+    let repo = format!("{registry}/{name}");
+    assert_eq!(pushed["pushed"], format!("{repo}:{tag}"));
+    assert_eq!(pushed["image_ref"], image);
+    assert_eq!(pushed["image_id"], image_id);
+    let digest = pushed["digest"].as_str().unwrap().to_string();
+    assert!(
+        digest.starts_with("sha256:") && digest.len() == 71,
+        "{digest}"
+    );
+    let digest_ref = format!("{repo}@{digest}");
+    assert_eq!(pushed["digest_ref"], digest_ref);
+    eprintln!(
+        "pushed {} ({:.0} MB) in {push_secs:.1} s",
+        pushed["pushed"],
+        built["size_bytes"].as_f64().unwrap_or(0.0) / 1e6
+    );
+
+    // The registry lists it, and answers the tag with the digest the push printed: the
+    // manifest's bytes hash to it, and the config they name is the local image's (its id).
+    let http = reqwest::Client::new();
+    let catalog: Value = http
+        .get(reg.url("/v2/_catalog"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let path = format!("berth-test/{name}");
+    assert!(
+        catalog["repositories"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r == &path),
+        "{catalog}"
+    );
+    let tags: Value = http
+        .get(reg.url(&format!("/v2/{path}/tags/list")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(tags["tags"], serde_json::json!([tag]), "{tags}");
+    let manifest = http
+        .get(reg.url(&format!("/v2/{path}/manifests/{tag}")))
+        .header("Accept", MANIFEST_TYPES)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(manifest.status(), 200);
+    assert_eq!(
+        manifest.headers()["docker-content-digest"]
+            .to_str()
+            .unwrap(),
+        digest
+    );
+    let body = manifest.bytes().await.unwrap();
+    assert_eq!(sha256(&body), digest, "the manifest's bytes are the digest");
+    let manifest: Value = serde_json::from_slice(&body).unwrap();
+    let config_digest = manifest["config"]["digest"].as_str().unwrap();
+    assert_eq!(
+        config_digest, image_id,
+        "the manifest names the image's config"
+    );
+    let config = http
+        .get(reg.url(&format!("/v2/{path}/blobs/{config_digest}")))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(sha256(&config), image_id);
+    let config: Value = serde_json::from_slice(&config).unwrap();
+    assert_eq!(
+        config["config"]["Entrypoint"],
+        serde_json::json!(["/usr/local/bin/berth"])
+    );
+    assert_eq!(config["config"]["Labels"]["berth.image_ref"], image);
+
+    // Gone from this machine (every name and the image itself), then pulled by digest.
+    let rm = docker(&["rmi", "-f", &image_id]);
+    assert!(
+        rm.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rm.stderr)
+    );
+    assert!(!docker(&["image", "inspect", &image_id]).status.success());
+    let started = Instant::now();
+    let pull = docker(&["pull", &digest_ref]);
+    let pull_secs = started.elapsed().as_secs_f64();
+    assert!(
+        pull.status.success(),
+        "docker pull {digest_ref}: {}",
+        String::from_utf8_lossy(&pull.stderr)
+    );
+    let inspect: Value = serde_json::from_slice(&docker(&["image", "inspect", &digest_ref]).stdout)
+        .expect("the pulled image inspects");
+    let pulled = &inspect[0];
+    assert_eq!(pulled["Id"], image_id, "the same image came back");
+    assert!(
+        pulled["RepoDigests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d == &digest_ref),
+        "{}",
+        pulled["RepoDigests"]
+    );
+    assert_eq!(
+        pulled["Config"]["Cmd"],
+        serde_json::json!([
+            "serve",
+            "--listen",
+            "0.0.0.0:8780",
+            "--config",
+            "/etc/berth/berth.toml",
+            "--data-dir",
+            "/var/lib/berth"
+        ])
+    );
+    eprintln!("pulled {digest_ref} in {pull_secs:.1} s");
+    // The builder's name again, so the next build finds it.
+    let tagged = docker(&["tag", &digest_ref, &image]);
+    assert!(tagged.status.success());
+    let again = controller_image();
+    assert_eq!(again["built"], false, "{again}");
+    assert_eq!(again["image_ref"], image);
+}
+
+/// An empty image of this test's own (`docker import` of an empty tar): the push test removes
+/// the controller image while it runs.
+fn tiny_image(name: &str) -> String {
+    let mut tar = Command::new("tar")
+        .args(["-cf", "-", "--files-from", "/dev/null"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = Command::new("docker")
+        .args(["import", "-", name])
+        .stdin(tar.stdout.take().unwrap())
+        .output()
+        .unwrap();
+    assert!(tar.wait().unwrap().success());
+    assert!(
+        out.status.success(),
+        "docker import: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    name.to_string()
+}
+
+#[tokio::test]
+async fn a_push_to_a_registry_that_is_down_fails_clearly_and_soon() {
+    let image = tiny_image("berth-test-tiny:down");
+    // A port a registry answered on a moment ago, closed now.
+    let reg = Registry::start().await;
+    let addr = reg.addr.clone();
+    drop(reg);
+    let started = Instant::now();
+    let out = push(&image, &format!("{addr}/berth-test"));
+    let secs = started.elapsed().as_secs_f64();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a push to nothing succeeded");
+    assert!(out.stdout.is_empty(), "no JSON for a failed push");
+    assert!(
+        err.contains(&format!("pushing {addr}/berth-test/")) && err.contains(&addr),
+        "{err}"
+    );
+    assert!(
+        err.contains("connection refused"),
+        "the daemon's reason: {err}"
+    );
+    assert!(secs < 60.0, "took {secs:.1} s");
+    eprintln!("failed in {secs:.1} s: {}", err.trim());
+    let _ = docker(&["rmi", &format!("{addr}/berth-test/{image}"), &image]);
+}
+
+#[test]
+fn bad_registries_and_images_are_clear_errors() {
+    for (registry, why) in [
+        ("http://127.0.0.1:5000/berth", "no scheme"),
+        ("berth", "Docker Hub namespace"),
+        ("127.0.0.1:5000/Berth", "path component"),
+        ("127.0.0.1:99999/berth", "not a host"),
+    ] {
+        let started = Instant::now();
+        let out = push("berth-controller:x", registry);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{registry}");
+        assert!(err.contains(why), "{registry}: {err}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
+    let out = push("berth-no-such-image:0", "127.0.0.1:5000/berth");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("no local image berth-no-such-image:0") && err.contains("berth image build"),
+        "{err}"
+    );
+}
