@@ -51,6 +51,165 @@ pub struct Config {
     /// 64 hex digits, created 0600 when missing. Default `<data dir>/secret.key`; keep it
     /// elsewhere (a secrets mount) so a copy of the data dir does not carry it.
     pub secret_key_file: Option<PathBuf>,
+    /// The `kubernetes` provider (`[kubernetes]`): built when this section is present or a
+    /// profile is routed to it.
+    pub kubernetes: Option<KubernetesConfig>,
+}
+
+/// `[kubernetes]`: where and how sandboxes run as Pods.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesConfig {
+    /// The namespace every object is made in; default the in-cluster namespace (the service
+    /// account's), else `default`.
+    pub namespace: Option<String>,
+    /// The image sandboxes run when a create names none (a registry the cluster pulls from).
+    pub image: Option<String>,
+    /// A kubeconfig file; default the in-cluster configuration when the controller runs in a
+    /// Pod, else `KUBECONFIG` / `~/.kube/config`.
+    pub kubeconfig: Option<PathBuf>,
+    /// How the controller reaches agents; default `pod-ip` in the cluster, `port-forward`
+    /// outside it.
+    pub reach: Option<KubeReach>,
+    /// Secrets (in `namespace`) the Pods pull their image with.
+    pub image_pull_secrets: Vec<String>,
+    /// Where sandboxes may connect: `"public"` (the internet; private, link-local, CGNAT and
+    /// loopback ranges denied), `"none"`, or a list of CIDRs.
+    pub egress: KubeEgress,
+    /// The agent's port in the Pod (CDP is 9222).
+    pub agent_port: Option<u16>,
+    /// A seccomp profile installed on the nodes (`localhostProfile`, relative to the
+    /// kubelet's seccomp directory), e.g. berth's, which lets Chromium keep its own sandbox;
+    /// default the runtime's default profile.
+    pub seccomp_localhost_profile: Option<String>,
+    /// How long a Pod may take to be scheduled, pull its image and start its agent.
+    pub start_timeout_secs: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum KubeReach {
+    /// `http://<Pod IP>:<port>`: the controller runs in the cluster network.
+    PodIp,
+    /// A local listener per sandbox that forwards through the API server's port-forward.
+    PortForward,
+}
+
+/// The sandboxes' outbound network.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum KubeEgress {
+    /// The internet: every address but private, link-local, CGNAT and loopback ranges.
+    #[default]
+    Public,
+    /// Nothing at all (not even DNS).
+    None,
+    /// These CIDRs only (and the cluster's DNS).
+    Allow(Vec<String>),
+}
+
+impl<'de> Deserialize<'de> for KubeEgress {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Named(String),
+            Cidrs(Vec<String>),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Named(n) if n == "public" => Ok(KubeEgress::Public),
+            Raw::Named(n) if n == "none" => Ok(KubeEgress::None),
+            Raw::Named(n) => Err(serde::de::Error::custom(format!(
+                "egress is \"public\", \"none\" or a list of CIDRs, not {n:?}"
+            ))),
+            Raw::Cidrs(c) => Ok(KubeEgress::Allow(c)),
+        }
+    }
+}
+
+/// Whether `s` is an IPv4 or IPv6 CIDR (`10.1.0.0/16`, `2001:db8::/32`).
+pub fn is_cidr(s: &str) -> bool {
+    let Some((ip, len)) = s.split_once('/') else {
+        return false;
+    };
+    let Ok(len) = len.parse::<u8>() else {
+        return false;
+    };
+    match ip.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(_)) => len <= 32,
+        Ok(std::net::IpAddr::V6(_)) => len <= 128,
+        Err(_) => false,
+    }
+}
+
+/// A Kubernetes object name part: a DNS-1123 label (`[a-z0-9]([-a-z0-9]*[a-z0-9])?`, ≤ 63).
+pub fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+impl KubernetesConfig {
+    pub const DEFAULT_AGENT_PORT: u16 = 5000;
+    pub const CDP_PORT: u16 = 9222;
+
+    pub fn agent_port(&self) -> u16 {
+        self.agent_port.unwrap_or(Self::DEFAULT_AGENT_PORT)
+    }
+
+    pub fn start_timeout(&self) -> Duration {
+        Duration::from_secs(self.start_timeout_secs.unwrap_or(300))
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if let Some(ns) = &self.namespace {
+            anyhow::ensure!(
+                is_dns_label(ns),
+                "[kubernetes] namespace {ns:?} is not a Kubernetes namespace name (lowercase \
+                 letters, digits and '-', at most 63)"
+            );
+        }
+        if let Some(image) = &self.image {
+            anyhow::ensure!(
+                !image.trim().is_empty() && !image.contains(char::is_whitespace),
+                "[kubernetes] image {image:?} is not an image reference"
+            );
+        }
+        let port = self.agent_port();
+        anyhow::ensure!(
+            port != 0 && port != Self::CDP_PORT,
+            "[kubernetes] agent_port must be a port other than 0 and {} (CDP's)",
+            Self::CDP_PORT
+        );
+        for s in &self.image_pull_secrets {
+            anyhow::ensure!(
+                !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label),
+                "[kubernetes] image_pull_secrets: {s:?} is not a Secret name"
+            );
+        }
+        if let KubeEgress::Allow(cidrs) = &self.egress {
+            for c in cidrs {
+                anyhow::ensure!(
+                    is_cidr(c),
+                    "[kubernetes] egress: {c:?} is not a CIDR (like 203.0.113.0/24)"
+                );
+            }
+        }
+        if let Some(p) = &self.seccomp_localhost_profile {
+            anyhow::ensure!(
+                !p.is_empty() && !p.starts_with('/') && !p.split('/').any(|c| c == ".."),
+                "[kubernetes] seccomp_localhost_profile is a path relative to the kubelet's \
+                 seccomp directory"
+            );
+        }
+        anyhow::ensure!(
+            self.start_timeout_secs != Some(0),
+            "[kubernetes] start_timeout_secs must be positive"
+        );
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -89,6 +248,7 @@ impl Default for Config {
             http_body_idle_timeout_secs: 30.0,
             http_max_connections: 4096,
             secret_key_file: None,
+            kubernetes: None,
         }
     }
 }
@@ -129,6 +289,9 @@ impl Config {
             self.http_max_connections > 0,
             "http_max_connections must be positive"
         );
+        if let Some(k) = &self.kubernetes {
+            k.validate()?;
+        }
         Ok(())
     }
 
@@ -168,6 +331,58 @@ mod tests {
         assert!(c.validate().is_ok());
         let c: Config = toml::from_str("http_body_idle_timeout_secs = 0.0").unwrap();
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn a_kubernetes_section_parses_with_defaults_and_validates() {
+        let c: Config = toml::from_str(
+            "[providers]\nide = \"kubernetes\"\n[kubernetes]\nnamespace = \"berth\"\n\
+             image = \"registry.local:5000/berth/desktop:1\"\nreach = \"port-forward\"\n\
+             image_pull_secrets = [\"pull\"]\negress = [\"203.0.113.0/24\", \"2001:db8::/32\"]\n",
+        )
+        .unwrap();
+        let k = c.kubernetes.as_ref().unwrap();
+        assert_eq!(k.namespace.as_deref(), Some("berth"));
+        assert_eq!(k.reach, Some(KubeReach::PortForward));
+        assert_eq!(
+            k.egress,
+            KubeEgress::Allow(vec!["203.0.113.0/24".into(), "2001:db8::/32".into()])
+        );
+        assert_eq!(k.agent_port(), 5000);
+        assert!(c.validate().is_ok());
+
+        let c: Config = toml::from_str("[kubernetes]\n").unwrap();
+        let k = c.kubernetes.unwrap();
+        assert_eq!(k.egress, KubeEgress::Public);
+        assert_eq!(k.reach, None);
+        assert_eq!(k.start_timeout(), Duration::from_secs(300));
+        let c: Config = toml::from_str("[kubernetes]\negress = \"none\"\n").unwrap();
+        assert_eq!(c.kubernetes.unwrap().egress, KubeEgress::None);
+
+        for bad in [
+            "egress = \"open\"",
+            "reach = \"node-port\"",
+            "namespce = \"x\"",
+        ] {
+            assert!(
+                toml::from_str::<Config>(&format!("[kubernetes]\n{bad}\n")).is_err(),
+                "{bad}"
+            );
+        }
+        for bad in [
+            "namespace = \"Berth_NS\"",
+            "egress = [\"10.0.0.0/33\"]",
+            "egress = [\"example.com\"]",
+            "agent_port = 9222",
+            "agent_port = 0",
+            "image_pull_secrets = [\"Bad Name\"]",
+            "image = \"\"",
+            "seccomp_localhost_profile = \"/etc/berth.json\"",
+            "start_timeout_secs = 0",
+        ] {
+            let c: Config = toml::from_str(&format!("[kubernetes]\n{bad}\n")).unwrap();
+            assert!(c.validate().is_err(), "{bad} is accepted");
+        }
     }
 
     #[test]

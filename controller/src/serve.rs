@@ -135,6 +135,19 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
                 .context("connecting to Docker (the config routes profiles to it)")?;
         providers.insert("docker".to_string(), Arc::new(docker) as Arc<dyn Provider>);
     }
+    let wants_kubernetes = opts.config.kubernetes.is_some()
+        || opts.config.providers.values().any(|p| p == "kubernetes");
+    if wants_kubernetes {
+        let kube = crate::provider::kubernetes::KubernetesProvider::connect(
+            &opts.config.kubernetes.clone().unwrap_or_default(),
+        )
+        .await
+        .context("connecting to Kubernetes (the config routes profiles to it)")?;
+        providers.insert(
+            "kubernetes".to_string(),
+            Arc::new(kube) as Arc<dyn Provider>,
+        );
+    }
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
         .with_context(|| format!("binding {}", opts.listen))?;

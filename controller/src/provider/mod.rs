@@ -7,6 +7,7 @@
 
 pub mod docker;
 pub mod fake;
+pub mod kubernetes;
 pub mod process;
 pub mod seccomp;
 
