@@ -479,7 +479,8 @@ mod tests {
             let c = controller_on(d.path(), &fake, config(2, 2));
             c.start_pools().unwrap();
             until(&c, &fake, |p| p.starting == 2).await;
-            assert_eq!(fake.creates(), 2);
+            // Each member's row is recorded before its create is asked.
+            assert!(fake.wait_for(WITHIN, |f| f.creates() == 2).await);
             // Nothing is ready: a create is cold, and waits like any (it hangs too).
             let key = pool(&c).pool;
             assert!(
