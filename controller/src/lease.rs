@@ -64,7 +64,8 @@ impl Controller {
                     "lease.released",
                     json!({"lease_id": lease.id, "reason": reason}),
                 );
-                let _ = self.destroy(&old.id);
+                // Not waited for: it goes on in its own task.
+                drop(self.destroy(&old.id));
             }
             let want = Request {
                 ttl_seconds: Some(((lease.expires_at - now_ms()).max(1000) / 1000) as u64),

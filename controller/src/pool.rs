@@ -278,7 +278,7 @@ impl Controller {
             match self.store.retire_member(&pool.key, &id) {
                 Ok(true) => {
                     tracing::info!(pool = %pool.key, sandbox = %id, "destroying a surplus pool member");
-                    let _ = self.destroy(&id);
+                    drop(self.destroy(&id)); // goes on in its own task
                 }
                 Ok(false) => {}
                 Err(e) => {

@@ -161,7 +161,7 @@ impl Controller {
             let stored = Stored::of(&row);
             // Only a running, unexpired sandbox is looked at: its create and readiness check
             // own one still starting, and an expired one goes whatever it is.
-            let look = row.status == Running && !row.expires_at.is_some_and(|e| e <= cx.now_ms);
+            let look = row.status == Running && row.expires_at.is_none_or(|e| e > cx.now_ms);
             let seen = if look {
                 let Ok(provider) = self.provider_named(&row.provider) else {
                     continue;
