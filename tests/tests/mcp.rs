@@ -323,6 +323,37 @@ async fn rmcp_client_lists_clicks_and_sees_the_screen() {
         .unwrap();
     let (w, h, _) = image(&shot);
     assert_eq!((w, h), (400, 300));
+    // The REST screenshot's encodings: a JPEG at a quality, and a bad one named as REST names it.
+    let jpeg = client
+        .call_tool(
+            CallToolRequestParams::new("screenshot")
+                .with_arguments(args(json!({"format": "jpeg", "quality": 40}))),
+        )
+        .await
+        .unwrap();
+    let ContentBlock::Image(img) = &jpeg.content[0] else {
+        panic!("not an image: {jpeg:?}");
+    };
+    assert_eq!(img.mime_type, "image/jpeg");
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(&img.data)
+        .unwrap();
+    assert_eq!(&bytes[..3], b"\xff\xd8\xff", "a JPEG's SOI marker");
+    for (bad, says) in [
+        (json!({"format": "gif"}), "png, jpeg or webp"),
+        (
+            json!({"format": "jpeg", "quality": 0}),
+            "quality must be 1-100",
+        ),
+    ] {
+        let r = client
+            .call_tool(CallToolRequestParams::new("screenshot").with_arguments(args(bad)))
+            .await
+            .unwrap();
+        assert_eq!(r.is_error, Some(true), "{r:?}");
+        let why = &r.content[0].as_text().unwrap().text;
+        assert!(why.contains(says), "{why}");
+    }
 
     // zoom answers the region at the screen's own pixels.
     let zoom = client

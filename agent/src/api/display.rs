@@ -94,7 +94,9 @@ pub fn parse_region(s: &str) -> Result<(i32, i32, u32, u32), ApiError> {
     Ok((x, y, w, h))
 }
 
-fn encoding(
+/// The encoding a screenshot request asks for (`format`, `quality`, `compression`), checked:
+/// shared by `GET /v1/screenshot` and the MCP `screenshot` tool.
+pub fn encoding(
     format: Option<&str>,
     quality: Option<u8>,
     compression: Option<&str>,

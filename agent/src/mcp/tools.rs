@@ -24,7 +24,6 @@ use serde_json::{Value, json};
 
 use crate::Agent;
 use crate::display::ShotRequest;
-use crate::display::encode::{Encoding, Format};
 use crate::exec::Foreground;
 
 // Answers stay under 1 MiB: the MCP Python SDK refuses a server-sent event larger than that by
@@ -110,6 +109,9 @@ pub struct ScreenshotArgs {
     /// `png` (default), `jpeg` or `webp`.
     #[serde(default)]
     pub format: Option<String>,
+    /// JPEG/WebP quality, 1-100 (as `GET /v1/screenshot`'s `quality`).
+    #[serde(default)]
+    pub quality: Option<u8>,
     /// Output size as a share of the screen, 0 < scale <= 1 (default 1).
     #[serde(default)]
     pub scale: Option<f64>,
@@ -253,13 +255,11 @@ impl BerthMcp {
             Ok(a) => a,
             Err(e) => return tool_error(e),
         };
-        let mut encoding = Encoding::default();
-        if let Some(f) = &args.format {
-            match Format::parse(f) {
-                Some(f) => encoding.format = f,
-                None => return tool_error(format!("format {f:?}: png, jpeg or webp")),
-            }
-        }
+        let encoding =
+            match crate::api::display::encoding(args.format.as_deref(), args.quality, None) {
+                Ok(e) => e,
+                Err(e) => return tool_error(e.message),
+            };
         let req = ShotRequest {
             encoding,
             scale: args.scale,
