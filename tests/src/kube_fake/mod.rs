@@ -342,7 +342,7 @@ fn json_response(code: StatusCode, v: &Value) -> Response {
 }
 
 fn parse_query(raw: Option<&str>) -> Vec<(String, String)> {
-    raw.map(|q| url_decode_pairs(q)).unwrap_or_default()
+    raw.map(url_decode_pairs).unwrap_or_default()
 }
 
 fn url_decode_pairs(q: &str) -> Vec<(String, String)> {
