@@ -345,8 +345,17 @@ impl KubernetesProvider {
                         return Ok(ep);
                     }
                     if started.elapsed() >= self.start_bound {
+                        let hint = match self.settings.reach {
+                            KubeReach::PodIp => format!(
+                                " at {} (the NetworkPolicy admits Pods labelled {}={} only)",
+                                ep.agent_url,
+                                objects::CONTROLLER_POD_LABEL.0,
+                                objects::CONTROLLER_POD_LABEL.1
+                            ),
+                            KubeReach::PortForward => " through the port-forward".to_string(),
+                        };
                         return Err(ProviderError::Failed(format!(
-                            "the agent in {name} did not answer within {} s",
+                            "the agent in {name} did not answer within {} s{hint}",
                             self.start_bound.as_secs()
                         )));
                     }

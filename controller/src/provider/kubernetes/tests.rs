@@ -603,6 +603,24 @@ async fn mock_apiserver_create_fails_naming_oom_and_a_pull_that_never_succeeds()
         answering.await.unwrap() > 1,
         "the Pod was read until the bound"
     );
+
+    // Running, but nothing answers at the Pod IP: bounded too, saying where it looked.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let (p, h) = provider(KubeReach::PodIp, closed, &cfg);
+    let answering = answer_create(h, running("127.0.0.1"));
+    let e = tokio::time::timeout(Duration::from_secs(20), p.create(&spec(false)))
+        .await
+        .expect("an agent that never answers is bounded")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("did not answer within 1 s"), "{e}");
+    assert!(e.contains(&format!("http://127.0.0.1:{closed}")), "{e}");
+    assert!(e.contains("app.kubernetes.io/name=berth-controller"), "{e}");
+    drop(p);
+    answering.abort();
 }
 
 #[tokio::test]
