@@ -35,7 +35,7 @@ pub struct Config {
     /// Refill stops for a pool after this many failed starts in a row.
     pub refill_max_failures: u32,
     pub pools: Vec<PoolConfig>,
-    /// Profile names mapped to providers (`process`, `docker`); by the profile's
+    /// Profile names mapped to providers (`process`, `docker`, `kubernetes`); by the profile's
     /// `driver_hint` otherwise.
     pub providers: std::collections::BTreeMap<String, String>,
     /// The image Docker sandboxes run when a create names none (`berth image build`).
