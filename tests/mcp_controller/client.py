@@ -17,37 +17,16 @@ test (tests/tests/mcp_controller.rs) asserts on it.
 """
 
 import asyncio
-import base64
 import json
-import struct
+import os
 import sys
 
 import httpx2
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-
-def png_size(data: bytes) -> list:
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
-    width, height = struct.unpack(">II", data[16:24])
-    return [width, height]
-
-
-def answer(result) -> dict:
-    content = []
-    for c in result.content:
-        if c.type == "text":
-            content.append({"type": "text", "text": c.text})
-        elif c.type == "image":
-            size = png_size(base64.b64decode(c.data))
-            content.append({"type": "image", "mime_type": c.mime_type, "size": size})
-        else:
-            content.append({"type": c.type})
-    return {
-        "is_error": bool(result.is_error),
-        "content": content,
-        "structured": result.structured_content,
-    }
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "mcp"))
+from answers import answer  # noqa: E402
 
 
 def tools_of(listed) -> dict:
