@@ -20,6 +20,7 @@ packages=(
   python3-pyatspi python3-lxml           # the accessibility benchmark's peer (OSWorld's way)
   debootstrap                            # the image builder's base rootfs
   docker-registry                        # a local registry for `berth image push` (tests/tests/registry.rs)
+  apache2-utils                          # htpasswd: that registry's password file
 )
 
 sudo=""

@@ -5,7 +5,7 @@
 //! The image pushed is the controller's own (`berth image build --controller`: the base rootfs
 //! and the two binaries), the smallest the builder makes and the one deploy/kubernetes runs.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,11 @@ struct Registry {
 
 impl Registry {
     async fn start() -> Registry {
+        Registry::start_with(None).await
+    }
+
+    /// With `user:password` (bcrypt, htpasswd), every call needs basic auth.
+    async fn start_with(password: Option<(&str, &str)>) -> Registry {
         let dir = tempfile::tempdir().unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -40,6 +45,22 @@ impl Registry {
             ),
         )
         .unwrap();
+        if let Some((user, pass)) = password {
+            let file = dir.path().join("htpasswd");
+            let ok = Command::new("htpasswd")
+                .args(["-Bbc"])
+                .arg(&file)
+                .args([user, pass])
+                .output()
+                .expect("htpasswd (tests/setup.sh installs apache2-utils)");
+            assert!(ok.status.success());
+            let mut c = std::fs::read_to_string(&config).unwrap();
+            c.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: berth-test\n    path: {}\n",
+                file.display()
+            ));
+            std::fs::write(&config, c).unwrap();
+        }
         let log = dir.path().join("registry.log");
         let child = Command::new("/usr/bin/docker-registry")
             .arg("serve")
@@ -58,6 +79,7 @@ impl Registry {
         };
         let url = format!("http://{}/v2/", r.addr);
         let http = reqwest::Client::new();
+        let locked = password.is_some();
         wait_for(
             "the registry's GET /v2/ to answer 200",
             Duration::from_secs(30),
@@ -71,7 +93,8 @@ impl Registry {
                 );
                 async move {
                     match http.get(&url).send().await {
-                        Ok(a) if a.status() == 200 => Some(()),
+                        // 401: up, and asking for the password.
+                        Ok(a) if a.status() == 200 || (locked && a.status() == 401) => Some(()),
                         _ => None,
                     }
                 }
@@ -113,14 +136,33 @@ fn controller_image() -> Value {
 }
 
 fn push(image: &str, registry: &str) -> std::process::Output {
-    Command::new(workspace_bin("berth"))
+    // No credentials file of this machine's user is read.
+    push_with(image, registry, &[], None, Path::new("/nonexistent"))
+}
+
+fn push_with(
+    image: &str,
+    registry: &str,
+    args: &[&str],
+    stdin: Option<&str>,
+    docker_config: &Path,
+) -> std::process::Output {
+    let mut child = Command::new(workspace_bin("berth"))
         .args(["image", "push", image, "--registry", registry, "--json"])
+        .args(args)
         .env("BERTH_LOG", "warn")
-        // No credentials file of this machine's user is read.
-        .env("DOCKER_CONFIG", "/nonexistent")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
+        .env("DOCKER_CONFIG", docker_config)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    if let Some(s) = stdin {
+        std::io::Write::write_all(&mut input, s.as_bytes()).unwrap();
+    }
+    drop(input);
+    child.wait_with_output().unwrap()
 }
 
 fn sha256(bytes: &[u8]) -> String {
@@ -357,4 +399,65 @@ fn bad_registries_and_images_are_clear_errors() {
         err.contains("no local image berth-no-such-image:0") && err.contains("berth image build"),
         "{err}"
     );
+}
+
+#[tokio::test]
+async fn a_registry_with_a_password_takes_it_from_stdin_or_the_docker_config() {
+    let image = tiny_image("berth-test-tiny:auth");
+    let reg = Registry::start_with(Some(("alice", "s3cret-pw"))).await;
+    let registry = format!("{}/berth-test", reg.addr);
+    let target = format!("{registry}/berth-test-tiny:auth");
+    let fails = |out: &std::process::Output, what: &str| {
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{what} was let in");
+        assert!(err.contains(&format!("pushing {target}")), "{what}: {err}");
+        err
+    };
+    let err = fails(&push(&image, &registry), "no password");
+    assert!(
+        err.contains("no basic auth credentials") || err.contains("unauthorized"),
+        "the registry's reason: {err}"
+    );
+    let none = Path::new("/nonexistent");
+    let user = ["--username", "alice", "--password-stdin"];
+    fails(
+        &push_with(&image, &registry, &user, Some("wrong\n"), none),
+        "a wrong password",
+    );
+    let empty = push_with(&image, &registry, &user, Some(""), none);
+    assert!(!empty.status.success());
+    assert!(String::from_utf8_lossy(&empty.stderr).contains("stdin held no password"));
+
+    let ok = push_with(&image, &registry, &user, Some("s3cret-pw\n"), none);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let first: Value = serde_json::from_slice(&ok.stdout).unwrap();
+    assert_eq!(first["pushed"], target);
+
+    // The Docker CLI's config.json, its auths entry for the host.
+    use base64::Engine;
+    let cfg = tempfile::tempdir().unwrap();
+    std::fs::write(
+        cfg.path().join("config.json"),
+        serde_json::json!({"auths": {format!("http://{}", reg.addr): {
+            "auth": base64::engine::general_purpose::STANDARD.encode("alice:s3cret-pw")
+        }}})
+        .to_string(),
+    )
+    .unwrap();
+    let ok = push_with(&image, &registry, &[], None, cfg.path());
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let second: Value = serde_json::from_slice(&ok.stdout).unwrap();
+    assert_eq!(
+        second["digest"], first["digest"],
+        "the same image, the same digest"
+    );
+    let _ = docker(&["rmi", &target, &image]);
 }
