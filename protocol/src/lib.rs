@@ -12,6 +12,7 @@ pub mod error;
 pub mod events;
 pub mod exec;
 pub mod fs;
+pub mod image;
 pub mod openapi;
 pub mod pty;
 pub mod record;

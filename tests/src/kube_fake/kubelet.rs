@@ -417,7 +417,7 @@ pub async fn start(shared: Arc<Shared>, key: Key) {
     // The image: the fake pulls nothing, but a reference no registry could serve is the
     // kubelet's InvalidImageName (the Pod stays Pending).
     let image = container["image"].as_str().unwrap_or_default();
-    if !berth_controller::provider::kubernetes::objects::valid_image_reference(image) {
+    if !berth_protocol::image::valid_reference(image) {
         if let Some(rt) = shared.pods.lock().unwrap().get_mut(&key) {
             rt.state = ContainerState::Waiting {
                 reason: "InvalidImageName".into(),

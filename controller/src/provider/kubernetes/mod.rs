@@ -404,7 +404,7 @@ impl Provider for KubernetesProvider {
     }
 
     fn check_image(&self, _profile: &str, image_ref: &str) -> Result<()> {
-        if image_ref.starts_with("process:") || !objects::valid_image_reference(image_ref) {
+        if image_ref.starts_with("process:") || !berth_protocol::image::valid_reference(image_ref) {
             return Err(ProviderError::Unsupported(format!(
                 "{image_ref:?} is not an image a cluster can pull (a registry reference such \
                  as registry.example:5000/berth/desktop:TAG)"
