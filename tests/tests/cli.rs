@@ -911,6 +911,7 @@ fn every_subcommand_and_flag_has_help_text() {
         &["lease", "release"],
         &["image"],
         &["image", "build"],
+        &["image", "push"],
         &["image", "lock"],
         &["verify"],
         &["verify", "desktop-osworld"],
