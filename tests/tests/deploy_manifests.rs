@@ -172,6 +172,7 @@ fn the_configmaps_berth_toml_is_a_valid_controller_config_no_cluster_here() {
         "sandboxes go where the Role grants"
     );
     let image = k.image.expect("an image");
+    assert!(berth_protocol::image::valid_reference(&image), "{image}");
     let (_, digest) = image.split_once("@sha256:").expect("the image by digest");
     assert!(
         digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()),
@@ -287,6 +288,11 @@ fn the_statefulset_runs_one_controller_on_its_claimed_store_no_cluster_here() {
     let containers = &pod.containers;
     assert_eq!(containers.len(), 1);
     let c = &containers[0];
+    let image = c.image.clone().unwrap();
+    assert!(
+        berth_protocol::image::valid_reference(&image) && image.contains("@sha256:"),
+        "the controller's image by digest: {image}"
+    );
     // The real command line: berth's own parser reads the args.
     let mut argv = vec!["berth".to_string()];
     argv.extend(c.args.clone().unwrap());
