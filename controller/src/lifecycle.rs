@@ -154,7 +154,9 @@ impl SandboxStatus {
         use SandboxStatus::*;
         match (self, to) {
             (Pending, Starting) => true,
-            (Starting, Starting | Running) => true,
+            // A restarted controller records the endpoint it observes (a provider that reaches
+            // agents through the controller's own listeners, port-forward, has new ones).
+            (Starting, Starting | Running) | (Running, Running) => true,
             // Any live sandbox may be deleted, destroyed or fail.
             (Pending | Starting | Running, Stopping | Stopped | Failed) => true,
             // A delete finishes, or the sandbox fails while it is being deleted.
@@ -291,6 +293,7 @@ mod tests {
             (Starting, Stopping),
             (Starting, Stopped),
             (Starting, Failed),
+            (Running, Running),
             (Running, Stopping),
             (Running, Stopped),
             (Running, Failed),
@@ -333,7 +336,7 @@ mod tests {
                 .collect::<Vec<_>>(),
             [&Pending, &Starting, &Running]
         );
-        assert_eq!(SandboxStatus::sources(Running), [Starting]);
+        assert_eq!(SandboxStatus::sources(Running), [Starting, Running]);
         assert_eq!(
             SandboxStatus::sources(Failed),
             [Pending, Starting, Running, Stopping]

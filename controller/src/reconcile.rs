@@ -99,8 +99,10 @@ impl Observation {
 /// What to do about one sandbox.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
-    /// It runs as the store says: keep it (recorded as `sandbox.adopted` after a restart).
-    Adopt,
+    /// It runs as the store says: keep it (recorded as `sandbox.adopted` after a restart), at
+    /// the endpoint the provider reports now when it reports one (a port-forward's local
+    /// listener is new after a restart).
+    Adopt { endpoint: Option<Endpoint> },
     /// Its start was under way when the controller stopped and it is there: record the
     /// endpoint observed (when there is one) and check its readiness again, to its deadline.
     Resume { endpoint: Option<Endpoint> },
@@ -183,7 +185,9 @@ fn at_startup(status: SandboxStatus, observed: Option<&Observation>) -> Action {
         (Pending, None) => fail(reasons::NEVER_CREATED, false),
         (_, None) => fail(reasons::VANISHED_WHILE_DOWN, false),
         (_, Some(Health::Dead(_))) => fail(reasons::DIED_WHILE_DOWN, true),
-        (Running, Some(Health::Alive)) => Action::Adopt,
+        (Running, Some(Health::Alive)) => Action::Adopt {
+            endpoint: observed.and_then(|o| o.endpoint.clone()),
+        },
         (Running, Some(Health::Unreachable(why))) => Action::Fail {
             reason: format!("{}: {why}", reasons::NOT_READY_AT_RESTART),
             destroy: true,
@@ -261,23 +265,16 @@ impl Controller {
     pub fn apply(self: &Arc<Self>, id: &str, action: &Action) -> Option<Destroying> {
         match action {
             Action::Nothing => None,
-            Action::Adopt => {
+            Action::Adopt { endpoint } => {
+                if let Some(ep) = endpoint {
+                    self.record_endpoint(id, SandboxStatus::Running, ep);
+                }
                 self.event(id, "sandbox.adopted", json!({}));
                 None
             }
             Action::Resume { endpoint } => {
                 if let Some(ep) = endpoint {
-                    let _ = self.store.set_status(
-                        id,
-                        SandboxStatus::Starting,
-                        SandboxUpdate {
-                            agent_url: Some(&ep.agent_url),
-                            compat_url: Some(&ep.compat_url),
-                            cdp_url: ep.cdp_url.as_deref(),
-                            ports: Some(&ep.ports),
-                            ..Default::default()
-                        },
-                    );
+                    self.record_endpoint(id, SandboxStatus::Starting, ep);
                 }
                 let me = self.clone();
                 let id = id.to_string();
@@ -298,6 +295,21 @@ impl Controller {
             }
             Action::Reap => Some(self.track(id, Job::Reap)),
         }
+    }
+
+    /// Records the endpoint a provider reports for `id`, keeping it at `status`.
+    fn record_endpoint(&self, id: &str, status: SandboxStatus, ep: &Endpoint) {
+        let _ = self.store.set_status(
+            id,
+            status,
+            SandboxUpdate {
+                agent_url: Some(&ep.agent_url),
+                compat_url: Some(&ep.compat_url),
+                cdp_url: ep.cdp_url.as_deref(),
+                ports: Some(&ep.ports),
+                ..Default::default()
+            },
+        );
     }
 
     /// Stops and removes a stored sandbox in its own task; the row ends `stopped` (or keeps
@@ -436,7 +448,9 @@ mod tests {
             (Pass::Startup, Pending, "absent") => fail(reasons::NEVER_CREATED, false),
             (Pass::Startup, _, "absent") => fail(reasons::VANISHED_WHILE_DOWN, false),
             (Pass::Startup, _, "dead" | "died") => fail(reasons::DIED_WHILE_DOWN, true),
-            (Pass::Startup, Running, "alive") => Action::Adopt,
+            (Pass::Startup, Running, "alive") => Action::Adopt {
+                endpoint: Some(endpoint()),
+            },
             (Pass::Startup, Running, "unreachable") => {
                 fail("not ready when the controller restarted: timed out", true)
             }
@@ -508,7 +522,9 @@ mod tests {
         let alive = &observations()[1].1;
         assert_eq!(
             decide(&cx(Pass::Startup), Some(&s), alive.as_ref()),
-            Action::Adopt
+            Action::Adopt {
+                endpoint: Some(endpoint())
+            }
         );
         assert_eq!(
             decide(&cx(Pass::Death), Some(&s), alive.as_ref()),

@@ -58,17 +58,23 @@ impl Controller {
                 continue;
             }
             let mut seen = observed.get(&row.id).map(|(o, _)| Observation::of(o));
-            // A running sandbox is adopted only if its agent answers.
+            // A running sandbox is adopted only if its agent answers, where the provider
+            // reaches it now (a port-forward's listener of before the restart is gone).
             if row.status == SandboxStatus::Running
                 && let Some(o) = seen.as_mut()
                 && o.health == Health::Alive
-                && let Err(reason) = self.probe(row).await
             {
-                o.health = Health::Unreachable(reason);
+                let mut now = row.clone();
+                if let Some(ep) = &o.endpoint {
+                    now.agent_url = Some(ep.agent_url.clone());
+                }
+                if let Err(reason) = self.probe(&now).await {
+                    o.health = Health::Unreachable(reason);
+                }
             }
             let action = decide(&cx, Some(&Stored::of(row)), seen.as_ref());
             match &action {
-                Action::Adopt => adopted += 1,
+                Action::Adopt { .. } => adopted += 1,
                 Action::Resume { .. } => resumed += 1,
                 Action::Fail { .. } => vanished += 1,
                 _ => {}
