@@ -330,7 +330,6 @@ async fn push_then_pull_back_by_digest() {
     // The registry's names go with the registry (its port is new each run): only the
     // builder's name stays on this machine.
     let _ = docker(&["rmi", &digest_ref]);
-    let _ = docker(&["image", "prune", "-f"]);
 }
 
 /// An empty image of this test's own (`docker import` of an empty tar): the push test removes
