@@ -442,51 +442,26 @@ pub fn build(req: &BuildRequest) -> anyhow::Result<Built> {
         true => r#"CMD ["--listen", "0.0.0.0:5000", "--cdp-listen", "0.0.0.0:9222", "--desktop"]"#,
         false => r#"CMD ["--listen", "0.0.0.0:5000"]"#,
     };
-    let mut tar = Command::new("tar")
-        .arg("-C")
-        .arg(&rootfs)
-        .args([
-            "--numeric-owner",
-            "--exclude=./proc/*",
-            "--exclude=./sys/*",
-            "--exclude=./dev/*",
-            "-cf",
-            "-",
-            ".",
-        ])
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("docker import: tar")?;
-    run_step(
-        "docker import",
-        Command::new("docker")
-            .args(["import"])
-            .args([
-                "--change",
-                r#"ENTRYPOINT ["/usr/local/bin/berth-agent", "init"]"#,
-            ])
-            .args(["--change", cmd])
-            .args(["--change", "ENV LANG=C.UTF-8"])
-            .args(["--change", "EXPOSE 5000 9222"])
-            .args(["--change", &format!("LABEL berth.image_ref={image}")])
-            .args([
-                "--change",
-                // Dockerfile syntax: a double-quoted value, its own quotes escaped.
-                &format!(
-                    "LABEL {PORTS_LABEL}=\"{}\"",
-                    serde_json::to_string(&sel.ports)
-                        .unwrap_or_default()
-                        .replace('\\', "\\\\")
-                        .replace('"', "\\\"")
-                ),
-            ])
-            .args(["-", &image])
-            .stdin(tar.stdout.take().expect("piped")),
+    let ports = format!(
+        // Dockerfile syntax: a double-quoted value, its own quotes escaped.
+        "LABEL {PORTS_LABEL}=\"{}\"",
+        serde_json::to_string(&sel.ports)
+            .unwrap_or_default()
+            .replace('\\', "\\\\")
+            .replace('"', "\\\"")
+    );
+    docker_import(
+        &rootfs,
+        &image,
+        &[
+            r#"ENTRYPOINT ["/usr/local/bin/berth-agent", "init"]"#,
+            cmd,
+            "ENV LANG=C.UTF-8",
+            "EXPOSE 5000 9222",
+            &format!("LABEL berth.image_ref={image}"),
+            &ports,
+        ],
     )?;
-    let tar_status = tar.wait()?;
-    if !tar_status.success() {
-        bail!("docker import: tar of the rootfs failed ({tar_status})");
-    }
     if docker_size(&image) == 0 {
         bail!("docker import produced an empty image {image}");
     }
@@ -584,40 +559,17 @@ pub fn build_controller(req: &ControllerBuild) -> anyhow::Result<Built> {
         for d in ["var/lib/berth", "etc/berth"] {
             std::fs::create_dir_all(rootfs.join(d))?;
         }
-        let mut tar = Command::new("tar")
-            .arg("-C")
-            .arg(&rootfs)
-            .args([
-                "--numeric-owner",
-                "--exclude=./proc/*",
-                "--exclude=./sys/*",
-                "--exclude=./dev/*",
-                "-cf",
-                "-",
-                ".",
-            ])
-            .stdout(Stdio::piped())
-            .spawn()
-            .context("docker import: tar")?;
-        run_step(
-            "docker import",
-            Command::new("docker")
-                .arg("import")
-                .args(["--change", r#"ENTRYPOINT ["/usr/local/bin/berth"]"#])
-                .args([
-                    "--change",
-                    r#"CMD ["serve", "--listen", "0.0.0.0:8780", "--config", "/etc/berth/berth.toml", "--data-dir", "/var/lib/berth"]"#,
-                ])
-                .args(["--change", "ENV LANG=C.UTF-8"])
-                .args(["--change", "EXPOSE 8780"])
-                .args(["--change", &format!("LABEL berth.image_ref={image}")])
-                .args(["-", &image])
-                .stdin(tar.stdout.take().expect("piped")),
+        docker_import(
+            &rootfs,
+            &image,
+            &[
+                r#"ENTRYPOINT ["/usr/local/bin/berth"]"#,
+                r#"CMD ["serve", "--listen", "0.0.0.0:8780", "--config", "/etc/berth/berth.toml", "--data-dir", "/var/lib/berth"]"#,
+                "ENV LANG=C.UTF-8",
+                "EXPOSE 8780",
+                &format!("LABEL berth.image_ref={image}"),
+            ],
         )?;
-        let tar_status = tar.wait()?;
-        if !tar_status.success() {
-            bail!("docker import: tar of the rootfs failed ({tar_status})");
-        }
         Ok(())
     })();
     // The staging copy is not a cache: the image is the result.
@@ -872,6 +824,39 @@ fn guest_script(sel: &Selection) -> String {
     }
     script.push_str("apt-get clean; rm -rf /var/lib/apt/lists/*");
     script
+}
+
+/// `tar` of `rootfs` piped into `docker import` as `image`, with Dockerfile `changes`.
+fn docker_import(rootfs: &Path, image: &str, changes: &[&str]) -> anyhow::Result<()> {
+    let mut tar = Command::new("tar")
+        .arg("-C")
+        .arg(rootfs)
+        .args([
+            "--numeric-owner",
+            "--exclude=./proc/*",
+            "--exclude=./sys/*",
+            "--exclude=./dev/*",
+            "-cf",
+            "-",
+            ".",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("docker import: tar")?;
+    let mut import = Command::new("docker");
+    import.arg("import");
+    for c in changes {
+        import.args(["--change", c]);
+    }
+    import
+        .args(["-", image])
+        .stdin(tar.stdout.take().expect("piped"));
+    run_step("docker import", &mut import)?;
+    let tar_status = tar.wait()?;
+    if !tar_status.success() {
+        bail!("docker import: tar of the rootfs failed ({tar_status})");
+    }
+    Ok(())
 }
 
 #[cfg(test)]
