@@ -88,6 +88,17 @@ pub struct AgentArgs {
         default_value = "/usr/share/novnc"
     )]
     pub novnc_dir: PathBuf,
+    /// Serve a browser IDE and supervise it: `jupyterlab` runs JupyterLab as the sandbox user
+    /// on 127.0.0.1:8888 (no token: reached only through the authenticated port relay).
+    #[arg(long, env = "BERTH_AGENT_IDE", value_enum)]
+    pub ide: Option<crate::desktop::ide::IdeKind>,
+    /// The public path the agent's ports are served under, which the IDE builds its URLs from:
+    /// the controller's `/sandbox/sandboxes/v1/{id}/ports/`; the agent's own by default.
+    #[arg(long, env = "BERTH_AGENT_PORTS_PREFIX", default_value = "/v1/ports/", value_parser = parse_prefix)]
+    pub ports_prefix: String,
+    /// The JupyterLab program (on the sandbox user's PATH, or a path).
+    #[arg(long, env = "BERTH_AGENT_JUPYTER_LAB", default_value = "jupyter-lab")]
+    pub jupyter_lab: String,
     /// The browser the desktop runs.
     #[arg(long, env = "BERTH_AGENT_CHROMIUM", default_value = "chromium")]
     pub chromium: String,
@@ -145,6 +156,10 @@ fn parse_screen(s: &str) -> Result<(u16, u16), String> {
             .ok_or_else(|| format!("{s:?}: each side must be 64 to 8192 pixels"))
     };
     Ok((side(w)?, side(h)?))
+}
+
+fn parse_prefix(s: &str) -> Result<String, String> {
+    crate::desktop::ide::normalize_prefix(s)
 }
 
 fn positive_duration(s: &str) -> Result<Duration, String> {

@@ -60,6 +60,8 @@ pub struct Agent {
     /// The supervised desktop (`--desktop`).
     pub desktop: Option<Arc<desktop::Desktop>>,
     pub readiness: Arc<desktop::ready::Readiness>,
+    /// The browser IDE (`--ide`), served through the port relay on its port.
+    pub ide: Option<Arc<desktop::ide::Ide>>,
     /// Where the CDP byte relay listens (`--desktop`).
     pub cdp_listen: Option<std::net::SocketAddr>,
     pub novnc_dir: PathBuf,

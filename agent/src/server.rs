@@ -98,6 +98,26 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         link_session_bus(&runtime_dir, &d.session_bus, &account);
         d.run(env.with(None));
     }
+    let ide = match args.ide {
+        Some(kind) => {
+            let ide = crate::desktop::ide::Ide::new(
+                crate::desktop::ide::IdeConfig {
+                    kind,
+                    program: args.jupyter_lab.clone(),
+                    ports_prefix: args.ports_prefix.clone(),
+                    state_dir: state_dir.clone(),
+                    home: home.clone(),
+                    account: account.clone(),
+                },
+                events.clone(),
+                reaper.clone(),
+            )
+            .context("the IDE")?;
+            ide.run(env.with(None));
+            Some(ide)
+        }
+        None => None,
+    };
     let session_bus = env
         .get("DBUS_SESSION_BUS_ADDRESS")
         .and_then(|a| a.strip_prefix("unix:path="))
@@ -156,7 +176,8 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         recorder: recorder.clone(),
         viewers: api::viewer::Viewers::default(),
         desktop: desktop.clone(),
-        readiness: Readiness::new(desktop.clone(), a11y.clone()),
+        readiness: Readiness::new(desktop.clone(), ide.clone(), a11y.clone()),
+        ide: ide.clone(),
         cdp_listen: cdp_bound,
         novnc_dir: args.novnc_dir.clone(),
         a11y,
@@ -211,6 +232,9 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     // Desktop components stop with the agent on any exit; the next agent starts them afresh.
     if let Some(d) = &desktop {
         d.shutdown().await;
+    }
+    if let Some(i) = &ide {
+        i.shutdown().await;
     }
     match kind {
         ShutdownKind::Restart => {

@@ -17,7 +17,8 @@ pub struct Profile {
     /// The provider that serves it when the config maps it to none (`process`, `docker`,
     /// `kubernetes`, `vm`); the catalog route reports the one serving it on this controller.
     pub driver_hint: String,
-    /// The viewer kind: `novnc`, `vscode` (the IDE kind) or `none`.
+    /// The viewer kind: `novnc` (a desktop), `jupyterlab` (a browser IDE the agent serves on
+    /// its port, see [`ide_port`]) or `none`.
     pub viewer: String,
     /// Whether the agent runs the desktop stack.
     pub desktop: bool,
@@ -29,17 +30,79 @@ pub struct Profile {
     pub memory_mb: Option<u64>,
 }
 
+/// The port a browser-IDE viewer kind is served on inside the sandbox (loopback, reached
+/// through the preview route); `None` for kinds that are not an IDE.
+pub fn ide_port(viewer: &str) -> Option<u16> {
+    match viewer {
+        "jupyterlab" => Some(8888),
+        _ => None,
+    }
+}
+
+impl Profile {
+    /// The IDE the agent serves for this profile (`--ide`) and its port.
+    pub fn ide(&self) -> Option<(&str, u16)> {
+        ide_port(&self.viewer).map(|port| (self.viewer.as_str(), port))
+    }
+}
+
+/// A release the image builder fetches (an app that is no Debian package): the tarball's URL,
+/// its pinned sha256, and the directory it is unpacked into (its top directory stripped).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Download {
+    pub url: String,
+    pub sha256: String,
+    pub dir: String,
+}
+
+impl Download {
+    /// Refuses what the builder could not install safely: a URL that is not https, a sha256
+    /// that is not 64 hex digits, a directory outside /opt.
+    pub fn check(&self) -> Result<(), String> {
+        if !self.url.starts_with("https://") || self.url.contains(char::is_whitespace) {
+            return Err(format!("download url {:?} must be an https URL", self.url));
+        }
+        if self.sha256.len() != 64 || !self.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(format!(
+                "download {} needs its sha256 pinned (64 hex digits), not {:?}",
+                self.url, self.sha256
+            ));
+        }
+        let dir = std::path::Path::new(&self.dir);
+        let under_opt = dir.starts_with("/opt")
+            && dir.components().count() > 2
+            && dir.components().all(|c| {
+                matches!(
+                    c,
+                    std::path::Component::RootDir | std::path::Component::Normal(_)
+                )
+            });
+        if !under_opt {
+            return Err(format!(
+                "download dir {:?} must be a directory under /opt",
+                self.dir
+            ));
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct App {
     pub name: String,
     pub description: String,
+    #[serde(default)]
     pub packages: Vec<String>,
     pub launcher: String,
     /// Servers the app listens on inside the sandbox, by name (`vlc = 8080`): an image with
     /// the app declares them (`berth.ports`) and its sandboxes publish them as endpoints.
     #[serde(default)]
     pub ports: std::collections::BTreeMap<String, u16>,
+    /// A release the image builder downloads and unpacks (an app Debian does not package).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub download: Option<Download>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -174,7 +237,12 @@ mod tests {
         assert!(osworld.packages.contains(&"wmctrl".to_string()));
         assert!(c.list("nope").is_none());
         assert_eq!(c.list("profile").unwrap()[0]["viewer"], "novnc");
-        assert_eq!(c.profile("ide-ubuntu").unwrap().viewer, "vscode");
+        assert_eq!(c.profile("ide-ubuntu").unwrap().viewer, "jupyterlab");
+        assert_eq!(
+            c.profile("ide-ubuntu").unwrap().ide(),
+            Some(("jupyterlab", 8888))
+        );
+        assert_eq!(c.profile("desktop-ubuntu").unwrap().ide(), None);
         assert_eq!(c.declared_port("vlc"), Some(8080));
     }
 
@@ -204,7 +272,7 @@ mod tests {
         );
         assert_eq!(
             without_description(items[1].clone()),
-            r#"{"aliases":["ide"],"cpus":1.0,"desktop":false,"driver_hint":"process","enabled":true,"memory_mb":2048,"name":"ide-ubuntu","viewer":"vscode"}"#
+            r#"{"aliases":["ide"],"cpus":1.0,"desktop":false,"driver_hint":"process","enabled":true,"memory_mb":2048,"name":"ide-ubuntu","viewer":"jupyterlab"}"#
         );
         assert_eq!(
             without_description(items[2].clone()),

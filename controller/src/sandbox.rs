@@ -454,6 +454,7 @@ impl Controller {
                 image_ref: row.image_ref.clone(),
             },
             desktop: profile.desktop,
+            ide: profile.ide().map(|(kind, _)| kind.to_string()),
             agent_token: row.agent_token.clone(),
             cpus: profile.cpus,
             memory_mb: profile.memory_mb,
@@ -815,15 +816,24 @@ impl Controller {
             // An older row may carry an alias: the canonical name is reported.
             profile: self.catalog.canonical(&row.profile).to_string(),
             status: row.status.as_str().to_string(),
-            viewer: Viewer {
-                // The profile's kind where the image serves it (noVNC on a desktop); `none`
-                // for ide-ubuntu, whose image ships no IDE server yet.
-                kind: match profile {
-                    Some(p) if p.desktop => p.viewer.as_str(),
-                    _ => "none",
-                }
-                .into(),
-                url: desktop.then(|| url(routes::VNC_INDEX, &[&row.id])),
+            viewer: match profile.and_then(|p| p.ide()) {
+                // A browser IDE the agent serves on its port, through the preview route.
+                Some((kind, port)) => Viewer {
+                    kind: kind.into(),
+                    url: Some(url(
+                        routes::SANDBOX_PORT_ROOT,
+                        &[&row.id, &port.to_string()],
+                    )),
+                },
+                // noVNC on a desktop; `none` for a profile without either.
+                None => Viewer {
+                    kind: match profile {
+                        Some(p) if p.desktop => p.viewer.as_str(),
+                        _ => "none",
+                    }
+                    .into(),
+                    url: desktop.then(|| url(routes::VNC_INDEX, &[&row.id])),
+                },
             },
             endpoints: Endpoints {
                 compat: row.compat_url.clone(),

@@ -18,13 +18,14 @@ pub fn base_path(sandbox_id: &str) -> String {
 
 impl Controller {
     /// `POST …/{id}/viewer` → a one-time URL.
+    /// For a profile whose viewer is a browser IDE: a one-time preview URL of the IDE's port.
     pub fn mint_viewer_url(&self, sandbox_id: &str) -> Result<String> {
         let row = self.visible_row(sandbox_id)?;
-        if !self
-            .catalog
-            .profile(&row.profile)
-            .is_some_and(|p| p.desktop)
-        {
+        let profile = self.catalog.profile(&row.profile);
+        if let Some((_, port)) = profile.and_then(|p| p.ide()) {
+            return Ok(self.mint_port_url(sandbox_id, port, None)?.0);
+        }
+        if !profile.is_some_and(|p| p.desktop) {
             return Err(Error::Unprocessable(format!(
                 "sandbox {sandbox_id} runs profile {} which has no desktop to view",
                 row.profile

@@ -25,7 +25,7 @@ async fn an_ide_sandbox_runs_commands_and_its_delete_leaves_nothing_running(prov
     // Created under the alias `ide`: stored and reported under the seed's name.
     assert_eq!(sb.profile, "ide-ubuntu");
     assert_eq!(cl.get(&sb.id).await.unwrap().profile, "ide-ubuntu");
-    assert_eq!(sb.viewer.kind, "none");
+    assert_eq!(sb.viewer.kind, "jupyterlab");
     assert!(
         sb.image_ref.starts_with(provider.image_prefix()),
         "{}",
@@ -286,7 +286,7 @@ async fn the_catalog_lists_profiles_apps_and_bundles_and_disabled_profiles_are_4
         by_name("desktop-ubuntu")["aliases"],
         serde_json::json!(["desktop"])
     );
-    assert_eq!(by_name("ide-ubuntu")["viewer"], "vscode");
+    assert_eq!(by_name("ide-ubuntu")["viewer"], "jupyterlab");
     assert_eq!(by_name("ide-ubuntu")["aliases"], serde_json::json!(["ide"]));
     // The Docker runs map the aliases (`ide = "docker"`) in `[providers]`: still honoured.
     let serving = provider.name();

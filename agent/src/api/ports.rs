@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{DefaultBodyLimit, Request};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
@@ -46,7 +46,20 @@ fn split(path: &str) -> Option<(&str, Option<&str>)> {
     })
 }
 
-async fn relay(req: Request) -> Response {
+/// The upstream path of a request for `port`'s `rest` (from its `/`), and the path a `Location`
+/// it answers under is given back under: the IDE serves itself under its public base URL
+/// (`ide_base`), so its requests get that prefix back; any other app sees the bare path.
+fn upstream_path(port: u16, rest: &str, ide: Option<(u16, &str)>) -> (String, String) {
+    match ide {
+        Some((p, base)) if p == port => (
+            format!("{}{}", base.trim_end_matches('/'), rest),
+            base.to_string(),
+        ),
+        _ => (rest.to_string(), "/".to_string()),
+    }
+}
+
+async fn relay(State(agent): State<Arc<Agent>>, req: Request) -> Response {
     let path = req.uri().path().to_string();
     let Some((segment, rest)) = split(&path) else {
         return ApiError::not_found(format!("no route {path}")).into_response();
@@ -68,10 +81,15 @@ async fn relay(req: Request) -> Response {
             .body(Body::empty())
             .unwrap_or_else(|_| StatusCode::PERMANENT_REDIRECT.into_response());
     };
-    let up = Upstream::new(format!("http://127.0.0.1:{port}"), format!("{rest}{query}"))
+    let ide = agent
+        .ide
+        .as_ref()
+        .map(|i| (crate::desktop::ide::PORT, i.base_url()));
+    let (path, location_from) = upstream_path(port, rest, ide);
+    let up = Upstream::new(format!("http://127.0.0.1:{port}"), format!("{path}{query}"))
         .strip(header::AUTHORIZATION)
         .strip_cookie(super::viewer::COOKIE)
-        .rewrite_location("/", format!("{}/ports/{port}/", native::PREFIX));
+        .rewrite_location(location_from, format!("{}/ports/{port}/", native::PREFIX));
     match Relay::shared().forward(req, &up).await {
         Ok(resp) => resp,
         Err(RelayError::Connect(e)) => ApiError::new(
@@ -104,5 +122,29 @@ mod tests {
         assert!(parse_port("65536").is_err());
         assert!(parse_port("-1").is_err());
         assert!(parse_port("http").is_err());
+    }
+
+    #[test]
+    fn the_ide_port_gets_its_base_url_back_and_other_ports_do_not() {
+        let ide = Some((8888, "/sandbox/sandboxes/v1/sb-1/ports/8888/"));
+        assert_eq!(
+            upstream_path(8888, "/lab/tree", ide),
+            (
+                "/sandbox/sandboxes/v1/sb-1/ports/8888/lab/tree".to_string(),
+                "/sandbox/sandboxes/v1/sb-1/ports/8888/".to_string()
+            )
+        );
+        assert_eq!(
+            upstream_path(8888, "/", ide).0,
+            "/sandbox/sandboxes/v1/sb-1/ports/8888/"
+        );
+        assert_eq!(
+            upstream_path(8000, "/a", ide),
+            ("/a".to_string(), "/".to_string())
+        );
+        assert_eq!(
+            upstream_path(8888, "/a", None),
+            ("/a".to_string(), "/".to_string())
+        );
     }
 }

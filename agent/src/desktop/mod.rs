@@ -7,6 +7,7 @@
 //! does not count as their crash. Components die with the agent on any exit (a parent-death
 //! signal), and the next agent starts them afresh.
 
+pub mod ide;
 pub mod probe;
 pub mod ready;
 mod spawn;

@@ -22,6 +22,8 @@ pub use berth_protocol::desktop::ReadyReport as Report;
 
 pub struct Readiness {
     desktop: Option<Arc<Desktop>>,
+    /// The browser IDE (`--ide`): one more component, ready when its API answers.
+    ide: Option<Arc<super::ide::Ide>>,
     a11y: Arc<A11y>,
     /// The latest results of the end-to-end checks.
     checks: watch::Sender<BTreeMap<&'static str, Status>>,
@@ -48,10 +50,15 @@ fn loopback(addr: SocketAddr) -> SocketAddr {
 
 impl Readiness {
     /// `desktop`: what to check; without one there is nothing to wait for.
-    pub fn new(desktop: Option<Arc<Desktop>>, a11y: Arc<A11y>) -> Arc<Readiness> {
+    pub fn new(
+        desktop: Option<Arc<Desktop>>,
+        ide: Option<Arc<super::ide::Ide>>,
+        a11y: Arc<A11y>,
+    ) -> Arc<Readiness> {
         let (checks, _) = watch::channel(BTreeMap::new());
         Arc::new(Readiness {
             desktop,
+            ide,
             a11y,
             checks,
         })
@@ -108,6 +115,16 @@ impl Readiness {
 
     /// Components as they are this moment, with the latest end-to-end checks.
     pub fn report(&self) -> Report {
+        let mut report = self.desktop_report();
+        if let Some(ide) = &self.ide {
+            let s = ide.status();
+            report.ready &= s.ok;
+            report.components.insert(ide.name().to_string(), s);
+        }
+        report
+    }
+
+    fn desktop_report(&self) -> Report {
         let Some(desktop) = &self.desktop else {
             return Report {
                 ready: true,
@@ -137,20 +154,35 @@ impl Readiness {
         let deadline = tokio::time::Instant::now() + wait;
         let mut checks = self.checks.subscribe();
         let mut changed = self.desktop.as_ref().map(|d| d.changed.subscribe());
+        let mut ide_changed = self.ide.as_ref().map(|i| i.changed.subscribe());
         loop {
             let r = self.report();
             if r.ready {
                 return r;
             }
             let more = async {
-                match &mut changed {
-                    Some(c) => {
-                        tokio::select! {
-                            _ = checks.changed() => {}
-                            _ = c.changed() => {}
+                let desktop = async {
+                    match &mut changed {
+                        Some(c) => {
+                            tokio::select! {
+                                _ = checks.changed() => {}
+                                _ = c.changed() => {}
+                            }
                         }
+                        None => std::future::pending::<()>().await,
                     }
-                    None => std::future::pending::<()>().await,
+                };
+                let ide = async {
+                    match &mut ide_changed {
+                        Some(c) => {
+                            let _ = c.changed().await;
+                        }
+                        None => std::future::pending::<()>().await,
+                    }
+                };
+                tokio::select! {
+                    _ = desktop => {}
+                    _ = ide => {}
                 }
             };
             if tokio::time::timeout_at(deadline, more).await.is_err() {

@@ -44,11 +44,32 @@ pub struct Spec {
     pub identity: Identity,
     /// Start the desktop (X server, VNC, window manager, browser) with the agent.
     pub desktop: bool,
+    /// The browser IDE the agent serves (`jupyterlab`), for profiles whose viewer is one.
+    pub ide: Option<String>,
     /// The bearer token the agent's native API will require.
     pub agent_token: String,
     /// Resource limits (providers that can enforce them do).
     pub cpus: Option<f64>,
     pub memory_mb: Option<u64>,
+}
+
+impl Spec {
+    /// The agent's IDE arguments: which IDE, and the public path the controller serves the
+    /// sandbox's ports under (the IDE builds its URLs from it). None without an IDE.
+    pub fn ide_args(&self) -> Vec<String> {
+        match &self.ide {
+            Some(kind) => vec![
+                "--ide".into(),
+                kind.clone(),
+                "--ports-prefix".into(),
+                format!(
+                    "{}ports/",
+                    crate::viewer::base_path(&self.identity.sandbox_id)
+                ),
+            ],
+            None => Vec::new(),
+        }
+    }
 }
 
 /// How to reach a created sandbox's agent.

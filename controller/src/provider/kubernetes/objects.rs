@@ -281,7 +281,11 @@ pub fn pod(spec: &Spec, s: &Settings, owner: &Owner) -> Pod {
         image: Some(spec.identity.image_ref.clone()),
         image_pull_policy: Some("IfNotPresent".into()),
         // The image's entrypoint (`berth-agent init`) stays; these replace its CMD.
-        args: Some(agent_args(spec.desktop, s.agent_port)),
+        args: Some({
+            let mut args = agent_args(spec.desktop, s.agent_port);
+            args.extend(spec.ide_args());
+            args
+        }),
         // The token's path, never the token.
         env: Some(vec![EnvVar {
             name: "BERTH_AGENT_TOKEN_FILE".into(),
@@ -667,6 +671,7 @@ mod tests {
                 image_ref: "registry.local:5000/berth/desktop:4f2a".into(),
             },
             desktop,
+            ide: None,
             agent_token: "tok-SECRET-4711".into(),
             cpus: Some(1.5),
             memory_mb: Some(3072),
@@ -808,6 +813,24 @@ mod tests {
         );
         let c = &ps.containers[0];
         assert_eq!(c.args.as_deref().unwrap(), ["--listen", "0.0.0.0:5000"]);
+        // An IDE profile's agent serves the IDE under the controller's path of its ports.
+        let mut ide = spec(false);
+        ide.ide = Some("jupyterlab".into());
+        let p = pod(&ide, &st, &owner());
+        assert_eq!(
+            p.spec.as_ref().unwrap().containers[0]
+                .args
+                .as_deref()
+                .unwrap(),
+            [
+                "--listen",
+                "0.0.0.0:5000",
+                "--ide",
+                "jupyterlab",
+                "--ports-prefix",
+                "/sandbox/sandboxes/v1/sb_00aa11bb22cc33dd/ports/"
+            ]
+        );
         let probe = c
             .readiness_probe
             .as_ref()

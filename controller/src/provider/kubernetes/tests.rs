@@ -39,6 +39,7 @@ fn spec(desktop: bool) -> Spec {
             image_ref: "registry.local:5000/berth/desktop:4f2a".into(),
         },
         desktop,
+        ide: None,
         agent_token: TOKEN.into(),
         cpus: Some(2.0),
         memory_mb: Some(4096),
