@@ -54,6 +54,23 @@ pub struct Config {
     /// The `kubernetes` provider (`[kubernetes]`): built when this section is present or a
     /// profile is routed to it.
     pub kubernetes: Option<KubernetesConfig>,
+    /// Artifacts (recordings, published files, long run output, episodes) are deleted this
+    /// long after they were made; 0 keeps them until deleted.
+    pub artifact_retention_secs: u64,
+    /// All artifacts together stay under this many bytes: past it the oldest go first; 0 sets
+    /// no bound.
+    pub artifact_max_bytes: u64,
+    /// One artifact published from a sandbox (a file, a directory's zip, a recording) may be
+    /// at most this large; a larger one is refused with 413.
+    pub artifact_max_file_bytes: u64,
+    /// A directory published as a zip holds at most this many entries.
+    pub artifact_max_entries: usize,
+    /// How long deleting a running sandbox may spend keeping its work (stopping and
+    /// publishing its recordings) before it goes anyway.
+    pub keep_work_timeout_secs: u64,
+    /// A run whose combined output is larger than this keeps a preview of this size in its
+    /// record (`stdout`, `stderr`) and the whole output as an `output` artifact.
+    pub run_output_inline_bytes: usize,
 }
 
 /// `[kubernetes]`: where and how sandboxes run as Pods.
@@ -249,6 +266,12 @@ impl Default for Config {
             http_max_connections: 4096,
             secret_key_file: None,
             kubernetes: None,
+            artifact_retention_secs: 7 * 24 * 3600,
+            artifact_max_bytes: 0,
+            artifact_max_file_bytes: 4 << 30,
+            artifact_max_entries: 100_000,
+            keep_work_timeout_secs: 60,
+            run_output_inline_bytes: 256 << 10,
         }
     }
 }
@@ -265,6 +288,10 @@ impl Config {
 
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.max_ttl_secs > 0, "max_ttl_secs must be positive");
+        anyhow::ensure!(
+            self.artifact_max_file_bytes > 0 && self.artifact_max_entries > 0,
+            "artifact_max_file_bytes and artifact_max_entries must be positive"
+        );
         anyhow::ensure!(
             self.reconcile_interval_secs > 0.0,
             "reconcile_interval_secs must be positive"

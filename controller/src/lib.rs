@@ -3,6 +3,7 @@
 //! berth-agent, and reconciles with the world after its own restart.
 
 pub mod api;
+pub mod artifact;
 pub mod catalog;
 pub mod cli;
 pub mod config;

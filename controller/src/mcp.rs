@@ -204,6 +204,32 @@ pub struct SandboxId {
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+pub struct PublishArgs {
+    /// The sandbox's id (`sb_…`).
+    pub id: String,
+    /// An absolute path in the sandbox: a file, or a directory (published as a zip).
+    pub path: String,
+    /// The run it belongs to (a run of this sandbox).
+    #[serde(default)]
+    pub run: Option<String>,
+    /// The artifact's name; default the path's last component.
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ArtifactFilter {
+    /// Only this sandbox's.
+    #[serde(default)]
+    pub sandbox: Option<String>,
+    /// Only this run's.
+    #[serde(default)]
+    pub run: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct LeaseId {
     /// The lease's id, from `acquire_lease`.
     pub lease_id: String,
@@ -343,6 +369,40 @@ impl ControllerMcp {
         let lease = Self::detached(async move { c.acquire(&args).await }).await?;
         let mcp_url = sandbox_mcp_url(&self.c, &lease.sandbox.id);
         Ok(Json(LeaseAnswer { lease, mcp_url }))
+    }
+
+    /// Publishes a file or directory (as a zip) of a running sandbox as an artifact
+    /// (`POST /sandbox/sandboxes/v1/{id}/artifacts`); it outlives the sandbox and downloads
+    /// from `GET /sandbox/v1/artifacts/{artifact id}`.
+    #[tool(annotations(destructive_hint = false, open_world_hint = false))]
+    async fn publish_artifact(
+        &self,
+        Parameters(args): Parameters<PublishArgs>,
+    ) -> Result<Json<berth_protocol::controller::Artifact>, ToolError> {
+        let c = self.c.clone();
+        let req = berth_protocol::controller::PublishArtifact {
+            path: args.path,
+            run: args.run,
+            name: args.name,
+        };
+        let id = args.id;
+        let a = Self::detached(async move { c.publish_path(&id, req).await }).await?;
+        Ok(Json(a.to_wire()))
+    }
+
+    /// Lists artifacts (recordings, published files, long run output, episodes), oldest
+    /// first, of a sandbox and/or run when given.
+    #[tool(annotations(read_only_hint = true, open_world_hint = false))]
+    async fn list_artifacts(
+        &self,
+        Parameters(args): Parameters<ArtifactFilter>,
+    ) -> Result<Json<berth_protocol::controller::ArtifactList>, ToolError> {
+        let rows = self
+            .c
+            .artifacts(args.sandbox.as_deref(), args.run.as_deref())?;
+        Ok(Json(berth_protocol::controller::ArtifactList {
+            artifacts: rows.iter().map(|a| a.to_wire()).collect(),
+        }))
     }
 
     /// Releases a lease (`DELETE /sandbox/v1/leases/{id}`), which destroys its sandbox.

@@ -38,6 +38,10 @@ pub struct Metrics {
     runs_reconciling: AtomicU64,
     runs_adopted: AtomicU64,
     orphans_reaped: AtomicU64,
+    artifacts_published: AtomicU64,
+    artifacts_deleted: AtomicU64,
+    artifacts: AtomicU64,
+    artifact_bytes: AtomicU64,
 }
 
 impl Metrics {
@@ -65,6 +69,29 @@ impl Metrics {
 
     pub fn orphan_reaped(&self) {
         self.orphans_reaped.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn artifact_published(&self, bytes: u64) {
+        self.artifacts_published.fetch_add(1, Ordering::Relaxed);
+        self.artifacts.fetch_add(1, Ordering::Relaxed);
+        self.artifact_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub fn artifact_deleted(&self, bytes: u64) {
+        self.artifacts_deleted.fetch_add(1, Ordering::Relaxed);
+        let sub = |a: &AtomicU64, n: u64| {
+            let _ = a.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(n))
+            });
+        };
+        sub(&self.artifacts, 1);
+        sub(&self.artifact_bytes, bytes);
+    }
+
+    /// The artifacts kept, as counted in the store.
+    pub fn set_artifacts(&self, count: u64, bytes: u64) {
+        self.artifacts.store(count, Ordering::Relaxed);
+        self.artifact_bytes.store(bytes, Ordering::Relaxed);
     }
 
     /// The exposition; `by_state` and `pools` are read from the store by the caller.
@@ -132,6 +159,16 @@ impl Metrics {
                 "Provider sandboxes the store did not know, reaped.",
                 &self.orphans_reaped,
             ),
+            (
+                "berth_artifacts_published_total",
+                "Artifacts published (recordings, files, directories, run output, episodes).",
+                &self.artifacts_published,
+            ),
+            (
+                "berth_artifacts_deleted_total",
+                "Artifacts deleted (by retention or a DELETE).",
+                &self.artifacts_deleted,
+            ),
         ];
         for (name, help, v) in counters {
             let _ = writeln!(o, "# HELP {name} {help}");
@@ -148,6 +185,19 @@ impl Metrics {
             "berth_runs_reconciling {}",
             self.runs_reconciling.load(Ordering::Relaxed)
         );
+        let gauges = [
+            ("berth_artifacts", "Artifacts kept.", &self.artifacts),
+            (
+                "berth_artifact_bytes",
+                "Bytes of the artifacts kept.",
+                &self.artifact_bytes,
+            ),
+        ];
+        for (name, help, v) in gauges {
+            let _ = writeln!(o, "# HELP {name} {help}");
+            let _ = writeln!(o, "# TYPE {name} gauge");
+            let _ = writeln!(o, "{name} {}", v.load(Ordering::Relaxed));
+        }
         let _ = writeln!(
             o,
             "# HELP berth_pool_members Warm pool members by state, and whether refill is failing."

@@ -162,6 +162,8 @@ impl Controller {
         else {
             return;
         };
+        // Artifacts past their retention.
+        self.sweep_artifacts().await;
         let cx = self.context(Pass::Sweep);
         for row in rows {
             let stored = Stored::of(&row);
@@ -183,6 +185,12 @@ impl Controller {
                 None
             };
             let action = decide(&cx, Some(&stored), seen.as_ref());
+            if action == Action::Nothing
+                && seen.as_ref().is_some_and(|o| o.health == Health::Alive)
+            {
+                // Its recordings are published as they stop.
+                self.follow_recordings(&row.id);
+            }
             if action == Action::Nothing
                 && seen.as_ref().is_some_and(|o| o.health == Health::Alive)
                 && let Err(e) = self.import_agent_events(&row).await

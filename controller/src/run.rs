@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use crate::error::{Error, Result};
 use crate::lifecycle::{RunStatus, SandboxStatus};
 use crate::sandbox::Controller;
-use crate::store::{RunRow, SandboxRow};
+use crate::store::{RunRow, SandboxRow, StreamSpan};
 use crate::util::{new_id, now_ms, valid_id};
 
 /// One agent call of the run machinery.
@@ -95,6 +95,8 @@ impl Controller {
             start_request: Some(
                 serde_json::to_string(&exec).map_err(|e| Error::Internal(e.to_string()))?,
             ),
+            output_artifact: None,
+            output_streams: None,
         };
         let (run, new) = self.store.insert_run(&fresh)?;
         if new {
@@ -241,20 +243,15 @@ impl Controller {
                 match info.state {
                     CommandState::Running => Ok(()),
                     CommandState::Exited | CommandState::Lost => {
-                        let (chunks, truncated) = self.fetch_output(&agent, &run.id).await?;
+                        let fetched = self.fetch_output(&agent, run).await?;
                         let status = match info.state {
                             CommandState::Lost => RunStatus::Lost,
                             _ => RunStatus::Exited,
                         };
                         let error = (status == RunStatus::Lost)
                             .then(|| "the agent lost track of the command's end".to_string());
-                        let wrote = self.end_run(
-                            run,
-                            status,
-                            info.exit_code,
-                            Some((chunks, truncated)),
-                            error,
-                        )?;
+                        let wrote =
+                            self.end_run(run, status, info.exit_code, Some(fetched), error)?;
                         if wrote && adopting {
                             self.metrics.run_adopted();
                             self.event(
@@ -336,34 +333,95 @@ impl Controller {
         }
     }
 
-    /// The whole combined output, up to the store's cap.
-    async fn fetch_output(
-        &self,
-        agent: &AgentClient,
-        id: &str,
-    ) -> Result<(Vec<OutputChunk>, bool)> {
-        let cap = self.config.max_stored_output_bytes;
-        let mut chunks = Vec::new();
+    /// The whole combined output. Up to `run_output_inline_bytes` it is kept in the run's
+    /// record; past it the record keeps a preview of that size and the whole output (up to
+    /// `artifact_max_file_bytes`) is published as the run's `output` artifact.
+    async fn fetch_output(&self, agent: &AgentClient, run: &RunRow) -> Result<Fetched> {
+        let id = run.id.as_str();
+        let inline = self
+            .config
+            .run_output_inline_bytes
+            .min(self.config.max_stored_output_bytes);
+        let max = self.config.artifact_max_file_bytes;
+        let mut out = Fetched::default();
         let mut seq = 0;
-        let mut bytes = 0usize;
+        let mut bytes = 0u64;
+        // Once past the inline bound: the artifact being written and the stream spans.
+        let mut spill: Option<(std::path::PathBuf, std::fs::File)> = None;
+        // The artifact reached `artifact_max_file_bytes`: the rest is not kept.
+        let mut full = false;
         loop {
             let page = tokio::time::timeout(AGENT_CALL, agent.output(id, seq))
                 .await
                 .map_err(|_| Error::Agent("reading the run's output timed out".into()))?
                 .map_err(|e: ClientError| Error::Agent(format!("reading the run's output: {e}")))?;
             let empty = page.chunks.is_empty();
-            for c in page.chunks {
-                bytes += c.bytes().len();
-                if bytes > cap {
-                    return Ok((chunks, true));
-                }
-                chunks.push(c);
+            if page.truncated_before_seq.is_some() {
+                out.truncated = true;
             }
-            if empty || page.next_seq == seq {
-                return Ok((chunks, page.truncated_before_seq.is_some()));
+            for c in page.chunks {
+                let data = c.bytes();
+                let len = data.len() as u64;
+                if spill.is_none() && bytes + len > inline as u64 {
+                    let path = self.artifact_scratch()?;
+                    let mut f = std::fs::File::create(&path)
+                        .map_err(|e| Error::Internal(format!("run output: {e}")))?;
+                    for p in &out.chunks {
+                        write_all(&mut f, &p.bytes())?;
+                    }
+                    spill = Some((path, f));
+                }
+                match &mut spill {
+                    None => {
+                        out.chunks.push(c);
+                    }
+                    Some((_, f)) => {
+                        if bytes + len > max {
+                            out.truncated = true;
+                            full = true;
+                            break;
+                        }
+                        write_all(f, &data)?;
+                        span(&mut out.spans, c.seq, bytes, len, c.stream);
+                    }
+                }
+                bytes += len;
+            }
+            if empty || full || page.next_seq == seq {
+                break;
             }
             seq = page.next_seq;
         }
+        if let Some((path, f)) = spill {
+            f.sync_all()
+                .map_err(|e| Error::Internal(format!("run output: {e}")))?;
+            drop(f);
+            // The preview's chunks lead the spans (they are the artifact's first bytes).
+            let mut spans = Vec::new();
+            let mut off = 0;
+            for c in &out.chunks {
+                let len = c.bytes().len() as u64;
+                span(&mut spans, c.seq, off, len, c.stream);
+                off += len;
+            }
+            for s in std::mem::take(&mut out.spans) {
+                span(&mut spans, s.seq, s.offset, s.len, s.stream);
+            }
+            out.spans = spans;
+            let a = self
+                .publish_file(
+                    &run.sandbox_id,
+                    Some(&run.id),
+                    &format!("{}.log", run.id),
+                    "text/plain; charset=utf-8",
+                    crate::artifact::ArtifactKind::Output,
+                    Some(&run.id),
+                    &path,
+                )
+                .await?;
+            out.artifact = Some(a.id);
+        }
+        Ok(out)
     }
 
     /// Records a run's end once; true for the caller that wrote it.
@@ -372,10 +430,15 @@ impl Controller {
         run: &RunRow,
         status: RunStatus,
         exit_code: Option<i32>,
-        output: Option<(Vec<OutputChunk>, bool)>,
+        output: Option<Fetched>,
         error: Option<String>,
     ) -> Result<bool> {
-        let (chunks, truncated) = output.unwrap_or_default();
+        let Fetched {
+            chunks,
+            truncated,
+            artifact,
+            spans,
+        } = output.unwrap_or_default();
         let mut stdout = Vec::new();
         let mut stderr = Vec::new();
         for c in &chunks {
@@ -391,6 +454,8 @@ impl Controller {
             stderr: String::from_utf8_lossy(&stderr).into_owned(),
             output: Some(serde_json::to_value(&chunks).unwrap_or(Value::Null)),
             truncated,
+            output_streams: artifact.is_some().then_some(spans),
+            output_artifact: artifact,
             ended_at: Some(now_ms()),
             started_at: run.started_at.or(Some(now_ms())),
             error: error.clone(),
@@ -421,6 +486,12 @@ impl Controller {
                 tokio::time::timeout(AGENT_CALL, agent.output(run_id, from_seq)).await
         {
             return Ok(serde_json::to_value(page).unwrap_or_default());
+        }
+        if let (Some(art), Some(spans)) = (&run.output_artifact, &run.output_streams)
+            && self.store.artifact(art)?.is_some()
+        {
+            let (chunks, next) = self.artifact_chunks(art, spans, from_seq).await?;
+            return Ok(json!({"chunks": chunks, "next_seq": next, "done": run.done()}));
         }
         let chunks: Vec<OutputChunk> = run
             .output
@@ -576,10 +647,169 @@ impl Controller {
     }
 }
 
+/// What `fetch_output` read: the chunks kept in the record (all of them, or the preview when
+/// an artifact holds the whole output) and the artifact's stream spans.
+#[derive(Default)]
+struct Fetched {
+    chunks: Vec<OutputChunk>,
+    truncated: bool,
+    artifact: Option<String>,
+    spans: Vec<StreamSpan>,
+}
+
+/// Adds `len` bytes of `stream` from `seq` at `offset`, joined to the last span when they
+/// follow on from it.
+fn span(spans: &mut Vec<StreamSpan>, seq: u64, offset: u64, len: u64, stream: Stream) {
+    if len == 0 {
+        return;
+    }
+    if let Some(last) = spans.last_mut()
+        && last.stream == stream
+        && last.seq + last.len == seq
+        && last.offset + last.len == offset
+    {
+        last.len += len;
+        return;
+    }
+    spans.push(StreamSpan {
+        seq,
+        offset,
+        len,
+        stream,
+    });
+}
+
+fn write_all(f: &mut std::fs::File, data: &[u8]) -> Result<()> {
+    use std::io::Write;
+    f.write_all(data)
+        .map_err(|e| Error::Internal(format!("run output: {e}")))
+}
+
+/// The most a page of output read back from an artifact holds.
+const ARTIFACT_PAGE: u64 = 1 << 20;
+
+/// Bytes as an output chunk: text when UTF-8, else base64.
+fn chunk_of(seq: u64, stream: Stream, data: &[u8]) -> OutputChunk {
+    match std::str::from_utf8(data) {
+        Ok(t) => OutputChunk {
+            seq,
+            stream,
+            data: Some(t.to_string()),
+            data_b64: None,
+        },
+        Err(_) => {
+            use base64::Engine;
+            OutputChunk {
+                seq,
+                stream,
+                data: None,
+                data_b64: Some(base64::engine::general_purpose::STANDARD.encode(data)),
+            }
+        }
+    }
+}
+
+/// Which bytes of the artifact a page from `from_seq` reads: `(seq, offset, len, stream)`
+/// per span, at most `limit` bytes in all.
+fn spans_from(spans: &[StreamSpan], from_seq: u64, limit: u64) -> Vec<(u64, u64, u64, Stream)> {
+    let mut out = Vec::new();
+    let mut left = limit;
+    for s in spans {
+        if left == 0 {
+            break;
+        }
+        if s.seq + s.len <= from_seq {
+            continue;
+        }
+        let skip = from_seq.saturating_sub(s.seq);
+        let len = (s.len - skip).min(left);
+        out.push((s.seq + skip, s.offset + skip, len, s.stream));
+        left -= len;
+    }
+    out
+}
+
+impl Controller {
+    /// A page of a run's output read back from its output artifact.
+    async fn artifact_chunks(
+        &self,
+        artifact: &str,
+        spans: &[StreamSpan],
+        from_seq: u64,
+    ) -> Result<(Vec<OutputChunk>, u64)> {
+        use futures_util::StreamExt;
+        let mut chunks = Vec::new();
+        let mut next = from_seq;
+        for (seq, offset, len, stream) in spans_from(spans, from_seq, ARTIFACT_PAGE) {
+            let (mut body, _) = self
+                .artifacts
+                .blobs
+                .open(artifact, Some((offset, offset + len - 1)))
+                .await
+                .map_err(|e| Error::Internal(format!("artifact {artifact}: {e}")))?;
+            let mut data = Vec::with_capacity(len as usize);
+            while let Some(b) = body.next().await {
+                data.extend(b.map_err(|e| Error::Internal(format!("artifact {artifact}: {e}")))?);
+            }
+            // A page does not end inside a UTF-8 character (the next one starts there).
+            let mut take = data.len();
+            if let Err(e) = std::str::from_utf8(&data)
+                && e.error_len().is_none()
+                && e.valid_up_to() > 0
+            {
+                take = e.valid_up_to();
+            }
+            chunks.push(chunk_of(seq, stream, &data[..take]));
+            next = seq + take as u64;
+            if take < data.len() {
+                break;
+            }
+        }
+        Ok((chunks, next))
+    }
+}
+
 /// An argv as one `sh -c` line, each word quoted.
 fn shell_join(argv: &[String]) -> String {
     argv.iter()
         .map(|a| format!("'{}'", a.replace('\'', "'\\''")))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_join_what_follows_on_and_pages_cut_them() {
+        let mut spans = Vec::new();
+        span(&mut spans, 0, 0, 10, Stream::Stdout);
+        span(&mut spans, 10, 10, 5, Stream::Stdout);
+        span(&mut spans, 15, 15, 5, Stream::Stderr);
+        span(&mut spans, 20, 20, 0, Stream::Stdout);
+        span(&mut spans, 20, 20, 30, Stream::Stdout);
+        assert_eq!(spans.len(), 3);
+        assert_eq!((spans[0].len, spans[2].seq, spans[2].len), (15, 20, 30));
+        assert_eq!(
+            spans_from(&spans, 0, 100),
+            [
+                (0, 0, 15, Stream::Stdout),
+                (15, 15, 5, Stream::Stderr),
+                (20, 20, 30, Stream::Stdout)
+            ]
+        );
+        assert_eq!(
+            spans_from(&spans, 12, 10),
+            [
+                (12, 12, 3, Stream::Stdout),
+                (15, 15, 5, Stream::Stderr),
+                (20, 20, 2, Stream::Stdout)
+            ]
+        );
+        assert!(spans_from(&spans, 50, 10).is_empty());
+        let c = chunk_of(3, Stream::Stdout, &[0xff, 0x00]);
+        assert_eq!(c.bytes(), [0xff, 0x00]);
+        assert!(c.data.is_none());
+    }
 }

@@ -52,6 +52,8 @@ pub struct Controller {
     pub(crate) run_followers: std::sync::Mutex<std::collections::HashSet<String>>,
     /// When this controller started: a run made before it is an adopted one.
     pub(crate) started_ms: i64,
+    /// Artifacts: their blob store and followers (`crate::artifact`).
+    pub artifacts: crate::artifact::Artifacts,
 }
 
 /// What a caller asks for.
@@ -75,6 +77,7 @@ impl Controller {
     ) -> Result<Arc<Controller>> {
         let controller_id = store.meta_init("controller_id", &new_id("ctl"))?;
         let pools = Pools::new(&config.pools);
+        let artifacts = crate::artifact::Artifacts::open_local(&data_dir.join("artifacts"))?;
         Ok(Arc::new(Controller {
             config,
             store,
@@ -99,6 +102,7 @@ impl Controller {
             started_ms: now_ms(),
             destroy_locks: Default::default(),
             destroys: Default::default(),
+            artifacts,
         }))
     }
 
@@ -718,6 +722,12 @@ impl Controller {
             let _ = self
                 .store
                 .set_status(id, SandboxStatus::Stopping, SandboxUpdate::default());
+        }
+        // Its work (recordings, …) is kept before it goes, within a bound.
+        if matches!(row.status, SandboxStatus::Running | SandboxStatus::Stopping)
+            && row.agent_url.is_some()
+        {
+            self.keep_work(&row).await;
         }
         // The last words of its agent go into the timeline before it goes.
         if row.agent_url.is_some() {

@@ -197,6 +197,13 @@ pub struct Run {
     /// Set when the stored output was cut at the controller's cap; the agent keeps the rest.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub output_truncated: bool,
+    /// Output past the controller's inline bound: `stdout`/`stderr` hold a bounded preview and
+    /// the whole output is this artifact (`GET /sandbox/v1/artifacts/{id}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_artifact: Option<String>,
+    /// Set when `stdout`/`stderr` are a preview (the rest is in `output_artifact`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
 }
 
 impl Run {
@@ -573,4 +580,50 @@ mod tests {
             serde_json::from_str::<CreateSandbox>(r#"{"profile": "x", "scren": "1x1"}"#).is_err()
         );
     }
+}
+
+/// A file kept by the controller (`GET /sandbox/v1/artifacts/{id}`): a recording, a file or
+/// directory published from a sandbox, a run's output, an episode bundle. It outlives its
+/// sandbox until the retention setting deletes it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+pub struct Artifact {
+    pub id: String,
+    pub name: String,
+    pub content_type: String,
+    /// Bytes.
+    pub size: u64,
+    /// The sandbox it came from.
+    pub sandbox: String,
+    /// The run it belongs to, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
+    pub created_at: String,
+    /// `recording|file|directory|output|episode`.
+    pub kind: String,
+    /// Hex SHA-256 of the bytes (also the download's `ETag`).
+    pub sha256: String,
+    /// Where it came from: the agent recording id, the sandbox path, …
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+}
+
+/// `GET /sandbox/v1/artifacts`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+pub struct ArtifactList {
+    pub artifacts: Vec<Artifact>,
+}
+
+/// `POST /sandbox/sandboxes/v1/{id}/artifacts`: publishes a file or directory of the sandbox
+/// (a directory becomes `<name>.zip`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PublishArtifact {
+    /// An absolute path in the sandbox.
+    pub path: String,
+    /// The run it belongs to (a run of this sandbox).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
+    /// The artifact's name; default the path's last component (`.zip` added for a directory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }

@@ -15,6 +15,7 @@ pub mod fs;
 pub mod image;
 pub mod openapi;
 pub mod pty;
+pub mod range;
 pub mod record;
 #[cfg(feature = "server")]
 pub mod relay;

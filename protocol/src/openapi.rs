@@ -1542,6 +1542,80 @@ pub fn controller() -> Value {
         &key,
     );
 
+    let (artifact, artifacts) = (
+        d.schema::<wire::Artifact>(),
+        d.schema::<wire::ArtifactList>(),
+    );
+    let publish = d.schema::<wire::PublishArtifact>();
+    add(
+        &mut d,
+        op(
+            "post",
+            controller::SANDBOX_ARTIFACTS,
+            "sandbox_artifact_publish",
+            "publish a file or directory (as a zip) of the sandbox as an artifact",
+        )
+        .json_body(publish)
+        .json("201", "the artifact", artifact.clone())
+        .json("400", "a relative path or a bad name", err.clone())
+        .json("404", "no such sandbox, path or run", err.clone())
+        .json("409", "the sandbox is not running", err.clone())
+        .json("413", "past artifact_max_file_bytes or artifact_max_entries", err.clone())
+        .json("502", "the agent failed", err.clone()),
+        &key,
+    );
+    add(
+        &mut d,
+        op(
+            "get",
+            controller::SANDBOX_ARTIFACTS,
+            "sandbox_artifact_list",
+            "the sandbox's artifacts (also after it was deleted)",
+        )
+        .query("run", json!({"type": "string"}), "only this run's")
+        .json("200", "the artifacts, oldest first", artifacts.clone()),
+        &key,
+    );
+    add(
+        &mut d,
+        op("get", controller::ARTIFACTS, "artifact_list", "artifacts")
+            .query("sandbox", json!({"type": "string"}), "only this sandbox's")
+            .query("run", json!({"type": "string"}), "only this run's")
+            .json("200", "the artifacts, oldest first", artifacts)
+            .json("400", "an unknown query parameter", err.clone()),
+        &key,
+    );
+    add(
+        &mut d,
+        op(
+            "get",
+            controller::ARTIFACT,
+            "artifact_get",
+            "an artifact's bytes (one Range honoured; ETag is its SHA-256)",
+        )
+        .answer(
+            "200",
+            "the bytes, with the artifact's content type",
+            json!({"*/*": {"schema": binary()}}),
+        )
+        .answer(
+            "206",
+            "the range asked for",
+            json!({"*/*": {"schema": binary()}}),
+        )
+        .answer("304", "If-None-Match matched", json!({}))
+        .json("404", "no such artifact", err.clone())
+        .json("416", "the range cannot be served", err.clone()),
+        &key,
+    );
+    add(
+        &mut d,
+        op("delete", controller::ARTIFACT, "artifact_delete", "delete an artifact")
+            .json("200", "the artifact deleted", artifact)
+            .json("404", "no such artifact", err.clone()),
+        &key,
+    );
+
     // Through to the agent.
     let image = json!({
         "image/png": {"schema": binary()},

@@ -231,6 +231,8 @@ fn run() {
             ended_at: Some(LATER.into()),
             error: None,
             output_truncated: false,
+            output_artifact: None,
+            truncated: false,
         },
         r#"{"id": "r1", "sandbox_id": "sb_0123", "status": "exited", "exit_code": 3,
             "stdout": "out\n", "stderr": "err\n", "started_at": "2026-12-01T16:00:00.000Z",

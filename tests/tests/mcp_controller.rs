@@ -12,12 +12,14 @@ use berth_tests::wait_for;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
-const CONTROLLER_TOOLS: [&str; 6] = [
+const CONTROLLER_TOOLS: [&str; 8] = [
     "acquire_lease",
     "create_sandbox",
     "delete_sandbox",
     "get_sandbox",
+    "list_artifacts",
     "list_sandboxes",
+    "publish_artifact",
     "release_lease",
 ];
 const SANDBOX_TOOLS: [&str; 10] = [

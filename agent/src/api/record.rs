@@ -9,6 +9,7 @@ use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use berth_protocol::range::parse_range;
 use berth_protocol::{RecordingInfo, RecordingList, RecordingRequest};
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
@@ -143,32 +144,6 @@ pub async fn serve_prefix(
         h.insert(header::CONTENT_DISPOSITION, v);
     }
     Ok(resp)
-}
-
-/// `bytes=a-b`, `bytes=a-`, `bytes=-n` against a length; `None` when unsatisfiable.
-fn parse_range(spec: &str, len: u64) -> Option<(u64, u64)> {
-    let spec = spec.trim().strip_prefix("bytes=")?;
-    if spec.contains(',') || len == 0 {
-        return None;
-    }
-    let (a, b) = spec.split_once('-')?;
-    let (a, b) = (a.trim(), b.trim());
-    let (start, end) = if a.is_empty() {
-        let n: u64 = b.parse().ok()?;
-        if n == 0 {
-            return None;
-        }
-        (len.saturating_sub(n), len - 1)
-    } else {
-        let start: u64 = a.parse().ok()?;
-        let end = if b.is_empty() {
-            len - 1
-        } else {
-            b.parse::<u64>().ok()?.min(len - 1)
-        };
-        (start, end)
-    };
-    (start <= end && start < len).then_some((start, end))
 }
 
 #[derive(Deserialize, Default)]

@@ -55,6 +55,12 @@ pub fn keyed() -> Router<ApiState> {
         .route(route::CATALOG, get(catalog))
         .route(route::POOLS, get(pools))
         .route(route::POOL, axum::routing::put(adjust_pool))
+        .route(
+            route::SANDBOX_ARTIFACTS,
+            post(publish_artifact).get(sandbox_artifacts),
+        )
+        .route(route::ARTIFACTS, get(list_artifacts))
+        .route(route::ARTIFACT, get(get_artifact).delete(delete_artifact))
         .merge(super::proxy::keyed_proxies())
 }
 
@@ -278,4 +284,67 @@ async fn build_image(State(s): State<ApiState>, Json(body): Json<BuildImage>) ->
 
 async fn image_job(State(s): State<ApiState>, Path(image_ref): Path<String>) -> Result<Response> {
     Ok(s.c.image_job(&image_ref)?.into_json().into_response())
+}
+
+async fn publish_artifact(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    Json(body): Json<berth_protocol::controller::PublishArtifact>,
+) -> Result<Response> {
+    let a = s.c.publish_path(&id, body).await?;
+    Ok((StatusCode::CREATED, a.to_wire().into_json()).into_response())
+}
+
+fn artifact_list(rows: Vec<crate::store::ArtifactRow>) -> Response {
+    berth_protocol::controller::ArtifactList {
+        artifacts: rows.iter().map(|a| a.to_wire()).collect(),
+    }
+    .into_json()
+    .into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ArtifactQuery {
+    sandbox: Option<String>,
+    run: Option<String>,
+}
+
+async fn list_artifacts(
+    State(s): State<ApiState>,
+    Query(q): Query<ArtifactQuery>,
+) -> Result<Response> {
+    let rows =
+        s.c.artifacts(q.sandbox.as_deref(), q.run.as_deref())?;
+    Ok(artifact_list(rows))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunFilter {
+    run: Option<String>,
+}
+
+/// `GET …/{id}/artifacts`: the sandbox's artifacts (also after it was deleted).
+async fn sandbox_artifacts(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    Query(q): Query<RunFilter>,
+) -> Result<Response> {
+    s.c.visible_row(&id)?;
+    let rows = s.c.artifacts(Some(&id), q.run.as_deref())?;
+    Ok(artifact_list(rows))
+}
+
+async fn get_artifact(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    headers: axum::http::HeaderMap,
+) -> Result<Response> {
+    Ok(s.c.artifact_response(&id, &headers).await?)
+}
+
+async fn delete_artifact(State(s): State<ApiState>, Path(id): Path<String>) -> Result<Response> {
+    let a = s.c.delete_artifact(&id, "deleted").await?;
+    Ok(a.to_wire().into_json().into_response())
 }

@@ -4,7 +4,8 @@
 //! Statements are short and run under one connection lock; the claim of a warm member is a
 //! single `UPDATE … RETURNING`, so two claims can never take the same row.
 //!
-//! One file per table: [`sandboxes`], [`runs`], [`leases`], [`events`], [`viewers`].
+//! One file per table: [`sandboxes`], [`runs`], [`leases`], [`events`], [`viewers`],
+//! [`artifacts`].
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -13,14 +14,16 @@ use rusqlite::{Connection, params};
 
 use crate::seal::{self, Sealer};
 
+mod artifacts;
 mod events;
 mod leases;
 mod runs;
 mod sandboxes;
 mod viewers;
 
+pub use artifacts::ArtifactRow;
 pub use leases::LeaseRow;
-pub use runs::RunRow;
+pub use runs::{RunRow, StreamSpan};
 pub use sandboxes::{SandboxRow, SandboxUpdate};
 
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +110,20 @@ CREATE TABLE IF NOT EXISTS viewer_tokens (
     expires_at INTEGER NOT NULL,
     used INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS artifacts (
+    id TEXT PRIMARY KEY,
+    sandbox_id TEXT NOT NULL,
+    run_id TEXT,
+    name TEXT NOT NULL,
+    content_type TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    sha256 TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    source TEXT,
+    created_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS artifacts_sandbox ON artifacts (sandbox_id, run_id);
+CREATE INDEX IF NOT EXISTS artifacts_created ON artifacts (created_at);
 ";
 
 pub struct Store {
@@ -148,6 +165,16 @@ impl Store {
             .exists([])?;
         if !has_screen {
             conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN screen TEXT")?;
+        }
+        // Stores made before long run output became an artifact.
+        let has_output_artifact = conn
+            .prepare("SELECT 1 FROM pragma_table_info('runs') WHERE name = 'output_artifact'")?
+            .exists([])?;
+        if !has_output_artifact {
+            conn.execute_batch(
+                "ALTER TABLE runs ADD COLUMN output_artifact TEXT;
+                 ALTER TABLE runs ADD COLUMN output_streams TEXT",
+            )?;
         }
         let store = Store {
             conn: Mutex::new(conn),
@@ -272,6 +299,8 @@ mod tests {
             unreachable_since: None,
             error: None,
             start_request: None,
+            output_artifact: None,
+            output_streams: None,
         }
     }
 

@@ -29,6 +29,21 @@ pub struct RunRow {
     /// and secrets included), so a restarted controller can deliver it. Sealed in the store,
     /// and dropped once the run started or ended.
     pub start_request: Option<String>,
+    /// The artifact holding the whole output when it passed the inline bound (`stdout`,
+    /// `stderr` and `output` then hold a preview).
+    pub output_artifact: Option<String>,
+    /// Which stream each stretch of the output artifact came from.
+    pub output_streams: Option<Vec<StreamSpan>>,
+}
+
+/// A stretch of a run's combined output from one stream: `len` bytes from agent sequence
+/// number `seq`, at `offset` in the output artifact.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StreamSpan {
+    pub seq: u64,
+    pub offset: u64,
+    pub len: u64,
+    pub stream: berth_protocol::Stream,
 }
 
 impl RunRow {
@@ -57,6 +72,10 @@ impl RunRow {
             error: r.get("error")?,
             // Opened by the store (`Store::open_run`).
             start_request: r.get("start_request")?,
+            output_artifact: r.get("output_artifact")?,
+            output_streams: r
+                .get::<_, Option<String>>("output_streams")?
+                .and_then(|s| serde_json::from_str(&s).ok()),
         })
     }
 
@@ -71,7 +90,9 @@ impl RunRow {
             started_at: self.started_at.map(rfc3339),
             ended_at: self.ended_at.map(rfc3339),
             error: self.error.clone(),
-            output_truncated: self.truncated,
+            output_truncated: self.truncated && self.output_artifact.is_none(),
+            output_artifact: self.output_artifact.clone(),
+            truncated: self.output_artifact.is_some(),
         }
     }
 }
@@ -189,12 +210,18 @@ impl Store {
         }
         let from = sql_list(&RunStatus::sources(r.status), RunStatus::as_str);
         let output = r.output.as_ref().map(serde_json::to_string).transpose()?;
+        let streams = r
+            .output_streams
+            .as_ref()
+            .map(serde_json::to_string)
+            .transpose()?;
         self.with(|c| {
             c.execute(
                 &format!(
                     "UPDATE runs SET status = ?3, exit_code = ?4, stdout = ?5, stderr = ?6,
                        output = ?7, truncated = ?8, ended_at = ?9, error = ?10,
-                       started_at = COALESCE(started_at, ?11), start_request = NULL
+                       started_at = COALESCE(started_at, ?11), start_request = NULL,
+                       output_artifact = ?12, output_streams = ?13
                      WHERE sandbox_id = ?1 AND id = ?2 AND status IN {from}"
                 ),
                 params![
@@ -208,10 +235,24 @@ impl Store {
                     r.truncated as i64,
                     r.ended_at,
                     r.error,
-                    r.started_at
+                    r.started_at,
+                    r.output_artifact,
+                    streams
                 ],
             )
             .map(|n| n == 1)
+        })
+    }
+}
+
+impl Store {
+    /// Every run of a sandbox, oldest first.
+    pub fn runs_of(&self, sandbox_id: &str) -> Result<Vec<RunRow>> {
+        self.with(|c| {
+            let mut st =
+                c.prepare("SELECT * FROM runs WHERE sandbox_id = ?1 ORDER BY created_at")?;
+            let rows = st.query_map([sandbox_id], |r| self.open_run(r))?;
+            rows.collect()
         })
     }
 }
