@@ -9,6 +9,7 @@ pub mod cli;
 pub mod compat;
 pub mod desktop;
 pub mod display;
+pub mod episode;
 pub mod events;
 pub mod exec;
 pub mod fs;
@@ -56,6 +57,8 @@ pub struct Agent {
     pub files: fs::Files,
     pub display: Arc<display::Display>,
     pub recorder: Arc<record::Recorder>,
+    /// The computer-use action log (`/v1/episode`).
+    pub episode: Arc<episode::Episode>,
     pub viewers: api::viewer::Viewers,
     /// The supervised desktop (`--desktop`).
     pub desktop: Option<Arc<desktop::Desktop>>,

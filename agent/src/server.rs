@@ -158,6 +158,8 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         crate::display::Display::new(display_name.clone(), desktop.as_ref().map(|d| d.x_cookie));
     let recorder = crate::record::Recorder::open(&display, &state_dir, events.clone())
         .context("recordings directory")?;
+    let episode = crate::episode::Episode::open(&state_dir, crate::episode::Limits::default())
+        .context("episode log")?;
     let a11y = Arc::new(crate::a11y::A11y::new(
         session_bus,
         desktop.as_ref().map(|d| d.x_target()),
@@ -174,6 +176,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         files: crate::fs::Files::new(home.clone(), account.uid, account.gid),
         display,
         recorder: recorder.clone(),
+        episode: episode.clone(),
         viewers: api::viewer::Viewers::default(),
         desktop: desktop.clone(),
         readiness: Readiness::new(desktop.clone(), ide.clone(), a11y.clone()),
@@ -225,6 +228,8 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         _ = sigint.recv() => ShutdownKind::Full,
         _ = shutdown_rx.wait_for(Option::is_some) => ShutdownKind::Full,
     };
+    // What the episode log has queued is written before the agent goes.
+    episode.flush(Duration::from_secs(2)).await;
     // Recordings end properly either way: their files are complete and say how long they are.
     tokio::task::spawn_blocking(move || recorder.shutdown())
         .await

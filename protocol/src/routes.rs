@@ -103,6 +103,12 @@ pub mod native {
         BROWSER_CDP = "/browser/cdp";
         BROWSER_CDP_TARGET = "/browser/cdp/{kind}/{id}";
         EVENTS = "/events";
+        /// `DELETE` starts a new episode (clears the action log).
+        EPISODE = "/episode";
+        /// `GET ?from_seq=&limit=`: the episode's logged actions.
+        EPISODE_ACTIONS = "/episode/actions";
+        /// `GET`: a screenshot an action answered (`000012.png`).
+        EPISODE_SCREENSHOT = "/episode/screenshots/{name}";
         SHUTDOWN = "/shutdown";
         /// (V) the live MP4 stream.
         STREAM_MP4 = "/stream.mp4";
@@ -184,6 +190,12 @@ pub mod controller {
     pub const SANDBOX_MCP: &str = "/sandbox/sandboxes/v1/{id}/mcp";
     pub const SANDBOX_ARTIFACTS: &str = "/sandbox/sandboxes/v1/{id}/artifacts";
     pub const SANDBOX_EPISODE: &str = "/sandbox/sandboxes/v1/{id}/episode";
+    /// `POST` → `{"url", "expires_at"}`: a one-time URL for the session view.
+    pub const SANDBOX_SESSION: &str = "/sandbox/sandboxes/v1/{id}/session";
+    /// (S) the session view page (`?t=` opens a one-time URL and sets the session cookie).
+    pub const SESSION_INDEX: &str = "/sandbox/sandboxes/v1/{id}/session/";
+    /// (S) `ANY`: the session view's assets and its `api/…` routes (JSON, files, WebSockets).
+    pub const SESSION_PATH: &str = "/sandbox/sandboxes/v1/{id}/session/{*path}";
     /// (V) the viewer: noVNC page, its WebSocket and files, the live stream.
     pub const VNC_INDEX: &str = "/sandbox/sandboxes/v1/{id}/vnc/";
     pub const VNC_WS: &str = "/sandbox/sandboxes/v1/{id}/vnc/websockify";

@@ -17,10 +17,22 @@ use crate::display::DisplayError;
 use crate::display::computer::{self, Answer};
 
 pub async fn computer(State(agent): State<Arc<Agent>>, ApiJson(body): ApiJson<Value>) -> Response {
+    let called = std::time::Instant::now();
+    let raw = body.clone();
     let answer = match computer::parse(body) {
         Ok(body) => computer::run_body(&agent.display, body).await,
         Err(e) => Answer::error(e.dialect, DisplayError::Invalid(e.message)),
     };
+    let error = answer.error.as_ref().map(|e| e.to_string());
+    super::episode::log_computer(
+        &agent,
+        crate::episode::Source::Computer,
+        &raw,
+        &answer.trace,
+        error,
+        called,
+    )
+    .await;
     let status = answer
         .error
         .map(|e| ApiError::from(e).status)

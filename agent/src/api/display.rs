@@ -174,6 +174,38 @@ pub async fn input(
     ApiJson(req): ApiJson<InputRequest>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
+    let raw = serde_json::to_value(&req).unwrap_or_default();
+    let mut shot_taken = None;
+    let mut settled = None;
+    let result = input_run(&agent, req, started, &mut shot_taken, &mut settled).await;
+    let cursor = result.as_ref().ok().map(|r| (r.cursor[0], r.cursor[1]));
+    agent.episode.log(
+        crate::episode::Action {
+            source: crate::episode::Source::Input,
+            dialect: Some("native"),
+            action: raw,
+            started,
+            duration: started.elapsed(),
+            settled,
+            error: result.as_ref().err().map(|e| e.message.clone()),
+            cursor,
+            screenshot: shot_taken,
+            batch: None,
+            media: Vec::new(),
+        }
+        .with_media(&agent.recorder),
+    );
+    Ok(Json(result?).into_response())
+}
+
+/// `/v1/input`'s work; the screenshot and settle are also handed out for the episode log.
+async fn input_run(
+    agent: &Arc<Agent>,
+    req: InputRequest,
+    started: Instant,
+    shot_taken: &mut Option<(Shot, Instant)>,
+    settled: &mut Option<(Duration, bool)>,
+) -> Result<InputResponse, ApiError> {
     // Checked before any action runs.
     let settle = match &req.screenshot_after {
         Some(after) => Some(settle_args(after.settle_ms, after.timeout_ms)?),
@@ -191,19 +223,22 @@ pub async fn input(
     if let (Some(after), Some((quiet, timeout))) = (req.screenshot_after, settle) {
         let enc = encoding(after.format.as_deref(), after.quality, None)?;
         let (waited, timed_out) = agent.display.settle(started, quiet, timeout).await;
+        *settled = Some((waited, timed_out));
         let req = ShotRequest {
             encoding: enc,
             scale: after.scale,
             ..Default::default()
         };
         let d = agent.display.clone();
+        let shot_at = Instant::now();
         let shot = blocking(move || d.screenshot(&req)).await?;
         resp.screenshot_b64 =
             Some(base64::engine::general_purpose::STANDARD.encode(shot.bytes.as_ref()));
         resp.settled_ms = Some(waited.as_millis() as u64);
         resp.settle_timed_out = Some(timed_out);
+        *shot_taken = Some((shot, shot_at));
     }
-    Ok(Json(resp).into_response())
+    Ok(resp)
 }
 
 pub async fn info(

@@ -3,6 +3,7 @@
 pub mod computer;
 pub mod desktop;
 pub mod display;
+pub mod episode;
 pub mod error;
 pub mod exec;
 pub mod extract;
@@ -80,6 +81,9 @@ pub fn router(agent: Arc<Agent>) -> Router<Arc<Agent>> {
         .route(nested::BROWSER_CDP, get(desktop::browser_cdp))
         .route(nested::BROWSER_CDP_TARGET, get(desktop::browser_cdp_target))
         .route(nested::EVENTS, get(events))
+        .route(nested::EPISODE, axum::routing::delete(episode::clear))
+        .route(nested::EPISODE_ACTIONS, get(episode::actions))
+        .route(nested::EPISODE_SCREENSHOT, get(episode::screenshot))
         .route(nested::SHUTDOWN, post(shutdown))
         .merge(ports::routes())
         .fallback(not_found)

@@ -764,6 +764,31 @@ struct Done {
     settled: Option<(Duration, bool)>,
     /// The step that failed (those before it ran) and its error.
     failed: Option<(usize, DisplayError)>,
+    /// When each step that ran started and how long it took.
+    steps: Vec<(Instant, Duration)>,
+    /// When the screenshot was taken.
+    shot_at: Option<Instant>,
+}
+
+/// What running a request did, as the episode log keeps it: each step's start and length,
+/// the screenshot answered and when it was taken, the settle.
+#[derive(Debug, Clone, Default)]
+pub struct Trace {
+    pub steps: Vec<(Instant, Duration)>,
+    pub shot: Option<Shot>,
+    pub shot_at: Option<Instant>,
+    pub settled: Option<(Duration, bool)>,
+}
+
+impl Trace {
+    fn of(done: &Done) -> Trace {
+        Trace {
+            steps: done.steps.clone(),
+            shot: done.shot.clone(),
+            shot_at: done.shot_at,
+            settled: done.settled,
+        }
+    }
 }
 
 /// Runs the steps in order, stopping at the first that fails; settles once after the input
@@ -772,18 +797,22 @@ struct Done {
 async fn run_steps(d: &Arc<Display>, space: &Space, steps: &[Step]) -> Result<Done, DisplayError> {
     let mut last_start = None;
     let mut failed = None;
+    let mut timings = Vec::with_capacity(steps.len());
     for (i, step) in steps.iter().enumerate() {
-        let Plan::Input(actions) = &step.plan else {
-            continue;
-        };
-        if actions.is_empty() {
-            continue;
-        }
         let started = Instant::now();
+        let actions = match &step.plan {
+            Plan::Input(actions) if !actions.is_empty() => actions,
+            _ => {
+                timings.push((started, Duration::ZERO));
+                continue;
+            }
+        };
         last_start = Some(started);
         let runner = d.clone();
         let actions = actions.clone();
-        if let Err(e) = blocking(move || runner.run_input(&actions)).await {
+        let result = blocking(move || runner.run_input(&actions)).await;
+        timings.push((started, started.elapsed()));
+        if let Err(e) = result {
             failed = Some((i, e));
             break;
         }
@@ -797,8 +826,11 @@ async fn run_steps(d: &Arc<Display>, space: &Space, steps: &[Step]) -> Result<Do
         output: None,
         settled,
         failed,
+        steps: timings,
+        shot_at: None,
     };
     if done.failed.is_some() {
+        done.shot_at = Some(Instant::now());
         done.shot = shot(d, space.full()).await.ok();
         return Ok(done);
     }
@@ -813,6 +845,7 @@ async fn run_steps(d: &Arc<Display>, space: &Space, steps: &[Step]) -> Result<Do
         }
         _ => space.full(),
     };
+    done.shot_at = Some(Instant::now());
     done.shot = Some(shot(d, request).await?);
     Ok(done)
 }
@@ -839,38 +872,57 @@ fn settle_fields(done: &Done) -> (Option<u64>, Option<bool>) {
 
 /// One Anthropic action (what the MCP `computer` tool runs too).
 pub async fn run(d: &Arc<Display>, req: ComputerRequest) -> Result<ComputerResponse, DisplayError> {
-    let space = space(d, req.display_width_px, req.display_height_px).await?;
-    let plan = lower_anthropic(&req, &space)?;
-    if plan == Plan::CursorPosition {
-        let d = d.clone();
-        let p = blocking(move || d.pointer()).await?;
-        let (x, y) = space.to_engine(p);
-        return Ok(ComputerResponse {
-            output: Some(format!("X={x},Y={y}")),
+    run_traced(d, req).await.0
+}
+
+/// [`run`], and what it did.
+pub async fn run_traced(
+    d: &Arc<Display>,
+    req: ComputerRequest,
+) -> (Result<ComputerResponse, DisplayError>, Trace) {
+    let started = Instant::now();
+    let mut trace = Trace::default();
+    let result = async {
+        let space = space(d, req.display_width_px, req.display_height_px).await?;
+        let plan = lower_anthropic(&req, &space)?;
+        if plan == Plan::CursorPosition {
+            let d = d.clone();
+            let p = blocking(move || d.pointer()).await?;
+            let (x, y) = space.to_engine(p);
+            return Ok(ComputerResponse {
+                output: Some(format!("X={x},Y={y}")),
+                ..Default::default()
+            });
+        }
+        let steps = [Step {
+            name: req.action.clone(),
+            plan,
+        }];
+        let done = run_steps(d, &space, &steps).await?;
+        trace = Trace::of(&done);
+        if let Some((_, e)) = done.failed {
+            return Err(e);
+        }
+        let (settled_ms, settle_timed_out) = settle_fields(&done);
+        Ok(ComputerResponse {
+            base64_image: done.shot.as_ref().map(b64),
+            settled_ms,
+            settle_timed_out,
             ..Default::default()
-        });
+        })
     }
-    let steps = [Step {
-        name: req.action.clone(),
-        plan,
-    }];
-    let done = run_steps(d, &space, &steps).await?;
-    if let Some((_, e)) = done.failed {
-        return Err(e);
+    .await;
+    if trace.steps.is_empty() {
+        trace.steps.push((started, started.elapsed()));
     }
-    let (settled_ms, settle_timed_out) = settle_fields(&done);
-    Ok(ComputerResponse {
-        base64_image: done.shot.as_ref().map(b64),
-        settled_ms,
-        settle_timed_out,
-        ..Default::default()
-    })
+    (result, trace)
 }
 
 /// One OpenAI action, answered in OpenAI's shape.
 pub async fn run_openai(
     d: &Arc<Display>,
     req: OpenAiComputerRequest,
+    trace: &mut Trace,
 ) -> Result<OpenAiComputerResponse, DisplayError> {
     let space = space(d, req.display_width_px, req.display_height_px).await?;
     let steps = [Step {
@@ -878,6 +930,7 @@ pub async fn run_openai(
         plan: Plan::Input(lower_openai(&req.action, &space)?),
     }];
     let done = run_steps(d, &space, &steps).await?;
+    *trace = Trace::of(&done);
     if let Some((_, e)) = done.failed {
         return Err(e);
     }
@@ -895,6 +948,8 @@ pub async fn run_openai(
 pub struct Answer {
     pub body: ComputerAnswer,
     pub error: Option<DisplayError>,
+    /// What ran (empty steps when nothing did).
+    pub trace: Trace,
 }
 
 impl Answer {
@@ -913,6 +968,7 @@ impl Answer {
                 }),
             },
             error: Some(e),
+            trace: Trace::default(),
         }
     }
 }
@@ -946,6 +1002,7 @@ pub async fn run_batch(d: &Arc<Display>, batch: ComputerBatch) -> Answer {
         Ok(done) => done,
         Err(e) => return Answer::error(dialect, e),
     };
+    let trace = Trace::of(&done);
     let (settled_ms, settle_timed_out) = settle_fields(&done);
     let (failed, error) = match done.failed {
         Some((i, e)) => {
@@ -984,6 +1041,7 @@ pub async fn run_batch(d: &Arc<Display>, batch: ComputerBatch) -> Answer {
     Answer {
         body,
         error: error.map(|(_, e)| e),
+        trace,
     }
 }
 
@@ -1020,20 +1078,31 @@ pub fn plan(
 /// Any body [`parse`] gives, answered in its dialect's shape.
 pub async fn run_body(d: &Arc<Display>, body: ComputerBody) -> Answer {
     match body {
-        ComputerBody::Anthropic(req) => match run(d, req).await {
-            Ok(r) => Answer {
+        ComputerBody::Anthropic(req) => match run_traced(d, req).await {
+            (Ok(r), trace) => Answer {
                 body: ComputerAnswer::Anthropic(r),
                 error: None,
+                trace,
             },
-            Err(e) => Answer::error(Dialect::Anthropic, e),
-        },
-        ComputerBody::OpenAi(req) => match run_openai(d, req).await {
-            Ok(r) => Answer {
-                body: ComputerAnswer::OpenAi(r),
-                error: None,
+            (Err(e), trace) => Answer {
+                trace,
+                ..Answer::error(Dialect::Anthropic, e)
             },
-            Err(e) => Answer::error(Dialect::OpenAi, e),
         },
+        ComputerBody::OpenAi(req) => {
+            let mut trace = Trace::default();
+            match run_openai(d, req, &mut trace).await {
+                Ok(r) => Answer {
+                    body: ComputerAnswer::OpenAi(r),
+                    error: None,
+                    trace,
+                },
+                Err(e) => Answer {
+                    trace,
+                    ..Answer::error(Dialect::OpenAi, e)
+                },
+            }
+        }
         ComputerBody::Batch(b) => run_batch(d, b).await,
     }
 }

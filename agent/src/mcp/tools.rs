@@ -226,7 +226,23 @@ impl BerthMcp {
             Ok(r) => r,
             Err(e) => return tool_error(e),
         };
-        match crate::display::computer::run(&self.agent.display, req).await {
+        let called = std::time::Instant::now();
+        let raw = serde_json::to_value(&req).unwrap_or_default();
+        let (result, trace) = crate::display::computer::run_traced(&self.agent.display, req).await;
+        let error = match &result {
+            Ok(r) => r.error.clone(),
+            Err(e) => Some(e.to_string()),
+        };
+        crate::api::episode::log_computer(
+            &self.agent,
+            crate::episode::Source::Mcp,
+            &raw,
+            &trace,
+            error,
+            called,
+        )
+        .await;
+        match result {
             Ok(r) => {
                 let mut content = Vec::new();
                 if let Some(img) = r.base64_image {

@@ -198,6 +198,22 @@ impl Recording {
         }
     }
 
+    /// Where in this file a player shows the screen as it was at `at`, in milliseconds of
+    /// media time: every picture is stamped with its capture time less the first picture's
+    /// (on the 90 kHz clock, starting at 0), and a player at media time `m` shows the last
+    /// picture stamped at or before `m`, so a moment maps to its offset from the first
+    /// picture. None while no picture is in the file, for a moment before it, and once the
+    /// recording ended.
+    pub fn media_ms_at(&self, at: Instant) -> Option<u64> {
+        let inner = self.lock();
+        if inner.state != RecordingState::Recording {
+            return None;
+        }
+        let t0 = inner.t0?;
+        let since = at.checked_duration_since(t0)?;
+        Some(ticks(since) * 1000 / TIMESCALE as u64)
+    }
+
     /// The file's complete part: what a download may serve while recording.
     pub fn committed_len(&self) -> u64 {
         self.lock().bytes

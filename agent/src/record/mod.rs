@@ -558,6 +558,19 @@ impl Recorder {
         }
     }
 
+    /// The media clock of every live file recording at `at`: each recording's id and the
+    /// media time (ms) at which its file shows the screen of that moment (see
+    /// [`Recording::media_ms_at`]), ordered by id.
+    pub fn media_times(&self, at: std::time::Instant) -> Vec<(String, u64)> {
+        let recs: Vec<Arc<Recording>> = self.lock().recordings.values().cloned().collect();
+        let mut out: Vec<(String, u64)> = recs
+            .iter()
+            .filter_map(|r| r.media_ms_at(at).map(|m| (r.id.clone(), m)))
+            .collect();
+        out.sort();
+        out
+    }
+
     pub fn live_count(&self) -> usize {
         self.lock()
             .recordings
