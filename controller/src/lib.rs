@@ -7,6 +7,7 @@ pub mod artifact;
 pub mod catalog;
 pub mod cli;
 pub mod config;
+pub mod episode;
 pub mod error;
 pub mod image;
 pub mod image_job;

@@ -941,6 +941,59 @@ pub fn agent() -> Value {
         .json("416", "range not satisfiable", err.clone()),
         false,
     );
+    native_op(
+        &mut d,
+        op(
+            "get",
+            native::EPISODE_ACTIONS,
+            "episode_actions",
+            "the episode's logged computer-use and input actions, oldest first",
+        )
+        .query("from_seq", int(), "the first seq to answer (default 1)")
+        .query("limit", int(), "at most this many (default 1000, at most 10000)")
+        .json(
+            "200",
+            "a page of the log",
+            json!({"type": "object", "required": ["actions", "next_seq"], "properties": {
+                "actions": {"type": "array", "items": {"type": "object"}},
+                "next_seq": int(),
+                "dropped": int(),
+            }}),
+        ),
+        false,
+    );
+    native_op(
+        &mut d,
+        op(
+            "get",
+            native::EPISODE_SCREENSHOT,
+            "episode_screenshot",
+            "a screenshot an action answered, the bytes it answered",
+        )
+        .answer(
+            "200",
+            "the image",
+            json!({"image/png": {"schema": binary()}, "image/jpeg": {"schema": binary()}, "image/webp": {"schema": binary()}}),
+        )
+        .json("400", "bad name", err.clone())
+        .json("404", "no such screenshot (or dropped)", err.clone()),
+        false,
+    );
+    native_op(
+        &mut d,
+        op(
+            "delete",
+            native::EPISODE,
+            "episode_clear",
+            "start a new episode: the action log and its screenshots are cleared",
+        )
+        .json(
+            "200",
+            "cleared",
+            json!({"type": "object", "required": ["cleared"], "properties": {"cleared": int()}}),
+        ),
+        false,
+    );
     let stream_q = |o: Op| {
         o.query("fps", int(), "frames per second")
             .query("width", int(), "scaled width")
@@ -1489,6 +1542,36 @@ pub fn controller() -> Value {
     );
     let (rreq, run) = (d.schema::<wire::RunRequest>(), d.schema::<wire::Run>());
     add(
+    add(
+        &mut d,
+        op(
+            "get",
+            controller::SANDBOX_EPISODE,
+            "sandbox_episode",
+            "the episode bundle (zip: recording.mp4, actions.jsonl, screenshots/, \
+             timeline.jsonl, episode.json), kept as an `episode` artifact (X-Artifact-Id); \
+             once the sandbox is gone, the last kept bundle",
+        )
+        .query(
+            "recording",
+            string(),
+            "the recording to bundle (default: the one most actions fall in)",
+        )
+        .answer(
+            "200",
+            "the bundle",
+            json!({"application/zip": {"schema": binary()}}),
+        )
+        .answer(
+            "206",
+            "the requested range",
+            json!({"application/zip": {"schema": binary()}}),
+        )
+        .json("404", "no such sandbox, or none kept", err.clone())
+        .json("413", "the bundle passes artifact_max_file_bytes", err.clone()),
+        &key,
+    );
+
         &mut d,
         op(
             "post",

@@ -60,6 +60,7 @@ pub fn keyed() -> Router<ApiState> {
             post(publish_artifact).get(sandbox_artifacts),
         )
         .route(route::ARTIFACTS, get(list_artifacts))
+        .route(route::SANDBOX_EPISODE, get(episode))
         .route(route::ARTIFACT, get(get_artifact).delete(delete_artifact))
         .merge(super::proxy::keyed_proxies())
 }
@@ -335,6 +336,24 @@ async fn sandbox_artifacts(
     let rows = s.c.artifacts(Some(&id), q.run.as_deref())?;
     Ok(artifact_list(rows))
 }
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EpisodeQuery {
+    recording: Option<String>,
+}
+
+/// `GET …/{id}/episode`: the episode bundle (zip), kept as an artifact (`X-Artifact-Id`).
+async fn episode(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    Query(q): Query<EpisodeQuery>,
+    headers: axum::http::HeaderMap,
+) -> Result<Response> {
+    Ok(s.c
+        .episode_response(&id, q.recording.as_deref(), &headers)
+        .await?)
+}
+
 
 async fn get_artifact(
     State(s): State<ApiState>,

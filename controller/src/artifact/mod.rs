@@ -417,6 +417,7 @@ impl Controller {
         let bound = std::time::Duration::from_secs(self.config.keep_work_timeout_secs);
         let work = async {
             self.keep_recordings(row).await;
+            self.keep_episode(row).await;
             // Extension point: further work kept before the sandbox goes is added here, each
             // step bounded by the same deadline.
         };

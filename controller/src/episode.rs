@@ -1,0 +1,625 @@
+//! Episode bundles: one zip of what an agent run did in a sandbox — `recording.mp4` (the
+//! recording most of the actions fall in), `actions.jsonl` (the agent's action log, each line
+//! with the bundled recording's media times at its top level), `screenshots/` (the exact
+//! bytes each action answered), `timeline.jsonl` (the sandbox's controller timeline) and
+//! `episode.json` (what the bundle holds). Built into a scratch file and kept as an `episode`
+//! artifact, so it outlives the sandbox; `Controller::keep_work` keeps one before a sandbox
+//! with logged actions goes.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::Response;
+use berth_protocol::AgentClient;
+use berth_protocol::routes::{fill, native};
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+use crate::artifact::ArtifactKind;
+use crate::error::{Error, Result};
+use crate::lifecycle::SandboxStatus;
+use crate::sandbox::Controller;
+use crate::store::{ArtifactRow, SandboxRow};
+use crate::util::now_ms;
+
+/// Every agent call (a page of actions, a screenshot, the recording's record).
+const AGENT_CALL: Duration = Duration::from_secs(15);
+/// A download stalls after this long without bytes.
+const BODY_IDLE: Duration = Duration::from_secs(30);
+/// The most actions a bundle holds (the agent keeps fewer).
+const MAX_ACTIONS: usize = 100_000;
+const PAGE: usize = 10_000;
+/// The most timeline events a bundle holds.
+const MAX_EVENTS: usize = 100_000;
+
+/// The recording a bundle carries: the one asked for, else the one most actions fall in
+/// (the latest of equals); None when no action fell in any.
+pub fn choose_recording(actions: &[Value], asked: Option<&str>) -> Option<String> {
+    if let Some(a) = asked {
+        return Some(a.to_string());
+    }
+    // id -> (actions in it, the last seq in it)
+    let mut counts: BTreeMap<String, (usize, u64)> = BTreeMap::new();
+    for e in actions {
+        let seq = e["seq"].as_u64().unwrap_or(0);
+        for r in e["recordings"].as_array().into_iter().flatten() {
+            if let Some(id) = r["id"].as_str() {
+                let c = counts.entry(id.to_string()).or_default();
+                c.0 += 1;
+                c.1 = c.1.max(seq);
+            }
+        }
+    }
+    counts.into_iter().max_by_key(|(_, c)| *c).map(|(id, _)| id)
+}
+
+/// An action log entry as the bundle writes it: the agent's entry with the bundled
+/// recording's `media_ms` and `screenshot_media_ms` (and its id, `recording`) at the top
+/// level, absent when the action fell outside it.
+pub fn bundle_line(entry: &Value, recording: Option<&str>) -> Value {
+    let mut out = entry.clone();
+    let Some(rec) = recording else {
+        return out;
+    };
+    if let Some(r) = entry["recordings"]
+        .as_array()
+        .and_then(|rs| rs.iter().find(|r| r["id"].as_str() == Some(rec)))
+    {
+        out["recording"] = json!(rec);
+        out["media_ms"] = r["media_ms"].clone();
+        if let Some(s) = r.get("screenshot_media_ms") {
+            out["screenshot_media_ms"] = s.clone();
+        }
+    }
+    out
+}
+
+/// What goes in a bundle, on local disk.
+pub struct Parts {
+    pub actions: Vec<Value>,
+    /// `screenshots/<name>` and the file holding its bytes.
+    pub screenshots: Vec<(String, PathBuf)>,
+    pub recording: Option<PathBuf>,
+    pub timeline: Vec<Value>,
+    pub meta: Value,
+}
+
+fn jsonl(lines: &[Value]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for l in lines {
+        out.extend_from_slice(l.to_string().as_bytes());
+        out.push(b'\n');
+    }
+    out
+}
+
+/// Writes the zip: media stored as they are (already compressed), text deflated. Fails past
+/// `max` bytes.
+pub fn write_zip(dest: &Path, parts: &Parts, max: u64) -> std::io::Result<u64> {
+    use zip::CompressionMethod;
+    use zip::write::SimpleFileOptions;
+    let file = std::fs::File::create(dest)?;
+    let mut z = zip::ZipWriter::new(std::io::BufWriter::new(file));
+    let stored = SimpleFileOptions::default()
+        .compression_method(CompressionMethod::Stored)
+        .large_file(true);
+    let deflated = SimpleFileOptions::default().compression_method(CompressionMethod::Deflated);
+    let too_large = || {
+        std::io::Error::new(
+            std::io::ErrorKind::FileTooLarge,
+            format!("the episode bundle passes {max} bytes"),
+        )
+    };
+    let mut total: u64 = 0;
+    let mut add = |z: &mut zip::ZipWriter<_>, n: u64| -> std::io::Result<()> {
+        total += n;
+        let _ = z;
+        if total > max {
+            Err(too_large())
+        } else {
+            Ok(())
+        }
+    };
+    z.start_file("episode.json", deflated)?;
+    let meta = serde_json::to_vec_pretty(&parts.meta)?;
+    add(&mut z, meta.len() as u64)?;
+    z.write_all(&meta)?;
+    z.start_file("actions.jsonl", deflated)?;
+    let actions = jsonl(&parts.actions);
+    add(&mut z, actions.len() as u64)?;
+    z.write_all(&actions)?;
+    z.start_file("timeline.jsonl", deflated)?;
+    let timeline = jsonl(&parts.timeline);
+    add(&mut z, timeline.len() as u64)?;
+    z.write_all(&timeline)?;
+    if let Some(rec) = &parts.recording {
+        add(&mut z, std::fs::metadata(rec)?.len())?;
+        z.start_file("recording.mp4", stored)?;
+        std::io::copy(&mut std::fs::File::open(rec)?, &mut z)?;
+    }
+    z.add_directory("screenshots/", deflated)?;
+    for (name, path) in &parts.screenshots {
+        add(&mut z, std::fs::metadata(path)?.len())?;
+        z.start_file(format!("screenshots/{name}"), stored)?;
+        std::io::copy(&mut std::fs::File::open(path)?, &mut z)?;
+    }
+    let mut w = z.finish()?;
+    w.flush()?;
+    drop(w);
+    Ok(std::fs::metadata(dest)?.len())
+}
+
+/// `actions.jsonl` of a kept bundle.
+fn read_bundle_actions(zip_path: &Path) -> std::io::Result<Vec<Value>> {
+    let mut z = zip::ZipArchive::new(std::fs::File::open(zip_path)?)
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let mut f = z
+        .by_name("actions.jsonl")
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let mut text = String::new();
+    f.read_to_string(&mut text)?;
+    Ok(text
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect())
+}
+
+/// Streams an answer's body into `dest`, at most `max` bytes.
+async fn body_to_file(resp: reqwest::Response, dest: &Path, max: u64) -> Result<u64> {
+    if resp.content_length().is_some_and(|n| n > max) {
+        return Err(Error::TooLarge(format!("the episode passes {max} bytes")));
+    }
+    let mut f = tokio::fs::File::create(dest)
+        .await
+        .map_err(|e| Error::Internal(format!("{}: {e}", dest.display())))?;
+    let mut body = resp.bytes_stream();
+    let mut n = 0u64;
+    loop {
+        let next = tokio::time::timeout(BODY_IDLE, body.next())
+            .await
+            .map_err(|_| Error::Agent("the download stalled".into()))?;
+        let Some(chunk) = next else { break };
+        let chunk = chunk.map_err(|e| Error::Agent(format!("downloading: {e}")))?;
+        n += chunk.len() as u64;
+        if n > max {
+            return Err(Error::TooLarge(format!("the episode passes {max} bytes")));
+        }
+        tokio::io::AsyncWriteExt::write_all(&mut f, &chunk)
+            .await
+            .map_err(|e| Error::Internal(format!("{}: {e}", dest.display())))?;
+    }
+    tokio::io::AsyncWriteExt::flush(&mut f)
+        .await
+        .map_err(|e| Error::Internal(format!("{}: {e}", dest.display())))?;
+    Ok(n)
+}
+
+async fn agent_get(agent: &AgentClient, path: &str) -> Result<reqwest::Response> {
+    let resp = tokio::time::timeout(AGENT_CALL, agent.request(reqwest::Method::GET, path).send())
+        .await
+        .map_err(|_| Error::Agent(format!("GET {path} timed out")))?
+        .map_err(|e| Error::Agent(format!("GET {path}: {e}")))?;
+    berth_protocol::client::check(resp)
+        .await
+        .map_err(|e| match e.status() {
+            Some(404) => Error::NotFound(format!("{path}: {e}")),
+            _ => Error::Agent(format!("{path}: {e}")),
+        })
+}
+
+/// The agent's whole action log, oldest first.
+async fn agent_actions(agent: &AgentClient) -> Result<Vec<Value>> {
+    let mut out = Vec::new();
+    let mut from = 1u64;
+    loop {
+        let path = format!("{}?from_seq={from}&limit={PAGE}", native::EPISODE_ACTIONS);
+        let page: Value = tokio::time::timeout(AGENT_CALL, agent_get(agent, &path).await?.json())
+            .await
+            .map_err(|_| Error::Agent("reading the action log timed out".into()))?
+            .map_err(|e| Error::Agent(format!("reading the action log: {e}")))?;
+        let items = page["actions"].as_array().cloned().unwrap_or_default();
+        let next = page["next_seq"].as_u64().unwrap_or(from);
+        let n = items.len();
+        out.extend(items);
+        if n < PAGE || next <= from || out.len() >= MAX_ACTIONS {
+            break;
+        }
+        from = next;
+    }
+    out.truncate(MAX_ACTIONS);
+    Ok(out)
+}
+
+/// Removes a scratch directory when dropped.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl Controller {
+    /// The sandbox's newest kept episode bundle.
+    fn last_episode(&self, sandbox_id: &str) -> Result<Option<ArtifactRow>> {
+        Ok(self
+            .artifacts(Some(sandbox_id), None)?
+            .into_iter()
+            .filter(|a| a.kind == ArtifactKind::Episode)
+            .max_by_key(|a| (a.created_at, a.id.clone())))
+    }
+
+    /// `GET …/{id}/episode`: builds and keeps the bundle of a running sandbox (the same
+    /// episode again answers the bundle kept for it), or answers the last kept one once the
+    /// sandbox is gone (404 when none). The artifact's bytes, with `X-Artifact-Id`.
+    pub async fn episode_response(
+        &self,
+        id: &str,
+        recording: Option<&str>,
+        headers: &HeaderMap,
+    ) -> Result<Response> {
+        let row = self.visible_row(id)?;
+        let art = if row.status == SandboxStatus::Running {
+            self.build_episode(&row, recording).await?
+        } else {
+            self.last_episode(id)?.ok_or_else(|| {
+                Error::NotFound(format!(
+                    "sandbox {id} is {} and no episode of it was kept",
+                    row.status
+                ))
+            })?
+        };
+        let mut resp = self.artifact_response(&art.id, headers).await?;
+        if let Ok(v) = HeaderValue::from_str(&art.id) {
+            resp.headers_mut().insert("x-artifact-id", v);
+        }
+        Ok(resp)
+    }
+
+    /// Keeps the episode of a sandbox about to go, when it logged any action (from
+    /// `Controller::keep_work`, after its recordings were published).
+    pub async fn keep_episode(&self, row: &SandboxRow) {
+        let Ok(agent) = self.agent(row) else { return };
+        match agent_actions(&agent).await {
+            Ok(a) if a.is_empty() => return,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(sandbox = %row.id, error = %e, "no action log to keep");
+                return;
+            }
+        }
+        if let Err(e) = self.build_episode(row, None).await {
+            tracing::warn!(sandbox = %row.id, error = %e, "keeping the episode");
+        }
+    }
+
+    /// The episode's actions with their media times (each line as `actions.jsonl` has it,
+    /// `recording` naming the bundled recording): from the live agent, else from the last
+    /// kept bundle.
+    pub async fn episode_actions(&self, sandbox_id: &str) -> Result<Vec<Value>> {
+        let row = self.visible_row(sandbox_id)?;
+        if row.status == SandboxStatus::Running
+            && let Ok(agent) = self.agent(&row)
+            && let Ok(actions) = agent_actions(&agent).await
+        {
+            let rec = choose_recording(&actions, None);
+            return Ok(actions
+                .iter()
+                .map(|e| bundle_line(e, rec.as_deref()))
+                .collect());
+        }
+        let Some(art) = self.last_episode(sandbox_id)? else {
+            return Ok(Vec::new());
+        };
+        let scratch = self.artifact_scratch()?;
+        let (mut stream, _) = self
+            .artifacts
+            .blobs
+            .open(&art.id, None)
+            .await
+            .map_err(|e| Error::Internal(format!("artifact {}: {e}", art.id)))?;
+        let mut f = tokio::fs::File::create(&scratch)
+            .await
+            .map_err(|e| Error::Internal(format!("{}: {e}", scratch.display())))?;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| Error::Internal(format!("artifact: {e}")))?;
+            tokio::io::AsyncWriteExt::write_all(&mut f, &chunk)
+                .await
+                .map_err(|e| Error::Internal(e.to_string()))?;
+        }
+        drop(f);
+        let path = scratch.clone();
+        let out = tokio::task::spawn_blocking(move || read_bundle_actions(&path))
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        let _ = std::fs::remove_file(&scratch);
+        out.map_err(|e| Error::Internal(format!("reading the kept episode: {e}")))
+    }
+
+    /// Builds the bundle of a running sandbox and keeps it as an `episode` artifact; the
+    /// same episode (actions, recording, its length) answers the artifact kept for it.
+    async fn build_episode(&self, row: &SandboxRow, asked: Option<&str>) -> Result<ArtifactRow> {
+        let agent = self.agent(row)?;
+        let actions = agent_actions(&agent).await?;
+        let rec_id = choose_recording(&actions, asked);
+        let rec_info = match &rec_id {
+            Some(r) => Some(
+                tokio::time::timeout(AGENT_CALL, agent.recording(r))
+                    .await
+                    .map_err(|_| Error::Agent("asking for the recording timed out".into()))?
+                    .map_err(|e| match e.status() {
+                        Some(404) => Error::NotFound(format!("no recording {r} in the sandbox")),
+                        _ => Error::Agent(format!("recording {r}: {e}")),
+                    })?,
+            ),
+            None => None,
+        };
+        let first = actions.first().and_then(|e| e["seq"].as_u64()).unwrap_or(0);
+        let last = actions.last().and_then(|e| e["seq"].as_u64()).unwrap_or(0);
+        let source = format!(
+            "{}:{}:{first}-{last}:{}",
+            rec_id.as_deref().unwrap_or("-"),
+            rec_info.as_ref().map(|i| i.bytes).unwrap_or(0),
+            actions.len()
+        );
+        if let Some(a) = self
+            .store
+            .artifact_from(&row.id, ArtifactKind::Episode, &source)?
+        {
+            return Ok(a);
+        }
+        let max = self.config.artifact_max_file_bytes;
+        let dir = self.artifact_scratch()?;
+        std::fs::create_dir_all(&dir).map_err(|e| Error::Internal(format!("scratch: {e}")))?;
+        let guard = Scratch(dir.clone());
+        // The recording: the published artifact when there is one, else its complete part
+        // from the agent.
+        let mut recording = None;
+        if let (Some(r), Some(info)) = (&rec_id, &rec_info)
+            && info.bytes > 0
+        {
+            let dest = dir.join("recording.mp4");
+            match self
+                .store
+                .artifact_from(&row.id, ArtifactKind::Recording, r)?
+            {
+                Some(a) => {
+                    let (mut s, _) = self
+                        .artifacts
+                        .blobs
+                        .open(&a.id, None)
+                        .await
+                        .map_err(|e| Error::Internal(format!("artifact {}: {e}", a.id)))?;
+                    let mut f = tokio::fs::File::create(&dest)
+                        .await
+                        .map_err(|e| Error::Internal(e.to_string()))?;
+                    while let Some(chunk) = s.next().await {
+                        let chunk = chunk.map_err(|e| Error::Internal(e.to_string()))?;
+                        tokio::io::AsyncWriteExt::write_all(&mut f, &chunk)
+                            .await
+                            .map_err(|e| Error::Internal(e.to_string()))?;
+                    }
+                }
+                None => {
+                    let resp = agent_get(&agent, &fill(native::RECORDING_FILE, &[r])).await?;
+                    body_to_file(resp, &dest, max).await?;
+                }
+            }
+            recording = Some(dest);
+        }
+        // The screenshots the agent still keeps.
+        let mut screenshots = Vec::new();
+        let mut shot_bytes = 0u64;
+        for e in &actions {
+            let Some(name) = e["screenshot"].as_str() else {
+                continue;
+            };
+            if e["screenshot_dropped"].as_bool() == Some(true) {
+                continue;
+            }
+            let dest = dir.join(format!("shot-{name}"));
+            match agent_get(&agent, &fill(native::EPISODE_SCREENSHOT, &[name])).await {
+                Ok(resp) => {
+                    shot_bytes += body_to_file(resp, &dest, max.saturating_sub(shot_bytes)).await?;
+                    screenshots.push((name.to_string(), dest));
+                }
+                Err(Error::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let kept: std::collections::HashSet<&str> =
+            screenshots.iter().map(|(n, _)| n.as_str()).collect();
+        let lines: Vec<Value> = actions
+            .iter()
+            .map(|e| {
+                let mut l = bundle_line(e, rec_id.as_deref());
+                if let Some(n) = e["screenshot"].as_str()
+                    && !kept.contains(n)
+                {
+                    l["screenshot_dropped"] = json!(true);
+                }
+                l
+            })
+            .collect();
+        // The controller's timeline, brought up to date first.
+        if let Err(e) = self.import_agent_events(row).await {
+            tracing::debug!(sandbox = %row.id, error = %e, "agent events not imported");
+        }
+        let mut timeline = Vec::new();
+        let mut from = 0u64;
+        loop {
+            let page = self.store.events(&row.id, from, 10_000)?;
+            let n = page.len();
+            from = page
+                .last()
+                .and_then(|e| e["seq"].as_u64())
+                .map(|s| s + 1)
+                .unwrap_or(from);
+            timeline.extend(page);
+            if n < 10_000 || timeline.len() >= MAX_EVENTS {
+                break;
+            }
+        }
+        let in_recording = lines.iter().filter(|l| l.get("media_ms").is_some()).count();
+        let meta = json!({
+            "sandbox": row.id,
+            "profile": row.profile,
+            "image": row.image_ref,
+            "screen": row.screen,
+            "recording": rec_info.as_ref().map(|i| json!({
+                "id": i.id,
+                "state": i.state,
+                "duration_ms": i.duration_ms,
+                "fps": i.fps,
+                "width": i.width,
+                "height": i.height,
+                "bytes": i.bytes,
+                "started_at": i.started_at,
+                "in_bundle": recording.is_some(),
+            })),
+            "actions": lines.len(),
+            "actions_in_recording": in_recording,
+            "screenshots": screenshots.len(),
+            "timeline_events": timeline.len(),
+            "first_seq": first,
+            "last_seq": last,
+            "created_at": crate::util::rfc3339(now_ms()),
+        });
+        let parts = Parts {
+            actions: lines,
+            screenshots,
+            recording,
+            timeline,
+            meta,
+        };
+        let zip_path = self.artifact_scratch()?;
+        let zp = zip_path.clone();
+        let written = tokio::task::spawn_blocking(move || write_zip(&zp, &parts, max))
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        drop(guard);
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&zip_path);
+            return Err(if e.kind() == std::io::ErrorKind::FileTooLarge {
+                Error::TooLarge(e.to_string())
+            } else {
+                Error::Internal(format!("writing the episode bundle: {e}"))
+            });
+        }
+        let name = format!("episode-{}.zip", row.id);
+        self.publish_file(
+            &row.id,
+            None,
+            &name,
+            "application/zip",
+            ArtifactKind::Episode,
+            Some(&source),
+            &zip_path,
+        )
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(seq: u64, recs: &[(&str, u64)]) -> Value {
+        json!({
+            "seq": seq,
+            "action": {"action": "key", "text": "a"},
+            "recordings": recs.iter().map(|(id, m)| json!({"id": id, "media_ms": m, "screenshot_media_ms": m + 10})).collect::<Vec<_>>(),
+        })
+    }
+
+    #[test]
+    fn the_recording_is_the_one_most_actions_fall_in() {
+        let a = vec![
+            entry(1, &[]),
+            entry(2, &[("rec_a", 10)]),
+            entry(3, &[("rec_a", 20), ("rec_b", 5)]),
+            entry(4, &[("rec_b", 15)]),
+            entry(5, &[("rec_b", 25)]),
+        ];
+        assert_eq!(choose_recording(&a, None).as_deref(), Some("rec_b"));
+        assert_eq!(
+            choose_recording(&a, Some("rec_a")).as_deref(),
+            Some("rec_a")
+        );
+        // Equal counts: the one with the later actions.
+        let b = vec![entry(1, &[("rec_x", 1)]), entry(2, &[("rec_y", 1)])];
+        assert_eq!(choose_recording(&b, None).as_deref(), Some("rec_y"));
+        assert_eq!(choose_recording(&[entry(1, &[])], None), None);
+    }
+
+    #[test]
+    fn a_line_carries_the_bundled_recordings_times() {
+        let e = entry(3, &[("rec_a", 20), ("rec_b", 5)]);
+        let l = bundle_line(&e, Some("rec_b"));
+        assert_eq!(l["media_ms"], 5);
+        assert_eq!(l["screenshot_media_ms"], 15);
+        assert_eq!(l["recording"], "rec_b");
+        assert_eq!(l["recordings"], e["recordings"]);
+        let outside = bundle_line(&entry(1, &[]), Some("rec_b"));
+        assert!(outside.get("media_ms").is_none());
+        assert!(bundle_line(&e, None).get("media_ms").is_none());
+    }
+
+    #[test]
+    fn the_zip_holds_its_parts_media_stored_text_deflated() {
+        let dir = std::env::temp_dir().join(format!("berth-episode-zip-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let rec = dir.join("r.mp4");
+        std::fs::write(&rec, vec![1u8; 5000]).unwrap();
+        let shot = dir.join("s.png");
+        std::fs::write(&shot, vec![2u8; 300]).unwrap();
+        let parts = Parts {
+            actions: vec![entry(1, &[("rec_a", 10)]), entry(2, &[])],
+            screenshots: vec![("000001.png".into(), shot.clone())],
+            recording: Some(rec.clone()),
+            timeline: vec![json!({"seq": 1, "kind": "sandbox.created"})],
+            meta: json!({"sandbox": "sbx_1"}),
+        };
+        let out = dir.join("e.zip");
+        write_zip(&out, &parts, 1 << 20).unwrap();
+        let mut z = zip::ZipArchive::new(std::fs::File::open(&out).unwrap()).unwrap();
+        let mut names: Vec<String> = z.file_names().map(str::to_string).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "actions.jsonl",
+                "episode.json",
+                "recording.mp4",
+                "screenshots/",
+                "screenshots/000001.png",
+                "timeline.jsonl"
+            ]
+        );
+        {
+            let f = z.by_name("recording.mp4").unwrap();
+            assert_eq!(f.compression(), zip::CompressionMethod::Stored);
+            assert_eq!(f.size(), 5000);
+        }
+        {
+            let f = z.by_name("actions.jsonl").unwrap();
+            assert_eq!(f.compression(), zip::CompressionMethod::Deflated);
+        }
+        let mut shot_bytes = Vec::new();
+        z.by_name("screenshots/000001.png")
+            .unwrap()
+            .read_to_end(&mut shot_bytes)
+            .unwrap();
+        assert_eq!(shot_bytes, vec![2u8; 300]);
+        let actions = read_bundle_actions(&out).unwrap();
+        assert_eq!(actions.len(), 2);
+        assert_eq!(actions[0]["seq"], 1);
+        // Past the bound the bundle is refused.
+        let e = write_zip(&out, &parts, 1000).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::FileTooLarge);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
