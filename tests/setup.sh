@@ -15,6 +15,7 @@ packages=(
   scrot xdotool xclip                    # benchmark peers; a second clipboard client
   ffmpeg                                 # judges recordings (ffprobe, decoding); recording peer
   tigervnc-standalone-server novnc       # the desktop: Xvnc and the noVNC viewer
+  libjs-xterm node-xterm                 # the session view's terminal (xterm.js; node-xterm holds its modules)
   xfce4-settings at-spi2-core dbus chromium  # its settings daemon, AT-SPI bus, session bus, browser
   xfce4-terminal                         # a terminal for /terminal
   python3-pyatspi python3-lxml           # the accessibility benchmark's peer (OSWorld's way)

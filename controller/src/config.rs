@@ -54,6 +54,8 @@ pub struct Config {
     /// The `kubernetes` provider (`[kubernetes]`): built when this section is present or a
     /// profile is routed to it.
     pub kubernetes: Option<KubernetesConfig>,
+    /// `[session]`: where the session view finds its Debian-packaged JavaScript.
+    pub session: SessionConfig,
     /// Artifacts (recordings, published files, long run output, episodes) are deleted this
     /// long after they were made; 0 keeps them until deleted.
     pub artifact_retention_secs: u64,
@@ -71,6 +73,29 @@ pub struct Config {
     /// A run whose combined output is larger than this keeps a preview of this size in its
     /// record (`stdout`, `stderr`) and the whole output as an `output` artifact.
     pub run_output_inline_bytes: usize,
+}
+
+/// `[session]`: the session view's third-party JavaScript, from Debian packages on the
+/// controller's host. A missing one makes its pane say so; the page still loads.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionConfig {
+    /// noVNC (package `novnc`): its `core/rfb.js` ES module and what it imports.
+    pub novnc_dir: PathBuf,
+    /// xterm.js's modules (package `node-xterm`: `lib/**.js`, bundled by the controller).
+    pub xterm_dir: PathBuf,
+    /// xterm.js's stylesheet (package `libjs-xterm`).
+    pub xterm_css: PathBuf,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            novnc_dir: "/usr/share/novnc".into(),
+            xterm_dir: "/usr/share/nodejs/xterm".into(),
+            xterm_css: "/usr/share/javascript/xterm/xterm.css".into(),
+        }
+    }
 }
 
 /// `[kubernetes]`: where and how sandboxes run as Pods.
@@ -266,6 +291,7 @@ impl Default for Config {
             http_max_connections: 4096,
             secret_key_file: None,
             kubernetes: None,
+            session: SessionConfig::default(),
             artifact_retention_secs: 7 * 24 * 3600,
             artifact_max_bytes: 0,
             artifact_max_file_bytes: 4 << 30,

@@ -23,6 +23,7 @@ pub mod run;
 pub mod sandbox;
 pub mod seal;
 pub mod serve;
+pub mod session;
 pub mod store;
 pub mod timeline;
 pub mod util;

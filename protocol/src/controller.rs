@@ -262,6 +262,14 @@ pub struct ViewerUrl {
     pub url: String,
 }
 
+/// `POST /sandbox/sandboxes/v1/{id}/session`: the session view's one-time URL.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+pub struct SessionUrl {
+    pub url: String,
+    /// When the URL stops opening (RFC 3339); the cookie it sets lasts longer.
+    pub expires_at: String,
+}
+
 /// `POST /sandbox/sandboxes/v1/{id}/ports/{port}/url`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -433,6 +441,11 @@ impl ControllerClient {
 
     pub async fn viewer(&self, id: &str) -> Result<ViewerUrl> {
         Self::call(self.request(reqwest::Method::POST, &fill(route::SANDBOX_VIEWER, &[id]))).await
+    }
+
+    /// `POST …/{id}/session`: a one-time URL for the session view.
+    pub async fn session(&self, id: &str) -> Result<SessionUrl> {
+        Self::call(self.request(reqwest::Method::POST, &fill(route::SANDBOX_SESSION, &[id]))).await
     }
 
     pub async fn screenshot(&self, id: &str) -> Result<Vec<u8>> {

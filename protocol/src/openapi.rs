@@ -1542,36 +1542,6 @@ pub fn controller() -> Value {
     );
     let (rreq, run) = (d.schema::<wire::RunRequest>(), d.schema::<wire::Run>());
     add(
-    add(
-        &mut d,
-        op(
-            "get",
-            controller::SANDBOX_EPISODE,
-            "sandbox_episode",
-            "the episode bundle (zip: recording.mp4, actions.jsonl, screenshots/, \
-             timeline.jsonl, episode.json), kept as an `episode` artifact (X-Artifact-Id); \
-             once the sandbox is gone, the last kept bundle",
-        )
-        .query(
-            "recording",
-            string(),
-            "the recording to bundle (default: the one most actions fall in)",
-        )
-        .answer(
-            "200",
-            "the bundle",
-            json!({"application/zip": {"schema": binary()}}),
-        )
-        .answer(
-            "206",
-            "the requested range",
-            json!({"application/zip": {"schema": binary()}}),
-        )
-        .json("404", "no such sandbox, or none kept", err.clone())
-        .json("413", "the bundle passes artifact_max_file_bytes", err.clone()),
-        &key,
-    );
-
         &mut d,
         op(
             "post",
@@ -1622,6 +1592,36 @@ pub fn controller() -> Value {
                        "properties": {"events": {"type": "array", "items": object()},
                                       "next_seq": int()}}),
         ),
+        &key,
+    );
+
+    add(
+        &mut d,
+        op(
+            "get",
+            controller::SANDBOX_EPISODE,
+            "sandbox_episode",
+            "the episode bundle (zip: recording.mp4, actions.jsonl, screenshots/, \
+             timeline.jsonl, episode.json), kept as an `episode` artifact (X-Artifact-Id); \
+             once the sandbox is gone, the last kept bundle",
+        )
+        .query(
+            "recording",
+            string(),
+            "the recording to bundle (default: the one most actions fall in)",
+        )
+        .answer(
+            "200",
+            "the bundle",
+            json!({"application/zip": {"schema": binary()}}),
+        )
+        .answer(
+            "206",
+            "the requested range",
+            json!({"application/zip": {"schema": binary()}}),
+        )
+        .json("404", "no such sandbox, or none kept", err.clone())
+        .json("413", "the bundle passes artifact_max_file_bytes", err.clone()),
         &key,
     );
 
@@ -1903,6 +1903,46 @@ pub fn controller() -> Value {
         &key,
     );
 
+    // The session view: minted with the API key, then the API key or the session cookie.
+    let session_url = d.schema::<wire::SessionUrl>();
+    add(
+        &mut d,
+        op(
+            "post",
+            controller::SANDBOX_SESSION,
+            "sandbox_session",
+            "a one-time URL for the sandbox's session view",
+        )
+        .json("200", "the URL (it sets the session cookie once opened)", session_url),
+        &key,
+    );
+    let session = json!([{"apiKey": []}, {"sessionCookie": []}]);
+    add(
+        &mut d,
+        op(
+            "get",
+            controller::SESSION_INDEX,
+            "sandbox_session_page",
+            "the session view: desktop, terminal, files, timeline, artifacts, episode",
+        )
+        .query("t", string(), "a one-time session token (sets the cookie, then 303)")
+        .answer("200", "the page", json!({"text/html": {"schema": string()}}))
+        .answer("303", "to the page, the cookie set", json!({})),
+        &session,
+    );
+    add(
+        &mut d,
+        op(
+            "get",
+            controller::SESSION_PATH,
+            "sandbox_session_path",
+            "the session view's assets and its api/… routes (info, events, artifacts, \
+             episode, and the agent's pty, fs/list, files and vnc/websockify)",
+        )
+        .answer("200", "the asset or answer", json!({"*/*": {"schema": binary()}})),
+        &session,
+    );
+
     // Leases.
     let (acq, lease, renew) = (
         d.schema::<wire::AcquireLease>(),
@@ -2021,6 +2061,8 @@ pub fn controller() -> Value {
             "viewerCookie": {"type": "apiKey", "in": "cookie", "name": "berth_viewer"},
             "previewCookie": {"type": "apiKey", "in": "cookie", "name": "berth_port",
                               "description": "set by the URL of POST …/ports/{port}/url"},
+            "sessionCookie": {"type": "apiKey", "in": "cookie", "name": "berth_session",
+                              "description": "set by the URL of POST …/{id}/session"},
         }),
     )
 }

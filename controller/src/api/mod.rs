@@ -2,6 +2,7 @@
 
 mod proxy;
 mod routes;
+mod session;
 
 pub(crate) use routes::sandbox_request;
 
@@ -59,6 +60,7 @@ pub fn router(state: ApiState) -> Router {
     Router::new()
         .merge(routes::open())
         .merge(proxy::viewer_routes())
+        .merge(session::routes())
         .merge(keyed)
         .fallback(|| async {
             ApiError(Error::NotFound(

@@ -311,6 +311,14 @@ closes the sandbox's terminal and exits 128+signal.")]
         #[command(flatten)]
         remote: Remote,
     },
+    /// A one-time URL for the sandbox's session view (desktop, terminal, files, timeline,
+    /// artifacts, episode) in a browser; `--json` prints `{"url", "expires_at"}`.
+    Open {
+        /// The sandbox's id.
+        id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -657,6 +665,13 @@ async fn sandbox(c: SandboxCmd) -> anyhow::Result<i32> {
         }
         SandboxCmd::Viewer { id, remote } => {
             let v = client(&remote).viewer(&id).await?;
+            match remote.json {
+                true => println!("{}", serde_json::to_string(&v)?),
+                false => println!("{}", v.url),
+            }
+        }
+        SandboxCmd::Open { id, remote } => {
+            let v = client(&remote).session(&id).await?;
             match remote.json {
                 true => println!("{}", serde_json::to_string(&v)?),
                 false => println!("{}", v.url),

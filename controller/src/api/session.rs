@@ -1,0 +1,444 @@
+//! The session view's routes (`crate::session`): the keyed mint, the page, its assets and the
+//! `api/…` routes it uses. Everything under `…/{id}/session/` takes the API key or the
+//! session cookie of that very sandbox; the agent's operations the page needs (a terminal,
+//! the file tree, downloads and uploads, the desktop's WebSocket) are relayed with the
+//! agent's bearer token, the client's credentials dropped.
+
+use std::collections::HashMap;
+use std::path::Path as FsPath;
+use std::sync::OnceLock;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use berth_protocol::controller::SessionUrl;
+use berth_protocol::relay::{Relay, RelayError, Upstream};
+use berth_protocol::routes::{controller as route, header as wire};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{ApiError, ApiState};
+use crate::error::Error;
+use crate::session::{self, COOKIE, page_path};
+use crate::viewer::{COOKIE as VIEWER_COOKIE, PORT_COOKIE, SESSION_TTL_MS};
+
+type Result<T> = std::result::Result<T, ApiError>;
+
+pub fn routes() -> Router<ApiState> {
+    Router::new()
+        .route(route::SANDBOX_SESSION, post(mint))
+        .route(route::SESSION_INDEX, get(index))
+        .route(
+            route::SESSION_PATH,
+            any(path).layer(axum::extract::DefaultBodyLimit::disable()),
+        )
+}
+
+fn cookie_values<'a>(headers: &'a HeaderMap) -> impl Iterator<Item = &'a str> + 'a {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .filter(|(k, _)| *k == COOKIE)
+        .map(|(_, v)| v)
+}
+
+/// The API key, or the session cookie of this very sandbox.
+fn allowed(s: &ApiState, id: &str, headers: &HeaderMap) -> Result<()> {
+    if s.key_ok(headers) || cookie_values(headers).any(|v| s.c.session_cookie_ok(id, v)) {
+        return Ok(());
+    }
+    Err(ApiError(Error::Unauthorized(format!(
+        "the session view needs the X-Api-Key header or the cookie its one-time URL sets \
+         (POST /sandbox/sandboxes/v1/{id}/session, or `berth sandbox open {id}`)"
+    ))))
+}
+
+async fn mint(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response> {
+    if !s.key_ok(&headers) {
+        return Err(ApiError(Error::Unauthorized(
+            "missing or wrong X-Api-Key header".into(),
+        )));
+    }
+    let (url, expires_at) = s.c.mint_session_url(&id)?;
+    Ok(axum::Json(SessionUrl { url, expires_at }).into_response())
+}
+
+/// Headers every answer of the page's own files carries.
+fn hardened(mut resp: Response, host: Option<&str>) -> Response {
+    let h = resp.headers_mut();
+    let csp = HeaderValue::from_str(&session::csp(host))
+        .unwrap_or_else(|_| HeaderValue::from_static("default-src 'self'"));
+    h.insert(header::CONTENT_SECURITY_POLICY, csp);
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    resp
+}
+
+fn host_of(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+#[derive(Deserialize)]
+struct TokenQuery {
+    t: Option<String>,
+}
+
+async fn index(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    axum::extract::Query(q): axum::extract::Query<TokenQuery>,
+) -> Result<Response> {
+    if let Some(t) = q.t {
+        let session = s.c.open_session_url(&id, &t)?;
+        return Response::builder()
+            .status(StatusCode::SEE_OTHER)
+            .header(header::LOCATION, page_path(&id))
+            .header(header::CACHE_CONTROL, "no-store")
+            .header(
+                header::SET_COOKIE,
+                format!(
+                    "{COOKIE}={session}; Path={}; HttpOnly; SameSite=Lax; Max-Age={}",
+                    page_path(&id),
+                    SESSION_TTL_MS / 1000
+                ),
+            )
+            .body(Body::empty())
+            .map_err(|e| ApiError(Error::Internal(e.to_string())));
+    }
+    allowed(&s, &id, &headers)?;
+    s.c.visible_row(&id)?;
+    let resp = (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        session::INDEX_HTML,
+    )
+        .into_response();
+    Ok(hardened(resp, host_of(&headers).as_deref()))
+}
+
+/// What a path below `session/` names.
+#[derive(Debug, PartialEq, Eq)]
+enum Target<'a> {
+    Asset(&'static str, &'static str),
+    XtermJs,
+    XtermCss,
+    Novnc(&'a str),
+    Info,
+    Events,
+    Artifacts,
+    Artifact(&'a str),
+    Episode,
+    /// An agent operation the page uses, by its path below the agent's `/v1/`.
+    Agent(&'a str),
+    Unknown,
+}
+
+/// The target of `rel` (decoded, below `session/`) for `method`: a pure decision.
+fn target<'a>(method: &Method, rel: &'a str) -> Target<'a> {
+    let read = method == Method::GET || method == Method::HEAD;
+    match rel {
+        "assets/app.js" if read => Target::Asset(session::APP_JS, "text/javascript; charset=utf-8"),
+        "assets/style.css" if read => Target::Asset(session::STYLE_CSS, "text/css; charset=utf-8"),
+        "vendor/xterm.js" if read => Target::XtermJs,
+        "vendor/xterm.css" if read => Target::XtermCss,
+        "api/info" if read => Target::Info,
+        "api/events" if read => Target::Events,
+        "api/artifacts" if read => Target::Artifacts,
+        "api/episode" if read => Target::Episode,
+        _ => {
+            if let Some(f) = rel.strip_prefix("vendor/novnc/").filter(|_| read) {
+                return Target::Novnc(f);
+            }
+            if let Some(a) = rel
+                .strip_prefix("api/artifacts/")
+                .filter(|a| read && !a.is_empty() && !a.contains('/'))
+            {
+                return Target::Artifact(a);
+            }
+            if let Some(p) = rel.strip_prefix("api/agent/")
+                && agent_allowed(method, p)
+            {
+                return Target::Agent(p);
+            }
+            Target::Unknown
+        }
+    }
+}
+
+/// The agent operations the page may reach: open / list / kill / attach / resize a terminal,
+/// list a directory, download and upload a file, the desktop's VNC WebSocket.
+fn agent_allowed(method: &Method, p: &str) -> bool {
+    let segs: Vec<&str> = p.split('/').collect();
+    let id_ok = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    };
+    match (method.as_str(), segs.as_slice()) {
+        ("GET" | "POST", ["pty"]) => true,
+        ("GET" | "DELETE", ["pty", id]) => id_ok(id),
+        ("GET", ["pty", id, "attach"]) => id_ok(id),
+        ("POST", ["pty", id, "resize"]) => id_ok(id),
+        ("GET", ["fs", "list"]) => true,
+        ("GET" | "HEAD" | "PUT", ["files"]) => true,
+        ("GET", ["vnc", "websockify"]) => true,
+        _ => false,
+    }
+}
+
+/// xterm.js as one script, built once from the package's modules.
+fn xterm_js(dir: &FsPath) -> std::io::Result<&'static str> {
+    static BUNDLE: OnceLock<String> = OnceLock::new();
+    if let Some(b) = BUNDLE.get() {
+        return Ok(b);
+    }
+    let built = session::xterm_bundle(dir)?;
+    Ok(BUNDLE.get_or_init(|| built))
+}
+
+async fn file_response(path: &FsPath, what: &str) -> Result<Response> {
+    let bytes = match tokio::fs::read(path).await {
+        Ok(b) => b,
+        Err(e) => {
+            return Err(ApiError(Error::NotFound(format!(
+                "{what}: {} ({e}); install the Debian package or set [session] in the config",
+                path.display()
+            ))));
+        }
+    };
+    let ct = mime_guess::from_path(path)
+        .first_raw()
+        .map(|m| match m {
+            "application/javascript" => "text/javascript",
+            m => m,
+        })
+        .unwrap_or("application/octet-stream");
+    Ok((
+        [
+            (header::CONTENT_TYPE, ct.to_string()),
+            (header::CACHE_CONTROL, "max-age=3600".to_string()),
+        ],
+        bytes,
+    )
+        .into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FromSeq {
+    #[serde(default)]
+    from_seq: u64,
+    limit: Option<usize>,
+}
+
+async fn path(
+    State(s): State<ApiState>,
+    Path(p): Path<HashMap<String, String>>,
+    req: Request,
+) -> Result<Response> {
+    let id = p.get("id").cloned().unwrap_or_default();
+    let rel = p.get("path").cloned().unwrap_or_default();
+    allowed(&s, &id, req.headers())?;
+    let host = host_of(req.headers());
+    let cfg = &s.c.config.session;
+    match target(req.method(), &rel) {
+        Target::Asset(body, ct) => Ok(hardened(
+            (
+                [
+                    (header::CONTENT_TYPE, ct),
+                    (header::CACHE_CONTROL, "no-cache"),
+                ],
+                body,
+            )
+                .into_response(),
+            host.as_deref(),
+        )),
+        Target::XtermJs => match xterm_js(&cfg.xterm_dir) {
+            Ok(js) => Ok((
+                [
+                    (header::CONTENT_TYPE, "text/javascript; charset=utf-8"),
+                    (header::CACHE_CONTROL, "max-age=3600"),
+                ],
+                js,
+            )
+                .into_response()),
+            Err(e) => Err(ApiError(Error::NotFound(format!(
+                "xterm.js: {} ({e}); install Debian's node-xterm or set [session] xterm_dir",
+                cfg.xterm_dir.display()
+            )))),
+        },
+        Target::XtermCss => file_response(&cfg.xterm_css, "xterm.css").await,
+        Target::Novnc(f) => match session::contained(&cfg.novnc_dir, f) {
+            Some(path) => file_response(&path, "noVNC").await,
+            None => Err(ApiError(Error::NotFound(format!("no noVNC file {f:?}")))),
+        },
+        Target::Info => info(&s, &id).await,
+        Target::Events => {
+            let q: FromSeq = serde_urlencoded::from_str(req.uri().query().unwrap_or(""))
+                .map_err(|e| ApiError(Error::BadRequest(format!("query: {e}"))))?;
+            let page =
+                s.c.timeline(&id, q.from_seq, q.limit.unwrap_or(500))
+                    .await?;
+            Ok(axum::Json(page).into_response())
+        }
+        Target::Artifacts => artifacts(&s, &id).await,
+        Target::Artifact(a) => artifact(&s, &id, a, req).await,
+        Target::Episode => episode(&s, &id).await,
+        Target::Agent(_) => {
+            let raw = req.uri().path();
+            let agent_rest = raw
+                .split_once("/session/api/agent/")
+                .map(|(_, r)| r.to_string())
+                .unwrap_or_default();
+            let q = req
+                .uri()
+                .query()
+                .map(|q| format!("?{q}"))
+                .unwrap_or_default();
+            to_agent(&s, &id, req, format!("/v1/{agent_rest}{q}")).await
+        }
+        Target::Unknown => Err(ApiError(Error::NotFound(format!(
+            "the session view has no {rel:?}"
+        )))),
+    }
+}
+
+/// What the page needs to draw itself: the sandbox, whether its agent can be reached, and
+/// which Debian-packaged viewers are present.
+async fn info(s: &ApiState, id: &str) -> Result<Response> {
+    let row = s.c.visible_row(id)?;
+    let wire = s.c.to_wire(&row);
+    let cfg = &s.c.config.session;
+    let desktop = s.c.catalog.profile(&row.profile).is_some_and(|p| p.desktop);
+    let running = row.status == crate::lifecycle::SandboxStatus::Running;
+    Ok(axum::Json(json!({
+        "sandbox": wire,
+        "running": running,
+        "gone": !row.live(),
+        "desktop": desktop,
+        "vendor": {
+            "novnc": cfg.novnc_dir.join("core/rfb.js").is_file(),
+            "xterm": cfg.xterm_dir.join("lib/public/Terminal.js").is_file(),
+        },
+    }))
+    .into_response())
+}
+
+async fn artifacts(s: &ApiState, id: &str) -> Result<Response> {
+    s.c.visible_row(id)?;
+    let list: Vec<_> =
+        s.c.artifacts(Some(id), None)?
+            .iter()
+            .map(|a| a.to_wire())
+            .collect();
+    Ok(axum::Json(json!({ "artifacts": list })).into_response())
+}
+
+/// An artifact's bytes (`Range` honoured), only when it came from this sandbox.
+async fn artifact(s: &ApiState, id: &str, artifact: &str, req: Request) -> Result<Response> {
+    s.c.visible_row(id)?;
+    let row = s.c.artifact(artifact)?;
+    if row.sandbox_id != id {
+        return Err(ApiError(Error::NotFound(format!(
+            "sandbox {id} has no artifact {artifact}"
+        ))));
+    }
+    Ok(s.c.artifact_response(artifact, req.headers()).await?)
+}
+
+async fn episode(s: &ApiState, id: &str) -> Result<Response> {
+    let actions = s.c.episode_actions(id).await?;
+    Ok(axum::Json(json!({ "actions": actions })).into_response())
+}
+
+/// Relays `req` to the sandbox's agent at `agent_path` with its bearer token.
+async fn to_agent(s: &ApiState, id: &str, req: Request, agent_path: String) -> Result<Response> {
+    let (row, agent) = s.c.running_agent(id)?;
+    let bearer = HeaderValue::from_str(&format!("Bearer {}", row.agent_token)).map_err(|_| {
+        ApiError(Error::Internal(
+            "the agent token is not a header value".into(),
+        ))
+    })?;
+    let up = Upstream::new(agent.base(), agent_path)
+        .strip(HeaderName::from_static(wire::API_KEY))
+        .strip(header::AUTHORIZATION)
+        .strip_cookie(COOKIE)
+        .strip_cookie(VIEWER_COOKIE)
+        .strip_cookie(PORT_COOKIE)
+        .header(header::AUTHORIZATION, bearer);
+    Relay::shared().forward(req, &up).await.map_err(|e| {
+        ApiError(match e {
+            RelayError::BadRequest(m) => Error::BadRequest(m),
+            RelayError::Connect(m) => {
+                Error::Agent(format!("the sandbox's agent did not answer: {m}"))
+            }
+            RelayError::Upstream(m) => {
+                Error::Agent(format!("the sandbox's agent failed the request: {m}"))
+            }
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_page_reaches_only_the_agent_operations_it_uses() {
+        let (get, post, put, del) = (Method::GET, Method::POST, Method::PUT, Method::DELETE);
+        assert!(agent_allowed(&post, "pty"));
+        assert!(agent_allowed(&get, "pty/pty_1/attach"));
+        assert!(agent_allowed(&post, "pty/pty_1/resize"));
+        assert!(agent_allowed(&del, "pty/pty_1"));
+        assert!(agent_allowed(&get, "fs/list"));
+        assert!(agent_allowed(&put, "files"));
+        assert!(agent_allowed(&get, "vnc/websockify"));
+        assert!(!agent_allowed(&post, "exec"));
+        assert!(!agent_allowed(&post, "computer"));
+        assert!(!agent_allowed(&del, "fs"));
+        assert!(!agent_allowed(&get, "pty/../exec"));
+        assert!(!agent_allowed(&post, "files"));
+        assert!(!agent_allowed(&get, "viewer-tokens"));
+    }
+
+    #[test]
+    fn session_paths_name_their_targets() {
+        let get = Method::GET;
+        assert_eq!(
+            target(&get, "vendor/novnc/core/rfb.js"),
+            Target::Novnc("core/rfb.js")
+        );
+        assert_eq!(
+            target(&get, "api/artifacts/art_1"),
+            Target::Artifact("art_1")
+        );
+        assert_eq!(target(&get, "api/artifacts/a/b"), Target::Unknown);
+        assert_eq!(target(&get, "api/agent/fs/list"), Target::Agent("fs/list"));
+        assert_eq!(target(&Method::POST, "api/info"), Target::Unknown);
+        assert_eq!(target(&get, "nope"), Target::Unknown);
+        assert!(matches!(target(&get, "assets/app.js"), Target::Asset(..)));
+    }
+}
