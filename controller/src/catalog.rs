@@ -306,6 +306,50 @@ mod tests {
     }
 
     #[test]
+    fn downloads_need_https_a_pinned_sha256_and_a_directory_under_opt() {
+        let app = Catalog::builtin()
+            .apps
+            .into_iter()
+            .find(|a| a.name == "openvscode")
+            .unwrap();
+        let d = app.download.unwrap();
+        assert!(
+            d.url
+                .starts_with("https://github.com/gitpod-io/openvscode-server/")
+        );
+        assert!(d.check().unwrap_err().contains("sha256 pinned"));
+        let ok = Download {
+            sha256: "ab".repeat(32),
+            ..d.clone()
+        };
+        assert_eq!(ok.check(), Ok(()));
+        for bad in [
+            Download {
+                url: "http://x/y.tgz".into(),
+                ..ok.clone()
+            },
+            Download {
+                dir: "/usr/local/x".into(),
+                ..ok.clone()
+            },
+            Download {
+                dir: "/opt".into(),
+                ..ok.clone()
+            },
+            Download {
+                dir: "/opt/../etc".into(),
+                ..ok.clone()
+            },
+            Download {
+                sha256: "zz".repeat(32),
+                ..ok.clone()
+            },
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
     fn a_name_used_twice_or_a_reserved_port_name_is_refused() {
         let profile = |name: &str, aliases: &str| {
             format!(

@@ -175,6 +175,17 @@ fn select(req: &BuildRequest, recipes: &Recipes) -> anyhow::Result<Selection> {
             .with_context(|| format!("no app {a:?} in the catalog"))?;
         packages.extend(app.packages.iter().cloned());
         ports.extend(app.ports.clone());
+        if let Some(d) = &app.download {
+            // A release fetched at build time is installed only with its digest pinned.
+            d.check()
+                .map_err(|e| anyhow::anyhow!("app {}: {e}", app.name))?;
+            anyhow::bail!(
+                "app {}: downloads ({}) are not fetched by this builder yet; install it in the \
+                 sandbox instead",
+                app.name,
+                d.url
+            );
+        }
     }
     let guest_files = match p.desktop {
         true => sha256_hex(
@@ -903,6 +914,20 @@ mod tests {
         .unwrap();
         assert!(with_app.packages.contains(&"gimp".to_string()));
         assert_ne!(a, image_ref(&with_app, "x=1\n", "d1"));
+        // A download without its sha256 pinned is refused before anything is fetched.
+        let e = select(
+            &BuildRequest {
+                apps: vec!["openvscode".into()],
+                ..req.clone()
+            },
+            &recipes,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("app openvscode") && e.contains("sha256 pinned"),
+            "{e}"
+        );
         assert!(
             select(
                 &BuildRequest {
