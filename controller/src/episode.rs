@@ -586,7 +586,7 @@ mod tests {
         let out = dir.join("e.zip");
         write_zip(&out, &parts, 1 << 20).unwrap();
         let mut z = zip::ZipArchive::new(std::fs::File::open(&out).unwrap()).unwrap();
-        let mut names: Vec<String> = z.file_names().map(str::to_string).collect();
+        let mut names: Vec<String> = z.file_names().map(|n| n.unwrap().to_string()).collect();
         names.sort();
         assert_eq!(
             names,
