@@ -350,6 +350,8 @@ impl Controller {
         let mut spill: Option<(std::path::PathBuf, std::fs::File)> = None;
         // The artifact reached `artifact_max_file_bytes`: the rest is not kept.
         let mut full = false;
+        // The part of the chunk that crossed the bound that the preview keeps.
+        let mut preview_tail: Option<OutputChunk> = None;
         loop {
             let page = tokio::time::timeout(AGENT_CALL, agent.output(id, seq))
                 .await
@@ -366,8 +368,19 @@ impl Controller {
                     let path = self.artifact_scratch()?;
                     let mut f = std::fs::File::create(&path)
                         .map_err(|e| Error::Internal(format!("run output: {e}")))?;
+                    // The preview's chunks are the artifact's first bytes.
+                    let mut off = 0;
                     for p in &out.chunks {
-                        write_all(&mut f, &p.bytes())?;
+                        let b = p.bytes();
+                        write_all(&mut f, &b)?;
+                        span(&mut out.spans, p.seq, off, b.len() as u64, p.stream);
+                        off += b.len() as u64;
+                    }
+                    // The preview ends with as much of this chunk as fits.
+                    let room = (inline as u64).saturating_sub(bytes) as usize;
+                    let head = utf8_prefix(&data, room);
+                    if !head.is_empty() {
+                        preview_tail = Some(chunk_of(c.seq, c.stream, head));
                     }
                     spill = Some((path, f));
                 }
@@ -396,18 +409,7 @@ impl Controller {
             f.sync_all()
                 .map_err(|e| Error::Internal(format!("run output: {e}")))?;
             drop(f);
-            // The preview's chunks lead the spans (they are the artifact's first bytes).
-            let mut spans = Vec::new();
-            let mut off = 0;
-            for c in &out.chunks {
-                let len = c.bytes().len() as u64;
-                span(&mut spans, c.seq, off, len, c.stream);
-                off += len;
-            }
-            for s in std::mem::take(&mut out.spans) {
-                span(&mut spans, s.seq, s.offset, s.len, s.stream);
-            }
-            out.spans = spans;
+            out.chunks.extend(preview_tail);
             let a = self
                 .publish_file(
                     &run.sandbox_id,
@@ -688,6 +690,17 @@ fn write_all(f: &mut std::fs::File, data: &[u8]) -> Result<()> {
 /// The most a page of output read back from an artifact holds.
 const ARTIFACT_PAGE: u64 = 1 << 20;
 
+/// At most `n` bytes of `data`, not ending inside a UTF-8 character when it is text.
+fn utf8_prefix(data: &[u8], n: usize) -> &[u8] {
+    let mut end = n.min(data.len());
+    if std::str::from_utf8(data).is_ok() {
+        while end > 0 && end < data.len() && (data[end] & 0xC0) == 0x80 {
+            end -= 1;
+        }
+    }
+    &data[..end]
+}
+
 /// Bytes as an output chunk: text when UTF-8, else base64.
 fn chunk_of(seq: u64, stream: Stream, data: &[u8]) -> OutputChunk {
     match std::str::from_utf8(data) {
@@ -808,6 +821,9 @@ mod tests {
             ]
         );
         assert!(spans_from(&spans, 50, 10).is_empty());
+        assert_eq!(utf8_prefix("aé".as_bytes(), 2), b"a");
+        assert_eq!(utf8_prefix(b"abc", 2), b"ab");
+        assert_eq!(utf8_prefix(b"abc", 9), b"abc");
         let c = chunk_of(3, Stream::Stdout, &[0xff, 0x00]);
         assert_eq!(c.bytes(), [0xff, 0x00]);
         assert!(c.data.is_none());

@@ -267,7 +267,7 @@ async fn files_and_directories_are_published_served_by_range_and_outlive_their_s
     assert_eq!(published.len(), 4, "{published:?}");
     assert_eq!(published[0]["artifact_id"], note_id.as_str());
     assert_eq!(published[0]["size"], 15);
-    assert_eq!(published[0]["kind"], "file");
+    assert_eq!(published[0]["artifact_kind"], "file");
 
     // After the sandbox is deleted: listed, served, and its run's output paged from the artifact.
     cl.delete(&sb.id).await.unwrap();

@@ -290,7 +290,7 @@ impl Controller {
         let mut data = json!({
             "artifact_id": row.id,
             "name": row.name,
-            "kind": kind.as_str(),
+            "artifact_kind": kind.as_str(),
             "size": size,
             "content_type": row.content_type,
         });
@@ -329,7 +329,7 @@ impl Controller {
         self.event(
             &row.sandbox_id,
             "artifact.deleted",
-            json!({"artifact_id": row.id, "name": row.name, "kind": row.kind.as_str(),
+            json!({"artifact_id": row.id, "name": row.name, "artifact_kind": row.kind.as_str(),
                    "reason": reason}),
         );
         Ok(row)
