@@ -540,6 +540,11 @@ async fn chromium_drives_the_session_view(provider: Provider) {
     assert_eq!(uploaded, bytes, "the upload is the file's bytes");
     assert!(seen["current_time"].as_f64().unwrap() > 0.5, "{seen}");
     assert!(seen["duration"].as_f64().unwrap() >= 2.5, "{seen}");
+    // The episode: the three actions logged during the recording, each a marker on its bar.
+    assert!(seen["actions"].as_u64().unwrap() >= 3, "{seen}");
+    assert!(seen["markers"].as_u64().unwrap() >= 3, "{seen}");
+    assert_eq!(seen["errors"], serde_json::json!([]), "no script errors on the page");
+    assert_eq!(seen["canvas"][0], 1920, "{seen}");
     assert!(std::fs::metadata(&shot).unwrap().len() > 10_000);
     cl.delete(&id).await.unwrap();
 }
