@@ -185,8 +185,7 @@ impl Controller {
                 None
             };
             let action = decide(&cx, Some(&stored), seen.as_ref());
-            if action == Action::Nothing
-                && seen.as_ref().is_some_and(|o| o.health == Health::Alive)
+            if action == Action::Nothing && seen.as_ref().is_some_and(|o| o.health == Health::Alive)
             {
                 // Its recordings are published as they stop.
                 self.follow_recordings(&row.id);

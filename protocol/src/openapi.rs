@@ -950,7 +950,11 @@ pub fn agent() -> Value {
             "the episode's logged computer-use and input actions, oldest first",
         )
         .query("from_seq", int(), "the first seq to answer (default 1)")
-        .query("limit", int(), "at most this many (default 1000, at most 10000)")
+        .query(
+            "limit",
+            int(),
+            "at most this many (default 1000, at most 10000)",
+        )
         .json(
             "200",
             "a page of the log",
@@ -1621,7 +1625,11 @@ pub fn controller() -> Value {
             json!({"application/zip": {"schema": binary()}}),
         )
         .json("404", "no such sandbox, or none kept", err.clone())
-        .json("413", "the bundle passes artifact_max_file_bytes", err.clone()),
+        .json(
+            "413",
+            "the bundle passes artifact_max_file_bytes",
+            err.clone(),
+        ),
         &key,
     );
 
@@ -1643,7 +1651,11 @@ pub fn controller() -> Value {
         .json("400", "a relative path or a bad name", err.clone())
         .json("404", "no such sandbox, path or run", err.clone())
         .json("409", "the sandbox is not running", err.clone())
-        .json("413", "past artifact_max_file_bytes or artifact_max_entries", err.clone())
+        .json(
+            "413",
+            "past artifact_max_file_bytes or artifact_max_entries",
+            err.clone(),
+        )
         .json("502", "the agent failed", err.clone()),
         &key,
     );
@@ -1693,9 +1705,14 @@ pub fn controller() -> Value {
     );
     add(
         &mut d,
-        op("delete", controller::ARTIFACT, "artifact_delete", "delete an artifact")
-            .json("200", "the artifact deleted", artifact)
-            .json("404", "no such artifact", err.clone()),
+        op(
+            "delete",
+            controller::ARTIFACT,
+            "artifact_delete",
+            "delete an artifact",
+        )
+        .json("200", "the artifact deleted", artifact)
+        .json("404", "no such artifact", err.clone()),
         &key,
     );
 
@@ -1913,7 +1930,11 @@ pub fn controller() -> Value {
             "sandbox_session",
             "a one-time URL for the sandbox's session view",
         )
-        .json("200", "the URL (it sets the session cookie once opened)", session_url),
+        .json(
+            "200",
+            "the URL (it sets the session cookie once opened)",
+            session_url,
+        ),
         &key,
     );
     let session = json!([{"apiKey": []}, {"sessionCookie": []}]);
@@ -1925,8 +1946,16 @@ pub fn controller() -> Value {
             "sandbox_session_page",
             "the session view: desktop, terminal, files, timeline, artifacts, episode",
         )
-        .query("t", string(), "a one-time session token (sets the cookie, then 303)")
-        .answer("200", "the page", json!({"text/html": {"schema": string()}}))
+        .query(
+            "t",
+            string(),
+            "a one-time session token (sets the cookie, then 303)",
+        )
+        .answer(
+            "200",
+            "the page",
+            json!({"text/html": {"schema": string()}}),
+        )
         .answer("303", "to the page, the cookie set", json!({})),
         &session,
     );
@@ -1939,7 +1968,11 @@ pub fn controller() -> Value {
             "the session view's assets and its api/… routes (info, events, artifacts, \
              episode, and the agent's pty, fs/list, files and vnc/websockify)",
         )
-        .answer("200", "the asset or answer", json!({"*/*": {"schema": binary()}})),
+        .answer(
+            "200",
+            "the asset or answer",
+            json!({"*/*": {"schema": binary()}}),
+        ),
         &session,
     );
 

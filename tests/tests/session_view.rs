@@ -368,9 +368,8 @@ async fn the_session_url_opens_once_and_its_cookie_opens_only_its_sandbox() {
         "no agent to reach"
     );
     let minted = mint(&c, &a).await;
-    assert_eq!(
-        open(&minted.url).await.1.is_empty(),
-        false,
+    assert!(
+        !open(&minted.url).await.1.is_empty(),
         "a deleted sandbox's session opens"
     );
 }
@@ -543,7 +542,11 @@ async fn chromium_drives_the_session_view(provider: Provider) {
     // The episode: the three actions logged during the recording, each a marker on its bar.
     assert!(seen["actions"].as_u64().unwrap() >= 3, "{seen}");
     assert!(seen["markers"].as_u64().unwrap() >= 3, "{seen}");
-    assert_eq!(seen["errors"], serde_json::json!([]), "no script errors on the page");
+    assert_eq!(
+        seen["errors"],
+        serde_json::json!([]),
+        "no script errors on the page"
+    );
     assert_eq!(seen["canvas"][0], 1920, "{seen}");
     assert!(std::fs::metadata(&shot).unwrap().len() > 10_000);
     cl.delete(&id).await.unwrap();

@@ -315,8 +315,7 @@ async fn list_artifacts(
     State(s): State<ApiState>,
     Query(q): Query<ArtifactQuery>,
 ) -> Result<Response> {
-    let rows =
-        s.c.artifacts(q.sandbox.as_deref(), q.run.as_deref())?;
+    let rows = s.c.artifacts(q.sandbox.as_deref(), q.run.as_deref())?;
     Ok(artifact_list(rows))
 }
 
@@ -336,6 +335,7 @@ async fn sandbox_artifacts(
     let rows = s.c.artifacts(Some(&id), q.run.as_deref())?;
     Ok(artifact_list(rows))
 }
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct EpisodeQuery {
@@ -353,7 +353,6 @@ async fn episode(
         .episode_response(&id, q.recording.as_deref(), &headers)
         .await?)
 }
-
 
 async fn get_artifact(
     State(s): State<ApiState>,
