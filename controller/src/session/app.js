@@ -348,12 +348,24 @@ async function episode() {
   const ol = $('actions');
   ol.replaceChildren();
   for (const [i, a] of actions.entries()) {
-    const li = el('li', { textContent: (a.at || '') + ' ' + (a.action || a.kind || '') + (a.media_ms != null ? ' @' + (a.media_ms / 1000).toFixed(2) + 's' : '') });
+    const li = el('li', { textContent: (a.at || '') + ' ' + actionLabel(a) + (a.media_ms != null ? ' @' + (a.media_ms / 1000).toFixed(2) + 's' : '') });
     li.dataset.index = i;
     ol.append(li);
   }
   note('episode-note', actions.length ? actions.length + ' actions' : 'No actions logged.');
   drawMarkers();
+}
+
+// A logged action in a few words: its source and what it did (Anthropic's `action`, OpenAI's
+// `type`, or the native input's first action), with where it clicked or what it typed.
+function actionLabel(a) {
+  let act = a.action;
+  if (act && Array.isArray(act.actions)) act = act.actions[0];
+  if (!act || typeof act !== 'object') return String(act || a.source || 'action');
+  const what = act.action || act.type || 'action';
+  const at = act.coordinate ? ' ' + act.coordinate.join(',') : (act.x != null ? ' ' + act.x + ',' + act.y : '');
+  const text = typeof act.text === 'string' ? ' "' + act.text.slice(0, 24) + '"' : '';
+  return (a.source ? a.source + ': ' : '') + what + at + text;
 }
 
 // The actions of the recording being played, with their media times.
@@ -372,7 +384,7 @@ function drawMarkers() {
   if (!state.playing || !isFinite(dur) || dur <= 0) return;
   bar.hidden = false;
   for (const { a, i } of playingActions()) {
-    const m = el('button', { type: 'button', className: 'marker', title: (a.action || a.kind || 'action') + ' @' + (a.media_ms / 1000).toFixed(2) + 's' });
+    const m = el('button', { type: 'button', className: 'marker', title: actionLabel(a) + ' @' + (a.media_ms / 1000).toFixed(2) + 's' });
     m.style.left = Math.min(100, (a.media_ms / 1000 / dur) * 100) + '%';
     m.dataset.index = i;
     m.onclick = () => { v.currentTime = a.media_ms / 1000; };
