@@ -18,7 +18,7 @@ use berth_protocol::routes::{fill, native};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
-use crate::artifact::ArtifactKind;
+use crate::artifact::{ArtifactKind, body_to_file};
 use crate::error::{Error, Result};
 use crate::lifecycle::SandboxStatus;
 use crate::sandbox::Controller;
@@ -27,8 +27,6 @@ use crate::util::now_ms;
 
 /// Every agent call (a page of actions, a screenshot, the recording's record).
 const AGENT_CALL: Duration = Duration::from_secs(15);
-/// A download stalls after this long without bytes.
-const BODY_IDLE: Duration = Duration::from_secs(30);
 /// The most actions a bundle holds (the agent keeps fewer).
 const MAX_ACTIONS: usize = 100_000;
 const PAGE: usize = 10_000;
@@ -165,36 +163,6 @@ fn read_bundle_actions(zip_path: &Path) -> std::io::Result<Vec<Value>> {
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect())
-}
-
-/// Streams an answer's body into `dest`, at most `max` bytes.
-async fn body_to_file(resp: reqwest::Response, dest: &Path, max: u64) -> Result<u64> {
-    if resp.content_length().is_some_and(|n| n > max) {
-        return Err(Error::TooLarge(format!("the episode passes {max} bytes")));
-    }
-    let mut f = tokio::fs::File::create(dest)
-        .await
-        .map_err(|e| Error::Internal(format!("{}: {e}", dest.display())))?;
-    let mut body = resp.bytes_stream();
-    let mut n = 0u64;
-    loop {
-        let next = tokio::time::timeout(BODY_IDLE, body.next())
-            .await
-            .map_err(|_| Error::Agent("the download stalled".into()))?;
-        let Some(chunk) = next else { break };
-        let chunk = chunk.map_err(|e| Error::Agent(format!("downloading: {e}")))?;
-        n += chunk.len() as u64;
-        if n > max {
-            return Err(Error::TooLarge(format!("the episode passes {max} bytes")));
-        }
-        tokio::io::AsyncWriteExt::write_all(&mut f, &chunk)
-            .await
-            .map_err(|e| Error::Internal(format!("{}: {e}", dest.display())))?;
-    }
-    tokio::io::AsyncWriteExt::flush(&mut f)
-        .await
-        .map_err(|e| Error::Internal(format!("{}: {e}", dest.display())))?;
-    Ok(n)
 }
 
 async fn agent_get(agent: &AgentClient, path: &str) -> Result<reqwest::Response> {

@@ -6,6 +6,7 @@
 
 pub mod blob;
 mod publish;
+pub(crate) use publish::body_to_file;
 mod recordings;
 
 use std::collections::HashSet;
