@@ -34,6 +34,10 @@ use super::{Display, DisplayError, Shot, ShotRequest, keys};
 
 const SETTLE: Duration = Duration::from_millis(150);
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Within a batch, how long the screen may take to settle after a key step before the next
+/// step runs: a shortcut moves the focus (Ctrl+L to a browser's address bar, Alt+Tab), and a
+/// program may still route the keys that follow to where the focus was.
+const KEY_SETTLE_TIMEOUT: Duration = Duration::from_secs(1);
 /// The most actions a batch holds.
 pub const MAX_BATCH: usize = 100;
 /// The most a batch's `wait`s and `hold_key`s add up to (one action's bound, too).
@@ -791,13 +795,24 @@ impl Trace {
     }
 }
 
-/// Runs the steps in order, stopping at the first that fails; settles once after the input
+/// Whether an action presses keys (what may move the focus before the next step).
+fn is_key(a: &InputAction) -> bool {
+    matches!(
+        a,
+        InputAction::Key { .. } | InputAction::KeyDown { .. } | InputAction::Hold { .. }
+    )
+}
+
+/// Runs the steps in order, stopping at the first that fails (after a key step, the next input
+/// step waits for the screen to settle, at most a second); settles once after the input
 /// (from the start of the last step that sent any) and takes one screenshot: the last step's
 /// zoom if it is one, the whole screen otherwise (after a failure too, as far as it can).
 async fn run_steps(d: &Arc<Display>, space: &Space, steps: &[Step]) -> Result<Done, DisplayError> {
     let mut last_start = None;
     let mut failed = None;
     let mut timings = Vec::with_capacity(steps.len());
+    // A key step's start, while the next input step has yet to wait for its screen to settle.
+    let mut after_keys: Option<Instant> = None;
     for (i, step) in steps.iter().enumerate() {
         let started = Instant::now();
         let actions = match &step.plan {
@@ -807,7 +822,14 @@ async fn run_steps(d: &Arc<Display>, space: &Space, steps: &[Step]) -> Result<Do
                 continue;
             }
         };
+        if let Some(t) = after_keys.take() {
+            d.settle(t, SETTLE, KEY_SETTLE_TIMEOUT).await;
+        }
+        let started = Instant::now();
         last_start = Some(started);
+        if actions.iter().any(is_key) {
+            after_keys = Some(started);
+        }
         let runner = d.clone();
         let actions = actions.clone();
         let result = blocking(move || runner.run_input(&actions)).await;
