@@ -9,6 +9,7 @@ pub mod cli;
 pub mod config;
 pub mod episode;
 pub mod error;
+pub mod follow;
 pub mod image;
 pub mod image_job;
 pub mod lease;

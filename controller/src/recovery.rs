@@ -187,8 +187,8 @@ impl Controller {
             let action = decide(&cx, Some(&stored), seen.as_ref());
             if action == Action::Nothing && seen.as_ref().is_some_and(|o| o.health == Health::Alive)
             {
-                // Its recordings are published as they stop.
-                self.follow_recordings(&row.id);
+                // Its runs are recorded as they end, its recordings published as they stop.
+                self.follow(&row.id);
             }
             if action == Action::Nothing
                 && seen.as_ref().is_some_and(|o| o.health == Health::Alive)

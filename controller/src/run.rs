@@ -20,8 +20,6 @@ const AGENT_CALL: Duration = Duration::from_secs(15);
 /// A pending run the agent has no record of is delivered again this long after it was made
 /// (well inside the agent's command TTL, so an ended command is never started again).
 const REDELIVER_WITHIN_MS: i64 = 3600 * 1000;
-/// How long a follower's long-poll on the agent's events waits.
-const FOLLOW_POLL: Duration = Duration::from_secs(25);
 
 impl Controller {
     /// `POST …/{id}/exec`.
@@ -115,7 +113,7 @@ impl Controller {
                 );
             }
         }
-        self.follow_runs(&row.id);
+        self.follow(&row.id);
         if req.wait.unwrap_or(true) {
             let bound = Duration::from_secs(self.config.exec_wait_secs);
             let me = self.clone();
@@ -536,115 +534,8 @@ impl Controller {
                 tracing::warn!(run = %run.id, error = %e, "reconciling a run");
             }
             if sandbox.status == SandboxStatus::Running {
-                self.follow_runs(&sandbox.id);
+                self.follow(&sandbox.id);
             }
-        }
-    }
-}
-
-impl Controller {
-    /// Follows the runs in flight of a sandbox on its agent's event stream, so a run that ends
-    /// is recorded at once (not at the next reconcile). One follower per sandbox; it ends when
-    /// the sandbox has no run in flight or stops running.
-    pub fn follow_runs(self: &Arc<Self>, sandbox_id: &str) {
-        if !self
-            .run_followers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(sandbox_id.to_string())
-        {
-            return;
-        }
-        let me = self.clone();
-        let id = sandbox_id.to_string();
-        tokio::spawn(async move {
-            me.follow_loop(&id).await;
-            me.run_followers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&id);
-            // A run started while the follower was leaving is followed again.
-            if me.in_flight(&id).is_some_and(|r| !r.is_empty()) {
-                me.follow_runs(&id);
-            }
-        });
-    }
-
-    fn in_flight(&self, sandbox_id: &str) -> Option<Vec<RunRow>> {
-        let runs = self.store.runs_in_flight().ok()?;
-        Some(
-            runs.into_iter()
-                .filter(|r| r.sandbox_id == sandbox_id)
-                .collect(),
-        )
-    }
-
-    async fn follow_loop(&self, sandbox_id: &str) {
-        // None: the cursor must be found (at start, and after the agent could not be asked).
-        let mut cursor: Option<u64> = None;
-        loop {
-            let Some(runs) = self.in_flight(sandbox_id) else {
-                return;
-            };
-            if runs.is_empty() {
-                return;
-            }
-            let Ok(Some(sandbox)) = self.store.sandbox(sandbox_id) else {
-                return;
-            };
-            if sandbox.status != SandboxStatus::Running {
-                return; // the reconciler settles its runs
-            }
-            let Ok(agent) = self.agent(&sandbox) else {
-                return;
-            };
-            let from = match cursor {
-                Some(c) => c,
-                None => {
-                    // Where the agent's events end now; every run is then checked once, so an
-                    // end before this point is not missed.
-                    match tokio::time::timeout(AGENT_CALL, agent.events(u64::MAX)).await {
-                        Ok(Ok(page)) => {
-                            for run in &runs {
-                                let _ = self.check_run(&sandbox, run, false).await;
-                            }
-                            cursor = Some(page.next_seq);
-                            continue;
-                        }
-                        _ => {
-                            tokio::time::sleep(Duration::from_secs(1)).await;
-                            continue;
-                        }
-                    }
-                }
-            };
-            let page = tokio::time::timeout(
-                FOLLOW_POLL + AGENT_CALL,
-                agent.events_wait(from, FOLLOW_POLL),
-            )
-            .await;
-            let page = match page {
-                Ok(Ok(p)) if p.next_seq >= from => p,
-                Ok(Ok(_)) | Ok(Err(_)) | Err(_) => {
-                    // The agent restarted (its events begin again) or could not be asked.
-                    cursor = None;
-                    for run in &runs {
-                        let _ = self.check_run(&sandbox, run, false).await;
-                    }
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    continue;
-                }
-            };
-            for e in &page.events {
-                if e.kind != berth_protocol::events::kinds::COMMAND_EXITED {
-                    continue;
-                }
-                let id = e.data.get("id").and_then(Value::as_str);
-                if let Some(run) = runs.iter().find(|r| Some(r.id.as_str()) == id) {
-                    let _ = self.check_run(&sandbox, run, false).await;
-                }
-            }
-            cursor = Some(page.next_seq);
         }
     }
 }

@@ -48,8 +48,8 @@ pub struct Controller {
     destroy_locks: crate::util::KeyedLocks,
     /// Every destroy under way (`Controller::destroy`).
     pub(crate) destroys: crate::reconcile::Destroys,
-    /// Sandboxes whose runs in flight a follower watches (`Controller::follow_runs`).
-    pub(crate) run_followers: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Sandboxes whose agent's events a follower watches (`Controller::follow`).
+    pub(crate) followers: std::sync::Mutex<std::collections::HashSet<String>>,
     /// When this controller started: a run made before it is an adopted one.
     pub(crate) started_ms: i64,
     /// Artifacts: their blob store and followers (`crate::artifact`).
@@ -98,7 +98,7 @@ impl Controller {
                 .map_err(|e| Error::Internal(format!("HTTP client: {e}")))?,
             image_jobs: Default::default(),
             lease_locks: Default::default(),
-            run_followers: Default::default(),
+            followers: Default::default(),
             started_ms: now_ms(),
             destroy_locks: Default::default(),
             destroys: Default::default(),

@@ -92,8 +92,6 @@ pub struct Artifacts {
     pub blobs: Arc<dyn BlobStore>,
     /// Blobs put whose row is not written yet (the orphan sweep leaves them alone).
     in_flight: Mutex<HashSet<String>>,
-    /// Sandboxes whose recordings a follower watches.
-    pub(crate) recording_followers: Mutex<HashSet<String>>,
     /// One publish at a time per (sandbox, source), so a source is fetched once.
     pub(crate) source_locks: crate::util::KeyedLocks,
     /// When retention last ran.
@@ -108,7 +106,6 @@ impl Artifacts {
         Ok(Artifacts {
             blobs: Arc::new(blobs),
             in_flight: Default::default(),
-            recording_followers: Default::default(),
             source_locks: Default::default(),
             last_sweep_ms: Default::default(),
         })

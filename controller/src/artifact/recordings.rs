@@ -1,26 +1,21 @@
-//! Recordings become artifacts: a follower per running sandbox watches its agent's events and
-//! publishes each recording as it stops (`recording.stopped`); when it starts (and so after a
-//! controller restart) it publishes every stopped recording not yet published. Destroying a
+//! Recordings become artifacts: the sandbox's follower (`crate::follow`) publishes each
+//! recording as it stops (`recording.stopped`); when it starts (and so after a controller
+//! restart) it publishes every stopped recording not yet published. Destroying a
 //! sandbox stops its live recordings and publishes them first (`Controller::keep_work`).
 //! Publishing is idempotent by (sandbox, agent recording id).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use berth_protocol::routes::{fill, native};
 use berth_protocol::{AgentClient, RecordingInfo, RecordingState};
-use serde_json::Value;
 
 use super::ArtifactKind;
 use super::publish::{agent_error, body_to_file};
 use crate::error::{Error, Result};
-use crate::lifecycle::SandboxStatus;
 use crate::sandbox::Controller;
 use crate::store::{ArtifactRow, SandboxRow};
 
 const AGENT_CALL: Duration = Duration::from_secs(15);
-/// How long a follower's long-poll on the agent's events waits.
-const FOLLOW_POLL: Duration = Duration::from_secs(25);
 
 fn ms_of(rfc3339: &str) -> Option<i64> {
     humantime::parse_rfc3339_weak(rfc3339)
@@ -40,88 +35,12 @@ pub fn run_at(runs: &[(String, Option<i64>, Option<i64>)], at_ms: i64) -> Option
 }
 
 impl Controller {
-    /// Starts the recording follower of a running sandbox unless one runs.
-    pub fn follow_recordings(self: &Arc<Self>, sandbox_id: &str) {
-        if !self
-            .artifacts
-            .recording_followers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(sandbox_id.to_string())
-        {
-            return;
-        }
-        let me = self.clone();
-        let id = sandbox_id.to_string();
-        tokio::spawn(async move {
-            me.recording_loop(&id).await;
-            me.artifacts
-                .recording_followers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&id);
-        });
-    }
-
-    async fn recording_loop(&self, sandbox_id: &str) {
-        let mut cursor: Option<u64> = None;
-        loop {
-            let Ok(Some(sandbox)) = self.store.sandbox(sandbox_id) else {
-                return;
-            };
-            if sandbox.status != SandboxStatus::Running {
-                return; // the destroy keeps what is left (`keep_work`)
-            }
-            let Ok(agent) = self.agent(&sandbox) else {
-                return;
-            };
-            let from = match cursor {
-                Some(c) => c,
-                None => match tokio::time::timeout(AGENT_CALL, agent.events(u64::MAX)).await {
-                    // Where the agent's events end now; every stopped recording before it is
-                    // published now, so none is missed.
-                    Ok(Ok(page)) => {
-                        self.publish_stopped_recordings(&sandbox, &agent).await;
-                        cursor = Some(page.next_seq);
-                        continue;
-                    }
-                    _ => {
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                        continue;
-                    }
-                },
-            };
-            let page = tokio::time::timeout(
-                FOLLOW_POLL + AGENT_CALL,
-                agent.events_wait(from, FOLLOW_POLL),
-            )
-            .await;
-            let page = match page {
-                Ok(Ok(p)) if p.next_seq >= from => p,
-                _ => {
-                    // The agent restarted (its events begin again) or could not be asked.
-                    cursor = None;
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    continue;
-                }
-            };
-            for e in &page.events {
-                if e.kind != berth_protocol::events::kinds::RECORDING_STOPPED {
-                    continue;
-                }
-                if let Some(id) = e.data.get("id").and_then(Value::as_str)
-                    && let Err(err) = self.publish_recording(&sandbox, &agent, id).await
-                {
-                    tracing::warn!(sandbox = sandbox_id, recording = id, error = %err,
-                        "publishing a recording");
-                }
-            }
-            cursor = Some(page.next_seq);
-        }
-    }
-
     /// Publishes every recording of the sandbox that has ended and is not published yet.
-    async fn publish_stopped_recordings(&self, sandbox: &SandboxRow, agent: &AgentClient) {
+    pub(crate) async fn publish_stopped_recordings(
+        &self,
+        sandbox: &SandboxRow,
+        agent: &AgentClient,
+    ) {
         let list = match tokio::time::timeout(AGENT_CALL, agent.recordings()).await {
             Ok(Ok(l)) => l.recordings,
             _ => return,

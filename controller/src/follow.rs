@@ -1,0 +1,146 @@
+//! One follower per running sandbox on its agent's event stream (a long-poll on
+//! `GET /v1/events`): a run that ends (`command.exited`) is recorded at once, not at the next
+//! reconcile, and a recording that stops (`recording.stopped`) is published as an artifact.
+//! When the follower starts, and whenever it has lost its place (the agent restarted or could
+//! not be asked), it catches up first: every run in flight is checked and every stopped
+//! recording not yet published is published, so nothing that happened meanwhile is missed.
+//! It ends when the sandbox stops running; the reconciler starts it again on its next pass.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use berth_protocol::AgentClient;
+use berth_protocol::events::Event;
+use berth_protocol::events::kinds;
+use serde_json::Value;
+
+use crate::lifecycle::SandboxStatus;
+use crate::sandbox::Controller;
+use crate::store::{RunRow, SandboxRow};
+
+/// One agent call.
+const AGENT_CALL: Duration = Duration::from_secs(15);
+/// How long a long-poll on the agent's events waits.
+const FOLLOW_POLL: Duration = Duration::from_secs(25);
+
+impl Controller {
+    /// Starts the follower of a sandbox unless one runs.
+    pub fn follow(self: &Arc<Self>, sandbox_id: &str) {
+        if !self
+            .followers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(sandbox_id.to_string())
+        {
+            return;
+        }
+        let me = self.clone();
+        let id = sandbox_id.to_string();
+        tokio::spawn(async move {
+            me.follow_loop(&id).await;
+            me.followers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
+            // Running again while the follower was leaving (a recovery): followed again.
+            if me
+                .store
+                .sandbox(&id)
+                .ok()
+                .flatten()
+                .is_some_and(|s| s.status == SandboxStatus::Running)
+            {
+                me.follow(&id);
+            }
+        });
+    }
+
+    /// The runs in flight of a sandbox (none when the store cannot say).
+    fn in_flight(&self, sandbox_id: &str) -> Vec<RunRow> {
+        self.store
+            .runs_in_flight()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| r.sandbox_id == sandbox_id)
+            .collect()
+    }
+
+    async fn follow_loop(&self, sandbox_id: &str) {
+        // None: the place must be found (at start, and after the agent could not be asked).
+        let mut cursor: Option<u64> = None;
+        loop {
+            let Ok(Some(sandbox)) = self.store.sandbox(sandbox_id) else {
+                return;
+            };
+            if sandbox.status != SandboxStatus::Running {
+                // The reconciler settles its runs; the destroy keeps its recordings.
+                return;
+            }
+            let Ok(agent) = self.agent(&sandbox) else {
+                return;
+            };
+            let from = match cursor {
+                Some(c) => c,
+                None => match tokio::time::timeout(AGENT_CALL, agent.events(u64::MAX)).await {
+                    // Where the agent's events end now; everything before it is caught up.
+                    Ok(Ok(page)) => {
+                        self.catch_up(&sandbox, &agent).await;
+                        cursor = Some(page.next_seq);
+                        continue;
+                    }
+                    _ => {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        continue;
+                    }
+                },
+            };
+            let page = tokio::time::timeout(
+                FOLLOW_POLL + AGENT_CALL,
+                agent.events_wait(from, FOLLOW_POLL),
+            )
+            .await;
+            let page = match page {
+                Ok(Ok(p)) if p.next_seq >= from => p,
+                _ => {
+                    // The agent restarted (its events begin again) or could not be asked.
+                    cursor = None;
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+            };
+            for e in &page.events {
+                self.on_agent_event(&sandbox, &agent, e).await;
+            }
+            cursor = Some(page.next_seq);
+        }
+    }
+
+    /// Everything that may have happened while nobody followed.
+    async fn catch_up(&self, sandbox: &SandboxRow, agent: &AgentClient) {
+        for run in self.in_flight(&sandbox.id) {
+            let _ = self.check_run(sandbox, &run, false).await;
+        }
+        self.publish_stopped_recordings(sandbox, agent).await;
+    }
+
+    async fn on_agent_event(&self, sandbox: &SandboxRow, agent: &AgentClient, e: &Event) {
+        let Some(id) = e.data.get("id").and_then(Value::as_str) else {
+            return;
+        };
+        match e.kind.as_str() {
+            // The runs are read now, not before the poll: a run started during it is found.
+            kinds::COMMAND_EXITED => {
+                if let Some(run) = self.in_flight(&sandbox.id).iter().find(|r| r.id == id) {
+                    let _ = self.check_run(sandbox, run, false).await;
+                }
+            }
+            kinds::RECORDING_STOPPED => {
+                if let Err(err) = self.publish_recording(sandbox, agent, id).await {
+                    tracing::warn!(sandbox = %sandbox.id, recording = id, error = %err,
+                        "publishing a recording");
+                }
+            }
+            _ => {}
+        }
+    }
+}
