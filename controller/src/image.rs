@@ -495,11 +495,22 @@ pub struct ControllerBuild {
     pub cache_dir: PathBuf,
 }
 
-/// The controller image's name: the base's inputs, both binaries and the layout.
-fn controller_ref(recipes: &Recipes, berth_digest: &str, agent_digest: &str) -> String {
+/// Debian packages whose files alone the controller image holds: the session view's viewers
+/// (noVNC and xterm.js, static files served by `berth serve`). Unpacked, not installed: their
+/// dependencies (a Node.js, websockify) are the sandbox's business, not the controller's.
+const CONTROLLER_VENDOR: [&str; 3] = ["novnc", "libjs-xterm", "node-xterm"];
+
+/// The controller image's name: the base's inputs, the vendored packages' versions, both
+/// binaries and the layout.
+fn controller_ref(
+    recipes: &Recipes,
+    vendor: &[(String, String)],
+    berth_digest: &str,
+    agent_digest: &str,
+) -> String {
     let h = sha256_hex(
         format!(
-            "controller|{}|{}|{:?}|{berth_digest}|{agent_digest}|{LAYOUT}",
+            "controller|{}|{}|{:?}|{vendor:?}|{berth_digest}|{agent_digest}|{LAYOUT}",
             recipes.suite, recipes.mirror, recipes.base_packages
         )
         .as_bytes(),
@@ -516,7 +527,9 @@ pub fn build_controller(req: &ControllerBuild) -> anyhow::Result<Built> {
     };
     let berth = read(&req.berth_bin)?;
     let agent = read(&req.agent_bin)?;
-    let image = controller_ref(&recipes, &sha256_hex(&berth), &sha256_hex(&agent));
+    let lock_path = req.images_dir.join("controller.lock");
+    let vendor = read_lock(&lock_path);
+    let image = controller_ref(&recipes, &vendor, &sha256_hex(&berth), &sha256_hex(&agent));
     if docker_has(&image) {
         return Ok(Built {
             size_bytes: docker_size(&image),
@@ -561,6 +574,7 @@ pub fn build_controller(req: &ControllerBuild) -> anyhow::Result<Built> {
             "copy the base rootfs",
             Command::new("cp").arg("-a").arg(&base).arg(&rootfs),
         )?;
+        unpack_vendor(&rootfs, &vendor, &lock_path)?;
         for (name, bytes) in [("berth", &berth), ("berth-agent", &agent)] {
             let bin = rootfs.join("usr/local/bin").join(name);
             std::fs::write(&bin, bytes).with_context(|| format!("installing {name}"))?;
@@ -595,6 +609,91 @@ pub fn build_controller(req: &ControllerBuild) -> anyhow::Result<Built> {
         built: true,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Downloads [`CONTROLLER_VENDOR`] at their locked versions (the current ones when there is no
+/// lock, or a locked one is gone from the mirror) and unpacks their files into `rootfs`; the
+/// lock follows what was unpacked.
+fn unpack_vendor(rootfs: &Path, lock: &[(String, String)], lock_path: &Path) -> anyhow::Result<()> {
+    let chroot = |step: &str, script: &str| -> anyhow::Result<Vec<String>> {
+        run_step(
+            step,
+            Command::new("chroot")
+                .stdin(Stdio::null())
+                .arg(rootfs)
+                .args(["/bin/sh", "-c", script])
+                .env_clear()
+                .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+                .env("LANG", "C.UTF-8"),
+        )
+    };
+    let pinned: Vec<String> = CONTROLLER_VENDOR
+        .iter()
+        .map(|p| match lock.iter().find(|(n, _)| n == p) {
+            Some((_, v)) => format!("{p}={v}"),
+            None => p.to_string(),
+        })
+        .collect();
+    let download = |pkgs: &[String]| {
+        chroot(
+            "download the session view's viewers",
+            &format!(
+                "apt-get update -qq && mkdir -p /tmp/vendor && cd /tmp/vendor && \
+                 apt-get download -qq {}",
+                pkgs.join(" ")
+            ),
+        )
+    };
+    if let Err(e) = download(&pinned) {
+        if lock.is_empty() {
+            return Err(e);
+        }
+        eprintln!(
+            "warning: a locked version is gone from the mirror ({e}); re-resolving and rewriting {}",
+            lock_path.display()
+        );
+        let current: Vec<String> = CONTROLLER_VENDOR.iter().map(|p| p.to_string()).collect();
+        download(&current)?;
+    }
+    let versions = chroot(
+        "unpack the session view's viewers",
+        "cd /tmp/vendor && for d in *.deb; do dpkg-deb -x \"$d\" / && \
+         dpkg-deb -f \"$d\" Package Version | paste -sd= | sed 's/^Package: //; s/=Version: /=/'; \
+         done && rm -rf /tmp/vendor /var/lib/apt/lists/* /var/cache/apt/*.bin",
+    )?;
+    let mut out =
+        "# Resolved versions of the controller image's vendored packages (its build rewrites this file).\n"
+            .to_string();
+    for l in vendored_versions(&versions) {
+        out.push_str(l);
+        out.push('\n');
+    }
+    if std::fs::read_to_string(lock_path).unwrap_or_default() != out {
+        std::fs::write(lock_path, &out)
+            .with_context(|| format!("writing {}", lock_path.display()))?;
+        eprintln!("    wrote {}", lock_path.display());
+    }
+    Ok(())
+}
+
+/// The `package=version` lines among what the unpack step printed, sorted.
+fn vendored_versions(lines: &[String]) -> Vec<&str> {
+    let mut out: Vec<&str> = lines
+        .iter()
+        .map(|l| l.trim())
+        .filter(|l| {
+            l.split_once('=').is_some_and(|(p, v)| {
+                !p.is_empty()
+                    && p.bytes().all(|b| {
+                        b.is_ascii_lowercase() || b.is_ascii_digit() || b"+-.".contains(&b)
+                    })
+                    && !v.is_empty()
+                    && !v.contains(char::is_whitespace)
+            })
+        })
+        .collect();
+    out.sort();
+    out
 }
 
 /// `berth image lock`: resolves the selection afresh and rewrites its lock file.
@@ -875,16 +974,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_controller_image_ref_follows_its_binaries_and_the_base() {
+    fn the_controller_image_ref_follows_its_binaries_the_base_and_the_vendored_versions() {
         let recipes: Recipes = toml::from_str(BUILTIN_RECIPES).unwrap();
-        let a = controller_ref(&recipes, "b1", "a1");
+        let v = |ver: &str| vec![("novnc".to_string(), ver.to_string())];
+        let a = controller_ref(&recipes, &v("1"), "b1", "a1");
         assert!(a.starts_with("berth-controller:"), "{a}");
-        assert_eq!(a, controller_ref(&recipes, "b1", "a1"));
-        assert_ne!(a, controller_ref(&recipes, "b2", "a1"));
-        assert_ne!(a, controller_ref(&recipes, "b1", "a2"));
+        assert_eq!(a, controller_ref(&recipes, &v("1"), "b1", "a1"));
+        assert_ne!(a, controller_ref(&recipes, &v("1"), "b2", "a1"));
+        assert_ne!(a, controller_ref(&recipes, &v("1"), "b1", "a2"));
+        assert_ne!(a, controller_ref(&recipes, &v("2"), "b1", "a1"));
         let mut other = recipes.clone();
         other.base_packages.push("jq".into());
-        assert_ne!(a, controller_ref(&other, "b1", "a1"));
+        assert_ne!(a, controller_ref(&other, &v("1"), "b1", "a1"));
+    }
+
+    #[test]
+    fn vendored_versions_are_read_from_the_unpack_lines_only() {
+        let lines = [
+            "novnc=1:1.3.0-1",
+            "W: Download is performed unsandboxed as root",
+            "node-xterm=3.8.1+~cs0.9.0-1+deb12u1",
+            "a = b",
+        ]
+        .map(String::from);
+        assert_eq!(
+            vendored_versions(&lines),
+            vec!["node-xterm=3.8.1+~cs0.9.0-1+deb12u1", "novnc=1:1.3.0-1"]
+        );
     }
 
     #[test]

@@ -176,6 +176,27 @@ const MANIFEST_TYPES: &str = "application/vnd.docker.distribution.manifest.v2+js
 async fn push_then_pull_back_by_digest() {
     let built = controller_image();
     let image = built["image_ref"].as_str().unwrap().to_string();
+    // The session view's viewers are where `[session]`'s defaults look for them.
+    let files = [
+        "/usr/share/novnc/core/rfb.js",
+        "/usr/share/nodejs/xterm/lib/public/Terminal.js",
+        "/usr/share/javascript/xterm/xterm.css",
+    ];
+    let script = files.map(|f| format!("test -s {f}")).join(" && ");
+    let out = docker(&[
+        "run",
+        "--rm",
+        "--entrypoint",
+        "/bin/sh",
+        &image,
+        "-c",
+        &script,
+    ]);
+    assert!(
+        out.status.success(),
+        "the controller image lacks a session view file ({files:?}): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let (name, tag) = image.split_once(':').unwrap();
     let image_id =
         String::from_utf8(docker(&["image", "inspect", "--format", "{{.Id}}", &image]).stdout)
