@@ -1,4 +1,4 @@
-//! The provider against kube's mock service (`tower_test::mock::pair` + `kube::Client::new`):
+//! The provider against a mock service (`mock::pair` below + `kube::Client::new`):
 //! no Kubernetes API server runs on the machines these tests run on, so every request the
 //! provider makes is checked here (method, path, query, body as the real `k8s_openapi` type)
 //! and answered with real `k8s_openapi` objects. Port-forward needs an HTTP upgrade, which a
@@ -15,7 +15,6 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::client::Body;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tower_test::mock;
 
 use super::objects::{self, Settings};
 use super::{KubernetesProvider, RBAC};
@@ -23,6 +22,64 @@ use crate::config::{KubeEgress, KubeReach, KubernetesConfig};
 use crate::provider::{Identity, Provider, Spec};
 
 type Handle = mock::Handle<Request<Body>, Response<Body>>;
+
+/// A tower service over a channel: each request the client makes arrives at the test's
+/// `Handle`, which answers it (or drops it: the client's call fails).
+mod mock {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use tokio::sync::{mpsc, oneshot};
+
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    pub struct SendResponse<T>(oneshot::Sender<T>);
+
+    impl<T> SendResponse<T> {
+        pub fn send_response(self, response: T) {
+            let _ = self.0.send(response);
+        }
+    }
+
+    pub struct Handle<Req, Resp>(mpsc::UnboundedReceiver<(Req, SendResponse<Resp>)>);
+
+    impl<Req, Resp> Handle<Req, Resp> {
+        /// The next request, or None once the client is gone.
+        pub async fn next_request(&mut self) -> Option<(Req, SendResponse<Resp>)> {
+            self.0.recv().await
+        }
+    }
+
+    pub struct Mock<Req, Resp>(mpsc::UnboundedSender<(Req, SendResponse<Resp>)>);
+
+    pub fn pair<Req, Resp>() -> (Mock<Req, Resp>, Handle<Req, Resp>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Mock(tx), Handle(rx))
+    }
+
+    impl<Req: Send + 'static, Resp: Send + 'static> tower::Service<Req> for Mock<Req, Resp> {
+        type Response = Resp;
+        type Error = Error;
+        type Future = Pin<Box<dyn Future<Output = Result<Resp, Error>> + Send>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, req: Req) -> Self::Future {
+            let (tx, rx) = oneshot::channel();
+            let sent = self.0.send((req, SendResponse(tx))).is_ok();
+            Box::pin(async move {
+                if !sent {
+                    return Err("the test's handle is gone".into());
+                }
+                rx.await
+                    .map_err(|_| "the test dropped the request unanswered".into())
+            })
+        }
+    }
+}
 
 const NS: &str = "berth";
 const CTL: &str = "ctl_0123456789abcdef";
