@@ -8,9 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seconds="${FUZZ_SECONDS:-20}"
-# The parsers under test are safe Rust, so no AddressSanitizer; unoptimised (--dev: the agent and
-# its dependencies with coverage counters at -O3 take a cold 9 minutes on two cores, at -O0 a
-# fraction of that, and a short run still makes tens of thousands of inputs a second); 16 codegen
+# The parsers under test are safe Rust, so no AddressSanitizer; unoptimised (--dev: with coverage
+# counters the agent and its dependencies take a cold 6 minutes on two cores, about 9 at -O3; a
+# short run still makes thousands of inputs a second, ~230 for the HTTP extractors); 16 codegen
 # units build the agent in parallel. FUZZ_BUILD_FLAGS overrides (-O for a long campaign).
 read -r -a flags <<<"${FUZZ_BUILD_FLAGS:---sanitizer none --codegen-units 16 --dev}"
 targets=("$@")
