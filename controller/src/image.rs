@@ -611,29 +611,50 @@ pub fn build_controller(req: &ControllerBuild) -> anyhow::Result<Built> {
     })
 }
 
-/// Downloads [`CONTROLLER_VENDOR`] at their locked versions (the current ones when there is no
-/// lock, or a locked one is gone from the mirror) and unpacks their files into `rootfs`; the
-/// lock follows what was unpacked.
-fn unpack_vendor(rootfs: &Path, lock: &[(String, String)], lock_path: &Path) -> anyhow::Result<()> {
-    let chroot = |step: &str, script: &str| -> anyhow::Result<Vec<String>> {
-        run_step(
-            step,
-            Command::new("chroot")
-                .stdin(Stdio::null())
-                .arg(rootfs)
-                .args(["/bin/sh", "-c", script])
-                .env_clear()
-                .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-                .env("LANG", "C.UTF-8"),
-        )
-    };
-    let pinned: Vec<String> = CONTROLLER_VENDOR
-        .iter()
+/// Runs `script` with `/bin/sh` in `rootfs` (a clean environment, no terminal) as one step.
+fn chroot(rootfs: &Path, step: &str, script: &str) -> anyhow::Result<Vec<String>> {
+    run_step(
+        step,
+        Command::new("chroot")
+            .stdin(Stdio::null())
+            .arg(rootfs)
+            .args(["/bin/sh", "-c", script])
+            .env_clear()
+            .env(
+                "PATH",
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            )
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .env("LANG", "C.UTF-8"),
+    )
+}
+
+/// Each package as `name=version` where the lock has it, else by name alone.
+fn pinned<'a>(packages: impl Iterator<Item = &'a str>, lock: &[(String, String)]) -> Vec<String> {
+    packages
         .map(|p| match lock.iter().find(|(n, _)| n == p) {
             Some((_, v)) => format!("{p}={v}"),
             None => p.to_string(),
         })
-        .collect();
+        .collect()
+}
+
+/// Writes a lock file when its text changed.
+fn write_lock(lock_path: &Path, text: &str) -> anyhow::Result<()> {
+    if std::fs::read_to_string(lock_path).unwrap_or_default() != text {
+        std::fs::write(lock_path, text)
+            .with_context(|| format!("writing {}", lock_path.display()))?;
+        eprintln!("    wrote {}", lock_path.display());
+    }
+    Ok(())
+}
+
+/// Downloads [`CONTROLLER_VENDOR`] at their locked versions (the current ones when there is no
+/// lock, or a locked one is gone from the mirror) and unpacks their files into `rootfs`; the
+/// lock follows what was unpacked.
+fn unpack_vendor(rootfs: &Path, lock: &[(String, String)], lock_path: &Path) -> anyhow::Result<()> {
+    let chroot = |step: &str, script: &str| chroot(rootfs, step, script);
+    let pinned = pinned(CONTROLLER_VENDOR.iter().copied(), lock);
     let download = |pkgs: &[String]| {
         chroot(
             "download the session view's viewers",
@@ -668,12 +689,7 @@ fn unpack_vendor(rootfs: &Path, lock: &[(String, String)], lock_path: &Path) -> 
         out.push_str(l);
         out.push('\n');
     }
-    if std::fs::read_to_string(lock_path).unwrap_or_default() != out {
-        std::fs::write(lock_path, &out)
-            .with_context(|| format!("writing {}", lock_path.display()))?;
-        eprintln!("    wrote {}", lock_path.display());
-    }
-    Ok(())
+    write_lock(lock_path, &out)
 }
 
 /// The `package=version` lines among what the unpack step printed, sorted.
@@ -777,22 +793,7 @@ fn packages_stage(
         "copy the base rootfs",
         Command::new("cp").arg("-a").arg(&base).arg(&rootfs),
     )?;
-    let chroot = |step: &str, script: &str| -> anyhow::Result<Vec<String>> {
-        run_step(
-            step,
-            Command::new("chroot")
-                .stdin(Stdio::null())
-                .arg(&rootfs)
-                .args(["/bin/sh", "-c", script])
-                .env_clear()
-                .env(
-                    "PATH",
-                    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                )
-                .env("DEBIAN_FRONTEND", "noninteractive")
-                .env("LANG", "C.UTF-8"),
-        )
-    };
+    let chroot = |step: &str, script: &str| chroot(&rootfs, step, script);
     std::fs::write(rootfs.join("usr/sbin/policy-rc.d"), "#!/bin/sh\nexit 101\n")?;
     {
         use std::os::unix::fs::PermissionsExt;
@@ -809,14 +810,7 @@ fn packages_stage(
         .is_ok_and(|s| s.success());
     let result = (|| -> anyhow::Result<()> {
         chroot("apt-get update", "apt-get update")?;
-        let pinned: Vec<String> = sel
-            .packages
-            .iter()
-            .map(|p| match lock.iter().find(|(n, _)| n == p) {
-                Some((_, v)) => format!("{p}={v}"),
-                None => p.clone(),
-            })
-            .collect();
+        let pinned = pinned(sel.packages.iter().map(String::as_str), &lock);
         let install = |pkgs: &[String]| {
             chroot(
                 &format!("install {} packages", pkgs.len()),
@@ -889,12 +883,7 @@ fn packages_stage(
                 out.push('\n');
             }
         }
-        if std::fs::read_to_string(lock_path).unwrap_or_default() != out {
-            std::fs::write(lock_path, &out)
-                .with_context(|| format!("writing {}", lock_path.display()))?;
-            eprintln!("    wrote {}", lock_path.display());
-        }
-        Ok(())
+        write_lock(lock_path, &out)
     })();
     if mounted {
         let _ = Command::new("umount").arg(&proc_dir).status();
