@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # Installs what berth's build, tests and benchmarks need on a Debian machine. Idempotent and
 # quick when everything is present: it only calls apt-get or pip for what is missing.
+# `tests/setup.sh build` installs only what the Rust build compiles and links against, so the
+# build can start while the rest is installed (tests/test.sh does that).
 set -euo pipefail
 
-packages=(
+build_packages=(
   build-essential pkg-config libssl-dev  # the Rust build (native-tls)
   nasm                                   # openh264's assembly kernels, before the first cargo build
+  libturbojpeg0-dev libwebp-dev          # screenshot encoders
+)
+packages=(
   curl ca-certificates                   # the demo
   python3 python3-pip                    # /run_python, the pyautogui shim, the Flask peer
   procps util-linux passwd               # tests: process table, setsid, useradd
-  libturbojpeg0-dev libwebp-dev          # screenshot encoders
   xvfb xfwm4 xfce4-panel xfdesktop4 xfconf dbus-x11 x11-utils xauth  # a real display and desktop
   python3-tk python3-xlib                # Tk test windows, pyautogui's needs
   scrot xdotool xclip                    # benchmark peers; a second clipboard client
@@ -27,15 +31,22 @@ packages=(
 sudo=""
 [ "$(id -u)" = 0 ] || sudo="sudo"
 
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing ${missing[*]}" >&2
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+# Installs the named Debian packages that are not installed yet.
+apt_install() {
+  local missing=() p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing ${missing[*]}" >&2
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
+
+apt_install "${build_packages[@]}"
+[ "${1:-}" = build ] && exit 0
+apt_install "${packages[@]}"
 
 # The benchmark's peer server, and requests (OSWorld's client) for its cross-check.
 if ! python3 -c 'import flask, requests' 2>/dev/null; then

@@ -6,16 +6,25 @@ cd "$(dirname "$0")/.."
 
 # Each phase's end, in seconds since the start, for the run's log.
 phase() { echo "test.sh: $1 done at ${SECONDS}s" >&2; }
-tests/setup.sh
-phase setup
+tests/setup.sh build
 cargo fmt --all -- --check
-# The end-to-end tests start the workspace's binaries: build them in the test profile first.
+# The end-to-end tests start the workspace's binaries: build them first (the dev profile, the
+# benchmarks' too).
+# The rest of the set-up (the desktop's packages, Python's, cargo-fuzz) mostly downloads and
+# unpacks, so it runs while they compile.
+mkdir -p target
+tests/setup.sh > target/setup.log 2>&1 &
+setup=$!
 cargo build --workspace --bins
 phase build
+setup_ok=0
+wait "$setup" || setup_ok=$?
+cat target/setup.log
+[ "$setup_ok" = 0 ] || { echo "test.sh: tests/setup.sh failed" >&2; exit 1; }
+phase setup
 # The desktop image, once per run (the image tests find it; the ide profile runs from it too),
 # then the osworld bundle (OSWorld's apps and guest account) for its own tests. The builds mostly
 # wait on the mirror, PyPI and the disk, so they run while clippy and the fuzz targets compile.
-mkdir -p target
 (
   ./target/debug/berth image build --profile desktop --json
   echo "test.sh: the desktop image built at ${SECONDS}s"
