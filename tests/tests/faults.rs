@@ -245,9 +245,13 @@ async fn controller_kill_9_during_creates_and_deletes_leaves_no_orphan(provider:
     assert_eq!(live, 0);
 }
 
-/// A run started without waiting shows its end within a second of it, with the reconcile
-/// interval far longer: the controller follows the agent's events.
-async fn a_run_that_was_not_waited_for_shows_its_end_within_a_second(provider: Provider) {
+/// A run started without waiting shows its end at once, with the reconcile interval at a
+/// minute: the controller follows the agent's events. Unloaded the lag is 5-25 ms; the bound is
+/// the agent's own fallback (it re-reads its commands every second when a file event is late)
+/// with room for a loaded machine, far below the reconcile.
+async fn a_run_that_was_not_waited_for_shows_its_end_long_before_the_next_reconcile(
+    provider: Provider,
+) {
     let c = ControllerProcess::start_on(provider, "reconcile_interval_secs = 60.0\n").await;
     let cl = c.client();
     let sb = cl.create(&ide()).await.unwrap();
@@ -280,7 +284,7 @@ async fn a_run_that_was_not_waited_for_shows_its_end_within_a_second(provider: P
     }
     println!("a run's end seen through the controller after (ms): {lags:?}");
     for lag in &lags {
-        assert!(*lag < 1000, "a run's end took {lag} ms to show: {lags:?}");
+        assert!(*lag < 5000, "a run's end took {lag} ms to show: {lags:?}");
     }
     cl.delete(&sb.id).await.unwrap();
 }
@@ -450,7 +454,7 @@ fn now_ms() -> i64 {
 berth_tests::on_every_provider!(
     controller_kill_9_during_execs_loses_no_run_and_runs_none_twice,
     controller_kill_9_during_creates_and_deletes_leaves_no_orphan,
-    a_run_that_was_not_waited_for_shows_its_end_within_a_second,
+    a_run_that_was_not_waited_for_shows_its_end_long_before_the_next_reconcile,
     a_pool_resized_under_claims_spares_every_claimed_sandbox,
 );
 
