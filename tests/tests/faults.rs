@@ -246,7 +246,7 @@ async fn controller_kill_9_during_creates_and_deletes_leaves_no_orphan(provider:
 }
 
 /// A run started without waiting shows its end at once, with the reconcile interval at a
-/// minute: the controller follows the agent's events. Unloaded the lag is 5-25 ms; the bound is
+/// minute: the controller follows the agent's events. Unloaded the lag is 4-22 ms; the bound is
 /// the agent's own fallback (it re-reads its commands every second when a file event is late)
 /// with room for a loaded machine, far below the reconcile.
 async fn a_run_that_was_not_waited_for_shows_its_end_long_before_the_next_reconcile(
