@@ -472,6 +472,51 @@ mod tests {
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_member_slow_to_answer_but_alive_is_claimed_warm_and_a_dead_one_is_not() {
+            let d = tempfile::tempdir().unwrap();
+            let fake = FakeProvider::new("process");
+            let c = controller_on(d.path(), &fake, config(2, 2));
+            c.start_pools().unwrap();
+            until(&c, &fake, |p| p.ready == 2).await;
+            assert!(c.pools.adjust("ide-ubuntu", Some(true), None));
+            let members: Vec<String> = c
+                .store
+                .pool_member_rows(&pool(&c).pool)
+                .unwrap()
+                .into_iter()
+                .map(|r| r.id)
+                .collect();
+            // Both agents answer only after the first probe's time, as on a host starting forty
+            // containers; one sandbox is alive, the other has died behind the controller.
+            for id in &members {
+                fake.set_slow(id, crate::sandbox::PROBE_TIMEOUT + Duration::from_secs(1));
+            }
+            fake.set_alive(&members[1], false);
+            let mut got = Vec::new();
+            for _ in 0..2 {
+                got.push(c.provision(&req()).await.unwrap());
+            }
+            let warm: Vec<&str> = got
+                .iter()
+                .filter(|(_, how)| *how == "warm")
+                .map(|(r, _)| r.id.as_str())
+                .collect();
+            assert_eq!(warm.len(), 1, "{got:?}");
+            assert!(members.iter().any(|m| m == warm[0]));
+            assert!(
+                c.store
+                    .sandbox(warm[0])
+                    .unwrap()
+                    .is_some_and(|r| r.status == SandboxStatus::Running)
+            );
+            let dead = members.iter().find(|m| *m != warm[0]).unwrap();
+            let row = c.store.sandbox(dead).unwrap().unwrap();
+            assert_eq!(row.status, SandboxStatus::Failed, "{row:?}");
+            // One member and one cold create besides the pool's two.
+            assert_eq!(fake.creates(), 2 + 1);
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_member_still_starting_is_never_claimed_and_hanging_starts_never_multiply() {
             let d = tempfile::tempdir().unwrap();
             let fake = FakeProvider::new("process");

@@ -26,7 +26,30 @@ use crate::store::{SandboxRow, SandboxUpdate, Store};
 use crate::util::{new_id, now_ms, random_hex, rfc3339};
 
 /// How long one readiness or liveness probe of an agent may take.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How much longer a liveness probe that timed out waits when the provider says the sandbox
+/// still runs: an agent on a loaded host (forty containers starting beside it) can take more
+/// than `PROBE_TIMEOUT` to answer, and a live sandbox is not discarded for being slow.
+const PROBE_PATIENCE: Duration = Duration::from_secs(12);
+
+/// Why a probe of an agent did not pass.
+#[derive(Debug, Clone, PartialEq)]
+enum ProbeFailure {
+    /// Nothing answered within the probe's time.
+    TimedOut,
+    /// The agent refused, was unreachable, or answered that it is not ready (why).
+    Failed(String),
+}
+
+impl std::fmt::Display for ProbeFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProbeFailure::TimedOut => f.write_str("the readiness probe timed out"),
+            ProbeFailure::Failed(why) => f.write_str(why),
+        }
+    }
+}
 
 /// How long the agent may take to resize its screen (`PUT /v1/display`) or say its size.
 const SCREEN_TIMEOUT: Duration = Duration::from_secs(15);
@@ -577,7 +600,7 @@ impl Controller {
                         }
                         continue;
                     }
-                    Err(reason) => last = reason,
+                    Err(reason) => last = reason.to_string(),
                 }
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
@@ -590,8 +613,10 @@ impl Controller {
         &self,
         row: &SandboxRow,
         wait: Duration,
-    ) -> std::result::Result<(), String> {
-        let agent = self.agent(row).map_err(|e| e.to_string())?;
+    ) -> std::result::Result<(), ProbeFailure> {
+        let agent = self
+            .agent(row)
+            .map_err(|e| ProbeFailure::Failed(e.to_string()))?;
         let desktop = self
             .catalog
             .profile(&row.profile)
@@ -619,14 +644,43 @@ impl Controller {
                     .map_err(|e| format!("agent unreachable: {e}"))
             }
         };
-        tokio::time::timeout(wait + PROBE_TIMEOUT, fut)
-            .await
-            .unwrap_or_else(|_| Err("the readiness probe timed out".into()))
+        match tokio::time::timeout(wait + PROBE_TIMEOUT, fut).await {
+            Ok(answer) => answer.map_err(ProbeFailure::Failed),
+            Err(_) => Err(ProbeFailure::TimedOut),
+        }
     }
 
-    /// A quick liveness/readiness probe before handing out a sandbox.
+    /// A liveness/readiness probe before handing out (or adopting) a sandbox. An agent that
+    /// refuses or says it is not ready fails at once; one that is only slow, in a sandbox its
+    /// provider says still runs, gets `PROBE_PATIENCE` more before it counts as dead.
     pub async fn probe(&self, row: &SandboxRow) -> std::result::Result<(), String> {
-        self.probe_ready(row, Duration::ZERO).await
+        match self.probe_ready(row, Duration::ZERO).await {
+            Err(ProbeFailure::TimedOut) if self.still_runs(row).await => {
+                tracing::info!(sandbox = %row.id, "its agent is slow to answer; waiting longer");
+                self.probe_ready(row, PROBE_PATIENCE)
+                    .await
+                    .map_err(|e| match e {
+                        ProbeFailure::TimedOut => format!(
+                            "the probe timed out ({} s, and {} s more while its provider said it runs)",
+                            PROBE_TIMEOUT.as_secs(),
+                            PROBE_PATIENCE.as_secs()
+                        ),
+                        e => e.to_string(),
+                    })
+            }
+            answer => answer.map_err(|e| e.to_string()),
+        }
+    }
+
+    /// Whether the sandbox's provider sees it running (`false` when it cannot say).
+    async fn still_runs(&self, row: &SandboxRow) -> bool {
+        let Ok(provider) = self.provider_named(&row.provider) else {
+            return false;
+        };
+        matches!(
+            tokio::time::timeout(PROBE_TIMEOUT, provider.inspect(&row.id)).await,
+            Ok(Ok(Some(o))) if o.alive
+        )
     }
 
     /// A client for the sandbox's agent.

@@ -3,11 +3,12 @@
 //! `list` answer from its memory. Each sandbox it creates gets an in-process agent (an axum
 //! router on `127.0.0.1:0`) answering what the controller asks of a non-desktop agent —
 //! `/healthz` and the event log — so readiness is probed over real HTTP; an agent can be made
-//! unreachable while its sandbox stays alive.
+//! unreachable, or slow to answer, while its sandbox stays alive.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -129,6 +130,24 @@ impl FakeProvider {
     pub fn set_reachable(&self, id: &str, reachable: bool) {
         if let Some(s) = self.state().sandboxes.get(id) {
             s.agent.healthy.store(reachable, Ordering::SeqCst);
+        }
+    }
+
+    /// What `inspect` says of it, its agent answering as before (a death the provider sees
+    /// and the agent's port has not yet shown).
+    pub fn set_alive(&self, id: &str, alive: bool) {
+        if let Some(s) = self.state().sandboxes.get_mut(id) {
+            s.alive = alive;
+        }
+    }
+
+    /// Its agent takes `delay` to answer `/healthz` (a loaded host) while the sandbox stays
+    /// alive.
+    pub fn set_slow(&self, id: &str, delay: Duration) {
+        if let Some(s) = self.state().sandboxes.get(id) {
+            s.agent
+                .slow_ms
+                .store(delay.as_millis() as u64, Ordering::SeqCst);
         }
     }
 
@@ -267,11 +286,12 @@ impl Provider for FakeProvider {
     }
 }
 
-/// An agent in the test process: `/healthz` (200 while healthy, 503 otherwise) and an empty
-/// event log. Stops serving when dropped.
+/// An agent in the test process: `/healthz` (200 while healthy, 503 otherwise, after
+/// `slow_ms`) and an empty event log. Stops serving when dropped.
 struct FakeAgent {
     url: String,
     healthy: Arc<AtomicBool>,
+    slow_ms: Arc<AtomicU64>,
     server: tokio::task::JoinHandle<()>,
 }
 
@@ -284,8 +304,15 @@ impl Drop for FakeAgent {
 impl FakeAgent {
     async fn start() -> FakeAgent {
         let healthy = Arc::new(AtomicBool::new(true));
+        let slow_ms = Arc::new(AtomicU64::new(0));
         let app = axum::Router::new()
-            .route(native::HEALTHZ, get(healthz))
+            .route(
+                native::HEALTHZ,
+                get({
+                    let slow_ms = slow_ms.clone();
+                    move |healthy: State<Arc<AtomicBool>>| healthz(healthy, slow_ms.clone())
+                }),
+            )
             .route(native::EVENTS, get(events))
             .with_state(healthy.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -298,6 +325,7 @@ impl FakeAgent {
         FakeAgent {
             url,
             healthy,
+            slow_ms,
             server,
         }
     }
@@ -312,7 +340,11 @@ impl FakeAgent {
     }
 }
 
-async fn healthz(State(healthy): State<Arc<AtomicBool>>) -> StatusCode {
+async fn healthz(State(healthy): State<Arc<AtomicBool>>, slow_ms: Arc<AtomicU64>) -> StatusCode {
+    let delay = slow_ms.load(Ordering::SeqCst);
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
     if healthy.load(Ordering::SeqCst) {
         StatusCode::OK
     } else {
