@@ -7,6 +7,8 @@ pub mod artifact;
 pub mod catalog;
 pub mod cli;
 pub mod config;
+#[cfg(test)]
+mod deploy_manifests;
 pub mod episode;
 pub mod error;
 pub mod follow;

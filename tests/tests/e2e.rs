@@ -11,7 +11,6 @@ mod computer;
 mod connections;
 mod controller;
 mod controller_desktop;
-mod deploy_manifests;
 mod desktop;
 mod display;
 mod docker;

@@ -11,9 +11,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use berth_controller::config::{Config, KubeReach};
-use berth_controller::provider::kubernetes::RBAC;
-use berth_controller::provider::kubernetes::objects::CONTROLLER_POD_LABEL;
+use crate::config::{Config, KubeReach};
+use crate::provider::kubernetes::RBAC;
+use crate::provider::kubernetes::objects::CONTROLLER_POD_LABEL;
 use clap::Parser;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
@@ -296,9 +296,8 @@ fn the_statefulset_runs_one_controller_on_its_claimed_store_no_cluster_here() {
     // The real command line: berth's own parser reads the args.
     let mut argv = vec!["berth".to_string()];
     argv.extend(c.args.clone().unwrap());
-    let cli = berth_controller::cli::Cli::try_parse_from(&argv)
-        .unwrap_or_else(|e| panic!("{argv:?}: {e}"));
-    let berth_controller::cli::Top::Serve(serve) = cli.command else {
+    let cli = crate::cli::Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+    let crate::cli::Top::Serve(serve) = cli.command else {
         panic!("{argv:?} is not `berth serve`")
     };
     assert!(
