@@ -20,10 +20,38 @@ fi
 
 cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 cargo +nightly fuzz build "${flags[@]}"
-for t in "${targets[@]}"; do
-  found="fuzz/target/corpus/$t"
+# Each run is one libFuzzer process on one core: as many run at once as there are cores
+# (FUZZ_JOBS), each into its own log, printed when it ends.
+jobs="${FUZZ_JOBS:-$(nproc)}"
+logs="fuzz/target/logs"
+mkdir -p "$logs"
+run() {
+  local t="$1" found="fuzz/target/corpus/$1"
   mkdir -p "$found"
-  echo "fuzz: $t for ${seconds}s" >&2
   cargo +nightly fuzz run "${flags[@]}" "$t" "$found" "fuzz/corpus/$t" -- \
-    -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1
+    -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
+    >"$logs/$t.log" 2>&1
+}
+declare -A running=()
+failed=()
+# Waits for one run to end, prints its log and records it when it failed.
+reap() {
+  local pid rc=0 t
+  wait -n -p pid "${!running[@]}" || rc=$?
+  t="${running[$pid]}"
+  unset "running[$pid]"
+  echo "fuzz: $t ended (exit $rc)" >&2
+  cat "$logs/$t.log" >&2
+  [ "$rc" = 0 ] || failed+=("$t")
+}
+for t in "${targets[@]}"; do
+  while [ "${#running[@]}" -ge "$jobs" ]; do reap; done
+  echo "fuzz: $t for ${seconds}s" >&2
+  run "$t" &
+  running[$!]="$t"
 done
+while [ "${#running[@]}" -gt 0 ]; do reap; done
+if [ "${#failed[@]}" -gt 0 ]; then
+  echo "fuzz: failed: ${failed[*]} (inputs in fuzz/artifacts/)" >&2
+  exit 1
+fi
