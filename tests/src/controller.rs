@@ -170,6 +170,9 @@ macro_rules! on_every_provider {
     };
 }
 
+/// How much of the controller's log a failing test prints.
+const LOG_TAIL_LINES: usize = 200;
+
 pub struct ControllerProcess {
     pub provider: Provider,
     pub child: Option<Child>,
@@ -631,6 +634,20 @@ fn docker_names(filter: &str) -> Vec<String> {
 impl Drop for ControllerProcess {
     fn drop(&mut self) {
         self.kill9();
+        // A failing test shows what the controller said (nextest prints a failure's stderr).
+        if std::thread::panicking() {
+            let log = self.log_text();
+            let lines: Vec<&str> = log.lines().collect();
+            let from = lines.len().saturating_sub(LOG_TAIL_LINES);
+            eprintln!(
+                "--- the controller's log, its last {} of {} lines ---",
+                lines.len() - from,
+                lines.len()
+            );
+            for l in &lines[from..] {
+                eprintln!("{l}");
+            }
+        }
         // The fake API server's kubelet kills every Pod's processes as it goes.
         if let Some(k) = self.kube.take() {
             drop(k);
