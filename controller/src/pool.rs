@@ -423,22 +423,34 @@ mod tests {
             assert!(ok, "the pool never got there: {:?}", pool(c));
         }
 
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn racing_creates_each_get_their_own_sandbox_and_warm_members_go_once() {
+        /// A controller whose pool of two is ready and then paused (it makes no new member),
+        /// and the members' ids.
+        async fn paused_pool_of_two() -> (
+            tempfile::TempDir,
+            Arc<FakeProvider>,
+            Arc<Controller>,
+            BTreeSet<String>,
+        ) {
             let d = tempfile::tempdir().unwrap();
             let fake = FakeProvider::new("process");
             let c = controller_on(d.path(), &fake, config(2, 2));
             c.start_pools().unwrap();
             until(&c, &fake, |p| p.ready == 2).await;
-            let members: BTreeSet<String> = c
+            let members = c
                 .store
                 .pool_member_rows(&pool(&c).pool)
                 .unwrap()
                 .into_iter()
                 .map(|r| r.id)
                 .collect();
-            // Paused, the pool makes no new member while they race.
             assert!(c.pools.adjust("ide-ubuntu", Some(true), None));
+            (d, fake, c, members)
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn racing_creates_each_get_their_own_sandbox_and_warm_members_go_once() {
+            // Paused, the pool makes no new member while they race.
+            let (_d, fake, c, members) = paused_pool_of_two().await;
             // Eight creates race for the two members: each gets a sandbox of its own, two of
             // them the members, the rest cold ones.
             let tasks: Vec<_> = (0..8)
@@ -473,19 +485,8 @@ mod tests {
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_member_slow_to_answer_but_alive_is_claimed_warm_and_a_dead_one_is_not() {
-            let d = tempfile::tempdir().unwrap();
-            let fake = FakeProvider::new("process");
-            let c = controller_on(d.path(), &fake, config(2, 2));
-            c.start_pools().unwrap();
-            until(&c, &fake, |p| p.ready == 2).await;
-            assert!(c.pools.adjust("ide-ubuntu", Some(true), None));
-            let members: Vec<String> = c
-                .store
-                .pool_member_rows(&pool(&c).pool)
-                .unwrap()
-                .into_iter()
-                .map(|r| r.id)
-                .collect();
+            let (_d, fake, c, members) = paused_pool_of_two().await;
+            let members: Vec<String> = members.into_iter().collect();
             // Both agents answer only after the first probe's time, as on a host starting forty
             // containers; one sandbox is alive, the other has died behind the controller.
             for id in &members {
