@@ -151,6 +151,8 @@ pub struct EnvInputs<'a> {
     pub session_bus: Option<&'a Path>,
     /// The desktop's commands (`google-chrome`), appended to PATH.
     pub desktop_bin: Option<&'a Path>,
+    /// The locale (`LANG`): the desktop session's.
+    pub lang: &'a str,
 }
 
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -166,7 +168,7 @@ impl ChildEnv {
             "SHELL".into(),
             inputs.account.login_shell().to_string_lossy().into_owned(),
         );
-        vars.insert("LANG".into(), "C.UTF-8".into());
+        vars.insert("LANG".into(), inputs.lang.into());
         let runtime = inputs.runtime_dir.to_string_lossy().into_owned();
         let bus = inputs
             .session_bus
@@ -256,6 +258,7 @@ mod tests {
             helper_bin: None,
             session_bus: None,
             desktop_bin: None,
+            lang: "C.UTF-8",
         });
         let vars: BTreeMap<_, _> = env.with(None).into_iter().collect();
         for key in [
@@ -287,6 +290,7 @@ mod tests {
             helper_bin: None,
             session_bus: None,
             desktop_bin: None,
+            lang: "C.UTF-8",
         });
         let mut o = BTreeMap::new();
         o.insert("LANG".to_string(), "fr_FR.UTF-8".to_string());

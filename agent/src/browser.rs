@@ -250,7 +250,7 @@ fn host_accepted(host: &str) -> bool {
 
 async fn relay_one(mut conn: TcpStream, desktop: &Desktop) -> std::io::Result<()> {
     let (buf, head_len) = read_head(&mut conn).await?;
-    let Some(dt) = desktop.devtools() else {
+    let Some(dt) = desktop.browser(crate::desktop::BROWSER_WAIT).await else {
         return plain_answer(
             &mut conn,
             "503 Service Unavailable",

@@ -75,6 +75,11 @@ pub struct AgentArgs {
     /// desktop, and Chromium; serve noVNC at /v1/vnc/ and relay CDP.
     #[arg(long, env = "BERTH_AGENT_DESKTOP")]
     pub desktop: bool,
+    /// The desktop session (with --desktop): `xfce`, or `gnome` — GNOME Shell on X11 as Ubuntu
+    /// shows it (the dock, GNOME Settings with the system bus, PulseAudio, the browser started
+    /// on demand), which needs an agent running as root and the osworld image's packages.
+    #[arg(long, env = "BERTH_AGENT_SESSION", value_enum, default_value = "xfce")]
+    pub session: crate::desktop::SessionKind,
     /// Screen size of the desktop's X server.
     #[arg(long, env = "BERTH_AGENT_SCREEN", default_value = "1920x1080", value_parser = parse_screen)]
     pub screen: (u16, u16),

@@ -64,6 +64,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         true => Some(
             Desktop::start(
                 DesktopConfig {
+                    session: args.session,
                     state_dir: state_dir.clone(),
                     home: home.clone(),
                     account: account.clone(),
@@ -93,6 +94,10 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         helper_bin: Some(&helper_bin),
         session_bus: desktop.as_ref().map(|d| d.session_bus.as_path()),
         desktop_bin: desktop.as_ref().map(|d| d.bin_dir.as_path()),
+        lang: match &desktop {
+            Some(d) => d.session().lang(),
+            None => crate::desktop::SessionKind::default().lang(),
+        },
     });
     if let Some(d) = &desktop {
         link_session_bus(&runtime_dir, &d.session_bus, &account);

@@ -60,6 +60,21 @@ fn desktop(agent: &Agent) -> Result<&Arc<Desktop>, ApiError> {
     })
 }
 
+/// `GET /v1/desktop/state`: the desktop-state contract, read now.
+pub async fn desktop_state(State(agent): State<Arc<Agent>>) -> Result<Response, ApiError> {
+    let d = desktop(&agent)?;
+    let state = crate::desktop::state::read(
+        d,
+        &agent.display,
+        &agent.commands,
+        &agent.home,
+        std::path::Path::new(crate::desktop::state::EXPECTED_FILE),
+    )
+    .await
+    .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "desktop_unavailable", e))?;
+    Ok(Json(state).into_response())
+}
+
 /// `/v1/vnc/`: noVNC's page, told where its WebSocket is and whether it only watches.
 pub async fn vnc_index(
     State(agent): State<Arc<Agent>>,
@@ -137,13 +152,16 @@ pub async fn browser_info(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let d = desktop(&agent)?;
-    let dt = d.devtools().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "browser_down",
-            "the browser is not running (see GET /v1/ready)",
-        )
-    })?;
+    let dt = d
+        .browser(crate::desktop::BROWSER_WAIT)
+        .await
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "browser_down",
+                "the browser is not running (see GET /v1/ready)",
+            )
+        })?;
     let unavailable = |e: String| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "browser_down", e);
     let (version, targets) = tokio::join!(
         crate::browser::version(dt.port),
@@ -251,13 +269,16 @@ async fn cdp(agent: Arc<Agent>, path: Option<String>, ws: WsResult) -> Result<Re
             "this route is a CDP WebSocket; GET /v1/browser describes the browser",
         ));
     };
-    let dt = d.devtools().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "browser_down",
-            "the browser is not running (see GET /v1/ready)",
-        )
-    })?;
+    let dt = d
+        .browser(crate::desktop::BROWSER_WAIT)
+        .await
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "browser_down",
+                "the browser is not running (see GET /v1/ready)",
+            )
+        })?;
     if let Some(p) = &path {
         // Chromium answers an unknown target with a bare HTTP error; say what it is.
         let id = p.rsplit('/').next().unwrap_or_default();

@@ -1,7 +1,8 @@
 //! The desktop: the agent starts the visible workstation itself and keeps it alive. Xvnc (the
-//! X server with VNC on a private Unix socket), a session D-Bus and the AT-SPI bus, XFCE's
-//! parts started one by one — no `xfce4-session`, whose own restarting would hide crashes —
-//! and Chromium. Each component is started after the one before it is ready, restarted with
+//! X server with VNC on a private Unix socket), the D-Bus buses and the AT-SPI bus, the
+//! session's parts started one by one — XFCE's or GNOME's (`session.rs` lists them), never
+//! through `xfce4-session` or `gnome-session`, whose own restarting would hide crashes — and
+//! Chromium. Each component is started after the one before it is ready, restarted with
 //! exponential backoff when it dies, and given up on after repeated crashes; every change is
 //! an event. When the X server dies, everything that draws on it is restarted with it, which
 //! does not count as their crash. Components die with the agent on any exit (a parent-death
@@ -10,7 +11,9 @@
 pub mod ide;
 pub mod probe;
 pub mod ready;
+pub mod session;
 mod spawn;
+pub mod state;
 pub mod vnc;
 
 use std::collections::BTreeMap;
@@ -29,6 +32,8 @@ use crate::display::conn::Target;
 use crate::display::xauth::{self, Cookie};
 use crate::events::EventLog;
 use crate::reaper::{Exit, Reaper};
+pub use session::{BrowserStart, Component, SessionKind};
+use session::{ReadyWhen, RunAs, Socket};
 use spawn::{Launch, Spawner};
 
 /// A component that does not become ready within this long counts as a failed start.
@@ -48,19 +53,14 @@ const ADOPT_POLL: Duration = Duration::from_millis(100);
 /// How long a component gets between SIGTERM and SIGKILL when it is stopped.
 const STOP_GRACE: Duration = Duration::from_secs(3);
 
-/// The desktop components, in start order.
-pub const COMPONENTS: &[&str] = &[
-    "x",
-    "session-bus",
-    "a11y-bus",
-    "xfsettingsd",
-    "xfwm4",
-    "xfce4-panel",
-    "xfdesktop",
-    "chromium",
-];
+/// How long a client that needs the browser waits for an idle on-demand one to start.
+pub const BROWSER_WAIT: Duration = READY_TIMEOUT;
+/// How often an idle on-demand browser's profile is checked for one the user started.
+const IDLE_POLL: Duration = Duration::from_millis(250);
 
 pub struct DesktopConfig {
+    /// Which session runs (its components, their order and readiness).
+    pub session: SessionKind,
     pub state_dir: PathBuf,
     pub home: PathBuf,
     pub account: Account,
@@ -78,13 +78,19 @@ pub use berth_protocol::desktop::ComponentStatus as Status;
 /// A status entering `state` now.
 pub(crate) fn new_status(state: &str, reason: impl Into<String>) -> Status {
     Status {
-        ok: state == "up",
+        ok: state_ok(state),
         state: state.to_string(),
         reason: reason.into(),
         since: crate::time::now_rfc3339(),
         pid: None,
         restarts: 0,
     }
+}
+
+/// Whether a component in `state` does its part: running, or an on-demand browser waiting to
+/// be asked for (`idle`).
+fn state_ok(state: &str) -> bool {
+    matches!(state, "up" | "idle")
 }
 
 /// Where Chromium's DevTools endpoint is while it runs.
@@ -124,6 +130,8 @@ pub struct Desktop {
     /// Moves when the X server goes away (its dependents restart with it).
     x_epoch: watch::Sender<u64>,
     restart: BTreeMap<&'static str, Notify>,
+    /// Asks an idle on-demand browser to start.
+    browser_wanted: Notify,
     /// Set once when the agent exits; every supervisor stops its component.
     stop: watch::Sender<bool>,
     stopping: AtomicBool,
@@ -176,10 +184,14 @@ impl Desktop {
         let spawner = Spawner::start()?;
         let (changed, _) = watch::channel(0);
         let (x_epoch, _) = watch::channel(0);
-        let restart = COMPONENTS.iter().map(|c| (*c, Notify::new())).collect();
-        let statuses = COMPONENTS
+        let components = cfg.session.components();
+        let restart = components
             .iter()
-            .map(|c| (*c, new_status("starting", "not started yet")))
+            .map(|c| (c.name(), Notify::new()))
+            .collect();
+        let statuses = components
+            .iter()
+            .map(|c| (c.name(), new_status("starting", "not started yet")))
             .collect();
         let mut desktop = Desktop {
             browser,
@@ -200,6 +212,7 @@ impl Desktop {
             changed,
             x_epoch,
             restart,
+            browser_wanted: Notify::new(),
             stop: watch::channel(false).0,
             stopping: AtomicBool::new(false),
             devtools: Mutex::new(None),
@@ -231,10 +244,10 @@ impl Desktop {
                 tracing::warn!(error = %e, "cannot write the google-chrome command");
             }
             // Start in order, each after the one before it is ready (or failed to be).
-            for name in COMPONENTS {
-                let ready = me.watch_ready(name);
+            for &component in me.cfg.session.components() {
+                let ready = me.watch_ready(component.name());
                 let d = me.clone();
-                tokio::spawn(async move { d.supervise(name).await });
+                tokio::spawn(async move { d.supervise(component).await });
                 ready.await;
             }
         });
@@ -301,6 +314,65 @@ impl Desktop {
             .clone()
     }
 
+    pub fn session(&self) -> SessionKind {
+        self.cfg.session
+    }
+
+    /// The browser's DevTools endpoint for a client that needs it now: an idle on-demand
+    /// browser is started and waited for, at most `wait`. None when it is not up by then (an
+    /// always-running browser that is down is not waited for: its supervisor restarts it).
+    pub async fn browser(&self, wait: Duration) -> Option<DevTools> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut changed = self.changed.subscribe();
+        loop {
+            if let Some(dt) = self.devtools() {
+                return Some(dt);
+            }
+            let gave_up = self
+                .statuses
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(Component::Browser.name())
+                .is_some_and(|s| s.state == "gave_up");
+            if self.cfg.session.browser_start() != BrowserStart::OnDemand
+                || gave_up
+                || tokio::time::Instant::now() >= deadline
+            {
+                return None;
+            }
+            // No permit is stored: a request made while the browser runs must not start the
+            // next one after it closes. Asked again each poll until it is up.
+            self.browser_wanted.notify_waiters();
+            let until = (tokio::time::Instant::now() + IDLE_POLL).min(deadline);
+            let _ = tokio::time::timeout_at(until, changed.changed()).await;
+        }
+    }
+
+    /// An on-demand browser's wait while none runs: until a client asks for one (`Some(None)`:
+    /// start it), the user starts one on the profile (`Some(Some(found))`: adopt it), or the
+    /// agent stops (`None`).
+    async fn idle_browser(&self) -> Option<Option<(u32, u64)>> {
+        self.set(Component::Browser.name(), |s| {
+            s.state = "idle".into();
+            s.reason = "not running: starts when a client needs it (CDP, /v1/browser) or \
+                        follows one the user starts"
+                .into();
+            s.pid = None;
+        });
+        loop {
+            if let Some(found) = self.foreign_browser(None) {
+                return Some(Some(found));
+            }
+            tokio::select! {
+                _ = self.browser_wanted.notified() => return Some(None),
+                // `POST /v1/browser/restart` asks for a fresh one.
+                _ = self.restart[Component::Browser.name()].notified() => return Some(None),
+                _ = tokio::time::sleep(IDLE_POLL) => {}
+                _ = self.stopped() => return None,
+            }
+        }
+    }
+
     /// Records (or forgets) a component's process group and rewrites `desktop/groups`.
     /// Returns the group it replaces.
     fn set_group(&self, name: &'static str, group: Option<(u32, u64)>) -> Option<(u32, u64)> {
@@ -345,7 +417,7 @@ impl Desktop {
             .or_insert_with(|| new_status("starting", ""));
         let before = (s.ok, s.state.clone(), s.reason.clone());
         f(s);
-        s.ok = s.state == "up";
+        s.ok = state_ok(&s.state);
         if (s.ok, &s.state, &s.reason) != (before.0, &before.1, &before.2) {
             s.since = crate::time::now_rfc3339();
         }
@@ -410,13 +482,17 @@ impl Desktop {
     async fn start_x_first(&self) -> anyhow::Result<(String, u32)> {
         if let Some(d) = &self.cfg.display {
             let pid = self
-                .spawn_component("x", self.xvnc_argv(Some(d), None), None)
+                .spawn_component(Component::X, self.xvnc_argv(Some(d), None), None)
                 .await?;
             return Ok((d.clone(), pid));
         }
         let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let pid = self
-            .spawn_component("x", self.xvnc_argv(None, Some(3)), Some((write, 3)))
+            .spawn_component(
+                Component::X,
+                self.xvnc_argv(None, Some(3)),
+                Some((write, 3)),
+            )
             .await?;
         let mut rx = tokio::net::unix::pipe::Receiver::from_owned_fd(read)?;
         let mut got = Vec::new();
@@ -449,22 +525,35 @@ impl Desktop {
 
     async fn spawn_component(
         &self,
-        name: &'static str,
+        component: Component,
         argv: Vec<String>,
         pass_fd: Option<(std::os::fd::OwnedFd, i32)>,
     ) -> std::io::Result<u32> {
-        // The X server runs as the agent (its VNC socket must be the agent's alone); the rest
-        // as the sandbox user.
-        let as_user = name != "x";
+        let name = component.name();
+        let as_user = component.runs_as() == RunAs::User;
+        if component.runs_as() == RunAs::Root && !nix::unistd::Uid::effective().is_root() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!("{name} runs as root, and this agent does not"),
+            ));
+        }
         let mut env = if as_user {
-            self.env()
+            let mut env = self.env();
+            env.extend(
+                self.cfg
+                    .session
+                    .env()
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string())),
+            );
+            env
         } else {
             vec![(
                 "PATH".to_string(),
                 std::env::var("PATH").unwrap_or_else(|_| crate::account::DEFAULT_PATH.into()),
             )]
         };
-        if name == "chromium" {
+        if component == Component::Browser {
             // Google Chrome's window class (`Google-chrome`), as the google-chrome command sets.
             env.push(("CHROME_DESKTOP".into(), "google-chrome.desktop".into()));
             // Expose the browser's tree (pages included) on the AT-SPI bus.
@@ -475,10 +564,10 @@ impl Desktop {
             .spawn(Launch {
                 argv,
                 env,
-                cwd: if as_user {
-                    self.cfg.home.clone()
-                } else {
-                    self.dir.clone()
+                cwd: match component.runs_as() {
+                    RunAs::User => self.cfg.home.clone(),
+                    RunAs::Root => PathBuf::from("/"),
+                    RunAs::Agent => self.dir.clone(),
                 },
                 identity: if as_user { self.identity() } else { None },
                 log: self.logs.join(format!("{name}.log")),
@@ -491,11 +580,10 @@ impl Desktop {
         Ok(pid)
     }
 
-    fn argv(&self, name: &str) -> Vec<String> {
-        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-        match name {
-            "x" => self.xvnc_argv(Some(&self.display), None),
-            "session-bus" => vec![
+    fn argv(&self, component: Component) -> Vec<String> {
+        match component {
+            Component::X => self.xvnc_argv(Some(&self.display), None),
+            Component::SessionBus => vec![
                 "dbus-daemon".into(),
                 match &self.bus_config {
                     Some(c) => format!("--config-file={}", c.display()),
@@ -505,14 +593,8 @@ impl Desktop {
                 "--nopidfile".into(),
                 format!("--address=unix:path={}", self.session_bus.display()),
             ],
-            "a11y-bus" => s(&["/usr/libexec/at-spi-bus-launcher", "--launch-immediately"]),
-            "xfsettingsd" => s(&["xfsettingsd", "--no-daemon", "--replace"]),
-            "xfwm4" => s(&["xfwm4", "--compositor=off", "--replace"]),
-            "xfce4-panel" => s(&["xfce4-panel"]),
-            "xfdesktop" => s(&["xfdesktop"]),
-            "chromium" => self.chromium_argv(),
-            // Not a component: an empty command fails to start, with that reason.
-            _ => Vec::new(),
+            Component::Browser => self.chromium_argv(),
+            other => other.argv().iter().map(|a| a.to_string()).collect(),
         }
     }
 
@@ -676,47 +758,57 @@ impl Desktop {
     }
 
     /// The component's readiness probe, polled until it passes.
-    async fn probe(&self, name: &str) -> probe::Probe {
+    async fn probe(&self, component: Component) -> probe::Probe {
         let display = self.x_target();
         let blocking = |f: Box<dyn FnOnce() -> probe::Probe + Send>| async move {
             tokio::task::spawn_blocking(f)
                 .await
                 .unwrap_or_else(|e| Err(e.to_string()))
         };
-        match name {
-            "x" => {
+        match component.ready_when() {
+            ReadyWhen::XAndVnc => {
                 blocking(Box::new(move || probe::x_server(&display))).await?;
                 probe::rfb_socket(&self.vnc_socket).await
             }
-            "session-bus" => probe::socket_accepts(&self.session_bus).await,
-            "xfsettingsd" => {
+            ReadyWhen::Socket(socket) => probe::socket_accepts(&self.socket(socket)).await,
+            ReadyWhen::Selection(selection, what) => {
                 blocking(Box::new(move || {
-                    probe::selection_owned(&display, "_XSETTINGS_S0", "settings daemon")
+                    probe::selection_owned(&display, selection, what)
                 }))
                 .await
             }
-            "xfwm4" => {
+            ReadyWhen::WindowMapped(class) => {
+                blocking(Box::new(move || probe::window_mapped(&display, class))).await
+            }
+            ReadyWhen::BusName(name) => probe::bus_name_owned(&self.session_bus, name).await,
+            ReadyWhen::ShellStarted => {
                 blocking(Box::new(move || {
                     probe::selection_owned(&display, "WM_S0", "window manager")
                 }))
-                .await
+                .await?;
+                probe::shell_started(&self.session_bus, session::DOCK_EXTENSION).await
             }
-            "xfce4-panel" => {
-                blocking(Box::new(move || {
-                    probe::window_mapped(&display, "xfce4-panel")
-                }))
-                .await
-            }
-            "xfdesktop" => {
-                blocking(Box::new(move || {
-                    probe::window_mapped(&display, "xfdesktop")
-                }))
-                .await
-            }
-            "chromium" => self.probe_devtools().await,
-            // The AT-SPI launcher has no cheap outside sign of life; it is up while it runs.
-            _ => Ok(()),
+            ReadyWhen::DevTools => self.probe_devtools().await,
+            ReadyWhen::Running => Ok(()),
         }
+    }
+
+    /// Where a component's socket is.
+    fn socket(&self, socket: Socket) -> PathBuf {
+        match socket {
+            Socket::SystemBus => PathBuf::from(session::SYSTEM_BUS_SOCKET),
+            Socket::SessionBus => self.session_bus.clone(),
+            Socket::Audio => self.runtime_dir().join("pulse").join("native"),
+        }
+    }
+
+    /// The sandbox user's runtime dir (`XDG_RUNTIME_DIR` of their environment).
+    fn runtime_dir(&self) -> PathBuf {
+        self.env()
+            .into_iter()
+            .find(|(k, _)| k == "XDG_RUNTIME_DIR")
+            .map(|(_, v)| PathBuf::from(v))
+            .unwrap_or_else(|| self.cfg.state_dir.join("run"))
     }
 
     async fn probe_devtools(&self) -> probe::Probe {
@@ -765,15 +857,22 @@ impl Desktop {
     }
 
     /// Before a start: what a previous run of the component left behind.
-    fn clean_before_start(&self, name: &str) {
-        match name {
-            "x" => {
+    fn clean_before_start(&self, component: Component) {
+        match component {
+            Component::X => {
                 let _ = std::fs::remove_file(&self.vnc_socket);
             }
-            "session-bus" => {
+            Component::SessionBus => {
                 let _ = std::fs::remove_file(&self.session_bus);
             }
-            "chromium" => {
+            Component::SystemBus => {
+                let socket = Path::new(session::SYSTEM_BUS_SOCKET);
+                let _ = std::fs::remove_file(socket);
+                if let Some(dir) = socket.parent() {
+                    let _ = make_dir(dir, 0o755);
+                }
+            }
+            Component::Browser => {
                 *self.devtools.lock().unwrap_or_else(|p| p.into_inner()) = None;
                 *self.adopted_port.lock().unwrap_or_else(|p| p.into_inner()) = None;
                 let _ = std::fs::remove_file(self.profile.join("DevToolsActivePort"));
@@ -787,10 +886,6 @@ impl Desktop {
         }
     }
 
-    fn needs_x(name: &str) -> bool {
-        !matches!(name, "x" | "session-bus")
-    }
-
     async fn x_reachable(&self) -> bool {
         let display = self.x_target();
         tokio::task::spawn_blocking(move || probe::x_server(&display).is_ok())
@@ -800,11 +895,12 @@ impl Desktop {
 
     /// Until the component started before this one is up (or given up on), at most
     /// `READY_TIMEOUT`: one that cannot start must not hold the rest back for ever.
-    async fn wait_for_predecessor(&self, name: &str) {
-        let Some(i) = COMPONENTS.iter().position(|c| *c == name) else {
+    async fn wait_for_predecessor(&self, component: Component) {
+        let components = self.cfg.session.components();
+        let Some(i) = components.iter().position(|c| *c == component) else {
             return;
         };
-        let Some(prev) = i.checked_sub(1).map(|p| COMPONENTS[p]) else {
+        let Some(prev) = i.checked_sub(1).map(|p| components[p].name()) else {
             return;
         };
         let mut rx = self.changed.subscribe();
@@ -847,7 +943,12 @@ impl Desktop {
     }
 
     /// One component's life: start, wait until ready, watch, restart.
-    async fn supervise(self: Arc<Self>, name: &'static str) {
+    async fn supervise(self: Arc<Self>, component: Component) {
+        let name = component.name();
+        let on_demand = component == Component::Browser
+            && self.cfg.session.browser_start() == BrowserStart::OnDemand;
+        // An on-demand browser asked for again at once (a restart request), not left idle.
+        let mut start_now = false;
         let mut crashes = 0u32;
         let mut restarts = 0u32;
         let mut cause: Option<&'static str> = None;
@@ -859,10 +960,10 @@ impl Desktop {
             if self.stopping.load(Ordering::SeqCst) {
                 return;
             }
-            if Self::needs_x(name) {
+            if component.needs_x() {
                 self.wait_for_x().await;
                 // After an X restart the dependents come back one by one, in start order.
-                self.wait_for_predecessor(name).await;
+                self.wait_for_predecessor(component).await;
                 if self.stopping.load(Ordering::SeqCst) {
                     return;
                 }
@@ -872,7 +973,7 @@ impl Desktop {
             let epoch_at_start = *x_epoch.borrow();
             let started = Instant::now();
             // The first X server was started before the agent's domains existed.
-            let first = if name == "x" {
+            let first = if component == Component::X {
                 self.first_x
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -880,8 +981,19 @@ impl Desktop {
             } else {
                 None
             };
-            if name == "chromium" && first.is_none() && adopt.is_none() {
+            if component == Component::Browser && first.is_none() && adopt.is_none() {
                 adopt = self.foreign_browser(None);
+                if on_demand && adopt.is_none() && !std::mem::take(&mut start_now) {
+                    match self.idle_browser().await {
+                        Some(found) => {
+                            start_now = found.is_none();
+                            adopt = found;
+                        }
+                        None => return,
+                    }
+                    // The X server may have gone while the browser idled.
+                    continue;
+                }
             }
             let adopted = adopt.take();
             let (pid, mut exit) = match (first, adopted) {
@@ -902,8 +1014,11 @@ impl Desktop {
                     (pid, Self::watch_foreign(pid, start))
                 }
                 (None, None) => {
-                    self.clean_before_start(name);
-                    match self.spawn_component(name, self.argv(name), None).await {
+                    self.clean_before_start(component);
+                    match self
+                        .spawn_component(component, self.argv(component), None)
+                        .await
+                    {
                         Ok(pid) => (pid, self.reaper.watch(pid)),
                         Err(e) => {
                             let reason = format!("cannot start: {e}");
@@ -935,7 +1050,7 @@ impl Desktop {
             });
             let mut ended = self
                 .until_ended(
-                    name,
+                    component,
                     pid,
                     &mut exit,
                     x_epoch,
@@ -948,7 +1063,7 @@ impl Desktop {
             }
             // A client of the X server often notices its death first and exits on its own:
             // that is the X server's failure, not this component's.
-            if matches!(ended, Ended::Exited(_)) && Self::needs_x(name) {
+            if matches!(ended, Ended::Exited(_)) && component.needs_x() {
                 let epoch_moved = *self.x_epoch.borrow() != epoch_at_start;
                 if epoch_moved || !self.x_reachable().await {
                     ended = Ended::XGone;
@@ -967,7 +1082,7 @@ impl Desktop {
             if let Some((pgid, start)) = self.set_group(name, None) {
                 crate::proc::kill_group_since(pgid, start);
             }
-            if name == "chromium" {
+            if component == Component::Browser {
                 *self.devtools.lock().unwrap_or_else(|p| p.into_inner()) = None;
             }
             let (reason, exit, crashed) = match &ended {
@@ -992,7 +1107,7 @@ impl Desktop {
             });
             // Only once X reads as down: a dependent that sees the epoch move must not find
             // the old server's "up" and start again before the new one is ready.
-            if name == "x" {
+            if component == Component::X {
                 self.x_epoch.send_modify(|n| *n += 1);
             }
             if matches!(ended, Ended::Stopping) {
@@ -1007,7 +1122,19 @@ impl Desktop {
             );
             last_exit = exit;
             restarts += 1;
-            if name == "chromium"
+            if on_demand {
+                // Closed or crashed, the browser stays away until it is asked for again (or
+                // the user starts one); a restart request or the X server's return brings it
+                // back at once.
+                start_now = matches!(ended, Ended::Requested | Ended::XGone);
+                cause = Some(match ended {
+                    Ended::Exited(_) => "crash",
+                    Ended::XGone => "x_restart",
+                    _ => "request",
+                });
+                continue;
+            }
+            if component == Component::Browser
                 && let Ended::Exited(e) = &ended
             {
                 let grace = if adopted.is_some() || quit_on_request(e) {
@@ -1087,7 +1214,7 @@ impl Desktop {
     /// From start to end: readiness, then watching. Kills the component when it has to go.
     async fn until_ended(
         &self,
-        name: &'static str,
+        component: Component,
         pid: u32,
         exit: &mut tokio::sync::oneshot::Receiver<Exit>,
         mut x_epoch: watch::Receiver<u64>,
@@ -1095,7 +1222,8 @@ impl Desktop {
         // Why the run before this one ended, and how (None on the first start).
         previous: Option<(&'static str, Option<Exit>)>,
     ) -> Ended {
-        let needs_x = Self::needs_x(name);
+        let name = component.name();
+        let needs_x = component.needs_x();
         let x_gone = async move {
             if needs_x {
                 let _ = x_epoch.changed().await;
@@ -1113,7 +1241,7 @@ impl Desktop {
                 _ = &mut x_gone => { self.kill(name, pid, exit).await; return Ended::XGone; }
                 _ = self.restart[name].notified() => { self.kill(name, pid, exit).await; return Ended::Requested; }
                 _ = self.stopped() => { self.kill(name, pid, exit).await; return Ended::Stopping; }
-                r = self.probe(name) => match r {
+                r = self.probe(component) => match r {
                     Ok(()) => break true,
                     Err(reason) => {
                         if reason != last_reason {
@@ -1153,7 +1281,7 @@ impl Desktop {
                     last_exit,
                 ),
             );
-            if name == "chromium" {
+            if component == Component::Browser {
                 self.events.emit(
                     kinds::BROWSER_RESTARTED,
                     json!({"pid": pid, "cause": cause}),
@@ -1351,7 +1479,9 @@ const SYSTEM_SESSION_CONF: &str = "/usr/share/dbus-1/session.conf";
 /// (after the X server's restart, say) owns the name, and every later start of the supervised
 /// one then exits at once (code 0, the name taken) until the supervisor gives up on it.
 /// A client that asks in that gap gets an activation error and asks again later, as it does
-/// when accessibility is off. None when the system has no session configuration to include.
+/// when accessibility is off. Root is admitted besides the bus's own user, so an agent running
+/// as root can see which of the session's daemons have come up (readiness). None when the
+/// system has no session configuration to include.
 fn session_bus_config(dir: &Path) -> std::io::Result<Option<PathBuf>> {
     if !Path::new(SYSTEM_SESSION_CONF).exists() {
         return Ok(None);
@@ -1370,6 +1500,7 @@ fn session_bus_config(dir: &Path) -> std::io::Result<Option<PathBuf>> {
         &format!(
             "<!DOCTYPE busconfig PUBLIC \"-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN\"\n              \"http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd\">\n\
              <busconfig>\n  <servicedir>{}</servicedir>\n  <include>{SYSTEM_SESSION_CONF}</include>\n\
+             <policy context=\"default\">\n    <allow user=\"root\"/>\n  </policy>\n\
              </busconfig>\n",
             services.display()
         ),

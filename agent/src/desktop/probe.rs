@@ -132,3 +132,80 @@ pub async fn socket_accepts(path: &Path) -> Probe {
         Err(_) => Err(format!("{}: no answer within 2 s", path.display())),
     }
 }
+
+/// A client of the session bus (the agent is admitted by the desktop's bus configuration).
+async fn session_client(bus: &Path) -> Result<zbus::Connection, String> {
+    let builder =
+        zbus::connection::Builder::address(format!("unix:path={}", bus.display()).as_str())
+            .map_err(|e| e.to_string())?;
+    match tokio::time::timeout(Duration::from_secs(2), builder.build()).await {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) => Err(format!("the session bus: {e}")),
+        Err(_) => Err("the session bus did not answer within 2 s".into()),
+    }
+}
+
+async fn call<R>(
+    conn: &zbus::Connection,
+    dest: &str,
+    path: &str,
+    iface: &str,
+    method: &str,
+    body: &(impl serde::Serialize + zbus::zvariant::DynamicType),
+) -> Result<R, String>
+where
+    R: for<'d> zbus::zvariant::DynamicDeserialize<'d>,
+{
+    let reply = tokio::time::timeout(
+        Duration::from_secs(2),
+        conn.call_method(Some(dest), path, Some(iface), method, body),
+    )
+    .await
+    .map_err(|_| format!("{dest} did not answer {method} within 2 s"))?
+    .map_err(|e| e.to_string())?;
+    reply.body().deserialize().map_err(|e| e.to_string())
+}
+
+/// `name` is owned on the session bus.
+pub async fn bus_name_owned(bus: &Path, name: &str) -> Probe {
+    let conn = session_client(bus).await?;
+    let owned: bool = call(
+        &conn,
+        "org.freedesktop.DBus",
+        "/org/freedesktop/DBus",
+        "org.freedesktop.DBus",
+        "NameHasOwner",
+        &(name,),
+    )
+    .await?;
+    owned
+        .then_some(())
+        .ok_or_else(|| format!("nothing owns {name} on the session bus yet"))
+}
+
+/// GNOME Shell is up and drawing its UI: it owns `WM_S0` (checked by the caller) and has
+/// loaded `extension` (extensions load once the top bar and overview exist; the dock is one).
+pub async fn shell_started(bus: &Path, extension: &str) -> Probe {
+    let conn = session_client(bus).await?;
+    let info: std::collections::HashMap<String, zbus::zvariant::OwnedValue> = call(
+        &conn,
+        "org.gnome.Shell",
+        "/org/gnome/Shell",
+        "org.gnome.Shell.Extensions",
+        "GetExtensionInfo",
+        &(extension,),
+    )
+    .await?;
+    // ExtensionState: 1 is ENABLED.
+    let state = info
+        .get("state")
+        .and_then(|v| f64::try_from(v).ok())
+        .ok_or_else(|| format!("the shell does not know the extension {extension}"))?;
+    if state == 1.0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "the shell's {extension} is in state {state}, not enabled"
+        ))
+    }
+}

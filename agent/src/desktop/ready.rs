@@ -13,7 +13,7 @@ use futures_util::StreamExt;
 use tokio::sync::watch;
 use tokio_tungstenite::tungstenite::{self, client::IntoClientRequest};
 
-use super::{Desktop, Status, probe};
+use super::{BrowserStart, Desktop, Status, probe};
 use crate::a11y::A11y;
 
 const CHECK_TIMEOUT: Duration = Duration::from_secs(3);
@@ -277,32 +277,63 @@ async fn rfb_through_relay(lb: &Loopback) -> probe::Probe {
     probe::check_rfb_greeting(&got[..12])
 }
 
+/// The session's window manager owns `WM_S0` and its panel is drawn (XFCE's panel window;
+/// GNOME Shell's top bar and dock, which its own readiness checks through its extensions).
 async fn window_manager(desktop: &Arc<Desktop>) -> probe::Probe {
+    let session = desktop.session();
+    let wm = session.window_manager().name();
+    if !desktop.statuses().get(wm).is_some_and(|s| s.ok) {
+        return Err(format!("{wm} is not up"));
+    }
     let display = desktop.x_target();
     tokio::task::spawn_blocking(move || {
         probe::selection_owned(&display, "WM_S0", "window manager")?;
-        probe::window_mapped(&display, "xfce4-panel")
+        match session.panel_class() {
+            Some(class) => probe::window_mapped(&display, class),
+            None => Ok(()),
+        }
     })
     .await
     .unwrap_or_else(|e| Err(e.to_string()))
 }
 
-/// The AT-SPI registry answers and lists the browser among its applications (what
-/// `/accessibility` and `/terminal` read).
+/// The AT-SPI registry answers and lists the application that is always there (what
+/// `/accessibility` and `/terminal` read): the browser on XFCE, the shell on GNOME (whose
+/// browser starts on demand).
 async fn accessibility_round_trip(desktop: &Desktop, a11y: &A11y) -> probe::Probe {
-    browser_known(desktop)?;
+    let on_demand = desktop.session().browser_start() == BrowserStart::OnDemand;
+    if !on_demand {
+        browser_known(desktop)?;
+    }
     if !desktop.statuses().get("a11y-bus").is_some_and(|s| s.ok) {
         return Err("the AT-SPI bus launcher is not up".into());
     }
     let apps = a11y.applications().await.map_err(|e| e.to_string())?;
-    if apps.iter().any(|a| crate::a11y::is_browser(a)) {
+    let (found, what) = match on_demand {
+        false => (
+            apps.iter().any(|a| crate::a11y::is_browser(a)),
+            "the browser",
+        ),
+        true => (apps.iter().any(|a| a == "gnome-shell"), "the shell"),
+    };
+    if found {
         Ok(())
     } else {
         Err(format!(
-            "the browser is not on the accessibility bus (applications: {})",
+            "{what} is not on the accessibility bus (applications: {})",
             apps.join(", ")
         ))
     }
+}
+
+/// Whether a browser check has nothing to do: an on-demand browser that is idle (no client has
+/// asked for it) passes them, as its own status does.
+fn browser_idle(desktop: &Desktop) -> bool {
+    desktop.devtools().is_none()
+        && desktop
+            .statuses()
+            .get(super::Component::Browser.name())
+            .is_some_and(|s| s.state == "idle")
 }
 
 /// The relays are only tried once the browser is up (they would only say it is not).
@@ -313,11 +344,17 @@ fn browser_known(desktop: &Desktop) -> Result<super::DevTools, String> {
 }
 
 async fn browser_cdp(desktop: &Arc<Desktop>) -> probe::Probe {
+    if browser_idle(desktop) {
+        return Ok(());
+    }
     let dt = browser_known(desktop)?;
     crate::browser::version(dt.port).await.map(|_| ())
 }
 
 async fn tcp_relay(desktop: &Arc<Desktop>, lb: &Loopback) -> probe::Probe {
+    if browser_idle(desktop) {
+        return Ok(());
+    }
     browser_known(desktop)?;
     let v = crate::browser::get_json(&format!("http://{}/json/version", lb.cdp_listen)).await?;
     if v.get("webSocketDebuggerUrl").is_some() {
@@ -328,6 +365,9 @@ async fn tcp_relay(desktop: &Arc<Desktop>, lb: &Loopback) -> probe::Probe {
 }
 
 async fn ws_relay_round_trip(desktop: &Arc<Desktop>, lb: &Loopback) -> probe::Probe {
+    if browser_idle(desktop) {
+        return Ok(());
+    }
     browser_known(desktop)?;
     let mut cdp = crate::browser::Cdp::connect(ws_request(lb, "/v1/browser/cdp")?)
         .await

@@ -525,7 +525,7 @@ impl BerthMcp {
         let Some(desktop) = &self.agent.desktop else {
             return tool_error("this agent runs without --desktop: there is no browser");
         };
-        let Some(dt) = desktop.devtools() else {
+        let Some(dt) = desktop.browser(crate::desktop::BROWSER_WAIT).await else {
             return tool_error(format!(
                 "the browser is not running (see GET {})",
                 native::READY
