@@ -474,6 +474,12 @@ impl AgentClient {
         Self::call(self.request(reqwest::Method::POST, native::SHUTDOWN)).await
     }
 
+    /// `GET /v1/desktop/state`: the desktop-state contract, with the image's expected state and
+    /// each item checked.
+    pub async fn desktop_state(&self) -> Result<crate::desktop::DesktopState> {
+        self.get(native::DESKTOP_STATE).await
+    }
+
     /// `GET /v1/ready?wait=…`: the report whether ready (200) or not (503); `wait` zero asks
     /// for the state now.
     pub async fn ready(&self, wait: Duration) -> Result<ReadyReport> {

@@ -107,3 +107,418 @@ pub struct A11yValue {
     pub max: f64,
     pub step: f64,
 }
+
+/// The programs OSWorld's setups, getters and checks run in the guest (README: "The osworld
+/// image" lists them with the tasks that call them).
+pub const OSWORLD_PROGRAMS: &[&str] = &[
+    "python",
+    "python3",
+    "bash",
+    "sudo",
+    "wmctrl",
+    "xdotool",
+    "xdg-open",
+    "xdg-mime",
+    "gsettings",
+    "gio",
+    "dconf",
+    "ffmpeg",
+    "socat",
+    "curl",
+    "pkill",
+    "pgrep",
+    "ps",
+    "killall",
+    "timedatectl",
+    "pulseaudio",
+    "pactl",
+    "bc",
+    "zip",
+    "unzip",
+    "tar",
+    "gzip",
+    "file",
+    "git",
+    "jq",
+    "xsel",
+    "xclip",
+    "sar",
+    "expect",
+    "diff",
+    "awk",
+    "find",
+    "getent",
+    "update-desktop-database",
+    "google-chrome",
+    "google-chrome-stable",
+    "libreoffice",
+    "soffice",
+    "gimp",
+    "vlc",
+    "thunderbird",
+    "nautilus",
+    "gnome-terminal",
+    "gedit",
+    "evince",
+    "eog",
+    "totem",
+    "vim",
+    "code",
+];
+
+/// `GET /v1/desktop/state`: what an agent's view of the desktop depends on, read from the live
+/// session, with the image's expected state and every difference from it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default, schemars::JsonSchema)]
+pub struct DesktopState {
+    /// `gnome`, `xfce`.
+    pub session: String,
+    pub screen: ScreenSize,
+    /// The locale programs run in (`LANG`).
+    pub lang: String,
+    /// GTK theme and icon theme (`org.gnome.desktop.interface`), when the session has them.
+    pub theme: Option<String>,
+    pub icon_theme: Option<String>,
+    /// The dock's favourites (`org.gnome.shell favorite-apps`), in order.
+    pub favorites: Vec<String>,
+    /// Settings OSWorld's tasks read or change, as `gsettings get SCHEMA KEY` prints them
+    /// (`"org.gnome.desktop.interface text-scaling-factor": "1.0"`); a key the image lacks is
+    /// absent.
+    pub settings: BTreeMap<String, String>,
+    /// The default application of each file type (`xdg-mime query default`), `null` for none.
+    pub handlers: BTreeMap<String, Option<String>>,
+    /// Every top-level window the window manager manages.
+    pub windows: Vec<DesktopWindow>,
+    /// First-run state by app (`vlc`, `libreoffice`, `chrome`, `gnome`): done, and what says so.
+    pub first_run: BTreeMap<String, FirstRun>,
+    /// The programs OSWorld's setups, getters and checks call in the guest, and whether each is
+    /// on the sandbox user's PATH.
+    pub programs: BTreeMap<String, bool>,
+    /// The default sink's volume in percent (PulseAudio), when there is one.
+    pub volume_percent: Option<u32>,
+    /// The system time zone (`America/Los_Angeles`) and its offset now (`-0800`).
+    pub time_zone: Option<String>,
+    pub utc_offset: Option<String>,
+    /// What the image promises (`/usr/share/berth/desktop-expected.json`), when it says.
+    pub expected: Option<ExpectedDesktop>,
+    /// Each expected item against what is here (empty without `expected`).
+    pub fidelity: Vec<FidelityRow>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default, schemars::JsonSchema)]
+pub struct ScreenSize {
+    pub width: u32,
+    pub height: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default, schemars::JsonSchema)]
+pub struct DesktopWindow {
+    pub id: u32,
+    pub title: String,
+    /// WM_CLASS class and instance names.
+    pub class: String,
+    pub instance: String,
+    pub x: i32,
+    pub y: i32,
+    pub width: u32,
+    pub height: u32,
+    pub maximized: bool,
+    /// A dialog (`_NET_WM_WINDOW_TYPE_DIALOG`, or transient for another window).
+    pub dialog: bool,
+    pub focused: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default, schemars::JsonSchema)]
+pub struct FirstRun {
+    pub done: bool,
+    pub detail: String,
+}
+
+/// An image's expected desktop state (the builder writes it from the session's recipe).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExpectedDesktop {
+    pub session: String,
+    pub lang: String,
+    pub theme: Option<String>,
+    pub icon_theme: Option<String>,
+    #[serde(default)]
+    pub favorites: Vec<String>,
+    /// Settings whose value must be exactly this.
+    #[serde(default)]
+    pub settings: BTreeMap<String, String>,
+    #[serde(default)]
+    pub handlers: BTreeMap<String, String>,
+    /// Apps whose first run must be done.
+    #[serde(default)]
+    pub first_run: Vec<String>,
+    /// Programs that must be present.
+    #[serde(default)]
+    pub programs: Vec<String>,
+    /// No dialog is open (a fresh desktop shows none).
+    #[serde(default)]
+    pub no_dialogs: bool,
+    /// The volume is below its maximum (OSWorld's "turn the volume up" must not hold).
+    #[serde(default)]
+    pub volume_below_max: bool,
+    /// The time zone is not UTC+0 (OSWorld's "set the time zone to UTC+0" must not hold).
+    #[serde(default)]
+    pub time_zone_not_utc: bool,
+}
+
+/// One expected item and what is there.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default, schemars::JsonSchema)]
+pub struct FidelityRow {
+    /// What is checked (`theme`, `favorites`, `handler application/pdf`, `program bc`, …).
+    pub item: String,
+    pub ok: bool,
+    pub expected: String,
+    pub actual: String,
+}
+
+impl DesktopState {
+    /// Each item of `expected` against this state (pure: the agent answers it, `berth verify`
+    /// and `berth.osworld` read it).
+    pub fn compare(&self, expected: &ExpectedDesktop) -> Vec<FidelityRow> {
+        let mut rows = Vec::new();
+        let mut row = |item: String, expected: String, actual: String, ok: bool| {
+            rows.push(FidelityRow {
+                item,
+                ok,
+                expected,
+                actual,
+            })
+        };
+        let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "(none)".into());
+        row(
+            "session".into(),
+            expected.session.clone(),
+            self.session.clone(),
+            self.session == expected.session,
+        );
+        row(
+            "lang".into(),
+            expected.lang.clone(),
+            self.lang.clone(),
+            self.lang == expected.lang,
+        );
+        for (item, want, got) in [
+            ("theme", &expected.theme, &self.theme),
+            ("icon theme", &expected.icon_theme, &self.icon_theme),
+        ] {
+            if want.is_some() {
+                row(item.into(), opt(want), opt(got), want == got);
+            }
+        }
+        if !expected.favorites.is_empty() {
+            row(
+                "favorites".into(),
+                expected.favorites.join(" "),
+                self.favorites.join(" "),
+                self.favorites == expected.favorites,
+            );
+        }
+        for (key, want) in &expected.settings {
+            let got = self.settings.get(key);
+            row(
+                format!("setting {key}"),
+                want.clone(),
+                got.cloned().unwrap_or_else(|| "(no such key)".into()),
+                got == Some(want),
+            );
+        }
+        for (mime, want) in &expected.handlers {
+            let got = self.handlers.get(mime).cloned().flatten();
+            row(
+                format!("handler {mime}"),
+                want.clone(),
+                opt(&got),
+                got.as_ref() == Some(want),
+            );
+        }
+        for app in &expected.first_run {
+            let got = self.first_run.get(app);
+            row(
+                format!("first run {app}"),
+                "done".into(),
+                got.map(|f| f.detail.clone())
+                    .unwrap_or_else(|| "not known".into()),
+                got.is_some_and(|f| f.done),
+            );
+        }
+        for p in &expected.programs {
+            let present = self.programs.get(p).copied().unwrap_or(false);
+            row(
+                format!("program {p}"),
+                "present".into(),
+                if present { "present" } else { "missing" }.into(),
+                present,
+            );
+        }
+        if expected.no_dialogs {
+            let dialogs: Vec<&str> = self
+                .windows
+                .iter()
+                .filter(|w| w.dialog)
+                .map(|w| w.title.as_str())
+                .collect();
+            row(
+                "no dialog open".into(),
+                "none".into(),
+                if dialogs.is_empty() {
+                    "none".into()
+                } else {
+                    dialogs.join(", ")
+                },
+                dialogs.is_empty(),
+            );
+        }
+        if expected.volume_below_max {
+            let v = self.volume_percent;
+            row(
+                "volume below maximum".into(),
+                "< 100 %".into(),
+                v.map(|v| format!("{v} %"))
+                    .unwrap_or_else(|| "(no sink)".into()),
+                v.is_some_and(|v| v < 100),
+            );
+        }
+        if expected.time_zone_not_utc {
+            let off = self.utc_offset.clone();
+            row(
+                "time zone not UTC+0".into(),
+                "an offset other than +0000".into(),
+                format!("{} ({})", opt(&self.time_zone), opt(&off)),
+                off.as_deref().is_some_and(|o| o != "+0000" && o != "-0000"),
+            );
+        }
+        rows
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expected() -> ExpectedDesktop {
+        ExpectedDesktop {
+            session: "gnome".into(),
+            lang: "en_US.UTF-8".into(),
+            theme: Some("Yaru".into()),
+            icon_theme: Some("Yaru".into()),
+            favorites: vec!["a.desktop".into(), "b.desktop".into()],
+            settings: [("s k".to_string(), "true".to_string())].into(),
+            handlers: [("application/pdf".to_string(), "e.desktop".to_string())].into(),
+            first_run: vec!["vlc".into()],
+            programs: vec!["bc".into()],
+            no_dialogs: true,
+            volume_below_max: true,
+            time_zone_not_utc: true,
+        }
+    }
+
+    fn matching() -> DesktopState {
+        DesktopState {
+            session: "gnome".into(),
+            lang: "en_US.UTF-8".into(),
+            theme: Some("Yaru".into()),
+            icon_theme: Some("Yaru".into()),
+            favorites: vec!["a.desktop".into(), "b.desktop".into()],
+            settings: [("s k".to_string(), "true".to_string())].into(),
+            handlers: [("application/pdf".to_string(), Some("e.desktop".to_string()))].into(),
+            first_run: [(
+                "vlc".to_string(),
+                FirstRun {
+                    done: true,
+                    detail: "ok".into(),
+                },
+            )]
+            .into(),
+            programs: [("bc".to_string(), true)].into(),
+            volume_percent: Some(40),
+            time_zone: Some("America/Los_Angeles".into()),
+            utc_offset: Some("-0800".into()),
+            windows: vec![DesktopWindow {
+                title: "Untitled - Writer".into(),
+                maximized: true,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_state_that_matches_passes_every_row() {
+        let rows = matching().compare(&expected());
+        assert!(rows.iter().all(|r| r.ok), "{rows:#?}");
+        assert_eq!(rows.len(), 12, "{rows:#?}");
+    }
+
+    #[test]
+    fn each_difference_is_named_with_what_was_expected_and_found() {
+        let cases: Vec<(&str, Box<dyn Fn(&mut DesktopState)>)> = vec![
+            ("session", Box::new(|s| s.session = "xfce".into())),
+            (
+                "icon theme",
+                Box::new(|s| s.icon_theme = Some("Adwaita".into())),
+            ),
+            ("favorites", Box::new(|s| s.favorites.reverse())),
+            (
+                "setting s k",
+                Box::new(|s| {
+                    s.settings.clear();
+                }),
+            ),
+            (
+                "handler application/pdf",
+                Box::new(|s| {
+                    s.handlers.insert("application/pdf".into(), None);
+                }),
+            ),
+            ("first run vlc", Box::new(|s| s.first_run.clear())),
+            (
+                "program bc",
+                Box::new(|s| {
+                    s.programs.insert("bc".into(), false);
+                }),
+            ),
+            (
+                "no dialog open",
+                Box::new(|s| {
+                    s.windows.push(DesktopWindow {
+                        title: "Tip of the Day".into(),
+                        dialog: true,
+                        ..Default::default()
+                    })
+                }),
+            ),
+            (
+                "volume below maximum",
+                Box::new(|s| s.volume_percent = Some(100)),
+            ),
+            (
+                "time zone not UTC+0",
+                Box::new(|s| s.utc_offset = Some("+0000".into())),
+            ),
+        ];
+        for (item, change) in cases {
+            let mut s = matching();
+            change(&mut s);
+            let failed: Vec<FidelityRow> = s
+                .compare(&expected())
+                .into_iter()
+                .filter(|r| !r.ok)
+                .collect();
+            assert_eq!(failed.len(), 1, "{item}: {failed:#?}");
+            assert_eq!(failed[0].item, item);
+            assert_ne!(failed[0].expected, failed[0].actual, "{item}");
+        }
+        let mut s = matching();
+        s.windows.push(DesktopWindow {
+            title: "Tip of the Day".into(),
+            dialog: true,
+            ..Default::default()
+        });
+        let row = s.compare(&expected()).into_iter().find(|r| !r.ok).unwrap();
+        assert_eq!(row.actual, "Tip of the Day");
+    }
+}

@@ -1115,6 +1115,24 @@ pub fn agent() -> Value {
             .json("503", "no accessibility bus", err.clone()),
         false,
     );
+    let desktop_state = d.schema::<DesktopState>();
+    native_op(
+        &mut d,
+        op(
+            "get",
+            native::DESKTOP_STATE,
+            "desktopState",
+            "the desktop-state contract: session, theme, dock, default applications, windows, \
+             first-run state, programs, volume and time zone, each expected item checked",
+        )
+        .json("200", "the state", desktop_state)
+        .json(
+            "503",
+            "no desktop, or its settings could not be read",
+            err.clone(),
+        ),
+        false,
+    );
     let browser = d.schema::<BrowserInfo>();
     native_op(
         &mut d,

@@ -97,6 +97,9 @@ pub mod native {
         RECORDING_FILE = "/recordings/{id}/file";
         VIEWER_TOKENS = "/viewer-tokens";
         READY = "/ready";
+        /// `GET`: the desktop-state contract (session, theme, dock, handlers, windows, first-run
+        /// state, programs) against the image's expected state.
+        DESKTOP_STATE = "/desktop/state";
         A11Y = "/a11y";
         BROWSER = "/browser";
         BROWSER_RESTART = "/browser/restart";

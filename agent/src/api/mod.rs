@@ -76,6 +76,7 @@ pub fn router(agent: Arc<Agent>) -> Router<Arc<Agent>> {
         .route(nested::VIEWER_TOKENS, post(viewer::mint))
         .route(nested::READY, get(desktop::ready))
         .route(nested::A11Y, get(desktop::a11y))
+        .route(nested::DESKTOP_STATE, get(desktop::desktop_state))
         .route(nested::BROWSER, get(desktop::browser_info))
         .route(nested::BROWSER_RESTART, post(desktop::browser_restart))
         .route(nested::BROWSER_CDP, get(desktop::browser_cdp))

@@ -432,6 +432,19 @@ impl Display {
         self.with_capture(|s| windows::list(&s.x))
     }
 
+    /// Every managed window with how it is shown, and the active one.
+    pub fn windows_shown(
+        &self,
+    ) -> Result<(Vec<(WindowInfo, windows::WindowState)>, Option<u32>), DisplayError> {
+        self.with_capture(|s| {
+            let shown = windows::list(&s.x)?
+                .into_iter()
+                .filter_map(|w| windows::state(&s.x, w.id).ok().map(|st| (w, st)))
+                .collect();
+            Ok((shown, windows::active(&s.x)?))
+        })
+    }
+
     /// Activates the first window matching `name`; false when none does.
     pub fn activate(&self, name: &str, how: Match) -> Result<bool, DisplayError> {
         self.with_capture(|s| {

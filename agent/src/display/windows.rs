@@ -160,6 +160,48 @@ pub fn activate(x: &XConn, id: Window) -> Result<(), DisplayError> {
     Ok(())
 }
 
+/// How the window manager shows a window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WindowState {
+    /// Maximised both ways (`_NET_WM_STATE_MAXIMIZED_VERT` and `_HORZ`).
+    pub maximized: bool,
+    /// A dialog: its type says so, or it is transient for another window.
+    pub dialog: bool,
+}
+
+fn atoms_of(x: &XConn, w: Window, prop: u32) -> Result<Vec<u32>, DisplayError> {
+    Ok(x.conn
+        .get_property(false, w, prop, AtomEnum::ATOM, 0, 64)?
+        .reply()?
+        .value32()
+        .map(|v| v.collect())
+        .unwrap_or_default())
+}
+
+pub fn state(x: &XConn, id: Window) -> Result<WindowState, DisplayError> {
+    let states = atoms_of(x, id, x.atoms._NET_WM_STATE)?;
+    let types = atoms_of(x, id, x.atoms._NET_WM_WINDOW_TYPE)?;
+    let transient = x
+        .conn
+        .get_property(
+            false,
+            id,
+            AtomEnum::WM_TRANSIENT_FOR,
+            AtomEnum::WINDOW,
+            0,
+            1,
+        )?
+        .reply()?
+        .value32()
+        .and_then(|mut v| v.next())
+        .is_some_and(|w| w != 0);
+    Ok(WindowState {
+        maximized: states.contains(&x.atoms._NET_WM_STATE_MAXIMIZED_VERT)
+            && states.contains(&x.atoms._NET_WM_STATE_MAXIMIZED_HORZ),
+        dialog: transient || types.contains(&x.atoms._NET_WM_WINDOW_TYPE_DIALOG),
+    })
+}
+
 /// The window the window manager says is active.
 pub fn active(x: &XConn) -> Result<Option<Window>, DisplayError> {
     Ok(x.conn

@@ -15,6 +15,76 @@ use super::{
 };
 
 impl CommandTable {
+    /// Runs `program` as the sandbox user, in their home and environment, for the agent's own
+    /// use (reading the desktop's settings): not a command of the table — no record, no
+    /// events. Answers what it printed on stdout (at most `limit` bytes kept); its group is
+    /// killed when `timeout` passes, and what it printed until then is answered.
+    pub async fn output_of(
+        &self,
+        program: Vec<String>,
+        timeout: std::time::Duration,
+        limit: usize,
+    ) -> Result<Vec<u8>, ExecError> {
+        let p = self.for_sandbox(program, None)?;
+        spawn::precheck(&p.program, &p.cwd).map_err(ExecError::Spawn)?;
+        let launch = Launch {
+            program: &p.program,
+            cwd: &p.cwd,
+            env: &p.env,
+            identity: p.identity(),
+            group: Group::NewSession,
+        };
+        let mut cmd = spawn::command(&launch).map_err(ExecError::Spawn)?;
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null());
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| ExecError::Spawn(SpawnFailure::from_io(&e, &p.program[0])))?;
+        let pid = child.id();
+        let mut exited = self.reaper.watch(pid);
+        let stdout = child.stdout.take();
+        drop(child);
+        let read = async move {
+            let mut kept = Vec::new();
+            let Some(out) = stdout else {
+                return kept;
+            };
+            let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(out.into()) else {
+                return kept;
+            };
+            let mut buf = vec![0u8; 16 * 1024];
+            while let Ok(n) = rx.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                let room = limit.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+            }
+            kept
+        };
+        let deadline = tokio::time::Instant::now() + timeout;
+        let (kept, _) = tokio::join!(
+            async {
+                // Past the deadline the group is killed and the pipe closes; a descendant that
+                // left the group and holds it gets a moment more.
+                tokio::time::timeout_at(deadline + shim::DRAIN_GRACE, read)
+                    .await
+                    .unwrap_or_default()
+            },
+            async {
+                if tokio::time::timeout_at(deadline, &mut exited)
+                    .await
+                    .is_err()
+                {
+                    crate::proc::signal_group(pid, Signal::SIGKILL);
+                    let _ = exited.await;
+                }
+            }
+        );
+        Ok(kept)
+    }
+
     /// Runs a command to completion in the agent itself and collects its output.
     pub async fn run_foreground(
         &self,
