@@ -47,20 +47,94 @@ impl Profile {
 }
 
 /// A release the image builder fetches (an app that is no Debian package): the tarball's URL,
-/// its pinned sha256, and the directory it is unpacked into (its top directory stripped).
+/// its pinned sha256, the directory it is unpacked into (its top directory stripped), and the
+/// commands linked into /usr/bin (`code = "bin/code"`: /usr/bin/code → `<dir>/bin/code`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct Download {
     pub url: String,
     pub sha256: String,
     pub dir: String,
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub bin: std::collections::BTreeMap<String, String>,
+}
+
+/// A launcher the image builder writes to /usr/share/applications for an app that brings none
+/// (a downloaded release): what the dock, the app grid and `xdg-open` find.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct DesktopEntry {
+    pub file: String,
+    pub name: String,
+    pub exec: String,
+    pub icon: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wm_class: Option<String>,
+    pub categories: String,
+}
+
+impl DesktopEntry {
+    /// The file's text.
+    pub fn render(&self) -> String {
+        let mut text = format!(
+            "[Desktop Entry]\nType=Application\nName={}\nExec={}\nIcon={}\nTerminal=false\n\
+             Categories={}\nStartupNotify=true\n",
+            self.name, self.exec, self.icon, self.categories
+        );
+        if let Some(c) = &self.wm_class {
+            text.push_str(&format!("StartupWMClass={c}\n"));
+        }
+        text
+    }
+
+    /// A file name of its own, and no line breaks in a value (each is one line of the file).
+    pub fn check(&self) -> Result<(), String> {
+        let file_ok = self.file.ends_with(".desktop")
+            && !self.file.contains('/')
+            && !self.file.starts_with('.');
+        if !file_ok {
+            return Err(format!(
+                "desktop entry file {:?} must be NAME.desktop",
+                self.file
+            ));
+        }
+        let values = [&self.name, &self.exec, &self.icon, &self.categories];
+        if values
+            .into_iter()
+            .chain(&self.wm_class)
+            .any(|v| v.contains(['\n', '\r']))
+        {
+            return Err(format!(
+                "desktop entry {}: a value holds a line break",
+                self.file
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether `url` names the loopback host over plain HTTP (a local mirror or a test's server:
+/// the pinned sha256 still decides what is installed).
+fn loopback_http(url: &str) -> bool {
+    let Some(rest) = url.strip_prefix("http://") else {
+        return false;
+    };
+    let host = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host = match host.rsplit_once(':') {
+        Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
+        _ => host,
+    };
+    matches!(host, "127.0.0.1" | "localhost" | "[::1]")
 }
 
 impl Download {
-    /// Refuses what the builder could not install safely: a URL that is not https, a sha256
-    /// that is not 64 hex digits, a directory outside /opt.
+    /// Refuses what the builder could not install safely: a URL that is not https (or plain
+    /// http to the loopback host), a sha256 that is not 64 hex digits, a directory outside
+    /// /opt, a command link that leaves the directory.
     pub fn check(&self) -> Result<(), String> {
-        if !self.url.starts_with("https://") || self.url.contains(char::is_whitespace) {
+        if !(self.url.starts_with("https://") || loopback_http(&self.url))
+            || self.url.contains(char::is_whitespace)
+        {
             return Err(format!("download url {:?} must be an https URL", self.url));
         }
         if self.sha256.len() != 64 || !self.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -84,6 +158,23 @@ impl Download {
                 self.dir
             ));
         }
+        for (name, target) in &self.bin {
+            let name_ok = !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+                && !name.starts_with('.');
+            let target_ok = std::path::Path::new(target)
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)))
+                && !target.is_empty();
+            if !name_ok || !target_ok {
+                return Err(format!(
+                    "download bin {name:?} = {target:?}: a command name and a relative path inside {}",
+                    self.dir
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -103,6 +194,9 @@ pub struct App {
     /// A release the image builder downloads and unpacks (an app Debian does not package).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub download: Option<Download>,
+    /// Its launcher, when what is installed brings none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desktop_entry: Option<DesktopEntry>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -121,6 +215,10 @@ pub struct Bundle {
     pub user_password: Option<String>,
     #[serde(default)]
     pub sudo: bool,
+    /// The desktop session its images run (`gnome`: a `[sessions.gnome]` recipe); the
+    /// profile's XFCE when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -344,9 +442,50 @@ mod tests {
                 sha256: "zz".repeat(32),
                 ..ok.clone()
             },
+            Download {
+                url: "http://127.0.0.1.example.com/y.tgz".into(),
+                ..ok.clone()
+            },
+            Download {
+                bin: [("code".to_string(), "../../usr/bin/sh".to_string())].into(),
+                ..ok.clone()
+            },
+            Download {
+                bin: [("../code".to_string(), "bin/code".to_string())].into(),
+                ..ok.clone()
+            },
         ] {
             assert!(bad.check().is_err(), "{bad:?}");
         }
+        // A local mirror or a test's server over plain HTTP: the sha256 still decides.
+        for url in [
+            "http://127.0.0.1:8123/vs.tgz",
+            "http://localhost/x",
+            "http://[::1]:9/x",
+        ] {
+            let local = Download {
+                url: url.into(),
+                ..ok.clone()
+            };
+            assert_eq!(local.check(), Ok(()), "{url}");
+        }
+        // VS Code is pinned, its command linked and its launcher written.
+        let vscode = Catalog::builtin()
+            .apps
+            .into_iter()
+            .find(|a| a.name == "vscode")
+            .unwrap();
+        let d = vscode.download.as_ref().unwrap();
+        assert_eq!(d.check(), Ok(()));
+        assert_eq!(d.bin.get("code").map(String::as_str), Some("bin/code"));
+        let entry = vscode.desktop_entry.as_ref().unwrap();
+        assert_eq!(entry.check(), Ok(()));
+        let text = entry.render();
+        assert!(text.contains("Exec=/usr/bin/code %F\n"), "{text}");
+        assert!(text.contains("StartupWMClass=Code\n"), "{text}");
+        let mut bad = entry.clone();
+        bad.name.push_str("\nExec=evil");
+        assert!(bad.check().is_err());
     }
 
     #[test]

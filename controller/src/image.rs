@@ -13,7 +13,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::catalog::Catalog;
+use crate::catalog::{Catalog, DesktopEntry, Download};
 use crate::util::sha256_hex;
 
 pub mod push;
@@ -42,12 +42,116 @@ const GUEST_FILES: &[(&str, &str, u32)] = &[
     ),
 ];
 
+/// The GNOME session's files (`images/gnome/`): (path in the image, contents, mode). Those under
+/// `tmp/berth-gnome/` are the setup script and what it installs, removed after it runs.
+const GNOME_FILES: &[(&str, &str, u32)] = &[
+    (
+        "usr/share/gnome-shell/modes/ubuntu.json",
+        include_str!("../../images/gnome/ubuntu.json"),
+        0o644,
+    ),
+    (
+        "usr/share/glib-2.0/schemas/90_berth-ubuntu.gschema.override",
+        include_str!("../../images/gnome/90_berth-ubuntu.gschema.override"),
+        0o644,
+    ),
+    (
+        "usr/share/gnome-shell/extensions/berth-windows@berth/metadata.json",
+        include_str!("../../images/gnome/berth-windows/metadata.json"),
+        0o644,
+    ),
+    (
+        "usr/share/gnome-shell/extensions/berth-windows@berth/extension.js",
+        include_str!("../../images/gnome/berth-windows/extension.js"),
+        0o644,
+    ),
+    (
+        "etc/polkit-1/rules.d/49-berth.rules",
+        include_str!("../../images/gnome/49-berth.rules"),
+        0o644,
+    ),
+    (
+        "etc/xdg/mimeapps.list",
+        include_str!("../../images/gnome/mimeapps.list"),
+        0o644,
+    ),
+    (
+        "usr/share/applications/google-chrome.desktop",
+        include_str!("../../images/gnome/google-chrome.desktop"),
+        0o644,
+    ),
+    (
+        "etc/pulse/default.pa.d/berth.pa",
+        include_str!("../../images/gnome/berth.pa"),
+        0o644,
+    ),
+    (
+        EXPECTED_DESKTOP,
+        include_str!("../../images/gnome/desktop-expected.json"),
+        0o644,
+    ),
+    (
+        "tmp/berth-gnome/setup.sh",
+        include_str!("../../images/gnome/setup.sh"),
+        0o755,
+    ),
+    (
+        "tmp/berth-gnome/registrymodifications.xcu",
+        include_str!("../../images/gnome/registrymodifications.xcu"),
+        0o644,
+    ),
+    (
+        "tmp/berth-gnome/Bookmarks",
+        include_str!("../../images/gnome/Bookmarks"),
+        0o644,
+    ),
+];
+
+/// Where an image states its expected desktop state (the agent's `/v1/desktop/state` compares
+/// the live session with it).
+const EXPECTED_DESKTOP: &str = "usr/share/berth/desktop-expected.json";
+
+/// A session's files, by its recipe name.
+fn session_files(session: &str) -> &'static [(&'static str, &'static str, u32)] {
+    match session {
+        "gnome" => GNOME_FILES,
+        _ => &[],
+    }
+}
+
+/// The digest of files baked into an image (what changes it, changes the `image_ref`).
+fn files_digest(files: &[(&str, &str, u32)]) -> String {
+    sha256_hex(
+        files
+            .iter()
+            .map(|(path, text, mode)| format!("{path}\n{mode:o}\n{text}\n"))
+            .collect::<String>()
+            .as_bytes(),
+    )
+}
+
+/// Writes `files` into the root file system.
+fn write_files(rootfs: &Path, files: &[(&str, &str, u32)]) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for (path, text, mode) in files {
+        let dest = rootfs.join(path);
+        if let Some(dir) = dest.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(&dest, text)?;
+        std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(*mode))?;
+    }
+    Ok(())
+}
+
 /// How the builder lays an image out: part of every `image_ref`, raised when that changes (a
 /// label's encoding, say), so an image built the old way is never taken for a new one.
-const LAYOUT: u32 = 2;
+const LAYOUT: u32 = 3;
 
 /// The Docker label naming the ports an image's apps serve (`{"vlc": 8080}`).
 pub const PORTS_LABEL: &str = "berth.ports";
+/// The Docker label naming the desktop session an image runs (`xfce`, `gnome`, `none`).
+pub const SESSION_LABEL: &str = "berth.session";
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -56,6 +160,16 @@ pub struct Recipes {
     pub mirror: String,
     pub base_packages: Vec<String>,
     pub profiles: std::collections::BTreeMap<String, ProfileRecipe>,
+    /// Desktop sessions a bundle may pick instead of the profile's XFCE.
+    #[serde(default)]
+    pub sessions: std::collections::BTreeMap<String, SessionRecipe>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRecipe {
+    pub description: String,
+    pub packages: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -106,6 +220,12 @@ struct Selection {
     sudo: bool,
     /// A digest of the guest files baked in (`GUEST_FILES`).
     guest_files: String,
+    /// The desktop session the image runs, when not the profile's XFCE, and a digest of its
+    /// files.
+    session: Option<String>,
+    session_files: String,
+    /// Releases downloaded into the image, with the launchers written for them.
+    downloads: Vec<(Download, Option<DesktopEntry>)>,
     layout: u32,
 }
 
@@ -155,6 +275,7 @@ fn select(req: &BuildRequest, recipes: &Recipes) -> anyhow::Result<Selection> {
     let mut apps: BTreeSet<String> = req.apps.iter().cloned().collect();
     let mut user_password = None;
     let mut sudo = false;
+    let mut session = None;
     if let Some(b) = &req.bundle {
         let bundle = catalog
             .bundles
@@ -165,7 +286,21 @@ fn select(req: &BuildRequest, recipes: &Recipes) -> anyhow::Result<Selection> {
         packages.extend(bundle.packages.iter().cloned());
         user_password = bundle.user_password.clone();
         sudo = bundle.sudo;
+        session = bundle.session.clone();
     }
+    if let Some(name) = &session {
+        anyhow::ensure!(
+            p.desktop,
+            "session {name} needs a desktop profile, not {}",
+            req.profile
+        );
+        let recipe = recipes
+            .sessions
+            .get(name)
+            .with_context(|| format!("no recipe for session {name:?} in images/recipes.toml"))?;
+        packages.extend(recipe.packages.iter().cloned());
+    }
+    let mut downloads = Vec::new();
     let mut ports = std::collections::BTreeMap::new();
     for a in &apps {
         let app = catalog
@@ -179,24 +314,22 @@ fn select(req: &BuildRequest, recipes: &Recipes) -> anyhow::Result<Selection> {
             // A release fetched at build time is installed only with its digest pinned.
             d.check()
                 .map_err(|e| anyhow::anyhow!("app {}: {e}", app.name))?;
-            anyhow::bail!(
-                "app {}: downloads ({}) are not fetched by this builder yet; install it in the \
-                 sandbox instead",
-                app.name,
-                d.url
-            );
+            if let Some(entry) = &app.desktop_entry {
+                entry
+                    .check()
+                    .map_err(|e| anyhow::anyhow!("app {}: {e}", app.name))?;
+            }
+            downloads.push((d.clone(), app.desktop_entry.clone()));
         }
     }
     let guest_files = match p.desktop {
-        true => sha256_hex(
-            GUEST_FILES
-                .iter()
-                .map(|(path, text, mode)| format!("{path}\n{mode:o}\n{text}\n"))
-                .collect::<String>()
-                .as_bytes(),
-        ),
+        true => files_digest(GUEST_FILES),
         false => String::new(),
     };
+    let session_files = session
+        .as_deref()
+        .map(|s| files_digest(session_files(s)))
+        .unwrap_or_default();
     let mut name = req.profile.clone();
     if let Some(b) = &req.bundle {
         name.push('-');
@@ -218,6 +351,9 @@ fn select(req: &BuildRequest, recipes: &Recipes) -> anyhow::Result<Selection> {
         user_password,
         sudo,
         guest_files,
+        session,
+        session_files,
+        downloads,
         layout: LAYOUT,
     })
 }
@@ -449,9 +585,15 @@ pub fn build(req: &BuildRequest) -> anyhow::Result<Built> {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755))?;
     }
-    let cmd = match sel.desktop {
-        true => r#"CMD ["--listen", "0.0.0.0:5000", "--cdp-listen", "0.0.0.0:9222", "--desktop"]"#,
-        false => r#"CMD ["--listen", "0.0.0.0:5000"]"#,
+    let cmd = match (sel.desktop, &sel.session) {
+        (true, Some(session)) => format!(
+            r#"CMD ["--listen", "0.0.0.0:5000", "--cdp-listen", "0.0.0.0:9222", "--desktop", "--session", "{session}"]"#
+        ),
+        (true, None) => {
+            r#"CMD ["--listen", "0.0.0.0:5000", "--cdp-listen", "0.0.0.0:9222", "--desktop"]"#
+                .to_string()
+        }
+        (false, _) => r#"CMD ["--listen", "0.0.0.0:5000"]"#.to_string(),
     };
     let ports = format!(
         // Dockerfile syntax: a double-quoted value, its own quotes escaped.
@@ -466,10 +608,16 @@ pub fn build(req: &BuildRequest) -> anyhow::Result<Built> {
         &image,
         &[
             r#"ENTRYPOINT ["/usr/local/bin/berth-agent", "init"]"#,
-            cmd,
+            &cmd,
             "ENV LANG=C.UTF-8",
             "EXPOSE 5000 9222",
             &format!("LABEL berth.image_ref={image}"),
+            &format!(
+                "LABEL {SESSION_LABEL}={}",
+                sel.session
+                    .as_deref()
+                    .unwrap_or(if sel.desktop { "xfce" } else { "none" })
+            ),
             &ports,
         ],
     )?;
@@ -552,6 +700,9 @@ pub fn build_controller(req: &ControllerBuild) -> anyhow::Result<Built> {
         user_password: None,
         sudo: false,
         guest_files: String::new(),
+        session: None,
+        session_files: String::new(),
+        downloads: vec![],
         layout: LAYOUT,
     };
     let base = base_stage(
@@ -765,14 +916,17 @@ fn packages_stage(
     };
     let key = sha256_hex(
         format!(
-            "{}|{:?}|{:?}|{:?}|{}|{:?}|{}",
+            "{}|{:?}|{:?}|{:?}|{}|{:?}|{}|{:?}|{}|{:?}",
             base.display(),
             sel.packages,
             sel.pip,
             lock,
             sel.guest_files,
             sel.user_password,
-            sel.sudo
+            sel.sudo,
+            sel.session,
+            sel.session_files,
+            sel.downloads,
         )
         .as_bytes(),
     );
@@ -854,18 +1008,28 @@ fn packages_stage(
             let _ = std::fs::remove_file(&ca);
             r?;
         }
+        for (download, entry) in &sel.downloads {
+            install_download(
+                &rootfs,
+                &req.cache_dir.join("downloads"),
+                download,
+                entry.as_ref(),
+            )?;
+        }
         if sel.desktop {
-            for (path, text, mode) in GUEST_FILES {
-                let dest = rootfs.join(path);
-                if let Some(dir) = dest.parent() {
-                    std::fs::create_dir_all(dir)?;
-                }
-                std::fs::write(&dest, text)?;
-                use std::os::unix::fs::PermissionsExt;
-                std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(*mode))?;
-            }
+            write_files(&rootfs, GUEST_FILES)?;
+        }
+        if let Some(session) = &sel.session {
+            write_files(&rootfs, session_files(session))?;
+            expect_downloaded_commands(&rootfs, &sel.downloads)?;
         }
         chroot("the sandbox user and the guest", &guest_script(sel))?;
+        if let Some(session) = &sel.session {
+            chroot(
+                &format!("the {session} session and first-run state"),
+                &format!("sh /tmp/berth-{session}/setup.sh && rm -rf /tmp/berth-{session}"),
+            )?;
+        }
         let versions = chroot(
             "read the installed versions",
             "dpkg-query -W -f '${Package}=${Version}\\n'",
@@ -891,6 +1055,156 @@ fn packages_stage(
     result?;
     std::fs::write(dir.join(".done"), "")?;
     Ok(rootfs)
+}
+
+/// The commands a downloaded release links (`code`) join the programs the image's expected
+/// desktop state promises.
+fn expect_downloaded_commands(
+    rootfs: &Path,
+    downloads: &[(Download, Option<DesktopEntry>)],
+) -> anyhow::Result<()> {
+    let path = rootfs.join(EXPECTED_DESKTOP);
+    if !path.exists() {
+        return Ok(());
+    }
+    let mut expected: berth_protocol::desktop::ExpectedDesktop =
+        serde_json::from_slice(&std::fs::read(&path)?)
+            .with_context(|| format!("{EXPECTED_DESKTOP} in the image"))?;
+    for name in downloads.iter().flat_map(|(d, _)| d.bin.keys()) {
+        if !expected.programs.contains(name) {
+            expected.programs.push(name.clone());
+        }
+    }
+    std::fs::write(&path, serde_json::to_vec_pretty(&expected)?)?;
+    Ok(())
+}
+
+/// The largest release the builder downloads.
+const DOWNLOAD_LIMIT: u64 = 4 << 30;
+
+/// Fetches `d` into `cache` (once per sha256: a cached file is checked again), answering its
+/// path. The URL must answer within 30 s and keep sending (60 s without a byte fails); what
+/// arrives is refused unless its sha256 is the pinned one.
+pub fn fetch_download(cache: &Path, d: &Download) -> anyhow::Result<PathBuf> {
+    use sha2::Digest;
+    d.check().map_err(|e| anyhow::anyhow!("{e}"))?;
+    std::fs::create_dir_all(cache)?;
+    let path = cache.join(format!("{}.download", d.sha256.to_ascii_lowercase()));
+    let hash_file = |p: &Path| -> std::io::Result<String> {
+        let mut f = std::fs::File::open(p)?;
+        let mut h = sha2::Sha256::new();
+        std::io::copy(&mut f, &mut h)?;
+        Ok(hex(&h.finalize()))
+    };
+    if path.exists() {
+        if hash_file(&path)?.eq_ignore_ascii_case(&d.sha256) {
+            eprintln!("==> download {} (cached)", d.url);
+            return Ok(path);
+        }
+        std::fs::remove_file(&path)?;
+    }
+    let progress = Progress::step(&format!("download {}", d.url));
+    let tmp = cache.join(format!(".{}.part", d.sha256.to_ascii_lowercase()));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let fetched: anyhow::Result<String> = runtime.block_on(async {
+        use tokio::io::AsyncWriteExt;
+        let client = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(30))
+            .read_timeout(std::time::Duration::from_secs(60))
+            .build()?;
+        let mut resp = client
+            .get(&d.url)
+            .send()
+            .await
+            .with_context(|| format!("cannot reach {} from this build host", d.url))?;
+        if !resp.status().is_success() {
+            bail!("{} answered HTTP {}", d.url, resp.status());
+        }
+        let mut out = tokio::fs::File::create(&tmp).await?;
+        let mut h = sha2::Sha256::new();
+        let mut got: u64 = 0;
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .with_context(|| format!("downloading {}", d.url))?
+        {
+            got += chunk.len() as u64;
+            if got > DOWNLOAD_LIMIT {
+                bail!("{} is larger than {} bytes", d.url, DOWNLOAD_LIMIT);
+            }
+            h.update(&chunk);
+            out.write_all(&chunk).await?;
+        }
+        out.flush().await?;
+        Ok(hex(&h.finalize()))
+    });
+    let digest = match fetched {
+        Ok(digest) => digest,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+    };
+    if !digest.eq_ignore_ascii_case(&d.sha256) {
+        let _ = std::fs::remove_file(&tmp);
+        bail!(
+            "{}: sha256 {digest}, not the pinned {}; nothing was installed",
+            d.url,
+            d.sha256
+        );
+    }
+    std::fs::rename(&tmp, &path)?;
+    progress.done();
+    Ok(path)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Fetches a release and installs it in the root file system: unpacked into its directory (the
+/// archive's top directory stripped), its commands linked into /usr/bin, its launcher written.
+pub fn install_download(
+    rootfs: &Path,
+    cache: &Path,
+    d: &Download,
+    entry: Option<&DesktopEntry>,
+) -> anyhow::Result<()> {
+    let archive = fetch_download(cache, d)?;
+    let dir = rootfs.join(d.dir.trim_start_matches('/'));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    run_step(
+        &format!("unpack {} into {}", d.url, d.dir),
+        Command::new("tar")
+            .arg("-xaf")
+            .arg(&archive)
+            .arg("-C")
+            .arg(&dir)
+            .args(["--strip-components=1", "--no-same-owner"]),
+    )?;
+    let bin = rootfs.join("usr/bin");
+    std::fs::create_dir_all(&bin)?;
+    for (name, target) in &d.bin {
+        let link = bin.join(name);
+        let _ = std::fs::remove_file(&link);
+        let to = Path::new(&d.dir).join(target);
+        if !rootfs.join(to.strip_prefix("/").unwrap_or(&to)).exists() {
+            bail!(
+                "{}: the archive has no {target} for the command {name}",
+                d.url
+            );
+        }
+        std::os::unix::fs::symlink(&to, &link)?;
+    }
+    if let Some(entry) = entry {
+        let apps = rootfs.join("usr/share/applications");
+        std::fs::create_dir_all(&apps)?;
+        std::fs::write(apps.join(&entry.file), entry.render())?;
+    }
+    Ok(())
 }
 
 /// The sandbox user (uid 1000, its runtime dir), the bundle's password and sudo, and the
@@ -1053,5 +1367,228 @@ mod tests {
             )
             .is_err()
         );
+    }
+
+    #[test]
+    fn the_osworld_bundle_runs_gnome_with_its_packages_files_and_downloads() {
+        let recipes: Recipes = toml::from_str(BUILTIN_RECIPES).unwrap();
+        let req = BuildRequest {
+            profile: "desktop".into(),
+            bundle: Some("osworld".into()),
+            apps: vec![],
+            agent_bin: PathBuf::new(),
+            images_dir: PathBuf::new(),
+            cache_dir: PathBuf::new(),
+        };
+        let sel = select(&req, &recipes).unwrap();
+        assert_eq!(sel.session.as_deref(), Some("gnome"));
+        for p in [
+            "gnome-shell",
+            "gnome-control-center",
+            "bc",
+            "zip",
+            "unzip",
+            "nautilus",
+            "evince",
+        ] {
+            assert!(sel.packages.iter().any(|x| x == p), "{p} missing");
+        }
+        assert!(
+            sel.downloads.is_empty(),
+            "VS Code is not in the bundle by default"
+        );
+        assert_eq!(sel.session_files, files_digest(GNOME_FILES));
+        let with_code = select(
+            &BuildRequest {
+                apps: vec!["vscode".into()],
+                ..req.clone()
+            },
+            &recipes,
+        )
+        .unwrap();
+        assert_eq!(with_code.downloads.len(), 1);
+        assert_ne!(
+            image_ref(&sel, "", "d"),
+            image_ref(&with_code, "", "d"),
+            "a download changes the image"
+        );
+        // The plain desktop stays XFCE.
+        let xfce = select(
+            &BuildRequest {
+                bundle: None,
+                ..req
+            },
+            &recipes,
+        )
+        .unwrap();
+        assert_eq!(xfce.session, None);
+        assert!(!xfce.packages.iter().any(|x| x == "gnome-shell"));
+    }
+
+    /// A server on loopback that answers every request with `body` (once per connection).
+    fn serve(body: Vec<u8>) -> (String, std::thread::JoinHandle<()>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/release.tar.gz", listener.local_addr().unwrap());
+        let handle = std::thread::spawn(move || {
+            for conn in listener.incoming().take(2) {
+                let Ok(mut conn) = conn else { continue };
+                use std::io::{Read, Write};
+                let mut head = [0u8; 4096];
+                let _ = conn.read(&mut head);
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = conn.write_all(&body);
+            }
+        });
+        (url, handle)
+    }
+
+    #[test]
+    fn a_pinned_release_is_fetched_checked_unpacked_and_linked_and_a_wrong_one_refused() {
+        // A release as VS Code ships one: a top directory holding bin/code.
+        let src = tempfile::tempdir().unwrap();
+        let top = src.path().join("VSCode-linux-x64");
+        std::fs::create_dir_all(top.join("bin")).unwrap();
+        std::fs::write(top.join("bin/code"), "#!/bin/sh\necho code\n").unwrap();
+        std::fs::write(top.join("code.png"), "png").unwrap();
+        let archive = src.path().join("release.tar.gz");
+        let ok = Command::new("tar")
+            .arg("-czf")
+            .arg(&archive)
+            .arg("-C")
+            .arg(src.path())
+            .arg("VSCode-linux-x64")
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        let body = std::fs::read(&archive).unwrap();
+        use sha2::Digest;
+        let sha = hex(&sha2::Sha256::digest(&body));
+        let (url, server) = serve(body);
+        let download = Download {
+            url: url.clone(),
+            sha256: sha.clone(),
+            dir: "/opt/VSCode-linux-x64".into(),
+            bin: [("code".to_string(), "bin/code".to_string())].into(),
+        };
+        let entry = DesktopEntry {
+            file: "code.desktop".into(),
+            name: "Visual Studio Code".into(),
+            exec: "/usr/bin/code %F".into(),
+            icon: "/opt/VSCode-linux-x64/code.png".into(),
+            wm_class: Some("Code".into()),
+            categories: "Development;".into(),
+        };
+        let rootfs = tempfile::tempdir().unwrap();
+        let cache = tempfile::tempdir().unwrap();
+        install_download(rootfs.path(), cache.path(), &download, Some(&entry)).unwrap();
+        let r = rootfs.path();
+        assert_eq!(
+            std::fs::read_to_string(r.join("opt/VSCode-linux-x64/bin/code")).unwrap(),
+            "#!/bin/sh\necho code\n"
+        );
+        assert_eq!(
+            std::fs::read_link(r.join("usr/bin/code")).unwrap(),
+            Path::new("/opt/VSCode-linux-x64/bin/code")
+        );
+        let desktop =
+            std::fs::read_to_string(r.join("usr/share/applications/code.desktop")).unwrap();
+        assert!(desktop.contains("Exec=/usr/bin/code %F"), "{desktop}");
+        // The second install takes the cached release (the server answers no more than twice).
+        install_download(rootfs.path(), cache.path(), &download, None).unwrap();
+
+        // The wrong digest: refused, nothing installed, nothing cached.
+        let (url, server2) = serve(b"not the release".to_vec());
+        let wrong = Download {
+            url: url.clone(),
+            dir: "/opt/other".into(),
+            ..download.clone()
+        };
+        let fresh_cache = tempfile::tempdir().unwrap();
+        let e = install_download(rootfs.path(), fresh_cache.path(), &wrong, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not the pinned") && e.contains(&url), "{e}");
+        assert!(!r.join("opt/other").exists());
+        assert_eq!(std::fs::read_dir(fresh_cache.path()).unwrap().count(), 0);
+
+        // Nothing listening: the error names the URL.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let gone = format!("http://{}/x.tar.gz", closed.local_addr().unwrap());
+        drop(closed);
+        let e = install_download(
+            rootfs.path(),
+            fresh_cache.path(),
+            &Download {
+                url: gone.clone(),
+                ..wrong
+            },
+            None,
+        )
+        .unwrap_err();
+        assert!(format!("{e:#}").contains(&gone), "{e:#}");
+        drop(server);
+        drop(server2);
+    }
+
+    /// The expected state an image states is what its own files configure: the dock's
+    /// favourites of the schema override, the handlers of mimeapps.list, and programs the agent
+    /// reports.
+    #[test]
+    fn the_gnome_expected_state_agrees_with_the_files_that_make_it() {
+        let file = |dest: &str| {
+            GNOME_FILES
+                .iter()
+                .find(|(p, _, _)| *p == dest)
+                .map(|(_, text, _)| *text)
+                .unwrap_or_else(|| panic!("{dest} not in GNOME_FILES"))
+        };
+        let expected: berth_protocol::desktop::ExpectedDesktop =
+            serde_json::from_str(file(EXPECTED_DESKTOP)).unwrap();
+        let overrides = file("usr/share/glib-2.0/schemas/90_berth-ubuntu.gschema.override");
+        let favorites = overrides
+            .lines()
+            .find_map(|l| l.strip_prefix("favorite-apps="))
+            .unwrap();
+        let listed: Vec<String> = favorites
+            .trim_matches(|c| c == '[' || c == ']')
+            .split(',')
+            .map(|x| x.trim().trim_matches('\'').to_string())
+            .collect();
+        assert_eq!(listed, expected.favorites);
+        assert!(overrides.contains(&format!(
+            "gtk-theme='{}'",
+            expected.theme.as_deref().unwrap()
+        )));
+        assert!(overrides.contains(&format!(
+            "icon-theme='{}'",
+            expected.icon_theme.as_deref().unwrap()
+        )));
+        let mime = file("etc/xdg/mimeapps.list");
+        for (m, app) in &expected.handlers {
+            assert!(mime.lines().any(|l| l == format!("{m}={app}")), "{m}={app}");
+        }
+        for p in &expected.programs {
+            assert!(
+                berth_protocol::desktop::OSWORLD_PROGRAMS.contains(&p.as_str()),
+                "{p}: the agent does not report it"
+            );
+        }
+        // Downloads' commands join the promise.
+        let dir = tempfile::tempdir().unwrap();
+        write_files(dir.path(), GNOME_FILES).unwrap();
+        let vscode = Catalog::builtin()
+            .apps
+            .into_iter()
+            .find(|a| a.name == "vscode")
+            .unwrap();
+        expect_downloaded_commands(dir.path(), &[(vscode.download.unwrap(), None)]).unwrap();
+        let written: berth_protocol::desktop::ExpectedDesktop =
+            serde_json::from_slice(&std::fs::read(dir.path().join(EXPECTED_DESKTOP)).unwrap())
+                .unwrap();
+        assert_eq!(written.programs.last().map(String::as_str), Some("code"));
     }
 }

@@ -280,6 +280,64 @@ async fn checks(
     let cdp = sb.endpoints.cdp.clone();
     rows.check("cdp /json/version", limit, osworld::cdp_version(http, cdp))
         .await;
+    // Fidelity: what an agent sees, each item the image promises against what it shows.
+    let state = rows
+        .check("desktop state", limit, desktop_state(controller, &sb.id))
+        .await;
+    if let Some(state) = state {
+        for row in fidelity_rows(&state) {
+            rows.push(row);
+        }
+    }
+}
+
+/// `GET …/{id}/v1/desktop/state` through the controller.
+async fn desktop_state(
+    controller: &ControllerClient,
+    id: &str,
+) -> Outcome<berth_protocol::desktop::DesktopState> {
+    let state = controller
+        .agent(id)
+        .desktop_state()
+        .await
+        .map_err(|e| format!("GET /v1/desktop/state: {e}"))?;
+    let note = format!(
+        "{} session, {} windows, {} of {} programs present",
+        state.session,
+        state.windows.len(),
+        state.programs.values().filter(|p| **p).count(),
+        state.programs.len()
+    );
+    Ok((state, note))
+}
+
+/// One `fidelity` row per item the image's expected state names (one passing row saying so
+/// when the image states none).
+fn fidelity_rows(state: &berth_protocol::desktop::DesktopState) -> Vec<Row> {
+    if state.expected.is_none() {
+        return vec![Row {
+            name: "fidelity",
+            ok: true,
+            ms: 0,
+            detail: format!(
+                "the image states no expected desktop ({} session): nothing to hold it to",
+                state.session
+            ),
+        }];
+    }
+    state
+        .fidelity
+        .iter()
+        .map(|f| Row {
+            name: "fidelity",
+            ok: f.ok,
+            ms: 0,
+            detail: match f.ok {
+                true => format!("{}: {}", f.item, f.actual),
+                false => format!("{}: expected {}, found {}", f.item, f.expected, f.actual),
+            },
+        })
+        .collect()
 }
 
 /// A new sandbox, polled until it runs. Its id is kept in `created` as soon as the controller
@@ -487,5 +545,40 @@ mod tests {
         assert!(line.contains(" fail "), "{t}");
         assert!(line.contains("line one\\nline two"), "{t}");
         assert!(t.contains("FAILED (1 of 2 checks: accessibility)"), "{t}");
+    }
+
+    #[test]
+    fn each_fidelity_item_is_a_row_that_names_the_difference() {
+        use berth_protocol::desktop::{DesktopState, ExpectedDesktop};
+        let plain = DesktopState {
+            session: "xfce".into(),
+            ..Default::default()
+        };
+        let rows = fidelity_rows(&plain);
+        assert_eq!(rows.len(), 1);
+        assert!(
+            rows[0].ok && rows[0].detail.contains("no expected desktop"),
+            "{rows:?}"
+        );
+
+        let mut state = DesktopState {
+            session: "gnome".into(),
+            lang: "en_US.UTF-8".into(),
+            icon_theme: Some("Adwaita".into()),
+            ..Default::default()
+        };
+        let expected = ExpectedDesktop {
+            session: "gnome".into(),
+            lang: "en_US.UTF-8".into(),
+            icon_theme: Some("Yaru".into()),
+            ..Default::default()
+        };
+        state.fidelity = state.compare(&expected);
+        state.expected = Some(expected);
+        let rows = fidelity_rows(&state);
+        assert_eq!(rows.len(), 3, "{rows:?}");
+        let bad: Vec<&Row> = rows.iter().filter(|r| !r.ok).collect();
+        assert_eq!(bad.len(), 1);
+        assert_eq!(bad[0].detail, "icon theme: expected Yaru, found Adwaita");
     }
 }
