@@ -374,6 +374,12 @@ class Client:
         except ValueError:
             return None
 
+    def desktop_state(self, sandbox: Union[str, Sandbox], *, timeout: Optional[Timeout] = None) -> Dict[str, Any]:
+        """``GET …/{id}/v1/desktop/state``: the session, theme, dock, default applications,
+        windows, first-run state, programs, volume and time zone, with the image's expected
+        state and ``fidelity``: one ``{"item", "ok", "expected", "actual"}`` per expected item."""
+        return self._json("GET", f"{SANDBOXES}/{self._sb(sandbox)}/v1/desktop/state", timeout=timeout)
+
     # ---- screen and input ----
 
     def screenshot(

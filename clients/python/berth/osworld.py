@@ -59,6 +59,16 @@ SCREEN_SEP = "@"
 COMPAT_WAIT_SECS = 120.0
 
 
+class DesktopMismatch(BerthError):
+    """A fresh sandbox's desktop differs from what its image promises (``check_desktop``):
+    ``rows`` are the failed fidelity rows of ``GET …/v1/desktop/state``."""
+
+    def __init__(self, sandbox_id: str, rows: List[Dict[str, Any]]):
+        self.rows = rows
+        lines = "; ".join(f"{r['item']}: expected {r['expected']}, found {r['actual']}" for r in rows)
+        super().__init__(None, "desktop_mismatch", f"sandbox {sandbox_id}'s desktop differs from its image's: {lines}")
+
+
 def sandbox_path(sandbox: Sandbox) -> str:
     return SANDBOX_PATH_PREFIX + sandbox.id
 
@@ -98,12 +108,16 @@ class BerthProvider(_OSWorldProvider):
         profile: str = DEFAULT_PROFILE,
         labels: Optional[Mapping[str, str]] = None,
         ttl_seconds: Optional[int] = None,
+        check_desktop: bool = False,
     ):
         super().__init__(region)
         self.client = client or Client()
         self.profile = profile
         self.labels: Dict[str, str] = {"osworld": "true", **dict(labels or {})}
         self.ttl_seconds = ttl_seconds
+        #: After each new sandbox is up (every episode reset), hold its desktop to its image's
+        #: expected state and raise :class:`DesktopMismatch` on a difference.
+        self.check_desktop = check_desktop
         #: The sandbox this provider runs (None before ``start_emulator`` and after a stop).
         self.sandbox: Optional[Sandbox] = None
 
@@ -119,6 +133,7 @@ class BerthProvider(_OSWorldProvider):
         else:
             profile, image_ref = (value, None) if kind == "profile" else (self.profile, value)
             self.sandbox = self._create(profile, image_ref, split_screen(path_to_vm)[1])
+            self._check_desktop(self.sandbox)
         self._wait_for_compat(self.sandbox)
 
     def get_ip_address(self, path_to_vm: str) -> str:
@@ -174,6 +189,7 @@ class BerthProvider(_OSWorldProvider):
             profile, image_ref = (value, None) if kind == "profile" else (self.profile, value)
         self.sandbox = None
         self.sandbox = self._create(profile, image_ref, screen)
+        self._check_desktop(self.sandbox)
         self._wait_for_compat(self.sandbox)
         return sandbox_path(self.sandbox)
 
@@ -196,6 +212,16 @@ class BerthProvider(_OSWorldProvider):
             sb = self.client.wait_until_running(sb.id)
         logger.info("berth sandbox %s (%s, %s) is running: %s", sb.id, sb.profile, sb.image_ref, sb.endpoints)
         return sb
+
+    def _check_desktop(self, sb: Sandbox) -> None:
+        """With ``check_desktop``: the fresh desktop against its image's expected state."""
+        if not self.check_desktop:
+            return
+        state = self.client.desktop_state(sb)
+        failed = [r for r in state.get("fidelity") or [] if not r.get("ok")]
+        if failed:
+            raise DesktopMismatch(sb.id, failed)
+        logger.info("berth sandbox %s: %d fidelity items hold", sb.id, len(state.get("fidelity") or []))
 
     def _delete(self, sandbox_id: str) -> None:
         try:
@@ -302,7 +328,12 @@ def make_manager_and_provider(region: Optional[str] = None) -> Tuple[BerthVMMana
     client = Client(s.get("url"), s.get("api_key"), timeout=s.get("timeout") or 60.0)
     profile = s.get("profile") or DEFAULT_PROFILE
     provider = BerthProvider(
-        region, client=client, profile=profile, labels=s.get("labels"), ttl_seconds=s.get("ttl_seconds")
+        region,
+        client=client,
+        profile=profile,
+        labels=s.get("labels"),
+        ttl_seconds=s.get("ttl_seconds"),
+        check_desktop=bool(s.get("check_desktop")),
     )
     return BerthVMManager(profile, s.get("image_ref")), provider
 
@@ -316,11 +347,14 @@ def register(
     labels: Optional[Mapping[str, str]] = None,
     ttl_seconds: Optional[int] = None,
     timeout: float = 60.0,
+    check_desktop: bool = False,
 ) -> None:
     """Makes ``DesktopEnv(provider_name="berth", …)`` provision berth sandboxes.
 
     ``url``/``api_key`` default to ``BERTH_URL``/``BERTH_API_KEY`` (or ``SANDBOX_GATEWAY_URL``/
-    ``SANDBOX_API_KEY``), read when each env is made. ``profile`` (default ``desktop``) and
+    ``SANDBOX_API_KEY``), read when each env is made. ``check_desktop`` holds every new sandbox
+    (each episode reset) to its image's expected desktop state and raises
+    :class:`DesktopMismatch` naming each difference. ``profile`` (default ``desktop``) and
     ``image_ref`` (default: the controller's image for the profile) say what each env runs when
     it names no ``path_to_vm``; ``labels`` are added to every sandbox (``osworld=true`` always is).
 
@@ -342,6 +376,7 @@ def register(
             labels=dict(labels or {}),
             ttl_seconds=ttl_seconds,
             timeout=timeout,
+            check_desktop=check_desktop,
         )
         import desktop_env.desktop_env as de_module
         import desktop_env.providers as providers_module
