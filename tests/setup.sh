@@ -113,12 +113,15 @@ fi
 
 # OSWorld's harness for clients/python's tests (tests/tests/osworld.rs): desktop-env from PyPI
 # without its dependencies (they run to torch and more), then only what its controllers, setup
-# controller and getters import, the metric module the tests use (vscode: PyPDF2), and pytest.
+# controller and getters import, the metric modules the tests use (vscode: PyPDF2; general and
+# basic_os), and pytest.
 osworld_deps=(
   "gymnasium=gymnasium~=0.28.1" "pydrive=pydrive" "requests_toolbelt=requests-toolbelt~=1.0.0"
   "dotenv=python-dotenv" "lxml=lxml" "cssselect=cssselect" "pandas=pandas>=2.2,<2.3"
   "pytz=pytz" "PyPDF2=PyPDF2" "openpyxl=openpyxl" "formulas=formulas" "tldextract=tldextract"
   "xmltodict=xmltodict" "pytest=pytest"
+  # OSWorld's general metrics (exact_match, check_include_exclude) for the GNOME image's tasks.
+  "pdfplumber=pdfplumber" "yaml=pyyaml" "docx=python-docx" "rapidfuzz=rapidfuzz"
 )
 osworld_missing=()
 for d in "${osworld_deps[@]}"; do

@@ -71,6 +71,21 @@ const GNOME_FILES: &[(&str, &str, u32)] = &[
         0o644,
     ),
     (
+        "etc/dconf/profile/user",
+        include_str!("../../images/gnome/dconf-profile-user"),
+        0o644,
+    ),
+    (
+        "etc/dconf/db/local.d/00-berth",
+        include_str!("../../images/gnome/dconf-berth"),
+        0o644,
+    ),
+    (
+        "etc/thunderbird/pref/berth.js",
+        include_str!("../../images/gnome/thunderbird-berth.js"),
+        0o644,
+    ),
+    (
         "etc/xdg/mimeapps.list",
         include_str!("../../images/gnome/mimeapps.list"),
         0o644,
@@ -585,16 +600,13 @@ pub fn build(req: &BuildRequest) -> anyhow::Result<Built> {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755))?;
     }
-    let cmd = match (sel.desktop, &sel.session) {
-        (true, Some(session)) => format!(
-            r#"CMD ["--listen", "0.0.0.0:5000", "--cdp-listen", "0.0.0.0:9222", "--desktop", "--session", "{session}"]"#
-        ),
-        (true, None) => {
-            r#"CMD ["--listen", "0.0.0.0:5000", "--cdp-listen", "0.0.0.0:9222", "--desktop"]"#
-                .to_string()
-        }
-        (false, _) => r#"CMD ["--listen", "0.0.0.0:5000"]"#.to_string(),
+    let cmd = match sel.desktop {
+        true => r#"CMD ["--listen", "0.0.0.0:5000", "--cdp-listen", "0.0.0.0:9222", "--desktop"]"#,
+        false => r#"CMD ["--listen", "0.0.0.0:5000"]"#,
     };
+    // The session is the image's, whoever starts its agent (a provider passes its own
+    // arguments): the agent reads it from its environment.
+    let session = sel.session.as_deref().unwrap_or("xfce");
     let ports = format!(
         // Dockerfile syntax: a double-quoted value, its own quotes escaped.
         "LABEL {PORTS_LABEL}=\"{}\"",
@@ -608,15 +620,14 @@ pub fn build(req: &BuildRequest) -> anyhow::Result<Built> {
         &image,
         &[
             r#"ENTRYPOINT ["/usr/local/bin/berth-agent", "init"]"#,
-            &cmd,
+            cmd,
             "ENV LANG=C.UTF-8",
+            &format!("ENV BERTH_AGENT_SESSION={session}"),
             "EXPOSE 5000 9222",
             &format!("LABEL berth.image_ref={image}"),
             &format!(
                 "LABEL {SESSION_LABEL}={}",
-                sel.session
-                    .as_deref()
-                    .unwrap_or(if sel.desktop { "xfce" } else { "none" })
+                if sel.desktop { session } else { "none" }
             ),
             &ports,
         ],

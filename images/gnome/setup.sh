@@ -14,6 +14,7 @@ ln -sf /usr/share/zoneinfo/America/Los_Angeles /etc/localtime
 echo America/Los_Angeles > /etc/timezone
 
 glib-compile-schemas /usr/share/glib-2.0/schemas
+dconf update
 
 # The system bus starts systemd's date, host-name and locale daemons itself (there is no
 # systemd to ask): GNOME Settings' Date & Time and `timedatectl` reach timedated that way.
@@ -29,7 +30,20 @@ rm -rf /run/systemd
 for c in google-chrome google-chrome-stable; do
     ln -sf /var/lib/berth-agent/desktop-bin/google-chrome "/usr/bin/$c"
 done
+# The image's other session's programs (XFCE's terminal and file manager), Chromium under its
+# own name and JupyterLab stay out of GNOME's app grid, as on Ubuntu; they still open files.
+mkdir -p /usr/local/share/applications
+for f in thunar thunar-bulk-rename thunar-settings xfce4-terminal chromium jupyterlab; do
+    for dir in /usr/local/share/applications /usr/share/applications; do
+        if [ -f "$dir/$f.desktop" ]; then
+            sed '/^\[Desktop Entry\]/a NoDisplay=true' "$dir/$f.desktop" > "/tmp/$f.desktop"
+            mv "/tmp/$f.desktop" "/usr/local/share/applications/$f.desktop"
+            break
+        fi
+    done
+done
 update-desktop-database -q /usr/share/applications || true
+update-desktop-database -q /usr/local/share/applications || true
 
 # OSWorld's tasks `pip install` into the system Python.
 printf '[global]\nbreak-system-packages = true\n' > /etc/pip.conf

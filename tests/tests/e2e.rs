@@ -32,6 +32,7 @@ mod native_exec;
 mod native_files;
 mod one_door;
 mod osworld;
+mod osworld_gnome;
 mod pty;
 mod quickstart;
 mod record;

@@ -1,12 +1,15 @@
 //! `berth verify desktop-osworld` against a real `berth serve` on the Docker provider with the
 //! desktop image: it passes on a fresh deployment and deletes its sandbox; it fails, naming the
 //! check, on a sandbox whose accessibility bus the supervisor gave up on; Ctrl-C still deletes.
+//! On the osworld image (GNOME) every fidelity row passes on a fresh sandbox, and a difference
+//! introduced into one is named.
 
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
+use berth_protocol::controller::{Command as RunCommand, RunRequest};
 use berth_protocol::controller::{ControllerClient, CreateSandbox};
-use berth_tests::controller::{API_KEY, ControllerProcess, Provider};
+use berth_tests::controller::{API_KEY, ControllerProcess, Provider, build_image};
 use berth_tests::{wait_for, workspace_bin};
 use serde_json::Value;
 
@@ -25,6 +28,7 @@ const CHECKS: &[&str] = &[
     "recording",
     "accessibility",
     "cdp /json/version",
+    "desktop state",
 ];
 
 /// `berth verify desktop-osworld ARGS` with only `env` of the client variables set.
@@ -108,6 +112,8 @@ async fn verify_passes_against_a_fresh_deployment_and_deletes_its_sandbox() {
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(report["passed"], true);
     let mut expected: Vec<String> = CHECKS.iter().map(|s| s.to_string()).collect();
+    // The XFCE image states no expected desktop: one passing row says so.
+    expected.push("fidelity".into());
     expected.push("delete".into());
     assert_eq!(names(&report), expected);
     for row in report["checks"].as_array().unwrap() {
@@ -225,4 +231,104 @@ async fn an_interrupted_verify_still_deletes_its_sandbox() {
     assert_eq!(delete["ok"], true, "{report}");
     assert_eq!(client.get(&id).await.unwrap().status, "stopped");
     assert!(c.leftovers(&id).is_empty(), "{:?}", c.leftovers(&id));
+}
+
+#[tokio::test]
+async fn the_gnome_osworld_image_passes_every_fidelity_row_and_a_difference_is_named() {
+    // `tests/test.sh` builds it; here the build finds it.
+    let built = build_image(&["--profile", "desktop", "--bundle", "osworld"]).unwrap();
+    let image = built["image_ref"].as_str().unwrap().to_string();
+    let c = ControllerProcess::start_on(Provider::Docker, "").await;
+    let out = finished(
+        verify(
+            &[
+                "--url",
+                &c.base,
+                "--key",
+                API_KEY,
+                "--image-ref",
+                &image,
+                "--json",
+            ],
+            &[],
+        )
+        .spawn()
+        .unwrap(),
+    )
+    .await;
+    let fresh = report(&out);
+    let rows = fresh["checks"].as_array().unwrap();
+    let failed: Vec<&Value> = rows.iter().filter(|c| c["ok"] != true).collect();
+    assert!(failed.is_empty(), "failed checks: {failed:#?}");
+    let fidelity: Vec<&Value> = rows.iter().filter(|c| c["name"] == "fidelity").collect();
+    // Session, theme, dock, settings, handlers, first runs, OSWorld's programs and the rest.
+    assert!(fidelity.len() > 60, "{fidelity:#?}");
+    for item in [
+        "session: gnome",
+        "icon theme: Yaru",
+        "program bc: present",
+        "first run vlc:",
+    ] {
+        assert!(
+            fidelity
+                .iter()
+                .any(|r| r["detail"].as_str().unwrap_or_default().starts_with(item)),
+            "no passing row {item:?}: {fidelity:#?}"
+        );
+    }
+
+    // A difference: the icon theme changed.
+    let cl = c.client();
+    let sb = cl
+        .create(&CreateSandbox {
+            profile: "desktop".into(),
+            image_ref: Some(image.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let run = cl
+        .exec(
+            &sb.id,
+            &RunRequest {
+                command: RunCommand::Line(
+                    "gsettings set org.gnome.desktop.interface icon-theme Adwaita".into(),
+                ),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(run.exit_code, Some(0), "{run:?}");
+    let out = finished(
+        verify(
+            &[
+                "--url",
+                &c.base,
+                "--key",
+                API_KEY,
+                "--sandbox",
+                &sb.id,
+                "--json",
+            ],
+            &[],
+        )
+        .spawn()
+        .unwrap(),
+    )
+    .await;
+    assert_ne!(out.status.code(), Some(0));
+    let report = report(&out);
+    let failed: Vec<String> = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["ok"] != true)
+        .map(|c| c["detail"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert!(
+        failed.contains(&"icon theme: expected Yaru, found Adwaita".to_string()),
+        "{failed:#?}"
+    );
+    cl.delete(&sb.id).await.unwrap();
 }

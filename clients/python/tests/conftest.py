@@ -23,7 +23,7 @@ import uuid
 import pytest
 
 #: The OSWorld metric modules these tests' evaluators use.
-METRIC_MODULES = ("vscode",)
+METRIC_MODULES = ("vscode", "general", "basic_os")
 
 
 def _metrics_without_init() -> None:

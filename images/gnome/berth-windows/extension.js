@@ -2,7 +2,7 @@
 // VM shows them (each was left maximised there, and the apps remember). Dialogs, other programs'
 // windows and a window the user resizes afterwards keep their own size.
 /* exported init */
-const { Meta } = imports.gi;
+const { GLib, Meta } = imports.gi;
 
 // WM_CLASS class or instance names, lower-cased; a name matches when it starts with one.
 const MAXIMISED = [
@@ -19,9 +19,29 @@ function wanted(win) {
     return names.some(n => MAXIMISED.some(m => n.startsWith(m)));
 }
 
+// How long after its first frame a window that unmaximises itself is maximised again: programs
+// that restore a saved geometry (LibreOffice) do it just after mapping, not a user.
+const SETTLE_MS = 3000;
+
 function maximise(win) {
-    if (win.can_maximize() && !win.get_maximized())
+    if (win.can_maximize() && win.get_maximized() !== Meta.MaximizeFlags.BOTH)
         win.maximize(Meta.MaximizeFlags.BOTH);
+}
+
+function maximiseAndHold(win) {
+    maximise(win);
+    const until = GLib.get_monotonic_time() + SETTLE_MS * 1000;
+    const id = win.connect('size-changed', () => {
+        if (GLib.get_monotonic_time() > until) {
+            win.disconnect(id);
+            return;
+        }
+        maximise(win);
+    });
+    win.connect('unmanaged', () => {
+        if (GLib.get_monotonic_time() <= until)
+            win.disconnect(id);
+    });
 }
 
 class Extension {
@@ -35,11 +55,11 @@ class Extension {
             if (actor) {
                 const id = actor.connect('first-frame', () => {
                     actor.disconnect(id);
-                    maximise(win);
+                    maximiseAndHold(win);
                 });
             } else {
                 Meta.later_add(Meta.LaterType.BEFORE_REDRAW, () => {
-                    maximise(win);
+                    maximiseAndHold(win);
                     return false;
                 });
             }
