@@ -455,7 +455,8 @@ mod tests {
 
     #[test]
     fn each_difference_is_named_with_what_was_expected_and_found() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut DesktopState)>)> = vec![
+        type Change = Box<dyn Fn(&mut DesktopState)>;
+        let cases: Vec<(&str, Change)> = vec![
             ("session", Box::new(|s| s.session = "xfce".into())),
             (
                 "icon theme",

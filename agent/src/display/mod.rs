@@ -30,6 +30,9 @@ use input::Input;
 use watch::ScreenWatch;
 use windows::{Match, WindowInfo};
 
+/// The managed windows with how each is shown, and the active window.
+pub type WindowsShown = (Vec<(WindowInfo, windows::WindowState)>, Option<u32>);
+
 #[derive(Debug, thiserror::Error)]
 pub enum DisplayError {
     #[error("no display: the agent runs without --display")]
@@ -433,9 +436,7 @@ impl Display {
     }
 
     /// Every managed window with how it is shown, and the active one.
-    pub fn windows_shown(
-        &self,
-    ) -> Result<(Vec<(WindowInfo, windows::WindowState)>, Option<u32>), DisplayError> {
+    pub fn windows_shown(&self) -> Result<WindowsShown, DisplayError> {
         self.with_capture(|s| {
             let shown = windows::list(&s.x)?
                 .into_iter()

@@ -2,7 +2,7 @@
 //! the same run on the same machine.
 //!
 //!   cargo run -p berth-tests --bin berth-bench -- [exec] [display] [record] [workstation] [controller] [mcp]
-//!                                                 [--requests N] [--seconds S] [--runs R]
+//!                                                 [osworld] [--requests N] [--seconds S] [--runs R] [--envs N]
 //!
 //! `exec`: `/execute` round trip for `echo hi`, a new TCP connection per request as OSWorld's
 //! `requests.post` makes them, against berth-agent and against a Flask + `subprocess.run`
@@ -15,6 +15,9 @@
 //! `controller`: warm-pool claim latency and cold create-to-ready through `berth serve`.
 //! `mcp`: a `computer` click answered with the settled screenshot over MCP (rmcp's client, one
 //! session) beside the same through `POST /v1/computer`.
+//! `osworld`: the GNOME osworld image beside the XFCE desktop (cold start, memory, idle CPU) and
+//! OSWorld's episode reset through `berth.osworld`, cold, pooled and several envs at once (only
+//! when named: it builds both images).
 
 mod controller;
 mod desktop;
@@ -22,6 +25,7 @@ mod display;
 mod exec;
 mod gateway;
 mod mcp;
+mod osworld;
 mod record;
 mod workstation;
 
@@ -68,6 +72,16 @@ async fn main() {
     }
     if which.is_empty() || which.contains(&"mcp") {
         mcp::bench(requests.min(100)).await;
+    }
+    if which.contains(&"osworld") {
+        let flag = |name: &str, default: usize| {
+            args.iter()
+                .position(|a| a == name)
+                .and_then(|i| args.get(i + 1))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(default)
+        };
+        osworld::bench(flag("--runs", 5), flag("--envs", 4)).await;
     }
     if which.is_empty() || which.contains(&"controller") {
         let runs = args
