@@ -382,3 +382,34 @@ def test_paths_and_the_ip_address_format(osworld_code):
     assert p.get_ip_address("desktop") == "127.0.0.1:40001:40002:40001:40003"
     p.sandbox.endpoints.ports.clear()
     assert p.get_ip_address("desktop") == "127.0.0.1:40001:40002:40001:0"
+
+
+def test_check_desktop_raises_naming_each_difference_and_passes_a_faithful_desktop(osworld_code):
+    """``check_desktop`` reads ``/v1/desktop/state`` of each new sandbox: a failed fidelity row
+    raises ``DesktopMismatch`` naming it; all rows passing, or the option off, raise nothing."""
+    from berth.osworld import BerthProvider, DesktopMismatch
+
+    class Answers:
+        def __init__(self, rows):
+            self.rows, self.asked = rows, 0
+
+        def desktop_state(self, sb):
+            self.asked += 1
+            return {"session": "gnome", "fidelity": self.rows}
+
+    sb = berth.Sandbox.from_json({"id": "sb_f", "profile": "desktop", "status": "running", "image_ref": "berth-desktop-osworld:x"})
+    bad = Answers(
+        [
+            {"item": "session", "ok": True, "expected": "gnome", "actual": "gnome"},
+            {"item": "icon theme", "ok": False, "expected": "Yaru", "actual": "Adwaita"},
+        ]
+    )
+    with pytest.raises(DesktopMismatch) as e:
+        BerthProvider(client=bad, check_desktop=True)._check_desktop(sb)
+    assert "icon theme: expected Yaru, found Adwaita" in str(e.value)
+    assert [r["item"] for r in e.value.rows] == ["icon theme"]
+    good = Answers([{"item": "session", "ok": True, "expected": "gnome", "actual": "gnome"}])
+    BerthProvider(client=good, check_desktop=True)._check_desktop(sb)
+    off = Answers(bad.rows)
+    BerthProvider(client=off)._check_desktop(sb)
+    assert (good.asked, off.asked) == (1, 0)
