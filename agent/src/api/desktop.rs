@@ -146,14 +146,9 @@ pub async fn vnc_ws(
     }))
 }
 
-/// `GET /v1/browser`.
-pub async fn browser_info(
-    State(agent): State<Arc<Agent>>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    let d = desktop(&agent)?;
-    let dt = d
-        .browser(crate::desktop::BROWSER_WAIT)
+/// The browser's DevTools endpoint, an idle on-demand browser started for the caller.
+async fn running_browser(d: &Desktop) -> Result<crate::desktop::DevTools, ApiError> {
+    d.browser(crate::desktop::BROWSER_WAIT)
         .await
         .ok_or_else(|| {
             ApiError::new(
@@ -161,7 +156,16 @@ pub async fn browser_info(
                 "browser_down",
                 "the browser is not running (see GET /v1/ready)",
             )
-        })?;
+        })
+}
+
+/// `GET /v1/browser`.
+pub async fn browser_info(
+    State(agent): State<Arc<Agent>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let d = desktop(&agent)?;
+    let dt = running_browser(d).await?;
     let unavailable = |e: String| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "browser_down", e);
     let (version, targets) = tokio::join!(
         crate::browser::version(dt.port),
@@ -215,7 +219,7 @@ pub async fn browser_restart(
 ) -> Result<Response, ApiError> {
     let d = desktop(&agent)?.clone();
     let before = d.pid("chromium");
-    let mut changed = d.changed.subscribe();
+    let mut changed = d.changes();
     d.request_restart("chromium");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
@@ -269,16 +273,7 @@ async fn cdp(agent: Arc<Agent>, path: Option<String>, ws: WsResult) -> Result<Re
             "this route is a CDP WebSocket; GET /v1/browser describes the browser",
         ));
     };
-    let dt = d
-        .browser(crate::desktop::BROWSER_WAIT)
-        .await
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "browser_down",
-                "the browser is not running (see GET /v1/ready)",
-            )
-        })?;
+    let dt = running_browser(d).await?;
     if let Some(p) = &path {
         // Chromium answers an unknown target with a bare HTTP error; say what it is.
         let id = p.rsplit('/').next().unwrap_or_default();

@@ -9,29 +9,30 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use berth_protocol::events::kinds;
-use serde_json::json;
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 
+use super::Status;
 use super::spawn::{Launch, Spawner};
-use super::{Status, new_status};
+use super::supervisor::{Ended, Policy, Supervisor};
 use crate::account::Account;
 use crate::events::EventLog;
-use crate::reaper::{Exit, Reaper};
+use crate::reaper::Reaper;
 
 /// The port the IDE listens on inside the sandbox (loopback only).
 pub const PORT: u16 = 8888;
-/// A start that is not answering within this long counts as a failed one.
-const READY_TIMEOUT: Duration = Duration::from_secs(90);
-const MAX_CRASHES: u32 = 5;
-const STABLE: Duration = Duration::from_secs(60);
-const BACKOFF_FIRST: Duration = Duration::from_millis(500);
-const BACKOFF_MAX: Duration = Duration::from_secs(30);
-const STOP_GRACE: Duration = Duration::from_secs(3);
+/// How the IDE is supervised: JupyterLab takes long to answer its first request.
+const POLICY: Policy = Policy {
+    ready_timeout: Duration::from_secs(90),
+    probe_every: Duration::from_millis(250),
+    max_crashes: 5,
+    stable: Duration::from_secs(60),
+    backoff_first: Duration::from_millis(500),
+    backoff_max: Duration::from_secs(30),
+    stop_grace: Duration::from_secs(3),
+};
 /// How often a missing IDE binary is looked for again (an image may gain it by a package
 /// install inside the sandbox).
 const MISSING_RECHECK: Duration = Duration::from_secs(30);
@@ -135,27 +136,15 @@ pub fn find_program(program: &str, path: &str) -> Option<PathBuf> {
         .find(|p| executable(p))
 }
 
-enum Ended {
-    Exited(Option<Exit>),
-    Requested,
-    Stopping,
-}
-
 pub struct Ide {
     cfg: IdeConfig,
     base_url: String,
     env: OnceLock<Vec<(String, String)>>,
-    status: Mutex<Status>,
+    /// Its status, restarts and stop: the supervisor the desktop's components run under.
+    sup: Supervisor,
     pid: Mutex<Option<(u32, u64)>>,
-    /// Moves whenever the status changes.
-    pub changed: watch::Sender<u64>,
-    restart: Notify,
-    stop: watch::Sender<bool>,
-    stopping: AtomicBool,
     spawner: Spawner,
-    events: Arc<EventLog>,
     reaper: Arc<Reaper>,
-    logs: PathBuf,
 }
 
 impl Ide {
@@ -170,16 +159,10 @@ impl Ide {
         Ok(Arc::new(Ide {
             base_url,
             env: OnceLock::new(),
-            status: Mutex::new(new_status("starting", "not started yet")),
+            sup: Supervisor::new(POLICY, [cfg.kind.name()], events, logs),
             pid: Mutex::new(None),
-            changed: watch::channel(0).0,
-            restart: Notify::new(),
-            stop: watch::channel(false).0,
-            stopping: AtomicBool::new(false),
             spawner: Spawner::start()?,
-            events,
             reaper,
-            logs,
             cfg,
         }))
     }
@@ -199,15 +182,19 @@ impl Ide {
     }
 
     pub fn status(&self) -> Status {
-        self.status
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.sup
+            .status(self.name())
+            .expect("the supervisor knows its one component")
+    }
+
+    /// Moves whenever the status changes.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.sup.changes()
     }
 
     /// Asks for a fresh start (clears a give-up).
     pub fn request_restart(&self) {
-        self.restart.notify_one();
+        self.sup.request_restart(self.name());
     }
 
     /// Starts supervising, with the sandbox user's environment.
@@ -218,26 +205,11 @@ impl Ide {
     }
 
     fn set(&self, f: impl FnOnce(&mut Status)) {
-        let mut s = self.status.lock().unwrap_or_else(|p| p.into_inner());
-        let before = (s.state.clone(), s.reason.clone());
-        f(&mut s);
-        s.ok = s.state == "up";
-        if (&s.state, &s.reason) != (&before.0, &before.1) {
-            s.since = crate::time::now_rfc3339();
-        }
-        drop(s);
-        self.changed.send_modify(|n| *n += 1);
+        self.sup.set(self.name(), f)
     }
 
     fn env(&self) -> Vec<(String, String)> {
         self.env.get().cloned().unwrap_or_default()
-    }
-
-    fn stopped(&self) -> impl std::future::Future<Output = ()> + use<> {
-        let mut rx = self.stop.subscribe();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
     }
 
     /// The user's JupyterLab settings that silence news and update checks, unless they have
@@ -285,12 +257,14 @@ impl Ide {
 
     async fn supervise(self: Arc<Self>) {
         let name = self.name();
+        let sup = &self.sup;
         let mut crashes = 0u32;
         let mut restarts = 0u32;
+        let mut previous = None;
         let mut missing_reported = false;
         self.write_quiet_settings();
         loop {
-            if self.stopping.load(Ordering::SeqCst) {
+            if sup.is_stopping() {
                 return;
             }
             let Some(program) = self.program() else {
@@ -299,24 +273,17 @@ impl Ide {
                      sandbox has no IDE server",
                     self.cfg.program
                 );
-                self.set(|s| {
-                    s.state = "down".into();
-                    s.reason = reason.clone();
-                    s.pid = None;
-                });
-                if !missing_reported {
-                    self.events.emit(
-                        kinds::COMPONENT_DOWN,
-                        json!({"component": name, "reason": reason, "exit_code": null,
-                               "signal": null}),
-                    );
+                if missing_reported {
+                    self.set(|s| s.reason = reason.clone());
+                } else {
+                    sup.start_failed(name, reason.clone());
                     tracing::warn!(component = name, "{reason}");
                     missing_reported = true;
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(MISSING_RECHECK) => {}
-                    _ = self.restart.notified() => {}
-                    _ = self.stopped() => return,
+                    _ = sup.restart_requested(name) => {}
+                    _ = sup.stopped() => return,
                 }
                 continue;
             };
@@ -333,25 +300,15 @@ impl Ide {
                 env: self.env(),
                 cwd: self.cfg.home.clone(),
                 identity: a.needs_switch().then(|| (a.uid, a.gid, a.groups.clone())),
-                log: self.logs.join(format!("{name}.log")),
+                log: sup.log_of(name),
                 pass_fd: None,
             };
             let (pid, mut exit) = match self.spawner.spawn(launch).await {
                 Ok(pid) => (pid, self.reaper.watch(pid)),
                 Err(e) => {
-                    let reason = format!("cannot start: {e}");
-                    self.set(|s| {
-                        s.state = "down".into();
-                        s.reason = reason.clone();
-                        s.pid = None;
-                    });
-                    self.events.emit(
-                        kinds::COMPONENT_DOWN,
-                        json!({"component": name, "reason": reason, "exit_code": null,
-                               "signal": null}),
-                    );
+                    sup.start_failed(name, format!("cannot start: {e}"));
                     crashes += 1;
-                    if !self.back_off(&mut crashes, None).await {
+                    if !sup.back_off(name, &mut crashes, None).await {
                         return;
                     }
                     continue;
@@ -359,58 +316,48 @@ impl Ide {
             };
             let start = crate::proc::start_time(pid).unwrap_or(u64::MAX);
             *self.pid.lock().unwrap_or_else(|p| p.into_inner()) = Some((pid, start));
-            self.set(|s| {
-                s.state = "starting".into();
-                s.reason = "started; waiting until it answers".into();
-                s.pid = Some(pid);
-                s.restarts = restarts;
-            });
-            let ended = self.until_ended(pid, &mut exit, restarts).await;
-            let ended = match self.stopping.load(Ordering::SeqCst) {
-                true => Ended::Stopping,
-                false => ended,
-            };
+            sup.started(name, pid, restarts);
+            let mut ended = sup
+                .until_ended(
+                    name,
+                    pid,
+                    &mut exit,
+                    std::future::pending(),
+                    restarts,
+                    previous,
+                    format!("serving on 127.0.0.1:{PORT} under {}", self.base_url),
+                    || self.probe(),
+                    || {},
+                )
+                .await;
+            if sup.is_stopping() {
+                ended = Ended::Stopping;
+            }
             // What it forked into its group (kernels, terminals' shells) goes with it.
             if let Some((pgid, start)) = self.pid.lock().unwrap_or_else(|p| p.into_inner()).take() {
                 crate::proc::kill_group_since(pgid, start);
             }
-            let (reason, last_exit) = match &ended {
-                Ended::Exited(Some(e)) => (super::describe(e), Some(*e)),
-                Ended::Exited(None) => ("did not answer in time".to_string(), None),
-                Ended::Requested => ("restart requested".to_string(), None),
-                Ended::Stopping => ("the agent is stopping".to_string(), None),
+            let reason = match &ended {
+                Ended::Exited(e) => super::describe(e),
+                Ended::Unready => "did not answer in time".to_string(),
+                Ended::Gone => "what it depends on went away".to_string(),
+                Ended::Requested => "restart requested".to_string(),
+                Ended::Stopping => "the agent is stopping".to_string(),
             };
-            self.set(|s| {
-                s.state = match ended {
-                    Ended::Stopping => "stopped",
-                    _ => "down",
-                }
-                .into();
-                s.reason = reason.clone();
-                s.pid = None;
-            });
+            sup.ended(name, pid, &ended, &reason, ended.exit());
             if matches!(ended, Ended::Stopping) {
                 return;
             }
-            self.events.emit(
-                kinds::COMPONENT_DOWN,
-                super::with_exit(
-                    json!({"component": name, "pid": pid, "reason": reason}),
-                    last_exit,
-                ),
-            );
             restarts += 1;
-            match ended {
-                Ended::Requested => crashes = 0,
-                _ => {
-                    if started.elapsed() >= STABLE {
-                        crashes = 0;
-                    }
-                    crashes += 1;
-                    if !self.back_off(&mut crashes, last_exit).await {
-                        return;
-                    }
-                }
+            previous = Some((ended.cause(), ended.exit()));
+            if matches!(ended, Ended::Requested) {
+                crashes = 0;
+            } else if ended.crashed()
+                && !sup
+                    .after_crash(name, &mut crashes, started.elapsed(), ended.exit())
+                    .await
+            {
+                return;
             }
         }
     }
@@ -429,116 +376,12 @@ impl Ide {
         }
     }
 
-    async fn until_ended(
-        &self,
-        pid: u32,
-        exit: &mut tokio::sync::oneshot::Receiver<Exit>,
-        restarts: u32,
-    ) -> Ended {
-        let name = self.name();
-        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
-        let mut last_reason = String::new();
-        loop {
-            tokio::select! {
-                e = &mut *exit => return Ended::Exited(Some(e.unwrap_or(Exit { code: None, signal: None }))),
-                _ = self.restart.notified() => { self.kill(pid, exit).await; return Ended::Requested; }
-                _ = self.stopped() => { self.kill(pid, exit).await; return Ended::Stopping; }
-                r = self.probe() => match r {
-                    Ok(()) => break,
-                    Err(reason) => {
-                        if reason != last_reason {
-                            self.set(|s| s.reason = format!("not ready yet: {reason}"));
-                            last_reason = reason;
-                        }
-                        if tokio::time::Instant::now() >= deadline {
-                            tracing::warn!(component = name, reason = %last_reason, "not ready in time; restarting it");
-                            self.kill(pid, exit).await;
-                            return Ended::Exited(None);
-                        }
-                        tokio::time::sleep(Duration::from_millis(250)).await;
-                    }
-                }
-            }
-        }
-        self.set(|s| {
-            s.state = "up".into();
-            s.reason = format!("serving on 127.0.0.1:{PORT} under {}", self.base_url);
-        });
-        self.events.emit(
-            kinds::COMPONENT_UP,
-            json!({"component": name, "pid": pid, "restarts": restarts}),
-        );
-        if restarts > 0 {
-            self.events.emit(
-                kinds::COMPONENT_RESTARTED,
-                json!({"component": name, "pid": pid, "restarts": restarts}),
-            );
-        }
-        tracing::info!(component = name, pid, "up");
-        tokio::select! {
-            e = &mut *exit => Ended::Exited(Some(e.unwrap_or(Exit { code: None, signal: None }))),
-            _ = self.restart.notified() => { self.kill(pid, exit).await; Ended::Requested }
-            _ = self.stopped() => { self.kill(pid, exit).await; Ended::Stopping }
-        }
-    }
-
-    /// SIGTERM to its process group, SIGKILL after the grace period.
-    async fn kill(&self, pid: u32, exit: &mut tokio::sync::oneshot::Receiver<Exit>) {
-        use nix::sys::signal::Signal;
-        crate::proc::signal_group(pid, Signal::SIGTERM);
-        if tokio::time::timeout(STOP_GRACE, &mut *exit).await.is_err() {
-            tracing::warn!(
-                component = self.name(),
-                pid,
-                "did not stop on SIGTERM; killing it"
-            );
-            crate::proc::signal_group(pid, Signal::SIGKILL);
-            let _ = tokio::time::timeout(STOP_GRACE, &mut *exit).await;
-        }
-    }
-
-    /// Waits out the backoff after a crash, or gives up until a restart is requested. False
-    /// when the agent is stopping.
-    async fn back_off(&self, crashes: &mut u32, last_exit: Option<Exit>) -> bool {
-        if *crashes >= MAX_CRASHES {
-            let name = self.name();
-            let reason = format!("gave up after {MAX_CRASHES} crashes in a row");
-            self.set(|s| {
-                s.state = "gave_up".into();
-                s.reason = reason.clone();
-            });
-            self.events.emit(
-                kinds::COMPONENT_GAVE_UP,
-                super::with_exit(
-                    json!({"component": name, "crashes": MAX_CRASHES, "reason": reason,
-                           "log": self.logs.join(format!("{name}.log"))}),
-                    last_exit,
-                ),
-            );
-            tracing::error!(component = name, "{reason}");
-            tokio::select! {
-                _ = self.restart.notified() => {}
-                _ = self.stopped() => return false,
-            }
-            *crashes = 0;
-            return true;
-        }
-        let delay = BACKOFF_FIRST
-            .saturating_mul(1 << (*crashes - 1).min(10))
-            .min(BACKOFF_MAX);
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => true,
-            _ = self.restart.notified() => { *crashes = 0; true }
-            _ = self.stopped() => false,
-        }
-    }
-
     /// Stops the IDE (its supervisor kills it) and waits for that, bounded.
     pub async fn shutdown(&self) {
-        self.stopping.store(true, Ordering::SeqCst);
-        self.stop.send_replace(true);
-        let mut changed = self.changed.subscribe();
-        let deadline = tokio::time::Instant::now() + STOP_GRACE * 2 + Duration::from_secs(1);
+        self.sup.begin_stop();
+        let mut changed = self.changes();
+        let grace = self.sup.policy().stop_grace;
+        let deadline = tokio::time::Instant::now() + grace * 2 + Duration::from_secs(1);
         while self.pid.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
             if tokio::time::timeout_at(deadline, changed.changed())
                 .await

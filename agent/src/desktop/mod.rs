@@ -14,6 +14,7 @@ pub mod ready;
 pub mod session;
 mod spawn;
 pub mod state;
+pub mod supervisor;
 pub mod vnc;
 
 use std::collections::BTreeMap;
@@ -35,15 +36,20 @@ use crate::reaper::{Exit, Reaper};
 pub use session::{BrowserStart, Component, SessionKind};
 use session::{ReadyWhen, RunAs, Socket};
 use spawn::{Launch, Spawner};
+use supervisor::{Ended, Policy, Supervisor};
 
 /// A component that does not become ready within this long counts as a failed start.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
-/// Crashes in a row (each within `STABLE` of its start) before giving up.
-const MAX_CRASHES: u32 = 5;
-/// A component that stayed up this long has its crash count cleared.
-const STABLE: Duration = Duration::from_secs(60);
-const BACKOFF_FIRST: Duration = Duration::from_millis(250);
-const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// How the session's components are supervised.
+const POLICY: Policy = Policy {
+    ready_timeout: READY_TIMEOUT,
+    probe_every: Duration::from_millis(50),
+    max_crashes: 5,
+    stable: Duration::from_secs(60),
+    backoff_first: Duration::from_millis(250),
+    backoff_max: Duration::from_secs(30),
+    stop_grace: STOP_GRACE,
+};
 /// After the browser quit on its own (a SIGTERM, a clean exit: OSWorld's `pkill chrome`), how
 /// long the desktop waits for one the user starts on its profile (`google-chrome
 /// --remote-debugging-port=…`) before starting its own. A crash is restarted without waiting.
@@ -121,20 +127,15 @@ pub struct Desktop {
     browser: PathBuf,
     env: Mutex<Vec<(String, String)>>,
     chromium_no_sandbox: AtomicBool,
-    statuses: Mutex<BTreeMap<&'static str, Status>>,
+    /// Every component's status, restarts and stop.
+    sup: Supervisor,
     /// Each running component's pid (also its process group) and start time, mirrored to
     /// `desktop/groups` so the next agent can clear what a crashed one left behind.
     groups: Mutex<BTreeMap<&'static str, (u32, u64)>>,
-    /// Moves whenever a status changes.
-    pub changed: watch::Sender<u64>,
     /// Moves when the X server goes away (its dependents restart with it).
     x_epoch: watch::Sender<u64>,
-    restart: BTreeMap<&'static str, Notify>,
     /// Asks an idle on-demand browser to start.
     browser_wanted: Notify,
-    /// Set once when the agent exits; every supervisor stops its component.
-    stop: watch::Sender<bool>,
-    stopping: AtomicBool,
     devtools: Mutex<Option<DevTools>>,
     /// The DevTools port an adopted browser was started with (`--remote-debugging-port=N`,
     /// N > 0: such a browser writes no DevToolsActivePort).
@@ -144,13 +145,6 @@ pub struct Desktop {
     reaper: Arc<Reaper>,
     /// The X server started before the agent's domains were built, handed to its supervisor.
     first_x: Mutex<Option<(u32, tokio::sync::oneshot::Receiver<Exit>)>>,
-}
-
-enum Ended {
-    Exited(Exit),
-    XGone,
-    Requested,
-    Stopping,
 }
 
 impl Desktop {
@@ -182,17 +176,13 @@ impl Desktop {
         let x_auth_file = dir.join("xauth");
         xauth::write_private(&x_auth_file, &xauth::server_file(&x_cookie), None)?;
         let spawner = Spawner::start()?;
-        let (changed, _) = watch::channel(0);
         let (x_epoch, _) = watch::channel(0);
-        let components = cfg.session.components();
-        let restart = components
-            .iter()
-            .map(|c| (c.name(), Notify::new()))
-            .collect();
-        let statuses = components
-            .iter()
-            .map(|c| (c.name(), new_status("starting", "not started yet")))
-            .collect();
+        let sup = Supervisor::new(
+            POLICY,
+            cfg.session.components().iter().map(|c| c.name()),
+            events.clone(),
+            logs.clone(),
+        );
         let mut desktop = Desktop {
             browser,
             display: String::new(),
@@ -207,14 +197,10 @@ impl Desktop {
             profile,
             env: Mutex::new(Vec::new()),
             chromium_no_sandbox: AtomicBool::new(false),
-            statuses: Mutex::new(statuses),
+            sup,
             groups: Mutex::new(BTreeMap::new()),
-            changed,
             x_epoch,
-            restart,
             browser_wanted: Notify::new(),
-            stop: watch::channel(false).0,
-            stopping: AtomicBool::new(false),
             devtools: Mutex::new(None),
             adopted_port: Mutex::new(None),
             spawner,
@@ -258,17 +244,12 @@ impl Desktop {
         self: &Arc<Self>,
         name: &'static str,
     ) -> impl std::future::Future<Output = ()> + use<> {
-        let mut rx = self.changed.subscribe();
+        let mut rx = self.sup.changes();
         let me = self.clone();
         async move {
             let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
             loop {
-                let settled = me
-                    .statuses
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get(name)
-                    .is_some_and(|s| s.state != "starting");
+                let settled = me.sup.status(name).is_some_and(|s| s.state != "starting");
                 if settled
                     || tokio::time::timeout_at(deadline, rx.changed())
                         .await
@@ -301,10 +282,12 @@ impl Desktop {
     }
 
     pub fn statuses(&self) -> BTreeMap<&'static str, Status> {
-        self.statuses
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.sup.statuses()
+    }
+
+    /// Moves whenever a component's status changes.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.sup.changes()
     }
 
     pub fn devtools(&self) -> Option<DevTools> {
@@ -323,16 +306,14 @@ impl Desktop {
     /// always-running browser that is down is not waited for: its supervisor restarts it).
     pub async fn browser(&self, wait: Duration) -> Option<DevTools> {
         let deadline = tokio::time::Instant::now() + wait;
-        let mut changed = self.changed.subscribe();
+        let mut changed = self.sup.changes();
         loop {
             if let Some(dt) = self.devtools() {
                 return Some(dt);
             }
             let gave_up = self
-                .statuses
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(Component::Browser.name())
+                .sup
+                .status(Component::Browser.name())
                 .is_some_and(|s| s.state == "gave_up");
             if self.cfg.session.browser_start() != BrowserStart::OnDemand
                 || gave_up
@@ -366,7 +347,7 @@ impl Desktop {
             tokio::select! {
                 _ = self.browser_wanted.notified() => return Some(None),
                 // `POST /v1/browser/restart` asks for a fresh one.
-                _ = self.restart[Component::Browser.name()].notified() => return Some(None),
+                _ = self.sup.restart_requested(Component::Browser.name()) => return Some(None),
                 _ = tokio::time::sleep(IDLE_POLL) => {}
                 _ = self.stopped() => return None,
             }
@@ -401,28 +382,11 @@ impl Desktop {
 
     /// Asks for a fresh start of one component (clears a give-up).
     pub fn request_restart(&self, name: &str) -> bool {
-        match self.restart.get(name) {
-            Some(n) => {
-                n.notify_one();
-                true
-            }
-            None => false,
-        }
+        self.sup.request_restart(name)
     }
 
     fn set(&self, name: &'static str, f: impl FnOnce(&mut Status)) {
-        let mut map = self.statuses.lock().unwrap_or_else(|p| p.into_inner());
-        let s = map
-            .entry(name)
-            .or_insert_with(|| new_status("starting", ""));
-        let before = (s.ok, s.state.clone(), s.reason.clone());
-        f(s);
-        s.ok = state_ok(&s.state);
-        if (s.ok, &s.state, &s.reason) != (before.0, &before.1, &before.2) {
-            s.since = crate::time::now_rfc3339();
-        }
-        drop(map);
-        self.changed.send_modify(|n| *n += 1);
+        self.sup.set(name, f)
     }
 
     fn env(&self) -> Vec<(String, String)> {
@@ -903,17 +867,15 @@ impl Desktop {
         let Some(prev) = i.checked_sub(1).map(|p| components[p].name()) else {
             return;
         };
-        let mut rx = self.changed.subscribe();
+        let mut rx = self.sup.changes();
         let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
         loop {
             let settled = self
-                .statuses
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(prev)
+                .sup
+                .status(prev)
                 .is_some_and(|s| matches!(s.state.as_str(), "up" | "gave_up"));
             if settled
-                || self.stopping.load(Ordering::SeqCst)
+                || self.sup.is_stopping()
                 || tokio::time::timeout_at(deadline, rx.changed())
                     .await
                     .is_err()
@@ -924,18 +886,12 @@ impl Desktop {
     }
 
     async fn wait_for_x(&self) {
-        let mut rx = self.changed.subscribe();
+        let mut rx = self.sup.changes();
         loop {
-            if self.stopping.load(Ordering::SeqCst) {
+            if self.sup.is_stopping() {
                 return;
             }
-            if self
-                .statuses
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get("x")
-                .is_some_and(|s| s.ok)
-            {
+            if self.sup.status("x").is_some_and(|s| s.ok) {
                 return;
             }
             let _ = rx.changed().await;
@@ -957,14 +913,14 @@ impl Desktop {
         // A browser the user started on the profile, to be supervised instead of a new one.
         let mut adopt: Option<(u32, u64)> = None;
         loop {
-            if self.stopping.load(Ordering::SeqCst) {
+            if self.sup.is_stopping() {
                 return;
             }
             if component.needs_x() {
                 self.wait_for_x().await;
                 // After an X restart the dependents come back one by one, in start order.
                 self.wait_for_predecessor(component).await;
-                if self.stopping.load(Ordering::SeqCst) {
+                if self.sup.is_stopping() {
                     return;
                 }
             }
@@ -1021,20 +977,10 @@ impl Desktop {
                     {
                         Ok(pid) => (pid, self.reaper.watch(pid)),
                         Err(e) => {
-                            let reason = format!("cannot start: {e}");
-                            self.set(name, |s| {
-                                s.state = "down".into();
-                                s.reason = reason.clone();
-                                s.pid = None;
-                            });
-                            self.events.emit(
-                                kinds::COMPONENT_DOWN,
-                                json!({"component": name, "reason": reason,
-                                       "exit_code": null, "signal": null}),
-                            );
+                            self.sup.start_failed(name, format!("cannot start: {e}"));
                             last_exit = None;
                             crashes += 1;
-                            if !self.back_off(name, &mut crashes, last_exit).await {
+                            if !self.sup.back_off(name, &mut crashes, last_exit).await {
                                 return;
                             }
                             continue;
@@ -1042,23 +988,39 @@ impl Desktop {
                     }
                 }
             };
-            self.set(name, |s| {
-                s.state = "starting".into();
-                s.reason = "started; waiting until it is ready".into();
-                s.pid = Some(pid);
-                s.restarts = restarts;
-            });
+            self.sup.started(name, pid, restarts);
+            let needs_x = component.needs_x();
+            let x_gone = async move {
+                if needs_x {
+                    let _ = x_epoch.changed().await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
+            };
             let mut ended = self
+                .sup
                 .until_ended(
-                    component,
+                    name,
                     pid,
                     &mut exit,
-                    x_epoch,
+                    x_gone,
                     restarts,
                     cause.map(|c| (c, last_exit)),
+                    "running".into(),
+                    || self.probe(component),
+                    || {
+                        if component == Component::Browser
+                            && let Some(cause) = cause
+                        {
+                            self.events.emit(
+                                kinds::BROWSER_RESTARTED,
+                                json!({"pid": pid, "cause": cause}),
+                            );
+                        }
+                    },
                 )
                 .await;
-            if self.stopping.load(Ordering::SeqCst) {
+            if self.sup.is_stopping() {
                 ended = Ended::Stopping;
             }
             // A client of the X server often notices its death first and exits on its own:
@@ -1066,7 +1028,7 @@ impl Desktop {
             if matches!(ended, Ended::Exited(_)) && component.needs_x() {
                 let epoch_moved = *self.x_epoch.borrow() != epoch_at_start;
                 if epoch_moved || !self.x_reachable().await {
-                    ended = Ended::XGone;
+                    ended = Ended::Gone;
                     if !epoch_moved {
                         let mut rx = self.x_epoch.subscribe();
                         let _ = tokio::time::timeout(
@@ -1085,26 +1047,21 @@ impl Desktop {
             if component == Component::Browser {
                 *self.devtools.lock().unwrap_or_else(|p| p.into_inner()) = None;
             }
-            let (reason, exit, crashed) = match &ended {
-                // Not the agent's child: how it ended is not known.
-                Ended::Exited(_) if adopted.is_some() => {
-                    ("the adopted browser exited".to_string(), None, true)
-                }
-                Ended::Exited(e) => (describe(e), Some(*e), true),
-                Ended::XGone => ("the X server went away".to_string(), None, false),
-                Ended::Requested => ("restart requested".to_string(), None, false),
-                Ended::Stopping => ("the agent is stopping".to_string(), None, false),
+            let reason = match &ended {
+                Ended::Exited(_) if adopted.is_some() => "the adopted browser exited".to_string(),
+                Ended::Exited(e) => describe(e),
+                Ended::Unready => "did not become ready in time".to_string(),
+                Ended::Gone => "the X server went away".to_string(),
+                Ended::Requested => "restart requested".to_string(),
+                Ended::Stopping => "the agent is stopping".to_string(),
             };
-            self.set(name, |s| {
-                s.state = if matches!(ended, Ended::Stopping) {
-                    "stopped"
-                } else {
-                    "down"
-                }
-                .into();
-                s.reason = reason.clone();
-                s.pid = None;
-            });
+            // An adopted browser is not the agent's child: how it ended is not known.
+            let down_exit = if adopted.is_some() {
+                None
+            } else {
+                ended.exit()
+            };
+            self.sup.ended(name, pid, &ended, &reason, down_exit);
             // Only once X reads as down: a dependent that sees the epoch move must not find
             // the old server's "up" and start again before the new one is ready.
             if component == Component::X {
@@ -1113,25 +1070,14 @@ impl Desktop {
             if matches!(ended, Ended::Stopping) {
                 return;
             }
-            self.events.emit(
-                kinds::COMPONENT_DOWN,
-                with_exit(
-                    json!({"component": name, "pid": pid, "reason": reason}),
-                    exit,
-                ),
-            );
-            last_exit = exit;
+            last_exit = down_exit;
             restarts += 1;
+            cause = Some(ended.cause());
             if on_demand {
                 // Closed or crashed, the browser stays away until it is asked for again (or
                 // the user starts one); a restart request or the X server's return brings it
                 // back at once.
-                start_now = matches!(ended, Ended::Requested | Ended::XGone);
-                cause = Some(match ended {
-                    Ended::Exited(_) => "crash",
-                    Ended::XGone => "x_restart",
-                    _ => "request",
-                });
+                start_now = matches!(ended, Ended::Requested | Ended::Gone);
                 continue;
             }
             if component == Component::Browser
@@ -1148,189 +1094,22 @@ impl Desktop {
                     continue;
                 }
             }
-            cause = Some(match ended {
-                Ended::Exited(_) => "crash",
-                Ended::XGone => "x_restart",
-                _ => "request",
-            });
-            match ended {
-                Ended::Requested => crashes = 0,
-                _ if crashed => {
-                    if started.elapsed() >= STABLE {
-                        crashes = 0;
-                    }
-                    crashes += 1;
-                    if !self.back_off(name, &mut crashes, last_exit).await {
-                        return;
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
-
-    /// Waits out the backoff after a crash, or gives up (until a restart is requested).
-    /// False when the agent is stopping.
-    /// `last_exit`: how the last run ended, reported with a give-up.
-    async fn back_off(
-        &self,
-        name: &'static str,
-        crashes: &mut u32,
-        last_exit: Option<Exit>,
-    ) -> bool {
-        // The `MAX_CRASHES`th crash in a row is the last one waited out.
-        if *crashes >= MAX_CRASHES {
-            let reason = format!("gave up after {MAX_CRASHES} crashes in a row");
-            self.set(name, |s| {
-                s.state = "gave_up".into();
-                s.reason = reason.clone();
-            });
-            self.events.emit(
-                kinds::COMPONENT_GAVE_UP,
-                with_exit(
-                    json!({"component": name, "crashes": MAX_CRASHES, "reason": reason,
-                           "log": self.logs.join(format!("{name}.log"))}),
-                    last_exit,
-                ),
-            );
-            tracing::error!(component = name, "{reason}");
-            tokio::select! {
-                _ = self.restart[name].notified() => {}
-                _ = self.stopped() => return false,
-            }
-            *crashes = 0;
-            return true;
-        }
-        let delay = BACKOFF_FIRST
-            .saturating_mul(1 << (*crashes - 1).min(10))
-            .min(BACKOFF_MAX);
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => true,
-            _ = self.restart[name].notified() => { *crashes = 0; true }
-            _ = self.stopped() => false,
-        }
-    }
-
-    /// From start to end: readiness, then watching. Kills the component when it has to go.
-    async fn until_ended(
-        &self,
-        component: Component,
-        pid: u32,
-        exit: &mut tokio::sync::oneshot::Receiver<Exit>,
-        mut x_epoch: watch::Receiver<u64>,
-        restarts: u32,
-        // Why the run before this one ended, and how (None on the first start).
-        previous: Option<(&'static str, Option<Exit>)>,
-    ) -> Ended {
-        let name = component.name();
-        let needs_x = component.needs_x();
-        let x_gone = async move {
-            if needs_x {
-                let _ = x_epoch.changed().await;
-            } else {
-                std::future::pending::<()>().await;
-            }
-        };
-        tokio::pin!(x_gone);
-        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
-        let mut last_reason = String::new();
-        // Readiness.
-        let became_ready = loop {
-            tokio::select! {
-                e = &mut *exit => return Ended::Exited(e.unwrap_or(Exit { code: None, signal: None })),
-                _ = &mut x_gone => { self.kill(name, pid, exit).await; return Ended::XGone; }
-                _ = self.restart[name].notified() => { self.kill(name, pid, exit).await; return Ended::Requested; }
-                _ = self.stopped() => { self.kill(name, pid, exit).await; return Ended::Stopping; }
-                r = self.probe(component) => match r {
-                    Ok(()) => break true,
-                    Err(reason) => {
-                        if reason != last_reason {
-                            self.set(name, |s| s.reason = format!("not ready yet: {reason}"));
-                            last_reason = reason;
-                        }
-                        if tokio::time::Instant::now() >= deadline {
-                            break false;
-                        }
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                }
-            }
-        };
-        if !became_ready {
-            // Running but useless: restart it like a crash.
-            tracing::warn!(component = name, reason = %last_reason, "not ready in time; restarting it");
-            self.kill(name, pid, exit).await;
-            return Ended::Exited(Exit {
-                code: None,
-                signal: None,
-            });
-        }
-        self.set(name, |s| {
-            s.state = "up".into();
-            s.reason = "running".into();
-        });
-        self.events.emit(
-            kinds::COMPONENT_UP,
-            json!({"component": name, "pid": pid, "restarts": restarts}),
-        );
-        if let Some((cause, last_exit)) = previous {
-            self.events.emit(
-                kinds::COMPONENT_RESTARTED,
-                with_exit(
-                    json!({"component": name, "pid": pid, "restarts": restarts, "cause": cause}),
-                    last_exit,
-                ),
-            );
-            if component == Component::Browser {
-                self.events.emit(
-                    kinds::BROWSER_RESTARTED,
-                    json!({"pid": pid, "cause": cause}),
-                );
-            }
-        }
-        tracing::info!(component = name, pid, "up");
-        tokio::select! {
-            e = &mut *exit => Ended::Exited(e.unwrap_or(Exit { code: None, signal: None })),
-            _ = &mut x_gone => { self.kill(name, pid, exit).await; Ended::XGone }
-            _ = self.restart[name].notified() => { self.kill(name, pid, exit).await; Ended::Requested }
-            _ = self.stopped() => { self.kill(name, pid, exit).await; Ended::Stopping }
-        }
-    }
-
-    /// SIGTERM to the component's process group, SIGKILL after the grace period.
-    async fn kill(&self, name: &str, pid: u32, exit: &mut tokio::sync::oneshot::Receiver<Exit>) {
-        use nix::sys::signal::Signal;
-        // Its whole tree, taken now: once it is gone its children belong to the agent.
-        let tree: Vec<(u32, u64)> = crate::proc::descendants(pid)
-            .into_iter()
-            .filter_map(|d| crate::proc::start_time(d).map(|s| (d, s)))
-            .collect();
-        // The process itself too: an adopted browser leads no group of its own.
-        let signal = |sig| {
-            crate::proc::signal_group(pid, sig);
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
-        };
-        signal(Signal::SIGTERM);
-        if tokio::time::timeout(STOP_GRACE, &mut *exit).await.is_err() {
-            tracing::warn!(component = name, pid, "did not stop on SIGTERM; killing it");
-            signal(Signal::SIGKILL);
-            let _ = tokio::time::timeout(STOP_GRACE, &mut *exit).await;
-        }
-        // Helpers that left the group (a browser's children) go too.
-        for (d, start) in tree {
-            if crate::proc::is_alive(d, start) {
-                let _ =
-                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(d as i32), Signal::SIGKILL);
+            if matches!(ended, Ended::Requested) {
+                crashes = 0;
+            } else if ended.crashed()
+                && !self
+                    .sup
+                    .after_crash(name, &mut crashes, started.elapsed(), last_exit)
+                    .await
+            {
+                return;
             }
         }
     }
 
     /// Resolves once the agent is stopping (at once if it already is).
     fn stopped(&self) -> impl std::future::Future<Output = ()> + use<> {
-        let mut rx = self.stop.subscribe();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
+        self.sup.stopped()
     }
 
     /// Stops every component at once (each supervisor: SIGTERM, SIGKILL after the grace
@@ -1349,9 +1128,8 @@ impl Desktop {
                 .filter_map(|pid| crate::proc::start_time(pid).map(|s| (pid, s)))
                 .collect()
         };
-        self.stopping.store(true, Ordering::SeqCst);
-        self.stop.send_replace(true);
-        let mut changed = self.changed.subscribe();
+        self.sup.begin_stop();
+        let mut changed = self.sup.changes();
         let deadline = tokio::time::Instant::now() + STOP_GRACE * 2 + Duration::from_secs(1);
         while !self
             .groups
@@ -1367,21 +1145,23 @@ impl Desktop {
                 break;
             }
         }
+        let mut killed = Vec::new();
         for (pid, start) in trees {
             if crate::proc::is_alive(pid, start) {
                 let _ =
                     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGKILL);
+                killed.push((pid, start));
             }
         }
+        // A SIGKILL is not a death yet (a large process takes a while to tear down on a busy
+        // machine): the agent exits once what it killed is gone, bounded.
+        let deadline = tokio::time::Instant::now() + STOP_GRACE;
+        while killed.iter().any(|(p, s)| crate::proc::is_alive(*p, *s))
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
-}
-
-/// Adds how a process ended, as `component.down` reports it: `exit_code` (null when it did not
-/// exit on its own) and `signal` (`KILL`, …; null when none killed it).
-fn with_exit(mut event: serde_json::Value, exit: Option<Exit>) -> serde_json::Value {
-    event["exit_code"] = json!(exit.and_then(|e| e.code));
-    event["signal"] = json!(exit.and_then(|e| e.signal).map(crate::proc::signal_name));
-    event
 }
 
 /// The last `--remote-debugging-port=N` of a command line (NUL- or space-separated, as

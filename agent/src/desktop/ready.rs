@@ -78,7 +78,7 @@ impl Readiness {
             cdp_listen: loopback(lb.cdp_listen),
         });
         tokio::spawn(async move {
-            let mut changed = desktop.changed.subscribe();
+            let mut changed = desktop.changes();
             loop {
                 let results = run_checks(&desktop, &a11y, &lb).await;
                 let mut all_ok = true;
@@ -153,8 +153,8 @@ impl Readiness {
     pub async fn wait(&self, wait: Duration) -> Report {
         let deadline = tokio::time::Instant::now() + wait;
         let mut checks = self.checks.subscribe();
-        let mut changed = self.desktop.as_ref().map(|d| d.changed.subscribe());
-        let mut ide_changed = self.ide.as_ref().map(|i| i.changed.subscribe());
+        let mut changed = self.desktop.as_ref().map(|d| d.changes());
+        let mut ide_changed = self.ide.as_ref().map(|i| i.changes());
         loop {
             let r = self.report();
             if r.ready {
