@@ -7,12 +7,18 @@ resetting R times; prints one JSON line: every reset's seconds and the wall time
 
 import concurrent.futures
 import json
+import os
 import sys
 import tempfile
 import time
 
-import berth.osworld
-from desktop_env.desktop_env import DesktopEnv
+# OSWorld's code as the Python tests load it (its metrics package without the imports of every
+# metric module; tests/setup.sh installs what the rest needs).
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "clients", "python", "tests"))
+import conftest  # noqa: E402,F401
+
+import berth.osworld  # noqa: E402
+from desktop_env.desktop_env import DesktopEnv  # noqa: E402
 
 url, key, image, resets, envs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 berth.osworld.register(url, key, image_ref=image, labels={"suite": "bench"})

@@ -37,28 +37,26 @@ pub(crate) fn summary(lines: &[String]) -> String {
         .unwrap_or_default()
 }
 
-#[tokio::test]
-async fn the_python_client_and_osworlds_desktop_env_pass_against_a_docker_controller() {
-    let c = ControllerProcess::start_on(Provider::Docker, "").await;
+/// `python3 -m pytest ARGS` from the repository's root with `env`, bounded at 25 minutes, its
+/// output printed as it comes (and kept): its exit status and stdout's lines.
+pub(crate) fn pytest(
+    args: &[&str],
+    env: &[(&str, &std::ffi::OsStr)],
+) -> (std::process::ExitStatus, Vec<String>) {
     // Bounded: a setup step that waits on a window the guest never shows must not hang the run.
-    let mut child = Command::new("timeout")
-        .args(["--kill-after=10", "1500", "python3", "-m", "pytest"])
-        .args([
-            "-q",
-            "-rs",
-            "-p",
-            "no:cacheprovider",
-            "clients/python/tests",
-            // The GNOME image's suite runs on its own (osworld_gnome.rs).
-            "--ignore=clients/python/tests/gnome",
-        ])
+    let mut cmd = Command::new("timeout");
+    cmd.args(["--kill-after=10", "1500", "python3", "-m", "pytest"])
+        .args(["-q", "-rs", "-p", "no:cacheprovider"])
+        .args(args)
         .current_dir(repo_root())
-        .env("BERTH_URL", &c.base)
-        .env("BERTH_API_KEY", API_KEY)
         .env("PYTHONUNBUFFERED", "1")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd
         .spawn()
         .expect("python3 with pytest (tests/setup.sh installs it)");
     let stderr = child.stderr.take().unwrap();
@@ -77,6 +75,23 @@ async fn the_python_client_and_osworlds_desktop_env_pass_against_a_docker_contro
     }
     let status = child.wait().unwrap();
     let _ = err_thread.join();
+    (status, lines)
+}
+
+#[tokio::test]
+async fn the_python_client_and_osworlds_desktop_env_pass_against_a_docker_controller() {
+    let c = ControllerProcess::start_on(Provider::Docker, "").await;
+    let (status, lines) = pytest(
+        // The GNOME image's suite runs on its own (osworld_gnome.rs).
+        &[
+            "clients/python/tests",
+            "--ignore=clients/python/tests/gnome",
+        ],
+        &[
+            ("BERTH_URL", c.base.as_ref()),
+            ("BERTH_API_KEY", API_KEY.as_ref()),
+        ],
+    );
     let summary = summary(&lines);
     assert!(
         status.success(),

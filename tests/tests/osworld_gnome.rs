@@ -6,12 +6,9 @@
 //! `tests/screenshots/`), and reads VLC's status and Chrome's profile with OSWorld's getters.
 //! Every reset holds the fresh sandbox to the image's expected desktop (`check_desktop`).
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-
 use berth_tests::controller::{API_KEY, ControllerProcess, Provider, build_image};
 
-use crate::osworld::{repo_root, summary};
+use crate::osworld::{pytest, repo_root, summary};
 
 #[tokio::test]
 async fn osworlds_desktop_env_solves_settings_tasks_through_gnomes_gui_and_opens_every_app() {
@@ -20,42 +17,16 @@ async fn osworlds_desktop_env_solves_settings_tasks_through_gnomes_gui_and_opens
     let image = built["image_ref"].as_str().unwrap().to_string();
     let config = format!("[[pools]]\nprofile = \"desktop\"\nimage_ref = \"{image}\"\nsize = 2\n");
     let c = ControllerProcess::start_on(Provider::Docker, &config).await;
-    let mut child = Command::new("timeout")
-        .args(["--kill-after=10", "1500", "python3", "-m", "pytest"])
-        .args([
-            "-q",
-            "-rs",
-            "-p",
-            "no:cacheprovider",
-            "clients/python/tests/gnome",
-        ])
-        .current_dir(repo_root())
-        .env("BERTH_URL", &c.base)
-        .env("BERTH_API_KEY", API_KEY)
-        .env("BERTH_OSWORLD_IMAGE", &image)
-        .env("BERTH_SCREENSHOTS", repo_root().join("tests/screenshots"))
-        .env("PYTHONUNBUFFERED", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3 with pytest (tests/setup.sh installs it)");
-    let stderr = child.stderr.take().unwrap();
-    let err_thread = std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("pytest: {line}");
-        }
-    });
-    let mut lines = Vec::new();
-    for line in BufReader::new(child.stdout.take().unwrap())
-        .lines()
-        .map_while(Result::ok)
-    {
-        println!("pytest: {line}");
-        lines.push(line);
-    }
-    let status = child.wait().unwrap();
-    let _ = err_thread.join();
+    let shots = repo_root().join("tests/screenshots");
+    let (status, lines) = pytest(
+        &["clients/python/tests/gnome"],
+        &[
+            ("BERTH_URL", c.base.as_ref()),
+            ("BERTH_API_KEY", API_KEY.as_ref()),
+            ("BERTH_OSWORLD_IMAGE", image.as_ref()),
+            ("BERTH_SCREENSHOTS", shots.as_os_str()),
+        ],
+    );
     let summary = summary(&lines);
     assert!(
         status.success(),

@@ -24,33 +24,41 @@ fn docker_exec(container: &str, cmd: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The container's memory in use (its cgroup's, page cache excluded, as `docker stats` counts).
+/// The container's memory in use, page cache excluded (as `docker stats` counts it), from its
+/// cgroup (v2, else v1).
 fn memory_mb(container: &str) -> f64 {
-    let stat = docker_exec(container, "cat /sys/fs/cgroup/memory.stat");
-    let current: f64 = docker_exec(container, "cat /sys/fs/cgroup/memory.current")
-        .trim()
-        .parse()
+    let out = docker_exec(
+        container,
+        "if [ -f /sys/fs/cgroup/memory.current ]; then cat /sys/fs/cgroup/memory.current; \
+         grep '^inactive_file ' /sys/fs/cgroup/memory.stat; else \
+         cat /sys/fs/cgroup/memory/memory.usage_in_bytes; \
+         grep '^total_inactive_file ' /sys/fs/cgroup/memory/memory.stat; fi",
+    );
+    let mut lines = out.lines();
+    let current: f64 = lines
+        .next()
+        .and_then(|l| l.trim().parse().ok())
         .unwrap_or(0.0);
-    let inactive_file: f64 = stat
-        .lines()
-        .find_map(|l| l.strip_prefix("inactive_file "))
-        .and_then(|v| v.trim().parse().ok())
+    let inactive: f64 = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         .unwrap_or(0.0);
-    (current - inactive_file) / 1e6
+    (current - inactive) / 1e6
 }
 
-/// CPU the container used over `secs` of idling, in percent of one core.
+/// CPU the container used over `secs` of idling, in percent of one core (cgroup v2, else v1).
 async fn idle_cpu(container: &str, secs: u64) -> f64 {
-    let usage = || {
-        docker_exec(container, "cat /sys/fs/cgroup/cpu.stat")
-            .lines()
-            .find_map(|l| l.strip_prefix("usage_usec "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or(0.0)
+    let usage_us = || {
+        let out = docker_exec(
+            container,
+            "if [ -f /sys/fs/cgroup/cpu.stat ]; then grep '^usage_usec ' /sys/fs/cgroup/cpu.stat \
+             | cut -d' ' -f2; else echo $(( $(cat /sys/fs/cgroup/cpuacct/cpuacct.usage) / 1000 )); fi",
+        );
+        out.trim().parse::<f64>().unwrap_or(0.0)
     };
-    let (u0, t0) = (usage(), Instant::now());
+    let (u0, t0) = (usage_us(), Instant::now());
     tokio::time::sleep(Duration::from_secs(secs)).await;
-    (usage() - u0) / (t0.elapsed().as_secs_f64() * 1e6) * 100.0
+    (usage_us() - u0) / (t0.elapsed().as_secs_f64() * 1e6) * 100.0
 }
 
 struct Desktop {
