@@ -499,6 +499,31 @@ impl Input {
         let p = self.x.conn.query_pointer(self.x.root)?.reply()?;
         Ok((p.root_x as i32, p.root_y as i32))
     }
+
+    /// Waits (at most `wait`) until the server has processed every button event sent: no
+    /// button is down. A window manager's click-to-focus grab freezes the pointer until it
+    /// replays the click, and key events are not frozen with it: a modifier released at once
+    /// would reach the window before the clicks it was held for. While the pointer is frozen
+    /// its queued events have not changed the button state, so the state says when they have.
+    pub fn buttons_processed(&self, wait: Duration) -> Result<bool, DisplayError> {
+        use x11rb::protocol::xproto::KeyButMask;
+        let buttons = u16::from(KeyButMask::BUTTON1)
+            | u16::from(KeyButMask::BUTTON2)
+            | u16::from(KeyButMask::BUTTON3)
+            | u16::from(KeyButMask::BUTTON4)
+            | u16::from(KeyButMask::BUTTON5);
+        let deadline = Instant::now() + wait;
+        loop {
+            let p = self.x.conn.query_pointer(self.x.root)?.reply()?;
+            if u16::from(p.mask) & buttons == 0 {
+                return Ok(true);
+            }
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
 }
 
 fn clamp16(v: i32) -> i16 {

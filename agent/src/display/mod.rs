@@ -13,6 +13,7 @@ pub mod encode;
 pub mod input;
 pub mod keys;
 pub mod randr;
+pub mod toolset;
 pub mod watch;
 pub mod windows;
 pub mod xauth;
@@ -518,12 +519,17 @@ impl Display {
 }
 
 /// Input actions with every name resolved.
+/// How long modifiers held for a click stay down waiting for its button events to be processed.
+const BUTTONS_PROCESSED_WAIT: Duration = Duration::from_millis(500);
+
 enum Step {
     Move(i32, i32),
     Button(u8, bool),
     Keys(Vec<u32>, KeyMode),
     Type(String),
     Sleep(Duration),
+    /// Until the button events sent are processed (before releasing held modifiers).
+    ButtonsProcessed,
 }
 
 #[derive(Clone, Copy)]
@@ -579,8 +585,12 @@ fn plan(actions: &[InputAction]) -> Result<Vec<Step>, DisplayError> {
             if !m.is_empty() {
                 steps.push(Step::Keys(m.clone(), KeyMode::Down));
             }
+            let buttons = inner.iter().any(|s| matches!(s, Step::Button(..)));
             steps.extend(inner);
             if !m.is_empty() {
+                if buttons {
+                    steps.push(Step::ButtonsProcessed);
+                }
                 steps.push(Step::Keys(m, KeyMode::Up));
             }
             Ok(())
@@ -731,6 +741,10 @@ fn execute(i: &mut Input, steps: &[Step]) -> Result<(), DisplayError> {
             Step::Sleep(d) => {
                 i.x.sync()?;
                 std::thread::sleep(*d);
+            }
+            Step::ButtonsProcessed => {
+                i.x.sync()?;
+                i.buttons_processed(BUTTONS_PROCESSED_WAIT)?;
             }
         }
     }
