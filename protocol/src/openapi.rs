@@ -852,6 +852,36 @@ pub fn agent() -> Value {
     );
     let o = computer_op(&mut d, o, &err);
     native_op(&mut d, o, false);
+    let (tinfo, turn) = (
+        d.schema::<crate::toolset::ComputerToolsetInfo>(),
+        d.schema::<crate::toolset::ToolsetTurn>(),
+    );
+    native_op(
+        &mut d,
+        op(
+            "get",
+            native::TOOLSET_COMPUTER,
+            "toolset_computer_info",
+            "Anthropic's computer toolset: the tools[] entry, the display and the screenshot size",
+        )
+        .json("200", "the toolset", tinfo)
+        .json("503", "no display", err.clone()),
+        false,
+    );
+    native_op(
+        &mut d,
+        op(
+            "post",
+            native::TOOLSET_COMPUTER,
+            "toolset_computer_turn",
+            "a model turn's content: its computer tool_use blocks run in order, answered with \
+             their tool_result blocks",
+        )
+        .json_body(turn.clone())
+        .json("200", "one tool_result per tool_use", turn)
+        .json("503", "no display", err.clone()),
+        false,
+    );
 
     // Recordings and the live stream.
     let (rreq, rinfo, rlist) = (

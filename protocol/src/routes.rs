@@ -91,6 +91,9 @@ pub mod native {
         WINDOWS = "/windows";
         CLIPBOARD = "/clipboard";
         COMPUTER = "/computer";
+        /// `GET` the `tools[]` entry of Anthropic's computer toolset, `POST` a model turn's
+        /// `tool_use` blocks for it (answered with their `tool_result` blocks).
+        TOOLSET_COMPUTER = "/toolsets/computer";
         RECORDINGS = "/recordings";
         RECORDING = "/recordings/{id}";
         RECORDING_STOP = "/recordings/{id}/stop";
