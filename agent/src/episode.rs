@@ -51,6 +51,8 @@ pub enum Source {
     Computer,
     Input,
     Mcp,
+    /// Anthropic's computer toolset (`/v1/toolsets/computer`).
+    Toolset,
 }
 
 impl Source {
@@ -59,6 +61,7 @@ impl Source {
             Source::Computer => "computer",
             Source::Input => "input",
             Source::Mcp => "mcp",
+            Source::Toolset => "toolset",
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod fs;
 pub mod ports;
 pub mod pty;
 pub mod record;
+pub mod toolset;
 pub mod viewer;
 
 use std::sync::Arc;
@@ -69,6 +70,10 @@ pub fn router(agent: Arc<Agent>) -> Router<Arc<Agent>> {
             get(display::clipboard_get).put(display::clipboard_put),
         )
         .route(nested::COMPUTER, post(computer::computer))
+        .route(
+            nested::TOOLSET_COMPUTER,
+            get(toolset::computer_info).post(toolset::computer_turn),
+        )
         .route(nested::RECORDINGS, post(record::start).get(record::list))
         .route(nested::RECORDING, get(record::get).delete(record::delete))
         .route(nested::RECORDING_STOP, post(record::stop))

@@ -32,12 +32,12 @@ use serde_json::{Map, Value};
 use super::encode::Encoding;
 use super::{Display, DisplayError, Shot, ShotRequest, keys};
 
-const SETTLE: Duration = Duration::from_millis(150);
-const SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
+pub(super) const SETTLE: Duration = Duration::from_millis(150);
+pub(super) const SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Within a batch, how long the screen may take to settle after a key step before the next
 /// step runs: a shortcut moves the focus (Ctrl+L to a browser's address bar, Alt+Tab), and a
 /// program may still route the keys that follow to where the focus was.
-const KEY_SETTLE_TIMEOUT: Duration = Duration::from_secs(1);
+pub(super) const KEY_SETTLE_TIMEOUT: Duration = Duration::from_secs(1);
 /// The most actions a batch holds.
 pub const MAX_BATCH: usize = 100;
 /// The most a batch's `wait`s and `hold_key`s add up to (one action's bound, too).
@@ -50,9 +50,9 @@ pub const SCROLL_PX_PER_CLICK: u64 = 120;
 /// The most wheel clicks one scroll direction sends (12 000 pixels of OpenAI's).
 pub const MAX_SCROLL_CLICKS: u64 = 100;
 /// The longest text one `type` takes.
-const MAX_TEXT: usize = 1 << 20;
+pub(super) const MAX_TEXT: usize = 1 << 20;
 
-async fn blocking<T: Send + 'static>(
+pub(super) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, DisplayError> + Send + 'static,
 ) -> Result<T, DisplayError> {
     tokio::task::spawn_blocking(f)
@@ -877,7 +877,7 @@ async fn shot(d: &Arc<Display>, req: ShotRequest) -> Result<Shot, DisplayError> 
     blocking(move || d.screenshot(&req)).await
 }
 
-fn b64(shot: &Shot) -> String {
+pub(super) fn b64(shot: &Shot) -> String {
     base64::engine::general_purpose::STANDARD.encode(shot.bytes.as_ref())
 }
 

@@ -1,0 +1,744 @@
+//! Anthropic's computer toolset (`computer_toolset_20260801`) run in the guest: a model turn's
+//! `tool_use` blocks for the `computer` family, run in order and answered with the
+//! `tool_result` blocks the `anthropic` SDK's driver would build (see `berth_protocol::toolset`).
+//!
+//! - Coordinates are in the toolset's screenshot pixels: the display fitted to the model's image
+//!   limits ([`fit`]), mapped to the display and back.
+//! - Every input is checked as the SDK's types define it before the member runs; a bad field, a
+//!   coordinate outside the screenshot, a bad `duration`, `repeat` or `scroll_amount` is an
+//!   `is_error` result naming the field (never clamped), and the turn stops there: every later
+//!   `tool_use` is answered "not executed".
+//! - The screen settles before a member reads it (`screenshot`, `zoom`) and once after the
+//!   turn's last action, never between two actions but after keys (a shortcut moves the focus).
+//! - Error texts are fixed phrases: no screen content, host names or tokens.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use berth_protocol::toolset::{
+    COMPUTER_FAMILY, COMPUTER_MEMBERS, COMPUTER_NOT_EXECUTED, COMPUTER_TOOLSET_TYPE,
+    ComputerToolsetInfo, ResultKind, acknowledgment, computer_member, image_block, invalid_input,
+    text_block, tool_result, unknown_member,
+};
+use berth_protocol::{Button, InputAction};
+use serde_json::{Map, Value, json};
+
+use super::computer::{
+    KEY_SETTLE_TIMEOUT, MAX_SCROLL_CLICKS, MAX_TEXT, MAX_WAIT, SETTLE, SETTLE_TIMEOUT, Trace, b64,
+    blocking,
+};
+use super::{Display, DisplayError, ShotRequest};
+
+/// The model's image limits: the longest edge and the most pixels an image may have before the
+/// API scales it down (which would move every coordinate the model reads off it).
+pub const MAX_EDGE: u32 = 1568;
+pub const MAX_PIXELS: u64 = 1_150_000;
+/// The most `tool_use` blocks one turn runs.
+pub const MAX_CALLS: usize = 100;
+/// The most times `key` repeats.
+pub const MAX_REPEAT: i64 = 100;
+
+/// The size a `w`×`h` image is answered at: scaled down (never up) to fit [`MAX_EDGE`] and
+/// [`MAX_PIXELS`], keeping its aspect.
+pub fn fit(w: u32, h: u32) -> (u32, u32) {
+    scale_to_budget(w, h, false)
+}
+
+/// `zoom`'s size for a `w`×`h` region of the display: scaled to fill the budget, up as well as
+/// down, so fine detail becomes legible.
+pub fn zoom_size(w: u32, h: u32) -> (u32, u32) {
+    scale_to_budget(w, h, true)
+}
+
+fn scale_to_budget(w: u32, h: u32, up: bool) -> (u32, u32) {
+    let (wf, hf) = (w.max(1) as f64, h.max(1) as f64);
+    let s = (MAX_EDGE as f64 / wf.max(hf)).min((MAX_PIXELS as f64 / (wf * hf)).sqrt());
+    let s = if up { s } else { s.min(1.0) };
+    let side = |v: f64| ((v * s).floor() as u32).max(1);
+    let (mut ow, mut oh) = (side(wf), side(hf));
+    // Rounding never pushes the image over the budget.
+    while ow as u64 * oh as u64 > MAX_PIXELS {
+        ow -= 1;
+        oh = ((ow as f64) * hf / wf).floor().max(1.0) as u32;
+    }
+    (ow, oh)
+}
+
+/// The display and the screenshot space the model works in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Screen {
+    pub display: (u32, u32),
+    pub shot: (u32, u32),
+}
+
+impl Screen {
+    pub fn of(display: (u32, u32)) -> Screen {
+        Screen {
+            display,
+            shot: fit(display.0, display.1),
+        }
+    }
+
+    /// A screenshot point (or, with `end`, a region's exclusive end) on the display.
+    fn to_display(self, x: i64, y: i64, end: bool) -> (i32, i32) {
+        let map = |v: i64, shot: u32, display: u32| {
+            let last = display as i64 - 1 + end as i64;
+            ((v as f64 * display as f64 / shot as f64).round() as i64).min(last) as i32
+        };
+        (
+            map(x, self.shot.0, self.display.0),
+            map(y, self.shot.1, self.display.1),
+        )
+    }
+
+    fn to_shot(self, p: (i32, i32)) -> (i64, i64) {
+        let map = |v: i32, shot: u32, display: u32| {
+            ((v as f64 * shot as f64 / display as f64).round() as i64).min(shot as i64 - 1)
+        };
+        (
+            map(p.0, self.shot.0, self.display.0),
+            map(p.1, self.shot.1, self.display.1),
+        )
+    }
+
+    /// The `tools[]` entry and what it drives.
+    pub fn info(self) -> ComputerToolsetInfo {
+        ComputerToolsetInfo {
+            tool: json!({"type": COMPUTER_TOOLSET_TYPE}),
+            display_width_px: self.display.0,
+            display_height_px: self.display.1,
+            screenshot_width_px: self.shot.0,
+            screenshot_height_px: self.shot.1,
+            members: COMPUTER_MEMBERS
+                .iter()
+                .map(|(n, _)| n.to_string())
+                .collect(),
+        }
+    }
+}
+
+/// What one member call becomes once checked.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    Input(Vec<InputAction>),
+    Screenshot(ShotRequest),
+    Zoom(ShotRequest),
+    Cursor,
+}
+
+/// Reads a member's input fields, collecting every problem (`field: problem`).
+struct Fields<'a> {
+    input: &'a Map<String, Value>,
+    problems: Vec<String>,
+}
+
+impl<'a> Fields<'a> {
+    fn problem(&mut self, field: &str, p: impl std::fmt::Display) {
+        self.problems.push(format!("{field}: {p}"));
+    }
+
+    fn present(&self, field: &str) -> Option<&'a Value> {
+        self.input.get(field).filter(|v| !v.is_null())
+    }
+
+    fn string(&mut self, field: &str, required: bool) -> Option<String> {
+        match self.present(field) {
+            None if required => self.problem(field, "Field required"),
+            None => {}
+            Some(Value::String(s)) => return Some(s.clone()),
+            Some(_) => self.problem(field, "Input should be a valid string"),
+        }
+        None
+    }
+
+    fn int(&mut self, field: &str, required: bool) -> Option<i64> {
+        match self.present(field) {
+            None if required => self.problem(field, "Field required"),
+            None => {}
+            Some(v) => match whole(v) {
+                Some(i) => return Some(i),
+                None => self.problem(field, "Input should be a valid integer"),
+            },
+        }
+        None
+    }
+
+    /// An integer within `lo..=hi`, the bound named in the error.
+    fn ranged(&mut self, field: &str, required: bool, lo: i64, hi: i64, unit: &str) -> Option<i64> {
+        let v = self.int(field, required)?;
+        if (lo..=hi).contains(&v) {
+            Some(v)
+        } else {
+            self.problem(field, format!("must be {lo} to {hi}{unit}"));
+            None
+        }
+    }
+
+    /// An `[x, y]` point inside the screenshot (`end`: a region's end may equal its size).
+    fn ints<const N: usize>(
+        &mut self,
+        field: &str,
+        required: bool,
+        shape: &str,
+    ) -> Option<[i64; N]> {
+        match self.present(field) {
+            None if required => self.problem(field, "Field required"),
+            None => {}
+            Some(Value::Array(items)) if items.len() == N => {
+                let parsed: Option<Vec<i64>> = items.iter().map(whole).collect();
+                match parsed {
+                    Some(v) => return v.try_into().ok(),
+                    None => self.problem(field, format!("expected {shape} of integers")),
+                }
+            }
+            Some(_) => self.problem(field, format!("expected {shape}")),
+        }
+        None
+    }
+
+    fn point(&mut self, field: &str, required: bool, screen: &Screen) -> Option<(i32, i32)> {
+        let [x, y] = self.ints::<2>(field, required, "[x, y]")?;
+        let (w, h) = screen.shot;
+        if x < 0 || y < 0 || x >= w as i64 || y >= h as i64 {
+            self.problem(
+                field,
+                format!("({x}, {y}) is outside the {w}x{h} screenshot"),
+            );
+            return None;
+        }
+        Some(screen.to_display(x, y, false))
+    }
+
+    /// Modifier keys held during a click or scroll (`text`: `shift`, `ctrl+shift`).
+    fn modifiers(&mut self) -> Vec<String> {
+        let Some(text) = self.string("text", false) else {
+            return Vec::new();
+        };
+        let mods: Vec<String> = text
+            .split('+')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect();
+        if let Some(bad) = mods.iter().find(|k| super::keys::keysym(k).is_none()) {
+            self.problem("text", format!("unknown key {bad:?}"));
+        }
+        mods
+    }
+}
+
+/// A JSON number that is a whole number (`2` or `2.0`), as the SDK's integer fields take it.
+fn whole(v: &Value) -> Option<i64> {
+    v.as_i64().or_else(|| {
+        v.as_f64()
+            .filter(|f| f.fract() == 0.0 && f.abs() < 9e15)
+            .map(|f| f as i64)
+    })
+}
+
+/// A member call checked against the SDK's input types and the screen: what it runs, or the
+/// refusal the model reads. Pure.
+pub fn plan(name: &str, input: &Value, screen: &Screen) -> Result<Op, String> {
+    if computer_member(name).is_none() {
+        return Err(unknown_member(COMPUTER_FAMILY, name));
+    }
+    let empty = Map::new();
+    let map = match input {
+        Value::Object(m) => m,
+        Value::Null => &empty,
+        _ => {
+            return Err(invalid_input(
+                COMPUTER_FAMILY,
+                name,
+                "Input should be a valid dictionary",
+            ));
+        }
+    };
+    let mut f = Fields {
+        input: map,
+        problems: Vec::new(),
+    };
+    let op = lower(name, &mut f, screen);
+    if !f.problems.is_empty() {
+        return Err(invalid_input(COMPUTER_FAMILY, name, &f.problems.join("; ")));
+    }
+    op.ok_or_else(|| invalid_input(COMPUTER_FAMILY, name, "invalid input"))
+}
+
+fn lower(name: &str, f: &mut Fields, screen: &Screen) -> Option<Op> {
+    let max_wait = MAX_WAIT.as_secs() as i64;
+    let click = |f: &mut Fields, button: &str, count: u32| {
+        let at = f.point("coordinate", false, screen);
+        let modifiers = f.modifiers();
+        Some(Op::Input(vec![InputAction::Click {
+            x: at.map(|p| p.0),
+            y: at.map(|p| p.1),
+            button: Button::Name(button.into()),
+            count: Some(count),
+            modifiers,
+        }]))
+    };
+    match name {
+        "key" => {
+            let text = f.string("text", true);
+            let repeat = f.ranged("repeat", false, 1, MAX_REPEAT, "");
+            let text = text?;
+            let keys: Vec<&str> = text.split_whitespace().collect();
+            if keys.is_empty() {
+                f.problem("text", "empty key name");
+                return None;
+            }
+            for k in &keys {
+                if let Err(e) = super::keys::chord(k) {
+                    f.problem("text", e);
+                    return None;
+                }
+            }
+            Some(Op::Input(
+                keys.into_iter()
+                    .map(|k| InputAction::Key {
+                        keys: k.to_string(),
+                        repeat: repeat.map(|r| r as u32),
+                    })
+                    .collect(),
+            ))
+        }
+        "hold_key" => {
+            let text = f.string("text", true);
+            let secs = f.ranged("duration", true, 0, max_wait, " seconds");
+            let text = text?;
+            if let Err(e) = super::keys::chord(&text) {
+                f.problem("text", e);
+                return None;
+            }
+            Some(Op::Input(vec![InputAction::Hold {
+                keys: text,
+                duration_ms: secs? as u64 * 1000,
+            }]))
+        }
+        "type" => {
+            let text = f.string("text", true)?;
+            if text.len() > MAX_TEXT {
+                f.problem("text", "at most 1 MiB");
+                return None;
+            }
+            Some(Op::Input(vec![InputAction::Type { text }]))
+        }
+        "cursor_position" => Some(Op::Cursor),
+        "mouse_move" => {
+            let (x, y) = f.point("coordinate", true, screen)?;
+            Some(Op::Input(vec![InputAction::Move { x, y }]))
+        }
+        "left_mouse_down" => Some(Op::Input(vec![InputAction::ButtonDown {
+            button: Button::default(),
+        }])),
+        "left_mouse_up" => Some(Op::Input(vec![InputAction::ButtonUp {
+            button: Button::default(),
+        }])),
+        "left_click" => click(f, "left", 1),
+        "right_click" => click(f, "right", 1),
+        "middle_click" => click(f, "middle", 1),
+        "double_click" => click(f, "left", 2),
+        "triple_click" => click(f, "left", 3),
+        "left_click_drag" => {
+            let from = f.point("start_coordinate", true, screen);
+            let to = f.point("coordinate", true, screen);
+            let modifiers = f.modifiers();
+            let (from, to) = (from?, to?);
+            Some(Op::Input(vec![InputAction::Drag {
+                path: vec![[from.0, from.1], [to.0, to.1]],
+                button: Button::default(),
+                modifiers,
+            }]))
+        }
+        "scroll" => {
+            let amount = f.ranged("scroll_amount", true, 1, MAX_SCROLL_CLICKS as i64, "");
+            let direction = f.string("scroll_direction", true);
+            let at = f.point("coordinate", false, screen);
+            let modifiers = f.modifiers();
+            let direction = direction?;
+            if !["up", "down", "left", "right"].contains(&direction.as_str()) {
+                f.problem(
+                    "scroll_direction",
+                    "Input should be 'up', 'down', 'left' or 'right'",
+                );
+                return None;
+            }
+            Some(Op::Input(vec![InputAction::Scroll {
+                x: at.map(|p| p.0),
+                y: at.map(|p| p.1),
+                direction,
+                amount: Some(amount? as u32),
+                modifiers,
+            }]))
+        }
+        "wait" => {
+            let secs = f.ranged("duration", true, 0, max_wait, " seconds")?;
+            Some(Op::Input(vec![InputAction::Wait {
+                ms: secs as u64 * 1000,
+            }]))
+        }
+        "screenshot" => Some(Op::Screenshot(ShotRequest {
+            size: (screen.shot != screen.display).then_some(screen.shot),
+            ..Default::default()
+        })),
+        "zoom" => {
+            let [x0, y0, x1, y1] = f.ints::<4>("region", true, "[x0, y0, x1, y1]")?;
+            let (w, h) = screen.shot;
+            if x0 < 0 || y0 < 0 || x1 > w as i64 || y1 > h as i64 {
+                f.problem(
+                    "region",
+                    format!("[{x0}, {y0}, {x1}, {y1}] is outside the {w}x{h} screenshot"),
+                );
+                return None;
+            }
+            if x1 <= x0 || y1 <= y0 {
+                f.problem("region", "expected x1 > x0 and y1 > y0");
+                return None;
+            }
+            let a = screen.to_display(x0, y0, false);
+            let b = screen.to_display(x1, y1, true);
+            let (rw, rh) = ((b.0 - a.0).max(1) as u32, (b.1 - a.1).max(1) as u32);
+            Some(Op::Zoom(ShotRequest {
+                region: Some((a.0, a.1, rw, rh)),
+                size: Some(zoom_size(rw, rh)),
+                ..Default::default()
+            }))
+        }
+        _ => None,
+    }
+}
+
+/// How long an op waits or holds keys on purpose.
+fn waits(op: &Op) -> Duration {
+    match op {
+        Op::Input(actions) => actions
+            .iter()
+            .map(|a| match a {
+                InputAction::Wait { ms } => Duration::from_millis(*ms),
+                InputAction::Hold { duration_ms, .. } => Duration::from_millis(*duration_ms),
+                _ => Duration::ZERO,
+            })
+            .sum(),
+        _ => Duration::ZERO,
+    }
+}
+
+/// A turn's `tool_use` blocks for this family, in order; other blocks are skipped. Errors name
+/// the block that is not a well-formed `tool_use`.
+pub fn calls(content: &[Value], family: &str) -> Result<Vec<Value>, String> {
+    let mut out = Vec::new();
+    for (i, block) in content.iter().enumerate() {
+        let Value::Object(b) = block else {
+            return Err(format!("content[{i}]: a content block is a JSON object"));
+        };
+        if b.get("type").and_then(Value::as_str) != Some("tool_use")
+            || b.get("toolset_name").and_then(Value::as_str) != Some(family)
+        {
+            continue;
+        }
+        if !b.get("id").is_some_and(Value::is_string)
+            || !b.get("name").is_some_and(Value::is_string)
+        {
+            return Err(format!(
+                "content[{i}]: a tool_use block needs a string `id` and `name`"
+            ));
+        }
+        out.push(block.clone());
+    }
+    if out.len() > MAX_CALLS {
+        return Err(format!(
+            "a turn runs at most {MAX_CALLS} tool_use blocks, not {}",
+            out.len()
+        ));
+    }
+    Ok(out)
+}
+
+/// A turn's answer, and what ran (for the episode log).
+pub struct TurnAnswer {
+    pub content: Vec<Value>,
+    /// The calls that ran, as Anthropic computer actions (`action` and the input's fields).
+    pub ran: Vec<Value>,
+    pub trace: Trace,
+    /// The first failure's text.
+    pub error: Option<String>,
+}
+
+/// The screen the toolset drives.
+pub async fn screen(d: &Arc<Display>) -> Result<Screen, DisplayError> {
+    let d = d.clone();
+    Ok(Screen::of(blocking(move || d.screen_size()).await?))
+}
+
+/// Runs a turn's calls (from [`calls`]) in order, stopping at the first failure.
+pub async fn run_turn(d: &Arc<Display>, calls: &[Value]) -> Result<TurnAnswer, DisplayError> {
+    let mut answer = TurnAnswer {
+        content: Vec::with_capacity(calls.len()),
+        ran: Vec::new(),
+        trace: Trace::default(),
+        error: None,
+    };
+    if calls.is_empty() {
+        return Ok(answer);
+    }
+    let screen = screen(d).await?;
+    // The start of the input the screen has yet to settle after, and whether it pressed keys.
+    let mut unsettled: Option<(Instant, bool)> = None;
+    let mut waited = Duration::ZERO;
+    for call in calls {
+        if answer.error.is_some() {
+            answer
+                .content
+                .push(tool_result(call, json!(COMPUTER_NOT_EXECUTED), true));
+            continue;
+        }
+        let name = call["name"].as_str().unwrap_or_default();
+        let input = call.get("input").cloned().unwrap_or(Value::Null);
+        let planned = plan(name, &input, &screen).and_then(|op| {
+            waited += waits(&op);
+            if waited > MAX_WAIT {
+                Err(invalid_input(
+                    COMPUTER_FAMILY,
+                    name,
+                    &format!(
+                        "duration: the turn's waits would pass {} seconds",
+                        MAX_WAIT.as_secs()
+                    ),
+                ))
+            } else {
+                Ok(op)
+            }
+        });
+        let started = Instant::now();
+        let result = match planned {
+            Err(e) => Err(e),
+            Ok(op) => {
+                let mut action = input.as_object().cloned().unwrap_or_default();
+                action.insert("action".into(), json!(name));
+                answer.ran.push(Value::Object(action));
+                run_op(
+                    d,
+                    &screen,
+                    name,
+                    &input,
+                    op,
+                    &mut unsettled,
+                    &mut answer.trace,
+                )
+                .await
+            }
+        };
+        if computer_member(name).is_some() && answer.ran.len() > answer.trace.steps.len() {
+            answer.trace.steps.push((started, started.elapsed()));
+        }
+        match result {
+            Ok(content) => answer.content.push(tool_result(call, content, false)),
+            Err(e) => {
+                answer
+                    .content
+                    .push(tool_result(call, json!([text_block(e.clone())]), true));
+                answer.error = Some(e);
+            }
+        }
+    }
+    if let Some((since, _)) = unsettled {
+        answer.trace.settled = Some(d.settle(since, SETTLE, SETTLE_TIMEOUT).await);
+    }
+    Ok(answer)
+}
+
+async fn run_op(
+    d: &Arc<Display>,
+    screen: &Screen,
+    name: &str,
+    input: &Value,
+    op: Op,
+    unsettled: &mut Option<(Instant, bool)>,
+    trace: &mut Trace,
+) -> Result<Value, String> {
+    match op {
+        Op::Input(actions) => {
+            // After keys, the next input waits for the focus to move (as a batch does).
+            if let Some((since, true)) = *unsettled {
+                d.settle(since, SETTLE, KEY_SETTLE_TIMEOUT).await;
+            }
+            let started = Instant::now();
+            let keys = actions.iter().any(|a| {
+                matches!(
+                    a,
+                    InputAction::Key { .. }
+                        | InputAction::KeyDown { .. }
+                        | InputAction::Hold { .. }
+                )
+            });
+            *unsettled = Some((started, keys));
+            let runner = d.clone();
+            blocking(move || runner.run_input(&actions))
+                .await
+                .map_err(|_| format!("The {name} action could not be performed on the display."))?;
+            let Some(ResultKind::Ack(template)) = computer_member(name) else {
+                return Ok(json!([]));
+            };
+            Ok(json!([text_block(acknowledgment(template, input))]))
+        }
+        Op::Screenshot(req) | Op::Zoom(req) => {
+            if let Some((since, _)) = unsettled.take() {
+                trace.settled = Some(d.settle(since, SETTLE, SETTLE_TIMEOUT).await);
+            }
+            let runner = d.clone();
+            let shot = blocking(move || runner.screenshot(&req))
+                .await
+                .map_err(|_| "The screen could not be captured.".to_string())?;
+            trace.shot_at = Some(Instant::now());
+            let block = image_block(b64(&shot), shot.mime);
+            trace.shot = Some(shot);
+            Ok(json!([block]))
+        }
+        Op::Cursor => {
+            let runner = d.clone();
+            let p = blocking(move || runner.pointer())
+                .await
+                .map_err(|_| "The cursor position could not be read.".to_string())?;
+            let (x, y) = screen.to_shot(p);
+            Ok(json!([text_block(format!("X={x},Y={y}"))]))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HD: Screen = Screen {
+        display: (1920, 1080),
+        shot: (1429, 804),
+    };
+
+    #[test]
+    fn screenshots_fit_the_models_image_limits() {
+        assert_eq!(fit(1920, 1080), (1429, 804));
+        assert_eq!(Screen::of((1920, 1080)), HD);
+        assert_eq!(fit(1280, 720), (1280, 720));
+        assert_eq!(fit(1024, 768), (1024, 768));
+        let (w, h) = fit(3840, 2160);
+        assert!(
+            w <= MAX_EDGE && (w as u64 * h as u64) <= MAX_PIXELS,
+            "{w}x{h}"
+        );
+        // zoom fills the budget, up as well as down.
+        let (w, h) = zoom_size(200, 100);
+        assert_eq!(w, 1516);
+        assert!(h == 758 && (w as u64 * h as u64) <= MAX_PIXELS);
+        assert_eq!(zoom_size(1920, 1080), (1429, 804));
+    }
+
+    #[test]
+    fn coordinates_are_screenshot_pixels() {
+        let Ok(Op::Input(a)) = plan("left_click", &json!({"coordinate": [1428, 803]}), &HD) else {
+            panic!()
+        };
+        assert!(matches!(
+            a[0],
+            InputAction::Click {
+                x: Some(1919),
+                y: Some(1079),
+                ..
+            }
+        ));
+        let Ok(Op::Input(a)) = plan("mouse_move", &json!({"coordinate": [714, 402]}), &HD) else {
+            panic!()
+        };
+        assert_eq!(a[0], InputAction::Move { x: 959, y: 540 });
+        assert_eq!(HD.to_shot((1919, 1079)), (1428, 803));
+        assert_eq!(HD.to_shot((959, 540)), (714, 402));
+        let Ok(Op::Zoom(z)) = plan("zoom", &json!({"region": [0, 0, 1429, 804]}), &HD) else {
+            panic!()
+        };
+        assert_eq!(z.region, Some((0, 0, 1920, 1080)));
+    }
+
+    #[test]
+    fn bad_inputs_name_the_field_and_are_never_clamped() {
+        let err = |name: &str, input: Value| plan(name, &input, &HD).unwrap_err();
+        assert_eq!(
+            err("left_click", json!({"coordinate": [1429, 10]})),
+            "invalid input for computer member 'left_click': coordinate: (1429, 10) is outside \
+             the 1429x804 screenshot"
+        );
+        assert_eq!(
+            err("left_click", json!({"coordinate": [1, 2, 3]})),
+            "invalid input for computer member 'left_click': coordinate: expected [x, y]"
+        );
+        assert_eq!(
+            err(
+                "scroll",
+                json!({"scroll_direction": "down", "scroll_amount": 0})
+            ),
+            "invalid input for computer member 'scroll': scroll_amount: must be 1 to 100"
+        );
+        assert_eq!(
+            err(
+                "scroll",
+                json!({"scroll_direction": "sideways", "scroll_amount": 2})
+            ),
+            "invalid input for computer member 'scroll': scroll_direction: Input should be 'up', \
+             'down', 'left' or 'right'"
+        );
+        assert_eq!(
+            err("wait", json!({"duration": 61})),
+            "invalid input for computer member 'wait': duration: must be 0 to 60 seconds"
+        );
+        assert_eq!(
+            err("wait", json!({"duration": 1.5})),
+            "invalid input for computer member 'wait': duration: Input should be a valid integer"
+        );
+        assert_eq!(
+            err("key", json!({"text": "ctrl+s", "repeat": 0})),
+            "invalid input for computer member 'key': repeat: must be 1 to 100"
+        );
+        assert_eq!(
+            err("left_click_drag", json!({})),
+            "invalid input for computer member 'left_click_drag': start_coordinate: Field \
+             required; coordinate: Field required"
+        );
+        assert_eq!(
+            err("zoom", json!({"region": [10, 10, 10, 20]})),
+            "invalid input for computer member 'zoom': region: expected x1 > x0 and y1 > y0"
+        );
+        assert!(
+            err("key", json!({"text": "notakey"}))
+                .starts_with("invalid input for computer member 'key': text: ")
+        );
+        assert_eq!(
+            err("fly", json!({})),
+            "Error: unknown computer toolset member 'fly'"
+        );
+        assert_eq!(
+            err("type", json!("hello")),
+            "invalid input for computer member 'type': Input should be a valid dictionary"
+        );
+        // Integral floats are integers, as the SDK's types take them.
+        assert!(plan("wait", &json!({"duration": 2.0}), &HD).is_ok());
+        assert!(plan("left_mouse_down", &json!(null), &HD).is_ok());
+    }
+
+    #[test]
+    fn only_the_familys_tool_use_blocks_run() {
+        let content = vec![
+            json!({"type": "text", "text": "I'll click."}),
+            json!({"type": "tool_use", "id": "a", "name": "left_click", "toolset_name": "computer", "input": {}}),
+            json!({"type": "tool_use", "id": "b", "name": "navigate", "toolset_name": "browser", "input": {}}),
+            json!({"type": "tool_use", "id": "c", "name": "my_tool", "input": {}}),
+        ];
+        let got = calls(&content, "computer").unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0]["id"], "a");
+        let bad =
+            vec![json!({"type": "tool_use", "name": "left_click", "toolset_name": "computer"})];
+        assert_eq!(
+            calls(&bad, "computer").unwrap_err(),
+            "content[0]: a tool_use block needs a string `id` and `name`"
+        );
+        assert!(calls(&[json!(1)], "computer").is_err());
+    }
+}
