@@ -8,6 +8,7 @@
 //! absolute URL, so the endpoint works the same behind the controller's per-sandbox relay.
 
 pub mod tools;
+pub mod toolset;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -210,8 +210,17 @@ impl BerthMcp {
         BerthMcp { agent, tool_router }
     }
 
+    /// Every tool: the agent's own, and the computer toolset's members.
     pub fn tools() -> ToolRouter<BerthMcp> {
-        Self::tool_router()
+        let mut router = Self::tool_router();
+        for route in super::toolset::routes() {
+            router.add_route(route);
+        }
+        router
+    }
+
+    pub(super) fn agent(&self) -> &Arc<Agent> {
+        &self.agent
     }
 }
 
@@ -627,6 +636,7 @@ mod tests {
             .iter()
             .map(|t| t.name.to_string())
             .collect();
+        names.retain(|n| !n.starts_with("computer_"));
         names.sort();
         assert_eq!(
             names,
