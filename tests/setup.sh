@@ -96,6 +96,16 @@ if [ "$(python3 -c 'import importlib.metadata as m; print(m.version("mcp"))' 2>/
     || python3 -m pip install --quiet --break-system-packages "mcp==$mcp_version"
 fi
 
+# The anthropic SDK's computer toolset classes, which berth.anthropic's drivers subclass
+# (clients/python/tests/test_toolsets.py, run by tests/tests/toolsets.rs); pinned to the release
+# whose toolset results berth answers to the text.
+anthropic_version=2.10.0
+if [ "$(python3 -c 'import importlib.metadata as m; print(m.version("anthropic"))' 2>/dev/null)" != "$anthropic_version" ]; then
+  echo "setup: installing anthropic $anthropic_version" >&2
+  python3 -m pip install --quiet "anthropic==$anthropic_version" 2>/dev/null \
+    || python3 -m pip install --quiet --break-system-packages "anthropic==$anthropic_version"
+fi
+
 if ! command -v cargo-nextest >/dev/null 2>&1; then
   echo "setup: installing cargo-nextest" >&2
   cargo install --locked cargo-nextest
