@@ -9,7 +9,9 @@ Usage:
   client.py engine URL KEY PROFILE SCREEN X Y
       As an engine works: the controller's /mcp creates a sandbox of PROFILE with SCREEN
       ("WxH"); a second session, to the `mcp_url` it answered, lists the tools, clicks at (X, Y)
-      with `computer` and reads the cursor back, takes a `screenshot`, runs `exec`; a
+      with `computer` and reads the cursor back, takes a `screenshot`, drives the computer
+      toolset's members (`computer_left_click`, `computer_cursor_position`,
+      `computer_screenshot`, a refused click), runs `exec`; a
       session-less connection there runs `exec` too; the first session deletes the sandbox.
 
 Every request carries the X-Api-Key header. Prints one JSON object with what it saw; the Rust
@@ -118,6 +120,14 @@ async def sandbox(url: str, http: httpx2.AsyncClient, x: int, y: int) -> dict:
             )
             out["cursor"] = answer(await s.call_tool("computer", {"action": "cursor_position"}))
             out["screenshot"] = answer(await s.call_tool("screenshot", {}))
+            out["toolset_click"] = answer(
+                await s.call_tool("computer_left_click", {"coordinate": [100, 120]})
+            )
+            out["toolset_cursor"] = answer(await s.call_tool("computer_cursor_position", {}))
+            out["toolset_screenshot"] = answer(await s.call_tool("computer_screenshot", {}))
+            out["toolset_refused"] = answer(
+                await s.call_tool("computer_left_click", {"coordinate": [1280, 0]})
+            )
             out["exec"] = answer(await s.call_tool("exec", {"shell": "echo out; exit 7"}))
     async with streamable_http_client(url, http_client=http) as (read, write):
         async with ClientSession(read, write) as s:

@@ -1,7 +1,8 @@
 //! The README's "Engines" section, run as written against `berth serve` started from the quick
 //! start's own command line (on another port): the curl block (Anthropic's and OpenAI's action
 //! objects, a mixed batch, a resize) by bash, then the MCP block by Python with the official MCP
-//! SDK, each output checked, and the sandbox's screen read back through the API.
+//! SDK, then the toolset block with the `anthropic` SDK's toolset class and berth's driver, each
+//! output checked, and the sandbox's screen read back through the API.
 
 use std::process::Command;
 
@@ -15,9 +16,10 @@ async fn the_readme_engines_examples_run_verbatim() {
     let server = block(section("Quick start: the gateway API"), "sh", None);
     assert!(server.contains("127.0.0.1:8780"), "{server}");
     let server = server.replace("127.0.0.1:8780", "127.0.0.1:8781");
-    let text = section("Engines: three ways in");
+    let text = section("Engines: four ways in");
     let curl = block(text, "sh", Some("engines"));
     let python = block(text, "python", Some("engines-mcp"));
+    let toolset = block(text, "python", Some("engines-toolset"));
     let dir = tempfile::tempdir().unwrap();
     let _served = Served::start(&server, dir.path(), BASE, "change-me").await;
 
@@ -115,6 +117,41 @@ async fn the_readme_engines_examples_run_verbatim() {
         lines[2].contains("'exit_code': 3") && lines[2].contains("'stdout': 'hi\\n'"),
         "the exec's structured answer: {}",
         lines[2]
+    );
+
+    // The toolset block: the SDK's class, berth's driver, a turn that stops at its first failure.
+    let env_id = id.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("timeout")
+            .args(["180", "python3", "-c", &toolset])
+            .env("SANDBOX_GATEWAY_URL", BASE)
+            .env("SANDBOX_API_KEY", "change-me")
+            .env("ID", env_id)
+            .output()
+            .expect("python3 (tests/setup.sh installs anthropic)")
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "the toolset block failed ({}): {stdout}\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        log()
+    );
+    println!("toolset block:\n{stdout}");
+    assert_eq!(
+        stdout.lines().collect::<Vec<_>>(),
+        [
+            "{'type': 'computer_toolset_20260801'} 1024",
+            "[{'type': 'text', 'text': 'Clicked.'}]",
+            // The agent's JSON objects come with their keys sorted.
+            "[[{'text': \"invalid input for computer member 'mouse_move': \
+             coordinate: (5000, 1) is outside the 1024x768 screenshot\", 'type': 'text'}], 'Not \
+             executed: an earlier computer action in this turn failed.']",
+        ],
+        "{stdout}"
     );
 
     // The screen the examples left, through the API.

@@ -31,6 +31,17 @@ const TOOLS: [&str; 10] = [
     "stop_recording",
     "write_file",
 ];
+/// Every tool the agent lists: its own and the computer toolset's members, sorted.
+fn all_tools() -> Vec<String> {
+    let mut all: Vec<String> = TOOLS.iter().map(|s| s.to_string()).collect();
+    all.extend(
+        berth_protocol::toolset::COMPUTER_MEMBERS
+            .iter()
+            .map(|(m, _)| format!("computer_{m}")),
+    );
+    all.sort();
+    all
+}
 /// What `Accept` an MCP client sends on a POST.
 const ACCEPT: &str = "application/json, text/event-stream";
 
@@ -110,13 +121,8 @@ async fn python_sdk_session_drives_the_tools() {
     assert_eq!(s["server"]["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(s["server"]["protocol_version"], "2025-11-25");
     assert_eq!(s["server"]["has_tools"], true);
-    let names: BTreeSet<&str> = s["tools"]
-        .as_object()
-        .unwrap()
-        .keys()
-        .map(String::as_str)
-        .collect();
-    assert_eq!(names, TOOLS.into_iter().collect::<BTreeSet<_>>());
+    let names: BTreeSet<String> = s["tools"].as_object().unwrap().keys().cloned().collect();
+    assert_eq!(names, all_tools().into_iter().collect::<BTreeSet<_>>());
     for (name, t) in s["tools"].as_object().unwrap() {
         assert_eq!(t["input_schema"]["type"], "object", "{name}: {t}");
         assert!(
@@ -250,7 +256,7 @@ async fn python_sdk_session_drives_the_tools() {
     let st = &v["stateless"];
     assert!(st.get("error").is_none(), "{st}");
     assert_eq!(st["protocol_version"], "2026-07-28", "{st}");
-    assert_eq!(st["tools"], json!(TOOLS));
+    assert_eq!(st["tools"], json!(all_tools()));
     assert_eq!(st["exec"]["structured"]["stdout"], "stateless\n", "{st}");
 }
 
@@ -284,10 +290,7 @@ async fn rmcp_client_lists_clicks_and_sees_the_screen() {
 
     let tools = client.list_all_tools().await.unwrap();
     let names: BTreeSet<String> = tools.iter().map(|t| t.name.to_string()).collect();
-    assert_eq!(
-        names,
-        TOOLS.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>()
-    );
+    assert_eq!(names, all_tools().into_iter().collect::<BTreeSet<_>>());
 
     let click = client
         .call_tool(CallToolRequestParams::new("computer").with_arguments(args(

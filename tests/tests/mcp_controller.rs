@@ -461,7 +461,14 @@ async fn python_sdk_drives_a_docker_desktop_through_the_controller() {
     // The second session, to the sandbox's own MCP server through the controller.
     let s = &v["sandbox"];
     assert_eq!(s["server"]["name"], "berth", "{}", s["server"]);
-    assert_eq!(s["tools"], json!(SANDBOX_TOOLS), "{}", s["tools"]);
+    let mut tools: Vec<String> = SANDBOX_TOOLS.iter().map(|s| s.to_string()).collect();
+    tools.extend(
+        berth_protocol::toolset::COMPUTER_MEMBERS
+            .iter()
+            .map(|(m, _)| format!("computer_{m}")),
+    );
+    tools.sort();
+    assert_eq!(s["tools"], json!(tools), "{}", s["tools"]);
     let screen = json!([1280, 800]);
     let click = &s["click"];
     assert_eq!(click["is_error"], false, "{click}");
@@ -480,6 +487,33 @@ async fn python_sdk_drives_a_docker_desktop_through_the_controller() {
         json!([{"type": "image", "mime_type": "image/png", "size": screen}]),
         "{}",
         s["screenshot"]
+    );
+    // The computer toolset's members as tools: the SDK's acknowledgment, the cursor in
+    // screenshot pixels (a 1280x800 screen fits the model's image limits as it is), the image.
+    assert_eq!(
+        s["toolset_click"],
+        json!({"is_error": false, "content": [{"type": "text", "text": "Clicked."}], "structured": null}),
+        "{}",
+        s["toolset_click"]
+    );
+    assert_eq!(
+        s["toolset_cursor"]["content"],
+        json!([{"type": "text", "text": "X=100,Y=120"}]),
+        "{}",
+        s["toolset_cursor"]
+    );
+    assert_eq!(
+        s["toolset_screenshot"]["content"],
+        json!([{"type": "image", "mime_type": "image/png", "size": screen}]),
+        "{}",
+        s["toolset_screenshot"]
+    );
+    let refused = &s["toolset_refused"];
+    assert_eq!(refused["is_error"], true, "{refused}");
+    assert_eq!(
+        refused["content"],
+        json!([{"type": "text", "text": "invalid input for computer member 'left_click': coordinate: (1280, 0) is outside the 1280x800 screenshot"}]),
+        "{refused}"
     );
     assert_eq!(s["exec"]["structured"]["exit_code"], 7, "{}", s["exec"]);
     assert_eq!(s["exec"]["structured"]["stdout"], "out\n", "{}", s["exec"]);
