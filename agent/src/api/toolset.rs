@@ -11,7 +11,7 @@ use berth_protocol::toolset::{COMPUTER_FAMILY, ComputerToolsetInfo, ToolsetTurn}
 use super::error::ApiError;
 use super::extract::ApiJson;
 use crate::Agent;
-use crate::display::toolset;
+use crate::display::computer::toolset;
 
 pub async fn computer_info(
     State(agent): State<Arc<Agent>>,

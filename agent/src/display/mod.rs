@@ -13,7 +13,6 @@ pub mod encode;
 pub mod input;
 pub mod keys;
 pub mod randr;
-pub mod toolset;
 pub mod watch;
 pub mod windows;
 pub mod xauth;

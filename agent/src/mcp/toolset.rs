@@ -11,7 +11,7 @@ use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, JsonObject, To
 use serde_json::{Value, json};
 
 use super::tools::BerthMcp;
-use crate::display::toolset;
+use crate::display::computer::toolset;
 
 /// The MCP tool name of a member.
 pub fn tool_name(member: &str) -> String {

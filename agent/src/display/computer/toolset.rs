@@ -23,11 +23,11 @@ use berth_protocol::toolset::{
 use berth_protocol::{Button, InputAction};
 use serde_json::{Map, Value, json};
 
-use super::computer::{
+use super::{
     KEY_SETTLE_TIMEOUT, MAX_SCROLL_CLICKS, MAX_TEXT, MAX_WAIT, SETTLE, SETTLE_TIMEOUT, Trace, b64,
     blocking,
 };
-use super::{Display, DisplayError, ShotRequest};
+use crate::display::{Display, DisplayError, ShotRequest, keys};
 
 /// The model's image limits: the longest edge and the most pixels an image may have before the
 /// API scales it down (which would move every coordinate the model reads off it).
@@ -219,7 +219,7 @@ impl<'a> Fields<'a> {
             .map(|s| s.trim().to_string())
             .filter(|s| !s.is_empty())
             .collect();
-        if let Some(bad) = mods.iter().find(|k| super::keys::keysym(k).is_none()) {
+        if let Some(bad) = mods.iter().find(|k| keys::keysym(k).is_none()) {
             self.problem("text", format!("unknown key {bad:?}"));
         }
         mods
@@ -288,7 +288,7 @@ fn lower(name: &str, f: &mut Fields, screen: &Screen) -> Option<Op> {
                 return None;
             }
             for k in &keys {
-                if let Err(e) = super::keys::chord(k) {
+                if let Err(e) = keys::chord(k) {
                     f.problem("text", e);
                     return None;
                 }
@@ -306,7 +306,7 @@ fn lower(name: &str, f: &mut Fields, screen: &Screen) -> Option<Op> {
             let text = f.string("text", true);
             let secs = f.ranged("duration", true, 0, max_wait, " seconds");
             let text = text?;
-            if let Err(e) = super::keys::chord(&text) {
+            if let Err(e) = keys::chord(&text) {
                 f.problem("text", e);
                 return None;
             }

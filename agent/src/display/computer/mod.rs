@@ -16,6 +16,11 @@
 //! With `display_width_px`/`display_height_px` (beside an action, or at a batch's top level)
 //! the engine works in a scaled space: screenshots are scaled to it and its coordinates mapped
 //! back.
+//!
+//! One file per dialect over one action plan ([`Plan`], checked before anything runs, then
+//! [`run_steps`]): `anthropic` (Anthropic's computer tool), `openai` (OpenAI's actions) and
+//! `toolset` (Anthropic's computer toolset, `/v1/toolsets/computer`); this file holds the body's
+//! dispatch, the coordinate space, batches and running.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,6 +33,15 @@ use berth_protocol::{
 };
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
+
+mod anthropic;
+mod openai;
+pub mod toolset;
+
+use anthropic::lower_anthropic;
+pub use anthropic::{run, run_traced};
+pub use openai::run_openai;
+use openai::{lower_openai, parse_openai};
 
 use super::encode::Encoding;
 use super::{Display, DisplayError, Shot, ShotRequest, keys};
@@ -258,32 +272,6 @@ fn take_size(map: &mut Map<String, Value>, key: &str) -> Result<Option<u32>, Str
     }
 }
 
-/// An OpenAI action object (its `type` and fields).
-fn parse_openai(mut map: Map<String, Value>) -> Result<OpenAiAction, String> {
-    let t = match map.remove("type") {
-        Some(Value::String(t)) => t,
-        _ => return Err(format!("`type` must be a string: one of {OPENAI_TYPES}")),
-    };
-    let rest = Value::Object(map);
-    let field = |e: String| format!("OpenAI `{t}` action: {e}");
-    Ok(match t.as_str() {
-        "click" => OpenAiAction::Click(de(rest).map_err(field)?),
-        "double_click" => OpenAiAction::DoubleClick(de(rest).map_err(field)?),
-        "drag" => OpenAiAction::Drag(de(rest).map_err(field)?),
-        "keypress" => OpenAiAction::Keypress(de(rest).map_err(field)?),
-        "move" => OpenAiAction::Move(de(rest).map_err(field)?),
-        "screenshot" => OpenAiAction::Screenshot(de(rest).map_err(field)?),
-        "scroll" => OpenAiAction::Scroll(de(rest).map_err(field)?),
-        "type" => OpenAiAction::Type(de(rest).map_err(field)?),
-        "wait" => OpenAiAction::Wait(de(rest).map_err(field)?),
-        other => {
-            return Err(format!(
-                "unknown OpenAI action type {other:?} (one of {OPENAI_TYPES})"
-            ));
-        }
-    })
-}
-
 fn parse_batch(mut map: Map<String, Value>) -> Result<ComputerBody, BodyError> {
     let items = match map.remove("actions") {
         Some(Value::Array(items)) => items,
@@ -401,249 +389,6 @@ fn seconds(secs: f64) -> Result<u64, DisplayError> {
         ));
     }
     Ok((secs * 1000.0) as u64)
-}
-
-/// An Anthropic action as input (or as a read of the screen).
-fn lower_anthropic(req: &ComputerRequest, space: &Space) -> Result<Plan, DisplayError> {
-    let action = req.action.as_str();
-    let point = |c: &Option<[i64; 2]>| -> Result<Option<(i32, i32)>, DisplayError> {
-        c.map(|c| space.to_screen(c, "coordinate")).transpose()
-    };
-    let click = |button: &str, count: u32| -> Result<Vec<InputAction>, DisplayError> {
-        let p = point(&req.coordinate)?;
-        Ok(vec![InputAction::Click {
-            x: p.map(|p| p.0),
-            y: p.map(|p| p.1),
-            button: Button::Name(button.into()),
-            count: Some(count),
-            modifiers: modifiers(&req.text),
-        }])
-    };
-    let actions: Vec<InputAction> = match action {
-        "screenshot" => Vec::new(),
-        "cursor_position" => return Ok(Plan::CursorPosition),
-        "key" => need(&req.text, "text", action)?
-            .split_whitespace()
-            .map(|k| InputAction::Key {
-                keys: k.to_string(),
-                repeat: None,
-            })
-            .collect(),
-        "hold_key" => vec![InputAction::Hold {
-            keys: need(&req.text, "text", action)?.clone(),
-            duration_ms: seconds(*need(&req.duration, "duration", action)?)?,
-        }],
-        "type" => vec![InputAction::Type {
-            text: need(&req.text, "text", action)?.clone(),
-        }],
-        "mouse_move" => {
-            let (x, y) =
-                space.to_screen(*need(&req.coordinate, "coordinate", action)?, "coordinate")?;
-            vec![InputAction::Move { x, y }]
-        }
-        "left_mouse_down" | "left_mouse_up" => {
-            let mut v = Vec::new();
-            if let Some((x, y)) = point(&req.coordinate)? {
-                v.push(InputAction::Move { x, y });
-            }
-            v.push(if action == "left_mouse_down" {
-                InputAction::ButtonDown {
-                    button: Button::default(),
-                }
-            } else {
-                InputAction::ButtonUp {
-                    button: Button::default(),
-                }
-            });
-            v
-        }
-        "left_click" => click("left", 1)?,
-        "right_click" => click("right", 1)?,
-        "middle_click" => click("middle", 1)?,
-        "double_click" => click("left", 2)?,
-        "triple_click" => click("left", 3)?,
-        "left_click_drag" => {
-            let from = space.to_screen(
-                *need(&req.start_coordinate, "start_coordinate", action)?,
-                "start_coordinate",
-            )?;
-            let to =
-                space.to_screen(*need(&req.coordinate, "coordinate", action)?, "coordinate")?;
-            vec![InputAction::Drag {
-                path: vec![[from.0, from.1], [to.0, to.1]],
-                button: Button::default(),
-                modifiers: Vec::new(),
-            }]
-        }
-        "scroll" => {
-            let p = point(&req.coordinate)?;
-            vec![InputAction::Scroll {
-                x: p.map(|p| p.0),
-                y: p.map(|p| p.1),
-                direction: need(&req.scroll_direction, "scroll_direction", action)?.clone(),
-                amount: Some(req.scroll_amount.unwrap_or(3)),
-                modifiers: modifiers(&req.text),
-            }]
-        }
-        "wait" => vec![InputAction::Wait {
-            ms: seconds(req.duration.unwrap_or(1.0))?,
-        }],
-        "zoom" => {
-            let r = *need(&req.region, "region", action)?;
-            let a = space.to_screen([r[0], r[1]], "region start")?;
-            let b = space.end_to_screen([r[2], r[3]], "region end")?;
-            if b.0 <= a.0 || b.1 <= a.1 {
-                return Err(DisplayError::Invalid(
-                    "region must be [x1, y1, x2, y2] with x2 > x1 and y2 > y1".into(),
-                ));
-            }
-            return Ok(Plan::Zoom(ShotRequest {
-                region: Some((a.0, a.1, (b.0 - a.0) as u32, (b.1 - a.1) as u32)),
-                size: space.scaled(),
-                ..Default::default()
-            }));
-        }
-        other => {
-            return Err(DisplayError::Invalid(format!("unknown action {other:?}")));
-        }
-    };
-    check(&actions)?;
-    Ok(Plan::Input(actions))
-}
-
-fn openai_button(b: OpenAiButton) -> Button {
-    Button::Name(
-        match b {
-            OpenAiButton::Left => "left",
-            OpenAiButton::Right => "right",
-            OpenAiButton::Wheel => "middle",
-            OpenAiButton::Back => "back",
-            OpenAiButton::Forward => "forward",
-        }
-        .into(),
-    )
-}
-
-/// OpenAI's scroll pixels as wheel clicks: [`SCROLL_PX_PER_CLICK`] each, rounded, at least one
-/// for any movement; the direction by the sign (`(clicks, positive)`).
-fn scroll_clicks(px: i64, field: &str) -> Result<(u64, bool), DisplayError> {
-    let abs = px.unsigned_abs();
-    if abs == 0 {
-        return Ok((0, true));
-    }
-    let clicks = ((abs + SCROLL_PX_PER_CLICK / 2) / SCROLL_PX_PER_CLICK).max(1);
-    if clicks > MAX_SCROLL_CLICKS {
-        return Err(DisplayError::Invalid(format!(
-            "{field} {px} is more than {MAX_SCROLL_CLICKS} wheel clicks of \
-             {SCROLL_PX_PER_CLICK} px (at most {} px a direction)",
-            MAX_SCROLL_CLICKS * SCROLL_PX_PER_CLICK
-        )));
-    }
-    Ok((clicks, px > 0))
-}
-
-/// An OpenAI action as input.
-fn lower_openai(a: &OpenAiAction, space: &Space) -> Result<Vec<InputAction>, DisplayError> {
-    let at = |x: i64, y: i64, what: &str| space.to_screen([x, y], what);
-    let actions = match a {
-        OpenAiAction::Click(c) => {
-            let (x, y) = at(c.x, c.y, "x, y")?;
-            vec![InputAction::Click {
-                x: Some(x),
-                y: Some(y),
-                button: openai_button(c.button),
-                count: Some(1),
-                modifiers: Vec::new(),
-            }]
-        }
-        OpenAiAction::DoubleClick(c) => {
-            let (x, y) = at(c.x, c.y, "x, y")?;
-            vec![InputAction::Click {
-                x: Some(x),
-                y: Some(y),
-                button: Button::default(),
-                count: Some(2),
-                modifiers: Vec::new(),
-            }]
-        }
-        OpenAiAction::Drag(d) => {
-            if d.path.len() < 2 {
-                return Err(DisplayError::Invalid(format!(
-                    "a drag's path needs at least two points, not {}",
-                    d.path.len()
-                )));
-            }
-            let path = d
-                .path
-                .iter()
-                .enumerate()
-                .map(|(i, p)| at(p.x, p.y, &format!("path[{i}]")).map(|(x, y)| [x, y]))
-                .collect::<Result<_, _>>()?;
-            vec![InputAction::Drag {
-                path,
-                button: Button::default(),
-                modifiers: Vec::new(),
-            }]
-        }
-        OpenAiAction::Keypress(k) => {
-            if k.keys.is_empty() {
-                return Err(DisplayError::Invalid(
-                    "keypress needs at least one key in `keys`".into(),
-                ));
-            }
-            let names = k
-                .keys
-                .iter()
-                .map(|n| {
-                    keys::openai_key(n).ok_or_else(|| {
-                        DisplayError::Invalid(format!(
-                            "unknown key {n:?} (OpenAI's key names: CTRL, ALT, SHIFT, CMD, \
-                             ENTER, ESC, TAB, SPACE, BACKSPACE, DELETE, ARROWLEFT, ARROWUP, \
-                             HOME, END, PAGEUP, PAGEDOWN, INSERT, CAPSLOCK, F1-F24, or one \
-                             character)"
-                        ))
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            vec![InputAction::Key {
-                keys: names.join("+"),
-                repeat: None,
-            }]
-        }
-        OpenAiAction::Move(m) => {
-            let (x, y) = at(m.x, m.y, "x, y")?;
-            vec![InputAction::Move { x, y }]
-        }
-        OpenAiAction::Screenshot(_) => Vec::new(),
-        OpenAiAction::Scroll(s) => {
-            let (x, y) = at(s.x, s.y, "x, y")?;
-            let mut v = vec![InputAction::Move { x, y }];
-            let (down, positive_y) = scroll_clicks(s.scroll_y, "scroll_y")?;
-            let (right, positive_x) = scroll_clicks(s.scroll_x, "scroll_x")?;
-            let mut wheel = |clicks: u64, direction: &str| {
-                if clicks > 0 {
-                    v.push(InputAction::Scroll {
-                        x: None,
-                        y: None,
-                        direction: direction.into(),
-                        amount: Some(clicks as u32),
-                        modifiers: Vec::new(),
-                    });
-                }
-            };
-            wheel(down, if positive_y { "down" } else { "up" });
-            wheel(right, if positive_x { "right" } else { "left" });
-            v
-        }
-        OpenAiAction::Type(t) => vec![InputAction::Type {
-            text: t.text.clone(),
-        }],
-        OpenAiAction::Wait(w) => vec![InputAction::Wait {
-            ms: w.ms.unwrap_or(OPENAI_WAIT.as_millis() as u64),
-        }],
-    };
-    check(&actions)?;
-    Ok(actions)
 }
 
 /// Whatever the display would refuse once running, refused before anything runs: key names,
@@ -892,80 +637,6 @@ fn settle_fields(done: &Done) -> (Option<u64>, Option<bool>) {
     }
 }
 
-/// One Anthropic action (what the MCP `computer` tool runs too).
-pub async fn run(d: &Arc<Display>, req: ComputerRequest) -> Result<ComputerResponse, DisplayError> {
-    run_traced(d, req).await.0
-}
-
-/// [`run`], and what it did.
-pub async fn run_traced(
-    d: &Arc<Display>,
-    req: ComputerRequest,
-) -> (Result<ComputerResponse, DisplayError>, Trace) {
-    let started = Instant::now();
-    let mut trace = Trace::default();
-    let result = async {
-        let space = space(d, req.display_width_px, req.display_height_px).await?;
-        let plan = lower_anthropic(&req, &space)?;
-        if plan == Plan::CursorPosition {
-            let d = d.clone();
-            let p = blocking(move || d.pointer()).await?;
-            let (x, y) = space.to_engine(p);
-            return Ok(ComputerResponse {
-                output: Some(format!("X={x},Y={y}")),
-                ..Default::default()
-            });
-        }
-        let steps = [Step {
-            name: req.action.clone(),
-            plan,
-        }];
-        let done = run_steps(d, &space, &steps).await?;
-        trace = Trace::of(&done);
-        if let Some((_, e)) = done.failed {
-            return Err(e);
-        }
-        let (settled_ms, settle_timed_out) = settle_fields(&done);
-        Ok(ComputerResponse {
-            base64_image: done.shot.as_ref().map(b64),
-            settled_ms,
-            settle_timed_out,
-            ..Default::default()
-        })
-    }
-    .await;
-    if trace.steps.is_empty() {
-        trace.steps.push((started, started.elapsed()));
-    }
-    (result, trace)
-}
-
-/// One OpenAI action, answered in OpenAI's shape.
-pub async fn run_openai(
-    d: &Arc<Display>,
-    req: OpenAiComputerRequest,
-    trace: &mut Trace,
-) -> Result<OpenAiComputerResponse, DisplayError> {
-    let space = space(d, req.display_width_px, req.display_height_px).await?;
-    let steps = [Step {
-        name: req.action.name().into(),
-        plan: Plan::Input(lower_openai(&req.action, &space)?),
-    }];
-    let done = run_steps(d, &space, &steps).await?;
-    *trace = Trace::of(&done);
-    if let Some((_, e)) = done.failed {
-        return Err(e);
-    }
-    let (settled_ms, settle_timed_out) = settle_fields(&done);
-    Ok(OpenAiComputerResponse {
-        kind: OpenAiOutputType::ComputerScreenshot,
-        image_url: done.shot.as_ref().map(data_url),
-        settled_ms,
-        settle_timed_out,
-        ..Default::default()
-    })
-}
-
 /// An answer and, when it is an error, the error that decides its status.
 pub struct Answer {
     pub body: ComputerAnswer,
@@ -1131,6 +802,7 @@ pub async fn run_body(d: &Arc<Display>, body: ComputerBody) -> Answer {
 
 #[cfg(test)]
 mod tests {
+    use super::openai::scroll_clicks;
     use super::*;
     use berth_protocol::{OpenAiAt, OpenAiClick, OpenAiKeypress, OpenAiScroll, OpenAiWait};
     use serde_json::json;
