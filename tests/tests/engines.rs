@@ -76,28 +76,7 @@ async fn the_readme_engines_examples_run_verbatim() {
     );
 
     // The MCP block, with the sandbox's id.
-    let py = python.clone();
-    let env_id = id.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new("timeout")
-            .args(["180", "python3", "-c", &py])
-            .env("SANDBOX_GATEWAY_URL", BASE)
-            .env("SANDBOX_API_KEY", "change-me")
-            .env("ID", env_id)
-            .output()
-            .expect("python3 (tests/setup.sh installs mcp)")
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "the MCP block failed ({}): {stdout}\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr),
-        log()
-    );
-    println!("MCP block:\n{stdout}");
+    let stdout = python_block("MCP", &python, &id, &log).await;
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 3, "{stdout:?}");
     for tool in [
@@ -120,27 +99,7 @@ async fn the_readme_engines_examples_run_verbatim() {
     );
 
     // The toolset block: the SDK's class, berth's driver, a turn that stops at its first failure.
-    let env_id = id.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new("timeout")
-            .args(["180", "python3", "-c", &toolset])
-            .env("SANDBOX_GATEWAY_URL", BASE)
-            .env("SANDBOX_API_KEY", "change-me")
-            .env("ID", env_id)
-            .output()
-            .expect("python3 (tests/setup.sh installs anthropic)")
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "the toolset block failed ({}): {stdout}\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr),
-        log()
-    );
-    println!("toolset block:\n{stdout}");
+    let stdout = python_block("toolset", &toolset, &id, &log).await;
     assert_eq!(
         stdout.lines().collect::<Vec<_>>(),
         [
@@ -170,4 +129,31 @@ async fn the_readme_engines_examples_run_verbatim() {
     );
     let c = ControllerClient::new(BASE, Some("change-me".to_string()));
     c.delete(&id).await.unwrap();
+}
+
+/// Runs a README Python block with the quick start's variables and the sandbox's `ID`; its
+/// stdout (printed), or a failure with its stderr and the controller's log.
+async fn python_block(name: &str, code: &str, id: &str, log: &dyn Fn() -> String) -> String {
+    let (code, id) = (code.to_string(), id.to_string());
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("timeout")
+            .args(["180", "python3", "-c", &code])
+            .env("SANDBOX_GATEWAY_URL", BASE)
+            .env("SANDBOX_API_KEY", "change-me")
+            .env("ID", id)
+            .output()
+            .expect("python3 (tests/setup.sh installs mcp and anthropic)")
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "the {name} block failed ({}): {stdout}\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        log()
+    );
+    println!("{name} block:\n{stdout}");
+    stdout
 }

@@ -32,7 +32,7 @@ const TOOLS: [&str; 10] = [
     "write_file",
 ];
 /// Every tool the agent lists: its own and the computer toolset's members, sorted.
-fn all_tools() -> Vec<String> {
+pub(crate) fn all_tools() -> Vec<String> {
     let mut all: Vec<String> = TOOLS.iter().map(|s| s.to_string()).collect();
     all.extend(
         berth_protocol::toolset::COMPUTER_MEMBERS

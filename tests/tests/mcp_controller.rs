@@ -22,18 +22,6 @@ const CONTROLLER_TOOLS: [&str; 8] = [
     "publish_artifact",
     "release_lease",
 ];
-const SANDBOX_TOOLS: [&str; 10] = [
-    "accessibility_tree",
-    "browser_cdp_url",
-    "computer",
-    "exec",
-    "list_dir",
-    "read_file",
-    "screenshot",
-    "start_recording",
-    "stop_recording",
-    "write_file",
-];
 /// What `Accept` an MCP client sends on a POST.
 const ACCEPT: &str = "application/json, text/event-stream";
 
@@ -461,14 +449,8 @@ async fn python_sdk_drives_a_docker_desktop_through_the_controller() {
     // The second session, to the sandbox's own MCP server through the controller.
     let s = &v["sandbox"];
     assert_eq!(s["server"]["name"], "berth", "{}", s["server"]);
-    let mut tools: Vec<String> = SANDBOX_TOOLS.iter().map(|s| s.to_string()).collect();
-    tools.extend(
-        berth_protocol::toolset::COMPUTER_MEMBERS
-            .iter()
-            .map(|(m, _)| format!("computer_{m}")),
-    );
-    tools.sort();
-    assert_eq!(s["tools"], json!(tools), "{}", s["tools"]);
+    // The agent's tools, relayed as they are.
+    assert_eq!(s["tools"], json!(crate::mcp::all_tools()), "{}", s["tools"]);
     let screen = json!([1280, 800]);
     let click = &s["click"];
     assert_eq!(click["is_error"], false, "{click}");
