@@ -2,7 +2,8 @@
 //! the same run on the same machine.
 //!
 //!   cargo run -p berth-tests --bin berth-bench -- [exec] [display] [record] [workstation] [controller] [mcp]
-//!                                                 [osworld] [--requests N] [--seconds S] [--runs R] [--envs N]
+//!                                                 [osworld] [settle] [--requests N] [--seconds S] [--runs R]
+//!                                                 [--envs N] [--rounds N]
 //!
 //! `exec`: `/execute` round trip for `echo hi`, a new TCP connection per request as OSWorld's
 //! `requests.post` makes them, against berth-agent and against a Flask + `subprocess.run`
@@ -18,6 +19,9 @@
 //! `osworld`: the GNOME osworld image beside the XFCE desktop (cold start, memory, idle CPU) and
 //! OSWorld's episode reset through `berth.osworld`, cold, pooled and several envs at once (only
 //! when named: it builds both images).
+//! `settle`: a computer-toolset turn (an action, then `screenshot`) to its answer, and whether
+//! the answer equals the screen a second later, for a window opening, a menu and typing (only
+//! when named).
 
 mod controller;
 mod desktop;
@@ -27,6 +31,7 @@ mod gateway;
 mod mcp;
 mod osworld;
 mod record;
+mod settle;
 mod workstation;
 
 #[tokio::main(flavor = "current_thread")]
@@ -82,6 +87,15 @@ async fn main() {
                 .unwrap_or(default)
         };
         osworld::bench(flag("--runs", 5), flag("--envs", 4)).await;
+    }
+    if which.contains(&"settle") {
+        let rounds = args
+            .iter()
+            .position(|a| a == "--rounds")
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(67);
+        settle::bench(rounds).await;
     }
     if which.is_empty() || which.contains(&"controller") {
         let runs = args
