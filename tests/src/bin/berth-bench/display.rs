@@ -5,14 +5,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::desktop::Desktop;
+use crate::percentiles;
 use berth_tests::{AgentOptions, AgentProcess, raw_http};
 use serde_json::{Value, json};
-
-fn percentiles(mut v: Vec<Duration>) -> (f64, f64) {
-    v.sort();
-    let at = |p: f64| v[((v.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1000.0;
-    (at(0.5), at(0.99))
-}
 
 /// Times `n` runs of `f` after two warm-up runs.
 async fn time_n<F, Fut>(n: usize, mut f: F) -> (f64, f64)

@@ -33,6 +33,12 @@ mod osworld;
 mod record;
 mod settle;
 mod workstation;
+/// p50 and p99 of `v`, in milliseconds.
+pub(crate) fn percentiles(mut v: Vec<std::time::Duration>) -> (f64, f64) {
+    v.sort();
+    let at = |p: f64| v[((v.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1000.0;
+    (at(0.5), at(0.99))
+}
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {

@@ -14,12 +14,7 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use serde_json::{Value, json};
 
 use crate::desktop::Desktop;
-
-fn percentiles(mut v: Vec<Duration>) -> (f64, f64) {
-    v.sort();
-    let at = |p: f64| v[((v.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1000.0;
-    (at(0.5), at(0.99))
-}
+use crate::percentiles;
 
 pub async fn bench(n: usize) {
     let desk = Desktop::start();

@@ -10,10 +10,12 @@
 use std::time::{Duration, Instant};
 
 use base64::Engine;
+use berth_protocol::routes::{compat, native};
 use berth_tests::{AgentOptions, AgentProcess};
 use serde_json::{Value, json};
 
 use crate::desktop::Desktop;
+use crate::percentiles;
 
 /// The box a difference may fill and still count as the same screen (a caret, blinking).
 const BLINK_BOX: u32 = 40;
@@ -66,12 +68,8 @@ struct Scenario {
     input: Value,
     /// What puts the screen back between rounds.
     reset: Vec<Value>,
-}
-
-fn percentiles(mut v: Vec<Duration>) -> (f64, f64) {
-    v.sort();
-    let at = |p: f64| v[((v.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1000.0;
-    (at(0.5), at(0.99))
+    /// Whether the action opens a window that must be closed between rounds.
+    opens_window: bool,
 }
 
 pub async fn bench(rounds: usize) {
@@ -87,10 +85,7 @@ pub async fn bench(rounds: usize) {
         let c = c.clone();
         async move {
             let v: Value = c
-                .request(
-                    reqwest::Method::POST,
-                    berth_protocol::routes::native::TOOLSET_COMPUTER,
-                )
+                .request(reqwest::Method::POST, native::TOOLSET_COMPUTER)
                 .json(&json!({ "content": content }))
                 .send()
                 .await
@@ -102,10 +97,7 @@ pub async fn bench(rounds: usize) {
         }
     };
     let info: Value = c
-        .request(
-            reqwest::Method::GET,
-            berth_protocol::routes::native::TOOLSET_COMPUTER,
-        )
+        .request(reqwest::Method::GET, native::TOOLSET_COMPUTER)
         .send()
         .await
         .unwrap()
@@ -114,7 +106,8 @@ pub async fn bench(rounds: usize) {
         .unwrap();
     // Display pixels to the toolset's screenshot pixels.
     let sx = info["screenshot_width_px"].as_f64().unwrap() / 1920.0;
-    let at = |x: f64, y: f64| json!([(x * sx).round() as i64, (y * sx).round() as i64]);
+    let sy = info["screenshot_height_px"].as_f64().unwrap() / 1080.0;
+    let at = |x: f64, y: f64| json!([(x * sx).round() as i64, (y * sy).round() as i64]);
     let scenarios = [
         Scenario {
             name: "a click that opens a window",
@@ -124,6 +117,7 @@ pub async fn bench(rounds: usize) {
             )],
             input: json!([{"type": "click", "x": 100, "y": 120}]),
             reset: vec![tool_use("key", json!({"text": "Escape"}))],
+            opens_window: true,
         },
         Scenario {
             name: "a right-click that opens the desktop's menu",
@@ -133,6 +127,7 @@ pub async fn bench(rounds: usize) {
             )],
             input: json!([{"type": "click", "x": 1500, "y": 900, "button": "right"}]),
             reset: vec![tool_use("key", json!({"text": "Escape"}))],
+            opens_window: false,
         },
         Scenario {
             name: "typing 12 characters into a text field",
@@ -143,6 +138,7 @@ pub async fn bench(rounds: usize) {
             input: json!([{"type": "click", "x": 400, "y": 400},
                           {"type": "type", "text": "hello world "}]),
             reset: Vec::new(),
+            opens_window: false,
         },
     ];
     println!();
@@ -167,9 +163,9 @@ pub async fn bench(rounds: usize) {
                 turn(s.reset.clone()).await;
             }
             // Opened windows pile up at one place: the opener's are closed between rounds.
-            if s.name.contains("window") {
+            if s.opens_window {
                 let _ = reqwest::Client::new()
-                    .post(a.url("/setup/close_window"))
+                    .post(a.url(compat::SETUP_CLOSE_WINDOW))
                     .json(&json!({"window_name": "Opened", "strict": true}))
                     .send()
                     .await;
@@ -177,19 +173,22 @@ pub async fn bench(rounds: usize) {
             tokio::time::sleep(Duration::from_millis(700)).await;
         };
         let png = || async {
-            c.request(reqwest::Method::GET, "/v1/screenshot?format=png")
-                .send()
-                .await
-                .expect("a screenshot")
-                .bytes()
-                .await
-                .expect("its bytes")
-                .to_vec()
+            c.request(
+                reqwest::Method::GET,
+                &format!("{}?format=png", native::SCREENSHOT),
+            )
+            .send()
+            .await
+            .expect("a screenshot")
+            .bytes()
+            .await
+            .expect("its bytes")
+            .to_vec()
         };
         for round in 0..rounds {
             // The control: the same input, the screen taken at once (no settle).
             reset().await;
-            c.request(reqwest::Method::POST, "/v1/input")
+            c.request(reqwest::Method::POST, native::INPUT)
                 .json(&json!({ "actions": s.input }))
                 .send()
                 .await
