@@ -86,6 +86,15 @@ pub struct AgentArgs {
     /// Where the CDP byte relay to the desktop's Chromium listens (with --desktop).
     #[arg(long, env = "BERTH_AGENT_CDP_LISTEN", default_value = "0.0.0.0:9222")]
     pub cdp_listen: SocketAddr,
+    /// The optional members of Anthropic's browser toolset this agent serves, comma-separated:
+    /// `javascript_exec`, `read_console`, `read_network`, `file_upload` (off unless named).
+    #[arg(
+        long,
+        env = "BERTH_AGENT_BROWSER_TOOLSET_ENABLE",
+        value_delimiter = ',',
+        default_value = ""
+    )]
+    pub browser_toolset_enable: Vec<String>,
     /// noVNC's static files (Debian's `novnc` package).
     #[arg(
         long,

@@ -22,6 +22,7 @@ pub mod record;
 pub mod server;
 pub mod text;
 pub mod time;
+pub mod toolset_input;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -67,6 +68,8 @@ pub struct Agent {
     pub ide: Option<Arc<desktop::ide::Ide>>,
     /// Where the CDP byte relay listens (`--desktop`).
     pub cdp_listen: Option<std::net::SocketAddr>,
+    /// Anthropic's browser toolset over CDP (`/v1/toolsets/browser`).
+    pub browser_toolset: Arc<browser::toolset::BrowserToolset>,
     pub novnc_dir: PathBuf,
     /// The accessibility tree (AT-SPI on the session bus).
     pub a11y: Arc<a11y::A11y>,

@@ -169,6 +169,11 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         session_bus,
         desktop.as_ref().map(|d| d.x_target()),
     ));
+    let browser_toolset = Arc::new(
+        crate::browser::toolset::BrowserToolset::new(&args.browser_toolset_enable)
+            .map_err(anyhow::Error::msg)
+            .context("--browser-toolset-enable")?,
+    );
     let agent = Arc::new(Agent {
         token,
         compat_auth: args.compat_auth,
@@ -187,6 +192,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         readiness: Readiness::new(desktop.clone(), ide.clone(), a11y.clone()),
         ide: ide.clone(),
         cdp_listen: cdp_bound,
+        browser_toolset,
         novnc_dir: args.novnc_dir.clone(),
         a11y,
         shutdown: shutdown_tx,

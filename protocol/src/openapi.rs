@@ -878,8 +878,42 @@ pub fn agent() -> Value {
              their tool_result blocks",
         )
         .json_body(turn.clone())
-        .json("200", "one tool_result per tool_use", turn)
+        .json("200", "one tool_result per tool_use", turn.clone())
         .json("503", "no display", err.clone()),
+        false,
+    );
+    let binfo = d.schema::<crate::toolset::BrowserToolsetInfo>();
+    native_op(
+        &mut d,
+        op(
+            "get",
+            native::TOOLSET_BROWSER,
+            "toolset_browser_info",
+            "Anthropic's browser toolset: the tools[] entry, the members served and the \
+             active tab's viewport and screenshot size",
+        )
+        .json("200", "the toolset", binfo)
+        .json("503", "no desktop, or the browser is down", err.clone()),
+        false,
+    );
+    native_op(
+        &mut d,
+        op(
+            "post",
+            native::TOOLSET_BROWSER,
+            "toolset_browser_turn",
+            "a model turn's content: its browser tool_use blocks run in order over CDP in the \
+             sandbox's browser, answered with their tool_result blocks (each with the \
+             browser_state block)",
+        )
+        .json_body(turn.clone())
+        .json("200", "one tool_result per tool_use", turn)
+        .json(
+            "400",
+            "a content block that is not well formed",
+            err.clone(),
+        )
+        .json("503", "no desktop", err.clone()),
         false,
     );
 

@@ -94,6 +94,9 @@ pub mod native {
         /// `GET` the `tools[]` entry of Anthropic's computer toolset, `POST` a model turn's
         /// `tool_use` blocks for it (answered with their `tool_result` blocks).
         TOOLSET_COMPUTER = "/toolsets/computer";
+        /// `GET` the `tools[]` entry of Anthropic's browser toolset, `POST` a model turn's
+        /// `tool_use` blocks for it, run over CDP in the sandbox's browser.
+        TOOLSET_BROWSER = "/toolsets/browser";
         RECORDINGS = "/recordings";
         RECORDING = "/recordings/{id}";
         RECORDING_STOP = "/recordings/{id}/stop";

@@ -60,6 +60,152 @@ pub fn computer_member(name: &str) -> Option<ResultKind> {
         .map(|(_, k)| *k)
 }
 
+/// The browser toolset's `tools[]` type.
+pub const BROWSER_TOOLSET_TYPE: &str = "browser_toolset_20260801";
+/// The browser toolset's family.
+pub const BROWSER_FAMILY: &str = "browser";
+
+/// What a browser member answers (the SDK's result kinds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BrowserResult {
+    /// A pure action: its acknowledgment (a template filled from the input), or nothing.
+    Ack(Option<&'static str>),
+    /// `Navigated to {url} — {title} (HTTP {status})`.
+    Navigate,
+    /// An image block.
+    Image,
+    /// Page text (`(empty)` when there is none).
+    Text,
+    /// Nothing but the `browser_state` block (the tab members).
+    StateOnly,
+}
+
+/// Every browser member, in the SDK's order: what it answers and whether the API serves it
+/// unless `configs` turns it off (the optional four are off unless enabled).
+pub const BROWSER_MEMBERS: [(&str, BrowserResult, bool); 31] = [
+    ("navigate", BrowserResult::Navigate, true),
+    ("screenshot", BrowserResult::Image, true),
+    ("zoom", BrowserResult::Image, true),
+    ("left_click", BrowserResult::Ack(Some("Clicked.")), true),
+    (
+        "right_click",
+        BrowserResult::Ack(Some("Right-clicked.")),
+        true,
+    ),
+    (
+        "middle_click",
+        BrowserResult::Ack(Some("Middle-clicked.")),
+        true,
+    ),
+    (
+        "double_click",
+        BrowserResult::Ack(Some("Double-clicked.")),
+        true,
+    ),
+    (
+        "triple_click",
+        BrowserResult::Ack(Some("Triple-clicked.")),
+        true,
+    ),
+    ("hover", BrowserResult::Ack(Some("Hovered.")), true),
+    (
+        "left_click_drag",
+        BrowserResult::Ack(Some("Dragged.")),
+        true,
+    ),
+    (
+        "left_mouse_down",
+        BrowserResult::Ack(Some("Mouse button pressed.")),
+        true,
+    ),
+    (
+        "left_mouse_up",
+        BrowserResult::Ack(Some("Mouse button released.")),
+        true,
+    ),
+    (
+        "mouse_move",
+        BrowserResult::Ack(Some("Moved the mouse.")),
+        true,
+    ),
+    (
+        "scroll",
+        BrowserResult::Ack(Some("Scrolled {scroll_direction}.")),
+        true,
+    ),
+    (
+        "scroll_to",
+        BrowserResult::Ack(Some("Scrolled to {ref}.")),
+        true,
+    ),
+    ("type", BrowserResult::Ack(Some("Typed.")), true),
+    ("key", BrowserResult::Ack(Some("Pressed {text}.")), true),
+    (
+        "hold_key",
+        BrowserResult::Ack(Some("Held {text} for {duration}s.")),
+        true,
+    ),
+    (
+        "form_input",
+        BrowserResult::Ack(Some("Set the value of {ref}.")),
+        true,
+    ),
+    ("read_page", BrowserResult::Text, true),
+    ("find", BrowserResult::Text, true),
+    ("get_page_text", BrowserResult::Text, true),
+    (
+        "wait",
+        BrowserResult::Ack(Some("Waited {duration}s.")),
+        true,
+    ),
+    ("file_upload", BrowserResult::Ack(Some("Uploaded.")), false),
+    ("read_console", BrowserResult::Text, false),
+    ("read_network", BrowserResult::Text, false),
+    ("javascript_exec", BrowserResult::Text, false),
+    ("new_tab", BrowserResult::StateOnly, true),
+    ("list_tabs", BrowserResult::StateOnly, true),
+    ("switch_tab", BrowserResult::StateOnly, true),
+    ("close_tab", BrowserResult::StateOnly, true),
+];
+
+/// What a browser member answers, `None` for a name that is not a member.
+pub fn browser_member(name: &str) -> Option<BrowserResult> {
+    BROWSER_MEMBERS
+        .iter()
+        .find(|(n, _, _)| *n == name)
+        .map(|(_, k, _)| *k)
+}
+
+/// The browser family's result for every `tool_use` after a turn's first failure.
+pub const BROWSER_NOT_EXECUTED: &str = "Not executed: an earlier action in this turn failed.";
+
+/// The refusal of a member this environment does not serve (an optional one not enabled).
+pub fn unavailable_member(family: &str, name: &str) -> String {
+    format!("The {family} toolset member '{name}' is not available in this environment.")
+}
+
+/// The API's limit for a text field, a URL, and an error text.
+pub const FIELD_MAX: usize = 4096;
+
+/// `s` on one line, trimmed and cut to [`FIELD_MAX`] characters (a page's title, a line the
+/// model reads).
+pub fn bounded_line(s: &str) -> String {
+    one_line(s).trim().chars().take(FIELD_MAX).collect()
+}
+
+/// A tab's URL as the model reads it: on one line, and a longer one as `…` and its first
+/// characters.
+pub fn bounded_url(url: &str) -> String {
+    let line = one_line(url).trim().to_string();
+    if line.chars().count() <= FIELD_MAX {
+        line
+    } else {
+        std::iter::once('\u{2026}')
+            .chain(line.chars().take(FIELD_MAX - 1))
+            .collect()
+    }
+}
+
 /// The result for every `tool_use` after the first failure of a turn (a plain string, as the
 /// SDK's runner sends it).
 pub const COMPUTER_NOT_EXECUTED: &str =
@@ -96,7 +242,8 @@ pub fn one_line(s: &str) -> String {
         .collect()
 }
 
-/// A pure action's acknowledgment: `template`'s `{text}`, `{duration}` and `{scroll_direction}`
+/// A pure action's acknowledgment: `template`'s `{text}`, `{duration}`, `{scroll_direction}` and
+/// `{ref}` (the input's `target.ref`)
 /// filled in one pass from `input` (a value that looks like a placeholder stays as written; a
 /// whole number reads without a fraction).
 pub fn acknowledgment(template: &str, input: &Value) -> String {
@@ -105,12 +252,17 @@ pub fn acknowledgment(template: &str, input: &Value) -> String {
     while let Some(open) = rest.find('{') {
         out.push_str(&rest[..open]);
         let after = &rest[open..];
-        let field = ["text", "duration", "scroll_direction"]
+        let field = ["text", "duration", "scroll_direction", "ref"]
             .into_iter()
             .find(|f| after[1..].starts_with(f) && after[1 + f.len()..].starts_with('}'));
         match field {
             Some(f) => {
-                out.push_str(&one_line(&field_text(input.get(f))));
+                let value = if f == "ref" {
+                    input.get("target").and_then(|t| t.get("ref"))
+                } else {
+                    input.get(f)
+                };
+                out.push_str(&one_line(&field_text(value)));
                 rest = &after[f.len() + 2..];
             }
             None => {
@@ -167,6 +319,22 @@ pub struct ToolsetTurn {
     pub content: Vec<Value>,
 }
 
+/// `GET /v1/toolsets/browser`: the `tools[]` entry to send as it is, and what it drives.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+pub struct BrowserToolsetInfo {
+    /// The `tools[]` entry (`type`, and `configs` enabling the optional members this agent
+    /// serves).
+    pub tool: Value,
+    /// The members this agent serves.
+    pub members: Vec<String>,
+    /// The browser's viewport, in CSS pixels, and the screenshots the toolset answers (the
+    /// viewport fitted to the model's image limits): member coordinates are in these pixels.
+    pub viewport_width_px: u32,
+    pub viewport_height_px: u32,
+    pub screenshot_width_px: u32,
+    pub screenshot_height_px: u32,
+}
+
 /// `GET /v1/toolsets/computer`: the `tools[]` entry to send as it is, and the screen it drives.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct ComputerToolsetInfo {
@@ -209,6 +377,16 @@ mod tests {
             "Pressed {duration} x."
         );
         assert_eq!(ack("left_click", json!({})), "Clicked.");
+        let Some(BrowserResult::Ack(Some(t))) = browser_member("scroll_to") else {
+            panic!()
+        };
+        assert_eq!(
+            acknowledgment(t, &json!({"target": {"type": "ref", "ref": "ref_7"}})),
+            "Scrolled to ref_7."
+        );
+        assert_eq!(BROWSER_MEMBERS.iter().filter(|(_, _, on)| *on).count(), 27);
+        assert_eq!(bounded_url(&"a".repeat(5000)).chars().count(), FIELD_MAX);
+        assert!(bounded_url(&"a".repeat(5000)).starts_with('\u{2026}'));
         assert_eq!(computer_member("zoom"), Some(ResultKind::Image));
         assert_eq!(computer_member("navigate"), None);
         assert_eq!(

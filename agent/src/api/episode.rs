@@ -87,3 +87,25 @@ pub async fn log_computer(
         agent.episode.log(a.with_media(&agent.recorder));
     }
 }
+
+/// Logs the calls a computer-toolset turn ran (as Anthropic computer actions), if any.
+pub async fn log_toolset_turn(
+    agent: &Arc<Agent>,
+    source: Source,
+    answer: &crate::display::computer::toolset::TurnAnswer,
+    called: Instant,
+) {
+    if answer.ran.is_empty() {
+        return;
+    }
+    let body = serde_json::json!({ "actions": answer.ran });
+    log_computer(
+        agent,
+        source,
+        &body,
+        &answer.trace,
+        answer.error.clone(),
+        called,
+    )
+    .await;
+}

@@ -74,6 +74,10 @@ pub fn router(agent: Arc<Agent>) -> Router<Arc<Agent>> {
             nested::TOOLSET_COMPUTER,
             get(toolset::computer_info).post(toolset::computer_turn),
         )
+        .route(
+            nested::TOOLSET_BROWSER,
+            get(toolset::browser_info).post(toolset::browser_turn),
+        )
         .route(nested::RECORDINGS, post(record::start).get(record::list))
         .route(nested::RECORDING, get(record::get).delete(record::delete))
         .route(nested::RECORDING_STOP, post(record::stop))

@@ -1,12 +1,15 @@
-//! `/v1/toolsets/computer`: Anthropic's computer toolset run in the guest (see
-//! `display::toolset`). `GET` answers the `tools[]` entry and the screen it drives; `POST` takes
-//! a model turn's `content` and answers one `tool_result` per `tool_use` of the toolset.
+//! `/v1/toolsets/{computer,browser}`: Anthropic's computer toolset run in the guest (see
+//! `display::computer::toolset`) and its browser toolset over CDP (see `browser::toolset`).
+//! `GET` answers the `tools[]` entry and what it drives; `POST` takes a model turn's `content`
+//! and answers one `tool_result` per `tool_use` of the toolset.
 
 use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
-use berth_protocol::toolset::{COMPUTER_FAMILY, ComputerToolsetInfo, ToolsetTurn};
+use berth_protocol::toolset::{
+    BROWSER_FAMILY, BrowserToolsetInfo, COMPUTER_FAMILY, ComputerToolsetInfo, ToolsetTurn,
+};
 
 use super::error::ApiError;
 use super::extract::ApiJson;
@@ -26,18 +29,51 @@ pub async fn computer_turn(
     let called = std::time::Instant::now();
     let calls = toolset::calls(&turn.content, COMPUTER_FAMILY).map_err(ApiError::bad_request)?;
     let answer = toolset::run_turn(&agent.display, &calls).await?;
-    if !answer.ran.is_empty() {
-        let body = serde_json::json!({ "actions": answer.ran });
-        super::episode::log_computer(
-            &agent,
-            crate::episode::Source::Toolset,
-            &body,
-            &answer.trace,
-            answer.error.clone(),
-            called,
-        )
+    super::episode::log_toolset_turn(&agent, crate::episode::Source::Toolset, &answer, called)
         .await;
-    }
+    Ok(Json(ToolsetTurn {
+        content: answer.content,
+    }))
+}
+
+fn browser_desktop(agent: &Agent) -> Result<&Arc<crate::desktop::Desktop>, ApiError> {
+    agent.desktop.as_ref().ok_or_else(|| {
+        ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "no_desktop",
+            "the browser toolset needs the agent's desktop (--desktop)",
+        )
+    })
+}
+
+fn browser_down(e: String) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        "browser_down",
+        e,
+    )
+}
+
+pub async fn browser_info(
+    State(agent): State<Arc<Agent>>,
+) -> Result<Json<BrowserToolsetInfo>, ApiError> {
+    let d = browser_desktop(&agent)?;
+    agent
+        .browser_toolset
+        .info(d)
+        .await
+        .map(Json)
+        .map_err(browser_down)
+}
+
+pub async fn browser_turn(
+    State(agent): State<Arc<Agent>>,
+    ApiJson(turn): ApiJson<ToolsetTurn>,
+) -> Result<Json<ToolsetTurn>, ApiError> {
+    let calls = crate::toolset_input::calls(&turn.content, BROWSER_FAMILY)
+        .map_err(ApiError::bad_request)?;
+    let d = browser_desktop(&agent)?;
+    let answer = agent.browser_toolset.run_turn(d, &calls).await;
     Ok(Json(ToolsetTurn {
         content: answer.content,
     }))

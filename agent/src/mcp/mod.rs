@@ -67,7 +67,11 @@ impl Mcp {
         let mut sessions = LocalSessionManager::default();
         sessions.session_config = session_config;
         let sessions = Arc::new(sessions);
-        let tools = Arc::new(BerthMcp::tools());
+        let browser = match agent.desktop {
+            Some(_) => agent.browser_toolset.members(),
+            None => Vec::new(),
+        };
+        let tools = Arc::new(BerthMcp::tools(&browser));
         // The bearer token guards this route, so `Host` is not checked (the agent is reached
         // by container addresses and through the controller's relay, not only on loopback).
         // A session-less (2026-07-28) request whose answer is one message gets it as JSON

@@ -210,10 +210,14 @@ impl BerthMcp {
         BerthMcp { agent, tool_router }
     }
 
-    /// Every tool: the agent's own, and the computer toolset's members.
-    pub fn tools() -> ToolRouter<BerthMcp> {
+    /// Every tool: the agent's own, the computer toolset's members, and the browser
+    /// toolset's members served (`browser`: none without a desktop).
+    pub fn tools(browser: &[String]) -> ToolRouter<BerthMcp> {
         let mut router = Self::tool_router();
-        for route in super::toolset::routes() {
+        for route in super::toolset::routes()
+            .into_iter()
+            .chain(super::toolset::browser_routes(browser))
+        {
             router.add_route(route);
         }
         router
@@ -630,7 +634,7 @@ mod tests {
 
     #[test]
     fn every_tool_is_listed_with_an_object_schema() {
-        let router = BerthMcp::tools();
+        let router = BerthMcp::tools(&[]);
         let mut names: Vec<String> = router
             .list_all()
             .iter()

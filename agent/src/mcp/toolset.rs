@@ -1,10 +1,11 @@
-//! The computer toolset's members as MCP tools (`computer_left_click`, …): each runs one
-//! member as `/v1/toolsets/computer` does and answers its `tool_result` content (text blocks
-//! as text, the image as an image), `isError` when the member refused or failed.
+//! The computer and browser toolsets' members as MCP tools (`computer_left_click`,
+//! `browser_navigate`, …): each runs one member as `/v1/toolsets/{family}` does and answers its
+//! `tool_result` content (text blocks as text, the image as an image, the browser's
+//! `browser_state` block as a line of JSON), `isError` when the member refused or failed.
 
 use std::sync::Arc;
 
-use berth_protocol::toolset::{COMPUTER_FAMILY, COMPUTER_MEMBERS};
+use berth_protocol::toolset::{BROWSER_FAMILY, COMPUTER_FAMILY, COMPUTER_MEMBERS};
 use rmcp::handler::server::router::tool::ToolRoute;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, JsonObject, Tool};
@@ -137,17 +138,184 @@ pub fn routes() -> Vec<ToolRoute<BerthMcp>> {
                                 )));
                             }
                         };
-                        if !answer.ran.is_empty() {
-                            crate::api::episode::log_computer(
-                                &agent,
-                                crate::episode::Source::Mcp,
-                                &json!({"actions": answer.ran}),
-                                &answer.trace,
-                                answer.error.clone(),
-                                called,
-                            )
-                            .await;
-                        }
+                        crate::api::episode::log_toolset_turn(
+                            &agent,
+                            crate::episode::Source::Mcp,
+                            &answer,
+                            called,
+                        )
+                        .await;
+                        let result = answer.content.into_iter().next().unwrap_or_default();
+                        Ok(CallToolResponse::Complete(to_mcp(&result)))
+                    })
+                },
+            )
+        })
+        .collect()
+}
+
+/// A browser member's description and input schema (coordinates in the toolset's screenshot
+/// pixels: `GET /v1/toolsets/browser` gives their size; `ref` from `read_page` or `find`).
+fn browser_tool(member: &str) -> Tool {
+    let tab =
+        json!({"type": "string", "description": "The tab to act in (default: the active tab)"});
+    let coordinate = json!({"type": "object", "description": "A point in screenshot pixels",
+        "properties": {"type": {"const": "coordinate"}, "x": {"type": "integer"},
+                       "y": {"type": "integer"}},
+        "required": ["type", "x", "y"]});
+    let reference = json!({"type": "object", "description": "An element by its reference (ref_<n>)",
+        "properties": {"type": {"const": "ref"}, "ref": {"type": "string"}},
+        "required": ["type", "ref"]});
+    let either = json!({"oneOf": [coordinate.clone(), reference.clone()]});
+    let modifiers =
+        json!({"type": "string", "description": "Keys held (\"shift\", \"ctrl+shift\")"});
+    let seconds = json!({"type": "number", "minimum": 0, "maximum": 60});
+    let (description, properties, required): (&str, Value, &[&str]) = match member {
+        "navigate" => (
+            "Go to a URL (https:// when no scheme is given), or `back`, `forward`, `reload`.",
+            json!({"url": {"type": "string"}, "tab_id": tab}),
+            &["url"],
+        ),
+        "screenshot" => ("The tab's viewport (PNG).", json!({"tab_id": tab}), &[]),
+        "zoom" => (
+            "A region of the viewport, scaled up.",
+            json!({"region": {"type": "array", "items": {"type": "integer"}, "minItems": 4,
+                   "maxItems": 4, "description": "[x0, y0, x1, y1] in screenshot pixels"},
+                   "tab_id": tab}),
+            &["region"],
+        ),
+        "left_click" | "right_click" | "middle_click" | "double_click" | "triple_click" => (
+            "Click a point or an element.",
+            json!({"target": either, "modifiers": modifiers, "tab_id": tab}),
+            &["target"],
+        ),
+        "hover" => (
+            "Move the pointer over a point or an element.",
+            json!({"target": either, "tab_id": tab}),
+            &["target"],
+        ),
+        "left_click_drag" => (
+            "Drag with the left button from `from` to `target`.",
+            json!({"from": coordinate, "target": coordinate, "tab_id": tab}),
+            &["from", "target"],
+        ),
+        "left_mouse_down" | "left_mouse_up" | "mouse_move" => (
+            "Press, release or move the pointer at a point.",
+            json!({"target": coordinate, "tab_id": tab}),
+            &["target"],
+        ),
+        "scroll" => (
+            "Scroll at a point (`scroll_amount` wheel ticks, 3 by default).",
+            json!({"scroll_direction": {"type": "string", "enum": ["up", "down", "left", "right"]},
+                   "scroll_amount": {"type": "integer", "minimum": 1, "maximum": 100},
+                   "target": coordinate, "tab_id": tab}),
+            &["scroll_direction", "target"],
+        ),
+        "scroll_to" => (
+            "Scroll an element into view.",
+            json!({"target": reference, "tab_id": tab}),
+            &["target"],
+        ),
+        "type" => (
+            "Type text where the focus is.",
+            json!({"text": {"type": "string"}, "tab_id": tab}),
+            &["text"],
+        ),
+        "key" => (
+            "Press keys (\"ctrl+a\", \"Return\"; space-separated for a sequence).",
+            json!({"text": {"type": "string"},
+                   "repeat": {"type": "integer", "minimum": 1, "maximum": 100}, "tab_id": tab}),
+            &["text"],
+        ),
+        "hold_key" => (
+            "Hold keys for `duration` seconds.",
+            json!({"text": {"type": "string"}, "duration": seconds, "tab_id": tab}),
+            &["text", "duration"],
+        ),
+        "form_input" => (
+            "Set a form element's value (a boolean for a checkbox, an option's value or text \
+             for a select).",
+            json!({"target": reference, "value": {"type": ["string", "number", "boolean"]},
+                   "tab_id": tab}),
+            &["target", "value"],
+        ),
+        "read_page" => (
+            "The page's accessibility tree, one element a line with its reference.",
+            json!({"depth": {"type": "integer", "minimum": 1},
+                   "filter": {"type": "string", "enum": ["interactive", "all"]},
+                   "ref": {"type": "string"}, "tab_id": tab}),
+            &[],
+        ),
+        "find" => (
+            "Elements matching a description, with their references.",
+            json!({"query": {"type": "string"}, "tab_id": tab}),
+            &["query"],
+        ),
+        "get_page_text" => ("The page's visible text.", json!({"tab_id": tab}), &[]),
+        "wait" => (
+            "Wait `duration` seconds.",
+            json!({"duration": seconds, "tab_id": tab}),
+            &["duration"],
+        ),
+        "file_upload" => (
+            "Set a file input's files (absolute paths in the sandbox).",
+            json!({"target": reference, "paths": {"type": "array", "items": {"type": "string"}},
+                   "tab_id": tab}),
+            &["target", "paths"],
+        ),
+        "read_console" => (
+            "Console entries since the last read.",
+            json!({"tab_id": tab}),
+            &[],
+        ),
+        "read_network" => ("Requests since the last read.", json!({"tab_id": tab}), &[]),
+        "javascript_exec" => (
+            "Run JavaScript in the page; the last expression's value.",
+            json!({"text": {"type": "string"}, "tab_id": tab}),
+            &["text"],
+        ),
+        "new_tab" => ("Open a blank tab and make it active.", json!({}), &[]),
+        "list_tabs" => ("The open tabs.", json!({}), &[]),
+        "switch_tab" | "close_tab" => (
+            "Make a tab active, or close it.",
+            json!({"tab_id": {"type": "string"}}),
+            &["tab_id"],
+        ),
+        _ => ("", json!({}), &[]),
+    };
+    let schema = json!({"type": "object", "properties": properties, "required": required});
+    let schema: JsonObject = match schema {
+        Value::Object(m) => m,
+        _ => JsonObject::new(),
+    };
+    Tool::new(
+        format!("{BROWSER_FAMILY}_{member}"),
+        format!("Anthropic's browser toolset, member `{member}`: {description}"),
+        Arc::new(schema),
+    )
+}
+
+/// One route per browser member served.
+pub fn browser_routes(members: &[String]) -> Vec<ToolRoute<BerthMcp>> {
+    members
+        .iter()
+        .map(|member| {
+            let member = member.clone();
+            ToolRoute::new_dyn(
+                browser_tool(&member),
+                move |ctx: ToolCallContext<'_, BerthMcp>| {
+                    let agent = ctx.service.agent().clone();
+                    let input = Value::Object(ctx.arguments.clone().unwrap_or_default());
+                    let member = member.clone();
+                    Box::pin(async move {
+                        let Some(desktop) = agent.desktop.clone() else {
+                            return Ok(CallToolResponse::Complete(CallToolResult::error(vec![
+                                ContentBlock::text("The browser is not running."),
+                            ])));
+                        };
+                        let call = json!({"type": "tool_use", "id": "mcp", "name": member,
+                                          "toolset_name": BROWSER_FAMILY, "input": input});
+                        let answer = agent.browser_toolset.run_turn(&desktop, &[call]).await;
                         let result = answer.content.into_iter().next().unwrap_or_default();
                         Ok(CallToolResponse::Complete(to_mcp(&result)))
                     })
@@ -169,6 +337,7 @@ pub fn to_mcp(result: &Value) -> CallToolResult {
                     b["source"]["data"].as_str().unwrap_or_default(),
                     b["source"]["media_type"].as_str().unwrap_or("image/png"),
                 )),
+                Some("browser_state") => Some(ContentBlock::text(b.to_string())),
                 _ => None,
             })
             .collect(),
@@ -192,6 +361,18 @@ mod tests {
         assert!(names.contains(&"computer_left_click".to_string()));
         let zoom = member_tool("zoom");
         assert_eq!(zoom.input_schema["required"], json!(["region"]));
+        let browser: Vec<String> = browser_routes(&["navigate".into(), "find".into()])
+            .iter()
+            .map(|r| r.name().to_string())
+            .collect();
+        assert_eq!(browser, ["browser_navigate", "browser_find"]);
+        for (m, _, _) in berth_protocol::toolset::BROWSER_MEMBERS {
+            let t = browser_tool(m);
+            assert!(
+                !t.description.as_deref().unwrap_or_default().ends_with(": "),
+                "{m}"
+            );
+        }
         let err = to_mcp(&json!({"content": "Not executed", "is_error": true}));
         assert_eq!(err.is_error, Some(true));
     }

@@ -24,17 +24,17 @@ use berth_protocol::{Button, InputAction};
 use serde_json::{Map, Value, json};
 
 use super::{
-    KEY_SETTLE_TIMEOUT, MAX_SCROLL_CLICKS, MAX_TEXT, MAX_WAIT, SETTLE, SETTLE_TIMEOUT, Trace, b64,
-    blocking,
+    KEY_SETTLE_TIMEOUT, MAX_SCROLL_CLICKS, MAX_TEXT, MAX_WAIT, SETTLE, SETTLE_TIMEOUT, Space,
+    Trace, b64, blocking, is_key, shot, waits,
 };
 use crate::display::{Display, DisplayError, ShotRequest, keys};
+use crate::toolset_input::Fields;
+pub use crate::toolset_input::calls;
 
 /// The model's image limits: the longest edge and the most pixels an image may have before the
 /// API scales it down (which would move every coordinate the model reads off it).
 pub const MAX_EDGE: u32 = 1568;
 pub const MAX_PIXELS: u64 = 1_150_000;
-/// The most `tool_use` blocks one turn runs.
-pub const MAX_CALLS: usize = 100;
 /// The most times `key` repeats.
 pub const MAX_REPEAT: i64 = 100;
 
@@ -79,26 +79,22 @@ impl Screen {
         }
     }
 
-    /// A screenshot point (or, with `end`, a region's exclusive end) on the display.
-    fn to_display(self, x: i64, y: i64, end: bool) -> (i32, i32) {
-        let map = |v: i64, shot: u32, display: u32| {
-            let last = display as i64 - 1 + end as i64;
-            ((v as f64 * display as f64 / shot as f64).round() as i64).min(last) as i32
-        };
-        (
-            map(x, self.shot.0, self.display.0),
-            map(y, self.shot.1, self.display.1),
-        )
+    /// The coordinate space the dialects share: the screenshot is the engine's view.
+    fn space(self) -> Space {
+        Space {
+            screen: self.display,
+            engine: self.shot,
+        }
+    }
+
+    /// A screenshot point (or, with `end`, a region's exclusive end) on the display; `None`
+    /// outside the screenshot.
+    fn to_display(self, x: i64, y: i64, end: bool) -> Option<(i32, i32)> {
+        self.space().map([x, y], "", end).ok()
     }
 
     fn to_shot(self, p: (i32, i32)) -> (i64, i64) {
-        let map = |v: i32, shot: u32, display: u32| {
-            ((v as f64 * shot as f64 / display as f64).round() as i64).min(shot as i64 - 1)
-        };
-        (
-            map(p.0, self.shot.0, self.display.0),
-            map(p.1, self.shot.1, self.display.1),
-        )
+        self.space().to_engine(p)
     }
 
     /// The `tools[]` entry and what it drives.
@@ -126,87 +122,18 @@ pub enum Op {
     Cursor,
 }
 
-/// Reads a member's input fields, collecting every problem (`field: problem`).
-struct Fields<'a> {
-    input: &'a Map<String, Value>,
-    problems: Vec<String>,
-}
-
-impl<'a> Fields<'a> {
-    fn problem(&mut self, field: &str, p: impl std::fmt::Display) {
-        self.problems.push(format!("{field}: {p}"));
-    }
-
-    fn present(&self, field: &str) -> Option<&'a Value> {
-        self.input.get(field).filter(|v| !v.is_null())
-    }
-
-    fn string(&mut self, field: &str, required: bool) -> Option<String> {
-        match self.present(field) {
-            None if required => self.problem(field, "Field required"),
-            None => {}
-            Some(Value::String(s)) => return Some(s.clone()),
-            Some(_) => self.problem(field, "Input should be a valid string"),
-        }
-        None
-    }
-
-    fn int(&mut self, field: &str, required: bool) -> Option<i64> {
-        match self.present(field) {
-            None if required => self.problem(field, "Field required"),
-            None => {}
-            Some(v) => match whole(v) {
-                Some(i) => return Some(i),
-                None => self.problem(field, "Input should be a valid integer"),
-            },
-        }
-        None
-    }
-
-    /// An integer within `lo..=hi`, the bound named in the error.
-    fn ranged(&mut self, field: &str, required: bool, lo: i64, hi: i64, unit: &str) -> Option<i64> {
-        let v = self.int(field, required)?;
-        if (lo..=hi).contains(&v) {
-            Some(v)
-        } else {
-            self.problem(field, format!("must be {lo} to {hi}{unit}"));
-            None
-        }
-    }
-
-    /// An `[x, y]` point inside the screenshot (`end`: a region's end may equal its size).
-    fn ints<const N: usize>(
-        &mut self,
-        field: &str,
-        required: bool,
-        shape: &str,
-    ) -> Option<[i64; N]> {
-        match self.present(field) {
-            None if required => self.problem(field, "Field required"),
-            None => {}
-            Some(Value::Array(items)) if items.len() == N => {
-                let parsed: Option<Vec<i64>> = items.iter().map(whole).collect();
-                match parsed {
-                    Some(v) => return v.try_into().ok(),
-                    None => self.problem(field, format!("expected {shape} of integers")),
-                }
-            }
-            Some(_) => self.problem(field, format!("expected {shape}")),
-        }
-        None
-    }
-
+impl Fields<'_> {
     fn point(&mut self, field: &str, required: bool, screen: &Screen) -> Option<(i32, i32)> {
         let [x, y] = self.ints::<2>(field, required, "[x, y]")?;
-        let (w, h) = screen.shot;
-        if x < 0 || y < 0 || x >= w as i64 || y >= h as i64 {
+        let at = screen.to_display(x, y, false);
+        if at.is_none() {
+            let (w, h) = screen.shot;
             self.problem(
                 field,
                 format!("({x}, {y}) is outside the {w}x{h} screenshot"),
             );
-            return None;
         }
-        Some(screen.to_display(x, y, false))
+        at
     }
 
     /// Modifier keys held during a click or scroll (`text`: `shift`, `ctrl+shift`).
@@ -224,15 +151,6 @@ impl<'a> Fields<'a> {
         }
         mods
     }
-}
-
-/// A JSON number that is a whole number (`2` or `2.0`), as the SDK's integer fields take it.
-fn whole(v: &Value) -> Option<i64> {
-    v.as_i64().or_else(|| {
-        v.as_f64()
-            .filter(|f| f.fract() == 0.0 && f.abs() < 9e15)
-            .map(|f| f as i64)
-    })
 }
 
 /// A member call checked against the SDK's input types and the screen: what it runs, or the
@@ -383,20 +301,21 @@ fn lower(name: &str, f: &mut Fields, screen: &Screen) -> Option<Op> {
         })),
         "zoom" => {
             let [x0, y0, x1, y1] = f.ints::<4>("region", true, "[x0, y0, x1, y1]")?;
-            let (w, h) = screen.shot;
-            if x0 < 0 || y0 < 0 || x1 > w as i64 || y1 > h as i64 {
+            let (Some(a), Some(b)) = (
+                screen.to_display(x0, y0, false),
+                screen.to_display(x1, y1, true),
+            ) else {
+                let (w, h) = screen.shot;
                 f.problem(
                     "region",
                     format!("[{x0}, {y0}, {x1}, {y1}] is outside the {w}x{h} screenshot"),
                 );
                 return None;
-            }
+            };
             if x1 <= x0 || y1 <= y0 {
                 f.problem("region", "expected x1 > x0 and y1 > y0");
                 return None;
             }
-            let a = screen.to_display(x0, y0, false);
-            let b = screen.to_display(x1, y1, true);
             let (rw, rh) = ((b.0 - a.0).max(1) as u32, (b.1 - a.1).max(1) as u32);
             Some(Op::Zoom(ShotRequest {
                 region: Some((a.0, a.1, rw, rh)),
@@ -409,49 +328,11 @@ fn lower(name: &str, f: &mut Fields, screen: &Screen) -> Option<Op> {
 }
 
 /// How long an op waits or holds keys on purpose.
-fn waits(op: &Op) -> Duration {
+fn op_waits(op: &Op) -> Duration {
     match op {
-        Op::Input(actions) => actions
-            .iter()
-            .map(|a| match a {
-                InputAction::Wait { ms } => Duration::from_millis(*ms),
-                InputAction::Hold { duration_ms, .. } => Duration::from_millis(*duration_ms),
-                _ => Duration::ZERO,
-            })
-            .sum(),
+        Op::Input(actions) => waits(actions),
         _ => Duration::ZERO,
     }
-}
-
-/// A turn's `tool_use` blocks for this family, in order; other blocks are skipped. Errors name
-/// the block that is not a well-formed `tool_use`.
-pub fn calls(content: &[Value], family: &str) -> Result<Vec<Value>, String> {
-    let mut out = Vec::new();
-    for (i, block) in content.iter().enumerate() {
-        let Value::Object(b) = block else {
-            return Err(format!("content[{i}]: a content block is a JSON object"));
-        };
-        if b.get("type").and_then(Value::as_str) != Some("tool_use")
-            || b.get("toolset_name").and_then(Value::as_str) != Some(family)
-        {
-            continue;
-        }
-        if !b.get("id").is_some_and(Value::is_string)
-            || !b.get("name").is_some_and(Value::is_string)
-        {
-            return Err(format!(
-                "content[{i}]: a tool_use block needs a string `id` and `name`"
-            ));
-        }
-        out.push(block.clone());
-    }
-    if out.len() > MAX_CALLS {
-        return Err(format!(
-            "a turn runs at most {MAX_CALLS} tool_use blocks, not {}",
-            out.len()
-        ));
-    }
-    Ok(out)
 }
 
 /// A turn's answer, and what ran (for the episode log).
@@ -495,7 +376,7 @@ pub async fn run_turn(d: &Arc<Display>, calls: &[Value]) -> Result<TurnAnswer, D
         let name = call["name"].as_str().unwrap_or_default();
         let input = call.get("input").cloned().unwrap_or(Value::Null);
         let planned = plan(name, &input, &screen).and_then(|op| {
-            waited += waits(&op);
+            waited += op_waits(&op);
             if waited > MAX_WAIT {
                 Err(invalid_input(
                     COMPUTER_FAMILY,
@@ -509,14 +390,14 @@ pub async fn run_turn(d: &Arc<Display>, calls: &[Value]) -> Result<TurnAnswer, D
                 Ok(op)
             }
         });
-        let started = Instant::now();
         let result = match planned {
             Err(e) => Err(e),
             Ok(op) => {
                 let mut action = input.as_object().cloned().unwrap_or_default();
                 action.insert("action".into(), json!(name));
                 answer.ran.push(Value::Object(action));
-                run_op(
+                let started = Instant::now();
+                let ran = run_op(
                     d,
                     &screen,
                     name,
@@ -525,12 +406,11 @@ pub async fn run_turn(d: &Arc<Display>, calls: &[Value]) -> Result<TurnAnswer, D
                     &mut unsettled,
                     &mut answer.trace,
                 )
-                .await
+                .await;
+                answer.trace.steps.push((started, started.elapsed()));
+                ran
             }
         };
-        if computer_member(name).is_some() && answer.ran.len() > answer.trace.steps.len() {
-            answer.trace.steps.push((started, started.elapsed()));
-        }
         match result {
             Ok(content) => answer.content.push(tool_result(call, content, false)),
             Err(e) => {
@@ -563,14 +443,7 @@ async fn run_op(
                 d.settle(since, SETTLE, KEY_SETTLE_TIMEOUT).await;
             }
             let started = Instant::now();
-            let keys = actions.iter().any(|a| {
-                matches!(
-                    a,
-                    InputAction::Key { .. }
-                        | InputAction::KeyDown { .. }
-                        | InputAction::Hold { .. }
-                )
-            });
+            let keys = actions.iter().any(is_key);
             *unsettled = Some((started, keys));
             let runner = d.clone();
             blocking(move || runner.run_input(&actions))
@@ -585,8 +458,7 @@ async fn run_op(
             if let Some((since, _)) = unsettled.take() {
                 trace.settled = Some(d.settle(since, SETTLE, SETTLE_TIMEOUT).await);
             }
-            let runner = d.clone();
-            let shot = blocking(move || runner.screenshot(&req))
+            let shot = shot(d, req)
                 .await
                 .map_err(|_| "The screen could not be captured.".to_string())?;
             trace.shot_at = Some(Instant::now());

@@ -7,6 +7,9 @@
 //! is a DNS name (DNS-rebinding protection); for such a client the relay rewrites `Host` to
 //! loopback and the URLs in `/json` answers back to the name the client used.
 
+pub mod client;
+pub mod toolset;
+
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
