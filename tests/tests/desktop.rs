@@ -1060,3 +1060,203 @@ async fn the_desktop_runs_as_the_sandbox_user_and_the_browser_restarts_on_reques
     );
     wait_ready(&a).await;
 }
+
+/// A browser-toolset turn against the agent: its `tool_result` blocks.
+async fn browser_turn(a: &AgentProcess, calls: &[(&str, Value)]) -> Vec<Value> {
+    let content: Vec<Value> = calls
+        .iter()
+        .enumerate()
+        .map(|(i, (name, input))| {
+            json!({"type": "tool_use", "id": format!("toolu_{i}"), "name": name,
+                   "toolset_name": "browser", "input": input})
+        })
+        .collect();
+    let v: Value = a
+        .client()
+        .request(
+            reqwest::Method::POST,
+            berth_protocol::routes::native::TOOLSET_BROWSER,
+        )
+        .json(&json!({ "content": content }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["content"].as_array().cloned().unwrap()
+}
+
+fn first_text(result: &Value) -> String {
+    result["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test]
+async fn the_browser_toolsets_optional_members_serve_when_the_agent_enables_them() {
+    let a = AgentProcess::start_with(AgentOptions {
+        extra_args: vec![
+            "--desktop".into(),
+            "--cdp-listen".into(),
+            "127.0.0.1:0".into(),
+            "--screen".into(),
+            format!("{WIDTH}x{HEIGHT}"),
+            "--browser-toolset-enable".into(),
+            "javascript_exec,read_console,read_network,file_upload".into(),
+        ],
+        ..Default::default()
+    })
+    .await;
+    wait_ready(&a).await;
+    let info = a.get_json("/v1/toolsets/browser").await;
+    assert_eq!(info["members"].as_array().unwrap().len(), 31, "{info}");
+    assert_eq!(
+        info["tool"]["configs"]["javascript_exec"],
+        json!({"enabled": true}),
+        "{info}"
+    );
+
+    // A page served over HTTP from the test's own directory: it logs and fetches when loaded.
+    let site = tempfile::tempdir().unwrap();
+    std::fs::write(
+        site.path().join("opt.html"),
+        "<!doctype html><title>Opt page</title><input type=file aria-label='Attachment'>\
+         <script>console.log('hello from page', 42); fetch('data.txt');</script>",
+    )
+    .unwrap();
+    std::fs::write(site.path().join("data.txt"), "data").unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut server = std::process::Command::new("python3")
+        .args([
+            "-m",
+            "http.server",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+        ])
+        .current_dir(site.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    wait_for("the test site", Duration::from_secs(20), || {
+        let url = format!("{base}/data.txt");
+        async move { reqwest::get(url).await.ok().filter(|r| r.status() == 200) }
+    })
+    .await;
+    let upload = a.home.join("up.txt");
+    std::fs::write(&upload, "upload me").unwrap();
+
+    let r = browser_turn(
+        &a,
+        &[
+            ("navigate", json!({"url": format!("{base}/opt.html")})),
+            ("javascript_exec", json!({"text": "document.title"})),
+            ("javascript_exec", json!({"text": "({a: 1 + 1})"})),
+            (
+                "javascript_exec",
+                json!({"text": "await new Promise(r => setTimeout(r, 50)); 'later'"}),
+            ),
+            ("find", json!({"query": "attachment"})),
+        ],
+    )
+    .await;
+    assert!(r.iter().all(|x| x.get("is_error").is_none()), "{r:#?}");
+    assert_eq!(
+        first_text(&r[0]),
+        format!("Navigated to {base}/opt.html — Opt page (HTTP 200)")
+    );
+    assert_eq!(first_text(&r[1]), "Opt page");
+    assert_eq!(first_text(&r[2]), r#"{"a":2}"#);
+    assert_eq!(first_text(&r[3]), "later");
+    let found = first_text(&r[4]);
+    let file_ref = found
+        .split(['[', ']'])
+        .find(|s| s.starts_with("ref_"))
+        .unwrap_or_else(|| panic!("no reference: {found}"))
+        .to_string();
+
+    // The console and the network since the tab was attached, each read once.
+    let page_requests = wait_for("the page's fetch", Duration::from_secs(10), || {
+        let a = &a;
+        async move {
+            let r = browser_turn(a, &[("read_network", json!({}))]).await;
+            let t = first_text(&r[0]);
+            t.contains("data.txt 200").then_some(t)
+        }
+    })
+    .await;
+    assert!(
+        page_requests.contains(&format!("GET {base}/data.txt 200")),
+        "{page_requests}"
+    );
+    let r = browser_turn(
+        &a,
+        &[("read_console", json!({})), ("read_console", json!({}))],
+    )
+    .await;
+    assert!(
+        first_text(&r[0]).contains("[log] hello from page 42"),
+        "{r:#?}"
+    );
+    assert_eq!(first_text(&r[1]), "(empty)", "read once");
+
+    // file_upload: the input holds the file, as the page sees it.
+    let r = browser_turn(
+        &a,
+        &[
+            (
+                "file_upload",
+                json!({"target": {"type": "ref", "ref": file_ref}, "paths": [upload]}),
+            ),
+            (
+                "javascript_exec",
+                json!({"text": "document.querySelector('input').files[0].name + ' ' + \
+                                 document.querySelector('input').files[0].size"}),
+            ),
+        ],
+    )
+    .await;
+    assert_eq!(first_text(&r[0]), "Uploaded.", "{r:#?}");
+    assert_eq!(first_text(&r[1]), "up.txt 9");
+
+    // A script that throws is the turn's failure; what follows is not run.
+    let r = browser_turn(
+        &a,
+        &[
+            (
+                "javascript_exec",
+                json!({"text": "throw new Error('boom')"}),
+            ),
+            ("javascript_exec", json!({"text": "window.ran = true"})),
+        ],
+    )
+    .await;
+    assert_eq!(r[0]["is_error"], true);
+    assert!(
+        first_text(&r[0]).starts_with("The script threw: Error: boom"),
+        "{r:#?}"
+    );
+    assert_eq!(
+        r[1]["content"],
+        "Not executed: an earlier action in this turn failed."
+    );
+    let r = browser_turn(
+        &a,
+        &[(
+            "file_upload",
+            json!({"target": {"type": "ref", "ref": file_ref}, "paths": ["/no/such/file"]}),
+        )],
+    )
+    .await;
+    assert_eq!(first_text(&r[0]), "paths: a file to upload does not exist.");
+    let _ = server.kill();
+    let _ = server.wait();
+}

@@ -42,6 +42,19 @@ pub(crate) fn all_tools() -> Vec<String> {
     all.sort();
     all
 }
+/// Every tool an agent with a desktop lists: [`all_tools`] and the browser toolset's default
+/// members, sorted.
+pub(crate) fn desktop_tools() -> Vec<String> {
+    let mut all = all_tools();
+    all.extend(
+        berth_protocol::toolset::BROWSER_MEMBERS
+            .iter()
+            .filter(|(_, _, on)| *on)
+            .map(|(m, _, _)| format!("browser_{m}")),
+    );
+    all.sort();
+    all
+}
 /// What `Accept` an MCP client sends on a POST.
 const ACCEPT: &str = "application/json, text/event-stream";
 

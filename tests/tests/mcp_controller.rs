@@ -449,8 +449,13 @@ async fn python_sdk_drives_a_docker_desktop_through_the_controller() {
     // The second session, to the sandbox's own MCP server through the controller.
     let s = &v["sandbox"];
     assert_eq!(s["server"]["name"], "berth", "{}", s["server"]);
-    // The agent's tools, relayed as they are.
-    assert_eq!(s["tools"], json!(crate::mcp::all_tools()), "{}", s["tools"]);
+    // The agent's tools, relayed as they are (a desktop's include the browser toolset's).
+    assert_eq!(
+        s["tools"],
+        json!(crate::mcp::desktop_tools()),
+        "{}",
+        s["tools"]
+    );
     let screen = json!([1280, 800]);
     let click = &s["click"];
     assert_eq!(click["is_error"], false, "{click}");

@@ -981,9 +981,13 @@ impl PageCtl<'_> {
                 return Ok(Outcome::Text(entries(lines, dropped)));
             }
             Op::ReadNetwork => {
+                // Every request is listed; a finished one only once, one still loading again
+                // on the next read (with its outcome then).
                 let (reqs, dropped) = self.c.page(self.s, |l| {
                     let d = std::mem::take(&mut l.network_dropped);
-                    (l.network.drain(..).collect::<Vec<_>>(), d)
+                    let all: Vec<_> = l.network.iter().cloned().collect();
+                    l.network.retain(|r| r.finished.is_none());
+                    (all, d)
                 });
                 let lines = reqs
                     .iter()
