@@ -11,7 +11,8 @@ Usage:
       ("WxH"); a second session, to the `mcp_url` it answered, lists the tools, clicks at (X, Y)
       with `computer` and reads the cursor back, takes a `screenshot`, drives the computer
       toolset's members (`computer_left_click`, `computer_cursor_position`,
-      `computer_screenshot`, a refused click), runs `exec`; a
+      `computer_screenshot`, a refused click) and the browser toolset's (`browser_navigate`,
+      `browser_find`), runs `exec`; a
       session-less connection there runs `exec` too; the first session deletes the sandbox.
 
 Every request carries the X-Api-Key header. Prints one JSON object with what it saw; the Rust
@@ -128,6 +129,12 @@ async def sandbox(url: str, http: httpx2.AsyncClient, x: int, y: int) -> dict:
             out["toolset_refused"] = answer(
                 await s.call_tool("computer_left_click", {"coordinate": [1280, 0]})
             )
+            out["browser_navigate"] = answer(
+                await s.call_tool(
+                    "browser_navigate", {"url": "data:text/html,<title>MCP page</title><button>Go</button>"}
+                )
+            )
+            out["browser_find"] = answer(await s.call_tool("browser_find", {"query": "go button"}))
             out["exec"] = answer(await s.call_tool("exec", {"shell": "echo out; exit 7"}))
     async with streamable_http_client(url, http_client=http) as (read, write):
         async with ClientSession(read, write) as s:

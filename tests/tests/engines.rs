@@ -16,7 +16,7 @@ async fn the_readme_engines_examples_run_verbatim() {
     let server = block(section("Quick start: the gateway API"), "sh", None);
     assert!(server.contains("127.0.0.1:8780"), "{server}");
     let server = server.replace("127.0.0.1:8780", "127.0.0.1:8781");
-    let text = section("Engines: four ways in");
+    let text = section("Engines: five ways in");
     let curl = block(text, "sh", Some("engines"));
     let python = block(text, "python", Some("engines-mcp"));
     let toolset = block(text, "python", Some("engines-toolset"));

@@ -502,6 +502,25 @@ async fn python_sdk_drives_a_docker_desktop_through_the_controller() {
         json!([{"type": "text", "text": "invalid input for computer member 'left_click': coordinate: (1280, 0) is outside the 1280x800 screenshot"}]),
         "{refused}"
     );
+    // The browser toolset's members: the SDK's line, then the browser_state block as JSON.
+    let nav = &s["browser_navigate"];
+    assert_eq!(nav["is_error"], false, "{nav}");
+    assert_eq!(
+        nav["content"][0]["text"],
+        "Navigated to data:text/html,<title>MCP page</title><button>Go</button> — MCP page",
+        "{nav}"
+    );
+    let state: serde_json::Value =
+        serde_json::from_str(nav["content"][1]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(state["type"], "browser_state", "{state}");
+    let found = s["browser_find"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        found.starts_with("button \"Go\" [ref_"),
+        "{}",
+        s["browser_find"]
+    );
     assert_eq!(s["exec"]["structured"]["exit_code"], 7, "{}", s["exec"]);
     assert_eq!(s["exec"]["structured"]["stdout"], "out\n", "{}", s["exec"]);
     assert_eq!(s["stateless"]["protocol_version"], "2026-07-28");

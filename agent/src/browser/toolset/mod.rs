@@ -760,10 +760,13 @@ impl PageCtl<'_> {
                  return [location.href, document.title, n && n.responseStatus ? n.responseStatus : 0]; })()",
             )
             .await?;
+        let url = v[0].as_str().unwrap_or_default().to_string();
+        // Only an HTTP response has a status (the browser reports 200 for a file or data URL).
+        let http = url.starts_with("http://") || url.starts_with("https://");
         Ok(Outcome::Navigated {
-            url: v[0].as_str().unwrap_or_default().to_string(),
             title: v[1].as_str().unwrap_or_default().to_string(),
-            status: v[2].as_i64().filter(|s| *s > 0),
+            status: v[2].as_i64().filter(|s| *s > 0 && http),
+            url,
         })
     }
 
