@@ -201,22 +201,18 @@ impl Client {
             }
             s.pending.insert(id, tx);
         }
-        let sent = self
-            .out
-            .send(self.message(id, method, params, session))
-            .await;
-        if sent.is_err() {
-            lock(&self.shared).pending.remove(&id);
-            return Err("the browser connection closed".into());
-        }
-        match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err("the browser connection closed".into()),
-            Err(_) => {
-                lock(&self.shared).pending.remove(&id);
-                Err(format!("{method} timed out"))
+        let message = self.message(id, method, params, session);
+        // The send is inside the deadline too: a writer stuck on a full socket times out.
+        let answer = tokio::time::timeout(timeout, async {
+            if self.out.send(message).await.is_err() {
+                return Err("the browser connection closed".to_string());
             }
-        }
+            rx.await
+                .unwrap_or_else(|_| Err("the browser connection closed".into()))
+        })
+        .await;
+        lock(&self.shared).pending.remove(&id);
+        answer.unwrap_or_else(|_| Err(format!("{method} timed out")))
     }
 
     /// Reads (and may change) a page's log.
