@@ -1,6 +1,7 @@
 //! Reading a toolset member's `input` as the `anthropic` SDK's types define it, and picking a
 //! turn's `tool_use` blocks: what the computer and browser toolsets share.
 
+use berth_protocol::toolset::invalid_input;
 use serde_json::{Map, Value};
 
 /// The most `tool_use` blocks one turn runs.
@@ -96,6 +97,38 @@ impl<'a> Fields<'a> {
         }
         None
     }
+}
+
+/// A member's `input` read by `lower` (which names each problem on the [`Fields`]): what it
+/// returns, or the refusal the model reads — every problem at once, as the SDK's types report
+/// them. Pure.
+pub fn check<T>(
+    family: &str,
+    name: &str,
+    input: &Value,
+    lower: impl FnOnce(&mut Fields) -> Option<T>,
+) -> Result<T, String> {
+    let empty = Map::new();
+    let map = match input {
+        Value::Object(m) => m,
+        Value::Null => &empty,
+        _ => {
+            return Err(invalid_input(
+                family,
+                name,
+                "Input should be a valid dictionary",
+            ));
+        }
+    };
+    let mut f = Fields {
+        input: map,
+        problems: Vec::new(),
+    };
+    let out = lower(&mut f);
+    if !f.problems.is_empty() {
+        return Err(invalid_input(family, name, &f.problems.join("; ")));
+    }
+    out.ok_or_else(|| invalid_input(family, name, "invalid input"))
 }
 
 /// A JSON number that is a whole number (`2` or `2.0`), as the SDK's integer fields take it.

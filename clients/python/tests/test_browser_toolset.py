@@ -8,11 +8,9 @@ sandbox does not serve, a turn that stops at its first failure)."""
 from __future__ import annotations
 
 import base64
-import io
 import json
 import re
 import time
-import uuid
 from urllib.parse import urlparse
 
 import pytest
@@ -21,7 +19,7 @@ anthropic = pytest.importorskip("anthropic", minversion="2.10")
 playwright_sync = pytest.importorskip("playwright.sync_api")
 
 import berth  # noqa: E402
-from anthropic.types.beta import BetaToolUseBlock  # noqa: E402
+from toolset_helpers import png_size, texts, tool_use, wait_for  # noqa: E402
 from berth.anthropic import BrowserToolset  # noqa: E402
 
 PORT = 8099
@@ -53,15 +51,6 @@ console.log('form ready');
 NEXT = "<!doctype html><html><head><title>Next</title></head><body><p>Second page</p></body></html>"
 
 
-def wait_for(what, cond, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
@@ -130,19 +119,16 @@ def page(desktop):
     p.close()
 
 
-def block(name: str, **input) -> BetaToolUseBlock:
-    return BetaToolUseBlock(
-        type="tool_use", id=f"toolu_{uuid.uuid4().hex[:16]}", name=name, input=input, toolset_name="browser"
-    )
+
+
+def block(name: str, **input):
+    return tool_use("browser", name, **input)
 
 
 def call(browser: BrowserToolset, name: str, **input):
     return browser.tool_result(block(name, **input))
 
 
-def texts(result):
-    content = result["content"]
-    return [content] if isinstance(content, str) else [b["text"] for b in content if b["type"] == "text"]
 
 
 def state(result):
@@ -155,13 +141,6 @@ def active(result):
     return t
 
 
-def png_size(data: bytes):
-    from PIL import Image
-
-    img = Image.open(io.BytesIO(data))
-    img.load()
-    assert img.format == "PNG"
-    return img.size
 
 
 def ref_of(text: str, line_start: str) -> str:

@@ -7,18 +7,17 @@ agent's whole-turn route answering what the SDK renders, and bad inputs refused 
 from __future__ import annotations
 
 import base64
-import io
 import json
 import time
 import typing
-import uuid
 
 import pytest
 
 anthropic = pytest.importorskip("anthropic", minversion="2.10")
 
 import berth  # noqa: E402
-from anthropic.types.beta import BetaComputerMemberName, BetaToolUseBlock  # noqa: E402
+from toolset_helpers import png_size, texts, tool_use, wait_for  # noqa: E402
+from anthropic.types.beta import BetaComputerMemberName  # noqa: E402
 from berth.anthropic import ComputerToolset  # noqa: E402
 
 PROBE = r"""
@@ -51,24 +50,8 @@ root.mainloop()
 ENTRY_AT = (500, 130)  # display pixels inside the probe's text field
 
 
-def png_size(data: bytes):
-    from PIL import Image
-
-    img = Image.open(io.BytesIO(data))
-    img.load()
-    assert img.format == "PNG"
-    return img.size
 
 
-def wait_for(what, cond, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
@@ -130,19 +113,16 @@ def probe(desktop):
     p.close()
 
 
-def block(name: str, **input) -> BetaToolUseBlock:
-    return BetaToolUseBlock(
-        type="tool_use", id=f"toolu_{uuid.uuid4().hex[:16]}", name=name, input=input, toolset_name="computer"
-    )
+
+
+def block(name: str, **input):
+    return tool_use("computer", name, **input)
 
 
 def call(computer: ComputerToolset, name: str, **input):
     return computer.tool_result(block(name, **input))
 
 
-def texts(result):
-    content = result["content"]
-    return [content] if isinstance(content, str) else [b["text"] for b in content if b["type"] == "text"]
 
 
 def to_shot(computer, p):

@@ -3,11 +3,11 @@
 
 use serde_json::{Map, Value};
 
-use berth_protocol::toolset::{BROWSER_FAMILY, browser_member, invalid_input, unknown_member};
+use berth_protocol::toolset::{BROWSER_FAMILY, browser_member, unknown_member};
 
 use super::keys::{self, Chord};
 use crate::display::computer::toolset::{fit, zoom_size};
-use crate::toolset_input::Fields;
+use crate::toolset_input::{Fields, check};
 
 /// The longest a member waits or holds keys, and all of a turn's waits together.
 pub const MAX_WAIT_SECS: f64 = 60.0;
@@ -272,27 +272,7 @@ pub fn plan(name: &str, input: &Value, view: &View) -> Result<Op, String> {
     if browser_member(name).is_none() {
         return Err(unknown_member(BROWSER_FAMILY, name));
     }
-    let empty = Map::new();
-    let map = match input {
-        Value::Object(m) => m,
-        Value::Null => &empty,
-        _ => {
-            return Err(invalid_input(
-                BROWSER_FAMILY,
-                name,
-                "Input should be a valid dictionary",
-            ));
-        }
-    };
-    let mut f = Fields {
-        input: map,
-        problems: Vec::new(),
-    };
-    let op = lower(name, &mut f, view);
-    if !f.problems.is_empty() {
-        return Err(invalid_input(BROWSER_FAMILY, name, &f.problems.join("; ")));
-    }
-    op.ok_or_else(|| invalid_input(BROWSER_FAMILY, name, "invalid input"))
+    check(BROWSER_FAMILY, name, input, |f| lower(name, f, view))
 }
 
 fn lower(name: &str, f: &mut Fields, view: &View) -> Option<Op> {

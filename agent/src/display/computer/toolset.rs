@@ -21,15 +21,15 @@ use berth_protocol::toolset::{
     text_block, tool_result, unknown_member,
 };
 use berth_protocol::{Button, InputAction};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use super::{
     KEY_SETTLE_TIMEOUT, MAX_SCROLL_CLICKS, MAX_TEXT, MAX_WAIT, SETTLE, SETTLE_TIMEOUT, Space,
     Trace, b64, blocking, is_key, shot, waits,
 };
 use crate::display::{Display, DisplayError, ShotRequest, keys};
-use crate::toolset_input::Fields;
 pub use crate::toolset_input::calls;
+use crate::toolset_input::{Fields, check};
 
 /// The model's image limits: the longest edge and the most pixels an image may have before the
 /// API scales it down (which would move every coordinate the model reads off it).
@@ -159,27 +159,7 @@ pub fn plan(name: &str, input: &Value, screen: &Screen) -> Result<Op, String> {
     if computer_member(name).is_none() {
         return Err(unknown_member(COMPUTER_FAMILY, name));
     }
-    let empty = Map::new();
-    let map = match input {
-        Value::Object(m) => m,
-        Value::Null => &empty,
-        _ => {
-            return Err(invalid_input(
-                COMPUTER_FAMILY,
-                name,
-                "Input should be a valid dictionary",
-            ));
-        }
-    };
-    let mut f = Fields {
-        input: map,
-        problems: Vec::new(),
-    };
-    let op = lower(name, &mut f, screen);
-    if !f.problems.is_empty() {
-        return Err(invalid_input(COMPUTER_FAMILY, name, &f.problems.join("; ")));
-    }
-    op.ok_or_else(|| invalid_input(COMPUTER_FAMILY, name, "invalid input"))
+    check(COMPUTER_FAMILY, name, input, |f| lower(name, f, screen))
 }
 
 fn lower(name: &str, f: &mut Fields, screen: &Screen) -> Option<Op> {
