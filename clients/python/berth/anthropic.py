@@ -125,12 +125,10 @@ class _Forwarder:
         return texts[1] if len(texts) > 1 else None
 
 
-class ComputerToolset(BetaAbstractComputerToolset20260801):
-    """Anthropic's computer toolset on a berth sandbox's desktop, for ``anthropic.Anthropic``.
+class _Driver:
+    """The constructor every driver shares: the sandbox and client, then the SDK's own options."""
 
-    ``sandbox`` is a :class:`berth.Sandbox` or its id; ``client`` a :class:`berth.Client`
-    (default: from ``BERTH_URL`` and ``BERTH_API_KEY``). ``configs``, ``confirm`` and
-    ``tool_configs`` are the SDK's own options."""
+    _forwarder: Any = _Forwarder
 
     def __init__(
         self,
@@ -141,9 +139,18 @@ class ComputerToolset(BetaAbstractComputerToolset20260801):
         confirm: Any = allow_all,
         tool_configs: Any = None,
         timeout: float = 300.0,
+        **options: Any,
     ) -> None:
-        super().__init__(configs=configs, confirm=confirm, tool_configs=tool_configs)
-        self._berth = _Forwarder(sandbox, client, timeout)
+        super().__init__(configs=configs, confirm=confirm, tool_configs=tool_configs, **options)  # type: ignore[call-arg]
+        self._berth = type(self)._forwarder(sandbox, client, timeout)
+
+
+class ComputerToolset(_Driver, BetaAbstractComputerToolset20260801):
+    """Anthropic's computer toolset on a berth sandbox's desktop, for ``anthropic.Anthropic``.
+
+    ``sandbox`` is a :class:`berth.Sandbox` or its id; ``client`` a :class:`berth.Client`
+    (default: from ``BERTH_URL`` and ``BERTH_API_KEY``). ``configs``, ``confirm`` and
+    ``tool_configs`` are the SDK's own options."""
 
     def info(self) -> Dict[str, Any]:
         """``GET …/v1/toolsets/computer``: the ``tools[]`` entry, the display and the screenshot
@@ -160,21 +167,8 @@ class ComputerToolset(BetaAbstractComputerToolset20260801):
         return self._berth.call(context, name)
 
 
-class AsyncComputerToolset(BetaAsyncAbstractComputerToolset20260801):
+class AsyncComputerToolset(_Driver, BetaAsyncAbstractComputerToolset20260801):
     """:class:`ComputerToolset` for ``anthropic.AsyncAnthropic``."""
-
-    def __init__(
-        self,
-        sandbox: Union[str, Sandbox],
-        client: Optional[Client] = None,
-        *,
-        configs: Any = None,
-        confirm: Any = allow_all,
-        tool_configs: Any = None,
-        timeout: float = 300.0,
-    ) -> None:
-        super().__init__(configs=configs, confirm=confirm, tool_configs=tool_configs)
-        self._berth = _Forwarder(sandbox, client, timeout)
 
     async def info(self) -> Dict[str, Any]:
         return await asyncio.to_thread(self._berth.info)
@@ -276,47 +270,23 @@ _DEFAULT_MEMBERS = (
 _OPTIONAL_MEMBERS = ("javascript_exec", "file_upload", "read_console", "read_network")
 
 
-class BrowserToolset(_BrowserMembers, BetaAbstractBrowserToolset20260801):
+class BrowserToolset(_Driver, _BrowserMembers, BetaAbstractBrowserToolset20260801):
     """Anthropic's browser toolset on a berth sandbox's Chromium, for ``anthropic.Anthropic``.
 
     ``sandbox`` is a :class:`berth.Sandbox` or its id; ``client`` a :class:`berth.Client`. ``configs``,
     ``confirm``, ``url_policy`` and ``tool_configs`` are the SDK's own options; the optional members are
     served when ``configs`` enables them (and the sandbox's agent does)."""
 
-    def __init__(
-        self,
-        sandbox: Union[str, Sandbox],
-        client: Optional[Client] = None,
-        *,
-        configs: Any = None,
-        confirm: Any = allow_all,
-        tool_configs: Any = None,
-        timeout: float = 300.0,
-        **options: Any,
-    ) -> None:
-        super().__init__(configs=configs, confirm=confirm, tool_configs=tool_configs, **options)
-        self._berth = _BrowserForwarder(sandbox, client, timeout)
+    _forwarder = _BrowserForwarder
 
     def _browser_state(self, context: BetaToolsetCallContext) -> BetaBrowserState:
         return self._berth.state()
 
 
-class AsyncBrowserToolset(_BrowserMembers, BetaAsyncAbstractBrowserToolset20260801):
+class AsyncBrowserToolset(_Driver, _BrowserMembers, BetaAsyncAbstractBrowserToolset20260801):
     """:class:`BrowserToolset` for ``anthropic.AsyncAnthropic``."""
 
-    def __init__(
-        self,
-        sandbox: Union[str, Sandbox],
-        client: Optional[Client] = None,
-        *,
-        configs: Any = None,
-        confirm: Any = allow_all,
-        tool_configs: Any = None,
-        timeout: float = 300.0,
-        **options: Any,
-    ) -> None:
-        super().__init__(configs=configs, confirm=confirm, tool_configs=tool_configs, **options)
-        self._berth = _BrowserForwarder(sandbox, client, timeout)
+    _forwarder = _BrowserForwarder
 
     async def _browser_state(self, context: BetaToolsetCallContext) -> BetaBrowserState:
         return self._berth.state()

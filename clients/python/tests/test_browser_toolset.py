@@ -339,3 +339,24 @@ def test_a_whole_turn_answers_what_the_sdk_renders_and_stops_at_the_first_failur
     r = call(browser, "left_click", target={"type": "coordinate", "x": 99999, "y": 1})
     assert r["is_error"] and "is outside the" in texts(r)[0], r
     assert json.dumps(r)  # every answer is plain JSON
+
+
+def test_the_async_driver(desktop):
+    import asyncio
+
+    from berth.anthropic import AsyncBrowserToolset
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    client, sb = desktop
+    toolset = AsyncBrowserToolset(sb, client)
+
+    def run(name):
+        # On a thread of its own: Playwright's sync API holds this thread's event loop.
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, toolset.tool_result(block(name))).result()
+
+    r = run("list_tabs")
+    assert "is_error" not in r and state(r)["tabs"], r
+    r = run("get_page_text")
+    assert "is_error" not in r and texts(r), r
