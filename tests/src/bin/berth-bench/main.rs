@@ -3,7 +3,7 @@
 //!
 //!   cargo run -p berth-tests --bin berth-bench -- [exec] [display] [record] [workstation] [controller] [mcp]
 //!                                                 [osworld] [settle] [--requests N] [--seconds S] [--runs R]
-//!                                                 [--envs N] [--rounds N]
+//!                                                 [browser] [--envs N] [--rounds N]
 //!
 //! `exec`: `/execute` round trip for `echo hi`, a new TCP connection per request as OSWorld's
 //! `requests.post` makes them, against berth-agent and against a Flask + `subprocess.run`
@@ -19,10 +19,13 @@
 //! `osworld`: the GNOME osworld image beside the XFCE desktop (cold start, memory, idle CPU) and
 //! OSWorld's episode reset through `berth.osworld`, cold, pooled and several envs at once (only
 //! when named: it builds both images).
+//! `browser`: a browser-toolset turn (a click, then `screenshot`) beside Playwright for Python
+//! doing the same over CDP to the same browser (only when named).
 //! `settle`: a computer-toolset turn (an action, then `screenshot`) to its answer, and whether
 //! the answer equals the screen a second later, for a window opening, a menu and typing (only
 //! when named).
 
+mod browser;
 mod controller;
 mod desktop;
 mod display;
@@ -93,6 +96,15 @@ async fn main() {
                 .unwrap_or(default)
         };
         osworld::bench(flag("--runs", 5), flag("--envs", 4)).await;
+    }
+    if which.contains(&"browser") {
+        let rounds = args
+            .iter()
+            .position(|a| a == "--rounds")
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(100);
+        browser::bench(rounds).await;
     }
     if which.contains(&"settle") {
         let rounds = args
