@@ -58,6 +58,25 @@ impl<'a> Fields<'a> {
         None
     }
 
+    /// `zoom`'s `region`: `[x0, y0, x1, y1]` inside a `w`x`h` screenshot (its end may equal the
+    /// size), not empty.
+    pub fn region(&mut self, (w, h): (u32, u32)) -> Option<[i64; 4]> {
+        let [x0, y0, x1, y1] = self.ints::<4>("region", true, "[x0, y0, x1, y1]")?;
+        let (wi, hi) = (w as i64, h as i64);
+        if x0 < 0 || y0 < 0 || x1 > wi || y1 > hi {
+            self.problem(
+                "region",
+                format!("[{x0}, {y0}, {x1}, {y1}] is outside the {w}x{h} screenshot"),
+            );
+            return None;
+        }
+        if x1 <= x0 || y1 <= y0 {
+            self.problem("region", "expected x1 > x0 and y1 > y0");
+            return None;
+        }
+        Some([x0, y0, x1, y1])
+    }
+
     /// An integer within `lo..=hi`, the bound named in the error.
     pub fn ranged(
         &mut self,

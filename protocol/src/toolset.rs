@@ -68,8 +68,8 @@ pub const BROWSER_FAMILY: &str = "browser";
 /// What a browser member answers (the SDK's result kinds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BrowserResult {
-    /// A pure action: its acknowledgment (a template filled from the input), or nothing.
-    Ack(Option<&'static str>),
+    /// A pure action: its acknowledgment (a template filled from the input).
+    Ack(&'static str),
     /// `Navigated to {url} — {title} (HTTP {status})`.
     Navigate,
     /// An image block.
@@ -86,79 +86,47 @@ pub const BROWSER_MEMBERS: [(&str, BrowserResult, bool); 31] = [
     ("navigate", BrowserResult::Navigate, true),
     ("screenshot", BrowserResult::Image, true),
     ("zoom", BrowserResult::Image, true),
-    ("left_click", BrowserResult::Ack(Some("Clicked.")), true),
-    (
-        "right_click",
-        BrowserResult::Ack(Some("Right-clicked.")),
-        true,
-    ),
-    (
-        "middle_click",
-        BrowserResult::Ack(Some("Middle-clicked.")),
-        true,
-    ),
-    (
-        "double_click",
-        BrowserResult::Ack(Some("Double-clicked.")),
-        true,
-    ),
-    (
-        "triple_click",
-        BrowserResult::Ack(Some("Triple-clicked.")),
-        true,
-    ),
-    ("hover", BrowserResult::Ack(Some("Hovered.")), true),
-    (
-        "left_click_drag",
-        BrowserResult::Ack(Some("Dragged.")),
-        true,
-    ),
+    ("left_click", BrowserResult::Ack("Clicked."), true),
+    ("right_click", BrowserResult::Ack("Right-clicked."), true),
+    ("middle_click", BrowserResult::Ack("Middle-clicked."), true),
+    ("double_click", BrowserResult::Ack("Double-clicked."), true),
+    ("triple_click", BrowserResult::Ack("Triple-clicked."), true),
+    ("hover", BrowserResult::Ack("Hovered."), true),
+    ("left_click_drag", BrowserResult::Ack("Dragged."), true),
     (
         "left_mouse_down",
-        BrowserResult::Ack(Some("Mouse button pressed.")),
+        BrowserResult::Ack("Mouse button pressed."),
         true,
     ),
     (
         "left_mouse_up",
-        BrowserResult::Ack(Some("Mouse button released.")),
+        BrowserResult::Ack("Mouse button released."),
         true,
     ),
-    (
-        "mouse_move",
-        BrowserResult::Ack(Some("Moved the mouse.")),
-        true,
-    ),
+    ("mouse_move", BrowserResult::Ack("Moved the mouse."), true),
     (
         "scroll",
-        BrowserResult::Ack(Some("Scrolled {scroll_direction}.")),
+        BrowserResult::Ack("Scrolled {scroll_direction}."),
         true,
     ),
-    (
-        "scroll_to",
-        BrowserResult::Ack(Some("Scrolled to {ref}.")),
-        true,
-    ),
-    ("type", BrowserResult::Ack(Some("Typed.")), true),
-    ("key", BrowserResult::Ack(Some("Pressed {text}.")), true),
+    ("scroll_to", BrowserResult::Ack("Scrolled to {ref}."), true),
+    ("type", BrowserResult::Ack("Typed."), true),
+    ("key", BrowserResult::Ack("Pressed {text}."), true),
     (
         "hold_key",
-        BrowserResult::Ack(Some("Held {text} for {duration}s.")),
+        BrowserResult::Ack("Held {text} for {duration}s."),
         true,
     ),
     (
         "form_input",
-        BrowserResult::Ack(Some("Set the value of {ref}.")),
+        BrowserResult::Ack("Set the value of {ref}."),
         true,
     ),
     ("read_page", BrowserResult::Text, true),
     ("find", BrowserResult::Text, true),
     ("get_page_text", BrowserResult::Text, true),
-    (
-        "wait",
-        BrowserResult::Ack(Some("Waited {duration}s.")),
-        true,
-    ),
-    ("file_upload", BrowserResult::Ack(Some("Uploaded.")), false),
+    ("wait", BrowserResult::Ack("Waited {duration}s."), true),
+    ("file_upload", BrowserResult::Ack("Uploaded."), false),
     ("read_console", BrowserResult::Text, false),
     ("read_network", BrowserResult::Text, false),
     ("javascript_exec", BrowserResult::Text, false),
@@ -377,7 +345,7 @@ mod tests {
             "Pressed {duration} x."
         );
         assert_eq!(ack("left_click", json!({})), "Clicked.");
-        let Some(BrowserResult::Ack(Some(t))) = browser_member("scroll_to") else {
+        let Some(BrowserResult::Ack(t)) = browser_member("scroll_to") else {
             panic!()
         };
         assert_eq!(

@@ -144,10 +144,10 @@ impl BrowserToolset {
     pub async fn info(&self, desktop: &Arc<Desktop>) -> Result<BrowserToolsetInfo, String> {
         let mut d = self.driver.lock().await;
         let c = d.connect(desktop).await?;
-        let tabs = d.tabs(&c).await?;
+        d.tabs(&c).await?;
         let tab = match d.active.clone() {
             Some(t) => t,
-            None => d.open_tab(&c, &tabs).await?,
+            None => d.open_tab(&c).await?,
         };
         let session = d.session(&c, &tab).await?;
         let (view, _) = layout(&c, &session).await?;
@@ -293,7 +293,7 @@ impl Driver {
     }
 
     /// Opens a blank tab in front and makes it active.
-    async fn open_tab(&mut self, c: &Client, _tabs: &[Tab]) -> Result<String, String> {
+    async fn open_tab(&mut self, c: &Client) -> Result<String, String> {
         let v = c
             .call("Target.createTarget", json!({"url": "about:blank"}), None)
             .await
@@ -380,7 +380,7 @@ impl Driver {
         let changes = merge_changes(changes, &after);
         match result {
             Ok(outcome) => {
-                let kind = browser_member(name).unwrap_or(BrowserResult::Ack(None));
+                let kind = browser_member(name).unwrap_or(BrowserResult::StateOnly);
                 let block = state_block(&after, self.active.as_deref(), &changes);
                 if kind == BrowserResult::StateOnly {
                     return (vec![block], None);
@@ -427,17 +427,16 @@ impl Driver {
             }
             _ => self.active.clone(),
         };
-        let needs_page = !tab_members;
-        let (tab, session, view, origin) = if needs_page {
+        let (session, view, origin) = if tab_members {
+            (None, View::of(1.0, 1.0), (0.0, 0.0))
+        } else {
             let tab = match tab {
                 Some(t) => t,
-                None => self.open_tab(c, tabs).await?,
+                None => self.open_tab(c).await?,
             };
             let session = self.session(c, &tab).await?;
             let (view, origin) = layout(c, &session).await?;
-            (Some(tab), Some(session), view, origin)
-        } else {
-            (None, None, View::of(1.0, 1.0), (0.0, 0.0))
+            (Some(session), view, origin)
         };
         let op = plan::plan(name, input, &view)?;
         *waited += op.waits();
@@ -451,7 +450,6 @@ impl Driver {
         let Some(session) = session else {
             return self.tab_op(c, op, tabs).await;
         };
-        let _ = tab;
         let page = PageCtl {
             c,
             s: &session,
@@ -463,7 +461,7 @@ impl Driver {
     async fn tab_op(&mut self, c: &Arc<Client>, op: Op, tabs: &[Tab]) -> Result<Outcome, String> {
         match op {
             Op::NewTab => {
-                self.open_tab(c, tabs).await?;
+                self.open_tab(c).await?;
             }
             Op::ListTabs => {}
             Op::SwitchTab(id) => {
@@ -485,7 +483,7 @@ impl Driver {
                 }
                 // The browser quits with its last tab: a blank one takes its place.
                 if tabs.len() == 1 {
-                    self.open_tab(c, tabs).await?;
+                    self.open_tab(c).await?;
                 }
                 c.call("Target.closeTarget", json!({"targetId": id}), None)
                     .await
@@ -786,13 +784,19 @@ impl PageCtl<'_> {
             .ok_or_else(|| "The page could not be captured.".to_string())
     }
 
-    async fn page_tree(&self, origin: (f64, f64), view: &View) -> Result<(Value, Value), String> {
+    /// The page's accessibility tree, its layout boxes and the viewport, for `read_page` and
+    /// `find`.
+    async fn page_tree(
+        &self,
+        origin: (f64, f64),
+        view: &View,
+    ) -> Result<(Value, HashMap<i64, page::Rect>, page::Rect), String> {
         let ax = self.cdp("Accessibility.getFullAXTree", json!({})).await?;
         let snap = self
             .cdp("DOMSnapshot.captureSnapshot", json!({"computedStyles": []}))
             .await?;
-        let _ = (origin, view);
-        Ok((ax, snap))
+        let viewport = (origin.0, origin.1, view.viewport.0, view.viewport.1);
+        Ok((ax, page::boxes(&snap), viewport))
     }
 
     async fn run(&self, op: Op, view: &View, origin: (f64, f64)) -> Result<Outcome, String> {
@@ -927,12 +931,8 @@ impl PageCtl<'_> {
                 filter,
                 root,
             } => {
-                let (ax, snap) = self.page_tree(origin, view).await?;
-                let p = page::Page::new(
-                    &ax,
-                    page::boxes(&snap),
-                    (origin.0, origin.1, view.viewport.0, view.viewport.1),
-                );
+                let (ax, boxes, viewport) = self.page_tree(origin, view).await?;
+                let p = page::Page::new(&ax, boxes, viewport);
                 let text = p.read(filter, depth, root).ok_or_else(|| match root {
                     Some(id) => stale(id),
                     None => failed(self.name),
@@ -940,12 +940,8 @@ impl PageCtl<'_> {
                 return Ok(Outcome::Text(text));
             }
             Op::Find(query) => {
-                let (ax, snap) = self.page_tree(origin, view).await?;
-                let p = page::Page::new(
-                    &ax,
-                    page::boxes(&snap),
-                    (origin.0, origin.1, view.viewport.0, view.viewport.1),
-                );
+                let (ax, boxes, viewport) = self.page_tree(origin, view).await?;
+                let p = page::Page::new(&ax, boxes, viewport);
                 return Ok(Outcome::Text(p.find(&query)));
             }
             Op::PageText => {
@@ -1119,7 +1115,7 @@ const PAGE_TEXT: &str = "(() => { \
 /// A member's content from what it produced.
 fn render(kind: BrowserResult, input: &Value, outcome: Outcome) -> Vec<Value> {
     match (kind, outcome) {
-        (BrowserResult::Ack(Some(t)), _) => vec![text_block(acknowledgment(t, input))],
+        (BrowserResult::Ack(t), _) => vec![text_block(acknowledgment(t, input))],
         (BrowserResult::Navigate, Outcome::Navigated { url, title, status }) => {
             let mut line = format!("Navigated to {}", bounded_url(&url));
             if !title.is_empty() {

@@ -134,14 +134,6 @@ impl Op {
             _ => 0.0,
         }
     }
-
-    /// Whether the op needs a page (every member but the tab members).
-    pub fn needs_page(&self) -> bool {
-        !matches!(
-            self,
-            Op::NewTab | Op::ListTabs | Op::SwitchTab(_) | Op::CloseTab(_)
-        )
-    }
 }
 
 /// `ref_<n>` as `n`.
@@ -306,19 +298,7 @@ fn lower(name: &str, f: &mut Fields, view: &View) -> Option<Op> {
         }
         "screenshot" => Some(Op::Screenshot),
         "zoom" => {
-            let [x0, y0, x1, y1] = f.ints::<4>("region", true, "[x0, y0, x1, y1]")?;
-            let (w, h) = (view.shot.0 as i64, view.shot.1 as i64);
-            if x0 < 0 || y0 < 0 || x1 > w || y1 > h {
-                f.problem(
-                    "region",
-                    format!("[{x0}, {y0}, {x1}, {y1}] is outside the {w}x{h} screenshot"),
-                );
-                return None;
-            }
-            if x1 <= x0 || y1 <= y0 {
-                f.problem("region", "expected x1 > x0 and y1 > y0");
-                return None;
-            }
+            let [x0, y0, x1, y1] = f.region(view.shot)?;
             let s = view.scale();
             let css = (
                 x0 as f64 / s,

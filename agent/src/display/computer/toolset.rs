@@ -280,22 +280,13 @@ fn lower(name: &str, f: &mut Fields, screen: &Screen) -> Option<Op> {
             ..Default::default()
         })),
         "zoom" => {
-            let [x0, y0, x1, y1] = f.ints::<4>("region", true, "[x0, y0, x1, y1]")?;
+            let [x0, y0, x1, y1] = f.region(screen.shot)?;
             let (Some(a), Some(b)) = (
                 screen.to_display(x0, y0, false),
                 screen.to_display(x1, y1, true),
             ) else {
-                let (w, h) = screen.shot;
-                f.problem(
-                    "region",
-                    format!("[{x0}, {y0}, {x1}, {y1}] is outside the {w}x{h} screenshot"),
-                );
                 return None;
             };
-            if x1 <= x0 || y1 <= y0 {
-                f.problem("region", "expected x1 > x0 and y1 > y0");
-                return None;
-            }
             let (rw, rh) = ((b.0 - a.0).max(1) as u32, (b.1 - a.1).max(1) as u32);
             Some(Op::Zoom(ShotRequest {
                 region: Some((a.0, a.1, rw, rh)),

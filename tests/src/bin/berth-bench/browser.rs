@@ -10,7 +10,7 @@ use berth_protocol::routes::native;
 use berth_tests::{AgentOptions, AgentProcess};
 use serde_json::{Value, json};
 
-use crate::percentiles;
+use crate::{percentiles, toolset_turn};
 
 const PAGE: &str = "<!doctype html><title>bench</title>\
     <button id=b style='position:absolute;left:100px;top:100px;width:200px;height:60px' \
@@ -36,26 +36,12 @@ pub async fn bench(rounds: usize) {
     let page = a.home.join("bench.html");
     std::fs::write(&page, PAGE).unwrap();
     let url = format!("file://{}", page.display());
-    let turn = |content: Value| {
-        let c = c.clone();
-        async move {
-            let v: Value = c
-                .request(reqwest::Method::POST, native::TOOLSET_BROWSER)
-                .json(&json!({ "content": content }))
-                .send()
-                .await
-                .expect("the turn")
-                .json()
-                .await
-                .expect("its answer");
-            v
-        }
-    };
+    let turn = |content: Vec<Value>| toolset_turn(&c, native::TOOLSET_BROWSER, content);
     let call = |name: &str, input: Value| {
         json!({"type": "tool_use", "id": "toolu_bench", "name": name, "toolset_name": "browser",
                "input": input})
     };
-    turn(json!([call("navigate", json!({"url": url}))])).await;
+    turn(vec![call("navigate", json!({"url": url}))]).await;
     let info: Value = c
         .request(reqwest::Method::GET, native::TOOLSET_BROWSER)
         .send()
@@ -69,22 +55,22 @@ pub async fn bench(rounds: usize) {
     // The button's centre: CSS pixels for Playwright, screenshot pixels for the toolset.
     let (cx, cy) = (200.0, 130.0);
     let target = json!({"type": "coordinate", "x": (cx * s) as i64, "y": (cy * s) as i64});
-    let step = json!([
+    let step = vec![
         call("left_click", json!({"target": target})),
-        call("screenshot", json!({}))
-    ]);
+        call("screenshot", json!({})),
+    ];
     let mut times = Vec::with_capacity(rounds);
     for i in 0..rounds + 2 {
         let t = Instant::now();
         let v = turn(step.clone()).await;
         let took = t.elapsed();
-        let image = &v["content"][1]["content"][0];
-        assert_eq!(image["type"], "image", "round {i}: {v}");
+        let image = &v[1]["content"][0];
+        assert_eq!(image["type"], "image", "round {i}: {v:?}");
         if i >= 2 {
             times.push(took);
         }
     }
-    let clicks: Value = turn(json!([call("get_page_text", json!({}))])).await;
+    let clicks = turn(vec![call("get_page_text", json!({}))]).await;
     let (p50, p99) = percentiles(times);
 
     let cdp = a.get_json(native::BROWSER).await["cdp_listen"]
@@ -110,7 +96,7 @@ pub async fn bench(rounds: usize) {
     println!(
         "Browser toolset: a click on the page, then its screenshot, {rounds} rounds on the agent's \
          desktop ({} clicks counted by the page)",
-        clicks["content"][0]["content"][0]["text"]
+        clicks[0]["content"][0]["text"]
     );
     println!("| client | p50 ms | p99 ms |");
     println!("|---|---|---|");

@@ -43,6 +43,25 @@ pub(crate) fn percentiles(mut v: Vec<std::time::Duration>) -> (f64, f64) {
     (at(0.5), at(0.99))
 }
 
+/// A toolset turn (`content`: `tool_use` blocks) posted to `route`: the answer's `tool_result`
+/// blocks.
+pub(crate) async fn toolset_turn(
+    c: &berth_protocol::AgentClient,
+    route: &str,
+    content: Vec<serde_json::Value>,
+) -> Vec<serde_json::Value> {
+    let v: serde_json::Value = c
+        .request(reqwest::Method::POST, route)
+        .json(&serde_json::json!({ "content": content }))
+        .send()
+        .await
+        .expect("the turn")
+        .json()
+        .await
+        .expect("its answer");
+    v["content"].as_array().cloned().unwrap_or_default()
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -15,7 +15,7 @@ use berth_tests::{AgentOptions, AgentProcess};
 use serde_json::{Value, json};
 
 use crate::desktop::Desktop;
-use crate::percentiles;
+use crate::{percentiles, toolset_turn};
 
 /// The box a difference may fill and still count as the same screen (a caret, blinking).
 const BLINK_BOX: u32 = 40;
@@ -81,21 +81,7 @@ pub async fn bench(rounds: usize) {
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let c = a.client();
-    let turn = |content: Vec<Value>| {
-        let c = c.clone();
-        async move {
-            let v: Value = c
-                .request(reqwest::Method::POST, native::TOOLSET_COMPUTER)
-                .json(&json!({ "content": content }))
-                .send()
-                .await
-                .expect("the turn")
-                .json()
-                .await
-                .expect("its answer");
-            v["content"].as_array().cloned().unwrap_or_default()
-        }
-    };
+    let turn = |content: Vec<Value>| toolset_turn(&c, native::TOOLSET_COMPUTER, content);
     let info: Value = c
         .request(reqwest::Method::GET, native::TOOLSET_COMPUTER)
         .send()
