@@ -86,6 +86,11 @@ pub struct AgentArgs {
     /// Where the CDP byte relay to the desktop's Chromium listens (with --desktop).
     #[arg(long, env = "BERTH_AGENT_CDP_LISTEN", default_value = "0.0.0.0:9222")]
     pub cdp_listen: SocketAddr,
+    /// How a turn decides the screen has settled after input: `idle` (40 ms with neither a big
+    /// change on screen nor CPU used by the display's programs, else `quiet`) or `quiet` (150 ms
+    /// without a big change).
+    #[arg(long, env = "BERTH_AGENT_SETTLE", value_enum, default_value = "idle")]
+    pub settle: crate::display::settle::SettleRule,
     /// The optional members of Anthropic's browser toolset this agent serves, comma-separated:
     /// `javascript_exec`, `read_console`, `read_network`, `file_upload` (off unless named).
     #[arg(

@@ -159,8 +159,11 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         });
     }
     let (shutdown_tx, mut shutdown_rx) = watch::channel(None);
-    let display =
-        crate::display::Display::new(display_name.clone(), desktop.as_ref().map(|d| d.x_cookie));
+    let display = crate::display::Display::new(
+        display_name.clone(),
+        desktop.as_ref().map(|d| d.x_cookie),
+        args.settle,
+    );
     let recorder = crate::record::Recorder::open(&display, &state_dir, events.clone())
         .context("recordings directory")?;
     let episode = crate::episode::Episode::open(&state_dir, crate::episode::Limits::default())

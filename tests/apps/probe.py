@@ -1,14 +1,16 @@
 """A Tk test window for berth's display tests.
 
-    probe.py --out DIR [--title T] [--class C] [--geometry WxH+X+Y] [--opener]
+    probe.py --out DIR [--title T] [--class C] [--geometry WxH+X+Y] [--opener [--busy-ms N]]
 
 Writes DIR/ready once mapped, keeps DIR/text.txt equal to the content of its text field
 (which has the focus and a blinking caret), and with --opener shows a button at the top left
-that opens a 400x300 magenta window at +600+300.
+that opens a 400x300 magenta window at +600+300 (after computing for N ms, drawing nothing, with
+--busy-ms).
 """
 
 import argparse
 import os
+import time
 import tkinter as tk
 
 p = argparse.ArgumentParser()
@@ -17,6 +19,7 @@ p.add_argument("--title", default="Berth Probe")
 p.add_argument("--class", dest="klass", default="berthprobe")
 p.add_argument("--geometry", default="800x600+0+0")
 p.add_argument("--opener", action="store_true")
+p.add_argument("--busy-ms", type=int, default=0)
 a = p.parse_args()
 
 root = tk.Tk(className=a.klass)
@@ -25,6 +28,9 @@ root.geometry(a.geometry)
 
 if a.opener:
     def open_window():
+        end = time.monotonic() + a.busy_ms / 1000
+        while time.monotonic() < end:
+            pass
         top = tk.Toplevel(root)
         top.title("Opened")
         top.geometry("400x300+600+300")

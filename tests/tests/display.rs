@@ -8,6 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
+use berth_protocol::routes::native;
 use berth_protocol::{Button, ComputerRequest, InputAction, InputRequest, ScreenshotAfter};
 use berth_tests::x::{XServer, collect_events, decode_png, pixel, recolour, solid_window};
 use berth_tests::{AgentOptions, AgentProcess, wait_until};
@@ -689,6 +690,80 @@ async fn a_click_that_opens_a_window_returns_a_settled_screenshot_showing_it() {
         [255, 0, 255],
         "the opened window is in the screenshot"
     );
+}
+
+#[tokio::test]
+async fn a_program_computing_before_it_draws_holds_the_settled_answer() {
+    // The button computes for 120 ms, drawing nothing, then opens its window: the screen is
+    // still for longer than the idle rule's 40 ms, but the program's CPU time keeps the answer
+    // back until the window is drawn.
+    let x = XServer::start(1280, 800);
+    let a = agent_on(&x).await;
+    let _probe = Probe::start(
+        &x,
+        &["--opener", "--busy-ms", "120", "--geometry", "500x400+0+0"],
+    );
+    let r = a
+        .client()
+        .request(reqwest::Method::POST, native::TOOLSET_COMPUTER)
+        .json(&json!({"content": [
+            {"type": "tool_use", "id": "toolu_1", "name": "left_click", "toolset_name": "computer",
+             "input": {"coordinate": [40, 25]}},
+            {"type": "tool_use", "id": "toolu_2", "name": "screenshot", "toolset_name": "computer",
+             "input": {}}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    let b64 = v["content"][1]["content"][0]["source"]["data"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no image: {v}"));
+    let img = decode_png(
+        &base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .unwrap(),
+    );
+    assert_eq!(
+        pixel(&img, 800, 450),
+        [255, 0, 255],
+        "the window opened after the computation is in the answer"
+    );
+}
+
+#[tokio::test]
+async fn the_settle_rule_is_the_agents_choice() {
+    // A click on the bare root window changes nothing. `idle` (the default) answers once the
+    // screen and the display's programs have been still for 40 ms; `quiet` waits its 150 ms.
+    let x = XServer::start(640, 480);
+    let _probe = Probe::start(&x, &["--geometry", "300x200+0+0"]);
+    let idle = agent_on(&x).await;
+    let quiet = agent_with(&x, vec![("BERTH_AGENT_SETTLE".into(), "quiet".into())]).await;
+    for (a, rule) in [(&idle, "idle"), (&quiet, "quiet")] {
+        let mut waits = Vec::new();
+        for _ in 0..5 {
+            let r = a
+                .client()
+                .request(reqwest::Method::POST, "/v1/computer")
+                .json(&json!({"action": "left_click", "coordinate": [500, 400]}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let v: Value = r.json().await.unwrap();
+            assert_eq!(v["settle_timed_out"], false, "{rule}: {v}");
+            waits.push(v["settled_ms"].as_u64().unwrap());
+        }
+        waits.sort_unstable();
+        println!("{rule}: settled_ms {waits:?}");
+        match rule {
+            "idle" => assert!(
+                waits[2] < 150,
+                "idle answers before quiet's 150 ms: {waits:?}"
+            ),
+            _ => assert!(waits[0] >= 150, "quiet waits 150 ms: {waits:?}"),
+        }
+    }
 }
 
 #[tokio::test]

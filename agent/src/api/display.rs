@@ -17,16 +17,18 @@ use crate::Agent;
 use crate::display::encode::{Encoding, Format, PngCompression};
 use crate::display::{DisplayError, Shot, ShotRequest};
 
-/// Settle defaults: quiet for 150 ms, give up after 2 s.
-pub const SETTLE: Duration = Duration::from_millis(150);
+/// Settle default: the display's rule (`--settle`), giving up after 2 s.
 pub const SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
 /// The longest settle a request may ask for (`settle_ms`, `timeout_ms`): a request waits at
 /// most this long for the screen, never a day.
 pub const SETTLE_MAX_MS: u64 = 60_000;
 
-/// `settle_ms` and `timeout_ms` as durations (the defaults where absent), each at most
-/// [`SETTLE_MAX_MS`].
-fn settle_args(quiet: Option<u64>, timeout: Option<u64>) -> Result<(Duration, Duration), ApiError> {
+/// `settle_ms` (a quiet period in place of the display's rule) and `timeout_ms` (the default
+/// where absent) as durations, each at most [`SETTLE_MAX_MS`].
+fn settle_args(
+    quiet: Option<u64>,
+    timeout: Option<u64>,
+) -> Result<(Option<Duration>, Duration), ApiError> {
     for (name, v) in [("settle_ms", quiet), ("timeout_ms", timeout)] {
         if v.is_some_and(|ms| ms > SETTLE_MAX_MS) {
             return Err(ApiError::bad_request(format!(
@@ -35,7 +37,7 @@ fn settle_args(quiet: Option<u64>, timeout: Option<u64>) -> Result<(Duration, Du
         }
     }
     Ok((
-        quiet.map(Duration::from_millis).unwrap_or(SETTLE),
+        quiet.map(Duration::from_millis),
         timeout.map(Duration::from_millis).unwrap_or(SETTLE_TIMEOUT),
     ))
 }

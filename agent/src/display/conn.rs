@@ -57,6 +57,58 @@ impl Target {
     }
 }
 
+/// A connection made when first needed and made again when it breaks: a call that fails on a
+/// broken connection is tried once more on a new one (the X server may have restarted).
+pub struct Reconnecting<S> {
+    slot: std::sync::Mutex<Option<S>>,
+}
+
+impl<S> Default for Reconnecting<S> {
+    fn default() -> Self {
+        Reconnecting {
+            slot: std::sync::Mutex::new(None),
+        }
+    }
+}
+
+impl<S> Reconnecting<S> {
+    /// Runs `f` on the session if one is open (never connects).
+    pub fn if_open<T>(&self, f: impl FnOnce(&mut S) -> T) -> Option<T> {
+        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        slot.as_mut().map(f)
+    }
+
+    /// Runs `f` on the session (`open` makes one when there is none); `after` runs on the
+    /// session after each call, and `forget` on a session given up as broken.
+    pub fn with<T>(
+        &self,
+        open: impl Fn() -> Result<S, DisplayError>,
+        mut f: impl FnMut(&mut S) -> Result<T, DisplayError>,
+        after: impl Fn(&mut S),
+        forget: impl Fn(S),
+    ) -> Result<T, DisplayError> {
+        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        let mut attempt = 0;
+        loop {
+            let session = match slot.as_mut() {
+                Some(s) => s,
+                None => slot.insert(open()?),
+            };
+            let result = f(session);
+            after(session);
+            match result {
+                Err(e) if e.is_connection() && attempt == 0 => {
+                    attempt += 1;
+                    if let Some(s) = slot.take() {
+                        forget(s);
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
 /// One open connection and what it found at connect time.
 pub struct XConn {
     pub conn: Arc<RustConnection>,
@@ -139,6 +191,27 @@ impl XConn {
     pub fn screen_size(&self) -> Result<(u16, u16), DisplayError> {
         let g = self.conn.get_geometry(self.root)?.reply()?;
         Ok((g.width, g.height))
+    }
+
+    /// A window of the agent's own: 1x1, input-only, never mapped, reporting property changes
+    /// (for selections and for reading the server's time).
+    pub fn helper_window(&self) -> Result<Window, DisplayError> {
+        use x11rb::protocol::xproto::{CreateWindowAux, EventMask, WindowClass};
+        let w = self.conn.generate_id()?;
+        self.conn.create_window(
+            0,
+            w,
+            self.root,
+            0,
+            0,
+            1,
+            1,
+            0,
+            WindowClass::INPUT_ONLY,
+            0,
+            &CreateWindowAux::new().event_mask(EventMask::PROPERTY_CHANGE),
+        )?;
+        Ok(w)
     }
 
     /// A round trip: everything sent before has been processed by the server.

@@ -13,6 +13,7 @@ pub mod encode;
 pub mod input;
 pub mod keys;
 pub mod randr;
+pub mod settle;
 pub mod watch;
 pub mod windows;
 pub mod xauth;
@@ -24,9 +25,10 @@ use berth_protocol::{Button, InputAction};
 use x11rb::connection::RequestConnection;
 
 use capture::{Frame, ShmCapture};
-use conn::{Target, XConn};
+use conn::{Reconnecting, Target, XConn};
 use encode::{Encoder, Encoding};
 use input::Input;
+use settle::SettleRule;
 use watch::ScreenWatch;
 use windows::{Match, WindowInfo};
 
@@ -150,27 +152,33 @@ struct CaptureSession {
 
 pub struct Display {
     target: Option<Target>,
-    capture: Mutex<Option<CaptureSession>>,
-    input: Mutex<Option<Input>>,
+    capture: Reconnecting<CaptureSession>,
+    input: Reconnecting<Input>,
     watch: Option<Arc<ScreenWatch>>,
     clipboard: Mutex<Option<clipboard::Owner>>,
     /// Held through a resize: two never interleave.
     resizing: Mutex<()>,
+    settle_rule: SettleRule,
 }
 
 impl Display {
     /// The display `name` (`:N`) with its cookie (when the agent runs the desktop), or a
     /// display domain that answers "no display".
-    pub fn new(name: Option<String>, cookie: Option<xauth::Cookie>) -> Arc<Display> {
+    pub fn new(
+        name: Option<String>,
+        cookie: Option<xauth::Cookie>,
+        settle_rule: SettleRule,
+    ) -> Arc<Display> {
         let target = name.map(|display| Target::new(display, cookie));
         let watch = target.clone().map(ScreenWatch::start);
         Arc::new(Display {
             target,
-            capture: Mutex::new(None),
-            input: Mutex::new(None),
+            capture: Reconnecting::default(),
+            input: Reconnecting::default(),
             watch,
             clipboard: Mutex::new(None),
             resizing: Mutex::new(()),
+            settle_rule,
         })
     }
 
@@ -191,54 +199,36 @@ impl Display {
     /// rebuilt and the call tried once more (the X server may have restarted).
     fn with_capture<T>(
         &self,
-        mut f: impl FnMut(&mut CaptureSession) -> Result<T, DisplayError>,
+        f: impl FnMut(&mut CaptureSession) -> Result<T, DisplayError>,
     ) -> Result<T, DisplayError> {
         let target = self.target()?;
-        let mut slot = self.capture.lock().unwrap_or_else(|p| p.into_inner());
-        for attempt in 0..2 {
-            if slot.is_none() {
-                *slot = Some(CaptureSession {
+        self.capture.with(
+            || {
+                Ok(CaptureSession {
                     x: XConn::open(target)?,
                     shm: ShmCapture::default(),
                     encoder: Encoder::default(),
                     buf: Vec::new(),
                     cache: None,
-                });
-            }
-            let session = slot.as_mut().expect("session just made");
-            match f(session) {
-                Err(e) if e.is_connection() && attempt == 0 => {
-                    if let Some(mut s) = slot.take() {
-                        s.shm.forget();
-                    }
-                }
-                other => return other,
-            }
-        }
-        unreachable!("the loop returns on its second attempt")
+                })
+            },
+            f,
+            |_| {},
+            |mut s| s.shm.forget(),
+        )
     }
 
     fn with_input<T>(
         &self,
-        mut f: impl FnMut(&mut Input) -> Result<T, DisplayError>,
+        f: impl FnMut(&mut Input) -> Result<T, DisplayError>,
     ) -> Result<T, DisplayError> {
         let target = self.target()?;
-        let mut slot = self.input.lock().unwrap_or_else(|p| p.into_inner());
-        for attempt in 0..2 {
-            if slot.is_none() {
-                *slot = Some(Input::new(XConn::open(target)?)?);
-            }
-            let session = slot.as_mut().expect("session just made");
-            let result = f(session);
-            session.drain_events();
-            match result {
-                Err(e) if e.is_connection() && attempt == 0 => {
-                    *slot = None;
-                }
-                other => return other,
-            }
-        }
-        unreachable!("the loop returns on its second attempt")
+        self.input.with(
+            || Input::new(XConn::open(target)?),
+            f,
+            |i| i.drain_events(),
+            drop,
+        )
     }
 
     pub fn screen_size(&self) -> Result<(u32, u32), DisplayError> {
@@ -421,10 +411,8 @@ impl Display {
             loop {
                 std::thread::sleep(input::REMAP_GRACE);
                 let Some(d) = me.upgrade() else { return };
-                let mut slot = d.input.lock().unwrap_or_else(|p| p.into_inner());
-                let Some(i) = slot.as_mut() else { return };
-                match i.restore_idle() {
-                    Ok(true) => continue,
+                match d.input.if_open(|i| i.restore_idle()) {
+                    Some(Ok(true)) => continue,
                     _ => return,
                 }
             }
@@ -476,15 +464,21 @@ impl Display {
         })
     }
 
-    /// Waits until the screen has been quiet for `quiet` since `since` (or `timeout`).
+    /// Waits until the screen has settled after input that started at `since`, by this
+    /// display's rule (or, with `quiet`, once it has been quiet that long), at most `timeout`.
+    /// Returns how long it waited and whether it gave up.
     pub async fn settle(
         &self,
         since: Instant,
-        quiet: Duration,
+        quiet: Option<Duration>,
         timeout: Duration,
     ) -> (Duration, bool) {
+        let (rule, quiet) = match quiet {
+            Some(q) => (SettleRule::Quiet, q),
+            None => (self.settle_rule, settle::QUIET),
+        };
         match &self.watch {
-            Some(w) => w.settle(since, quiet, timeout).await,
+            Some(w) => w.settle(rule, quiet, since, timeout).await,
             None => (Duration::ZERO, true),
         }
     }

@@ -15,6 +15,7 @@ use x11rb::protocol::damage::{ConnectionExt as _, ReportLevel};
 use x11rb::protocol::xproto::{ChangeWindowAttributesAux, ConnectionExt as _, EventMask};
 
 use super::conn::{Target, XConn};
+use super::settle::{Sampler, SettleRule, Verdict, verdict};
 
 /// Changes smaller than this share of the screen (summed over `WINDOW`) do not unsettle it:
 /// a blinking caret or the panel clock must not keep the screen "busy".
@@ -176,35 +177,76 @@ impl ScreenWatch {
         self.state().connected
     }
 
-    /// Waits until no big change has happened for `quiet` (counting from `since`), or until
-    /// `timeout` after `since`. Returns how long it waited and whether it gave up.
+    /// The process ids of the display's local clients (X-Resource), or `None` when the server
+    /// cannot say.
+    fn client_pids(&self) -> Option<Vec<u32>> {
+        use x11rb::protocol::res::{ClientIdMask, ClientIdSpec, ConnectionExt as _};
+        let x = self
+            .conn
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()?;
+        let spec = ClientIdSpec {
+            client: 0,
+            mask: ClientIdMask::LOCAL_CLIENT_PID,
+        };
+        let reply = x.conn.res_query_client_ids(&[spec]).ok()?.reply().ok()?;
+        let mut pids: Vec<u32> = reply
+            .ids
+            .iter()
+            .filter(|id| id.spec.mask == ClientIdMask::LOCAL_CLIENT_PID)
+            .filter_map(|id| id.value.first().copied())
+            .collect();
+        pids.sort_unstable();
+        pids.dedup();
+        Some(pids)
+    }
+
+    /// Waits until the screen has settled after input that started at `since` (by `rule`, with
+    /// `quiet` its long period), or until `timeout` after `since`. Returns how long it waited
+    /// and whether it gave up.
     pub async fn settle(
         self: &Arc<Self>,
-        since: Instant,
+        rule: SettleRule,
         quiet: Duration,
+        since: Instant,
         timeout: Duration,
     ) -> (Duration, bool) {
         let mut rx = self.changed.subscribe();
         let deadline = since + timeout;
+        let mut sampler = None;
+        if rule == SettleRule::Idle {
+            let me = self.clone();
+            sampler = tokio::task::spawn_blocking(move || me.client_pids().map(Sampler::start))
+                .await
+                .ok()
+                .flatten();
+        }
         loop {
             rx.borrow_and_update();
-            // Pull in what the server already sent before judging.
+            // Pull in what the server already sent (and sample the programs) before judging.
             let me = self.clone();
-            let _ = tokio::task::spawn_blocking(move || me.generation_now()).await;
-            let last = self
-                .state()
-                .last_big
-                .filter(|&t| t > since)
-                .unwrap_or(since);
+            let taken = sampler.take();
+            sampler = tokio::task::spawn_blocking(move || {
+                me.generation_now();
+                taken.map(|mut s: Sampler| {
+                    s.sample();
+                    s
+                })
+            })
+            .await
+            .ok()
+            .flatten();
+            let last_big = self.state().last_big;
             let now = Instant::now();
-            if now >= last + quiet {
-                return (now - since, false);
+            let activity = sampler.as_ref().map(Sampler::activity);
+            match verdict(rule, quiet, now, since, last_big, activity, deadline) {
+                Verdict::Settled => return (now - since, false),
+                Verdict::TimedOut => return (now - since, true),
+                Verdict::WaitUntil(wake) => {
+                    let _ = tokio::time::timeout_at(wake.into(), rx.changed()).await;
+                }
             }
-            if now >= deadline {
-                return (now - since, true);
-            }
-            let wake = (last + quiet).min(deadline);
-            let _ = tokio::time::timeout_at(wake.into(), rx.changed()).await;
         }
     }
 }

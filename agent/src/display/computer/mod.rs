@@ -46,7 +46,6 @@ use openai::{lower_openai, parse_openai};
 use super::encode::Encoding;
 use super::{Display, DisplayError, Shot, ShotRequest, keys};
 
-pub(super) const SETTLE: Duration = Duration::from_millis(150);
 pub(super) const SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Within a batch, how long the screen may take to settle after a key step before the next
 /// step runs: a shortcut moves the focus (Ctrl+L to a browser's address bar, Alt+Tab), and a
@@ -568,7 +567,7 @@ async fn run_steps(d: &Arc<Display>, space: &Space, steps: &[Step]) -> Result<Do
             }
         };
         if let Some(t) = after_keys.take() {
-            d.settle(t, SETTLE, KEY_SETTLE_TIMEOUT).await;
+            d.settle(t, None, KEY_SETTLE_TIMEOUT).await;
         }
         let started = Instant::now();
         last_start = Some(started);
@@ -585,7 +584,7 @@ async fn run_steps(d: &Arc<Display>, space: &Space, steps: &[Step]) -> Result<Do
         }
     }
     let settled = match last_start {
-        Some(t) => Some(d.settle(t, SETTLE, SETTLE_TIMEOUT).await),
+        Some(t) => Some(d.settle(t, None, SETTLE_TIMEOUT).await),
         None => None,
     };
     let mut done = Done {

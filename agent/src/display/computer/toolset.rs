@@ -24,8 +24,8 @@ use berth_protocol::{Button, InputAction};
 use serde_json::{Value, json};
 
 use super::{
-    KEY_SETTLE_TIMEOUT, MAX_SCROLL_CLICKS, MAX_TEXT, MAX_WAIT, SETTLE, SETTLE_TIMEOUT, Space,
-    Trace, b64, blocking, is_key, shot, waits,
+    KEY_SETTLE_TIMEOUT, MAX_SCROLL_CLICKS, MAX_TEXT, MAX_WAIT, SETTLE_TIMEOUT, Space, Trace, b64,
+    blocking, is_key, shot, waits,
 };
 use crate::display::{Display, DisplayError, ShotRequest, keys};
 pub use crate::toolset_input::calls;
@@ -393,7 +393,7 @@ pub async fn run_turn(d: &Arc<Display>, calls: &[Value]) -> Result<TurnAnswer, D
         }
     }
     if let Some((since, _)) = unsettled {
-        answer.trace.settled = Some(d.settle(since, SETTLE, SETTLE_TIMEOUT).await);
+        answer.trace.settled = Some(d.settle(since, None, SETTLE_TIMEOUT).await);
     }
     Ok(answer)
 }
@@ -411,7 +411,7 @@ async fn run_op(
         Op::Input(actions) => {
             // After keys, the next input waits for the focus to move (as a batch does).
             if let Some((since, true)) = *unsettled {
-                d.settle(since, SETTLE, KEY_SETTLE_TIMEOUT).await;
+                d.settle(since, None, KEY_SETTLE_TIMEOUT).await;
             }
             let started = Instant::now();
             let keys = actions.iter().any(is_key);
@@ -427,7 +427,7 @@ async fn run_op(
         }
         Op::Screenshot(req) | Op::Zoom(req) => {
             if let Some((since, _)) = unsettled.take() {
-                trace.settled = Some(d.settle(since, SETTLE, SETTLE_TIMEOUT).await);
+                trace.settled = Some(d.settle(since, None, SETTLE_TIMEOUT).await);
             }
             let shot = shot(d, req)
                 .await
