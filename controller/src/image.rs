@@ -34,6 +34,12 @@ const GUEST_FILES: &[(&str, &str, u32)] = &[
         include_str!("../../images/chromium-policy.json"),
         0o644,
     ),
+    // XFCE's X settings: GTK's animations off (a screenshot never catches one halfway).
+    (
+        "etc/xdg/xfce4/xfconf/xfce-perchannel-xml/xsettings.xml",
+        include_str!("../../images/xfce/xsettings.xml"),
+        0o644,
+    ),
     // There is no systemd to answer `timedatectl`.
     (
         "usr/local/bin/timedatectl",
