@@ -7,8 +7,7 @@ use std::time::{Duration, Instant};
 use x11rb::connection::{Connection, RequestConnection as _};
 use x11rb::protocol::Event;
 use x11rb::protocol::xproto::{
-    AtomEnum, ConnectionExt as _, CreateWindowAux, EventMask, PropMode, SelectionNotifyEvent,
-    WindowClass,
+    AtomEnum, ConnectionExt as _, EventMask, PropMode, SelectionNotifyEvent,
 };
 use x11rb::wrapper::ConnectionExt as _;
 
@@ -18,24 +17,6 @@ use super::conn::{Target, XConn};
 const TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest clipboard text handled.
 pub const MAX_TEXT: usize = 16 << 20;
-
-fn window(x: &XConn) -> Result<u32, DisplayError> {
-    let w = x.conn.generate_id()?;
-    x.conn.create_window(
-        0,
-        w,
-        x.root,
-        0,
-        0,
-        1,
-        1,
-        0,
-        WindowClass::INPUT_ONLY,
-        0,
-        &CreateWindowAux::new().event_mask(EventMask::PROPERTY_CHANGE),
-    )?;
-    Ok(w)
-}
 
 /// Waits (bounded) for the next event `pick` accepts.
 fn wait_for<T>(
@@ -77,7 +58,7 @@ pub fn get(target: &Target) -> Result<Option<String>, DisplayError> {
     if owner == 0 {
         return Ok(None);
     }
-    let w = window(&x)?;
+    let w = x.helper_window()?;
     let prop = x.atoms.BERTH_SELECTION;
     x.conn
         .convert_selection(w, x.atoms.CLIPBOARD, x.atoms.UTF8_STRING, prop, 0u32)?;
@@ -157,7 +138,7 @@ impl Owner {
                 max_request - 1024
             )));
         }
-        let w = window(&x)?;
+        let w = x.helper_window()?;
         x.conn.set_selection_owner(w, x.atoms.CLIPBOARD, 0u32)?;
         let owner = x
             .conn

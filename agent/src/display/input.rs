@@ -496,8 +496,13 @@ impl Input {
 
     /// Pointer position on the screen.
     pub fn pointer(&self) -> Result<(i32, i32), DisplayError> {
+        self.pointer_state().map(|(at, _)| at)
+    }
+
+    /// The pointer's position and the buttons and modifiers held, as the server has them.
+    fn pointer_state(&self) -> Result<((i32, i32), u16), DisplayError> {
         let p = self.x.conn.query_pointer(self.x.root)?.reply()?;
-        Ok((p.root_x as i32, p.root_y as i32))
+        Ok(((p.root_x as i32, p.root_y as i32), u16::from(p.mask)))
     }
 
     /// Waits (at most `wait`) until the server has processed every button event sent: no
@@ -514,8 +519,8 @@ impl Input {
             | u16::from(KeyButMask::BUTTON5);
         let deadline = Instant::now() + wait;
         loop {
-            let p = self.x.conn.query_pointer(self.x.root)?.reply()?;
-            if u16::from(p.mask) & buttons == 0 {
+            let (_, held) = self.pointer_state()?;
+            if held & buttons == 0 {
                 return Ok(true);
             }
             if Instant::now() >= deadline {

@@ -223,21 +223,8 @@ pub fn active(x: &XConn) -> Result<Option<Window>, DisplayError> {
 /// the time stamp of the resulting PropertyNotify.
 pub fn server_time(x: &XConn) -> Result<u32, DisplayError> {
     use x11rb::protocol::Event;
-    use x11rb::protocol::xproto::{CreateWindowAux, PropMode, WindowClass};
-    let w = x.conn.generate_id()?;
-    x.conn.create_window(
-        0,
-        w,
-        x.root,
-        0,
-        0,
-        1,
-        1,
-        0,
-        WindowClass::INPUT_ONLY,
-        0,
-        &CreateWindowAux::new().event_mask(EventMask::PROPERTY_CHANGE),
-    )?;
+    use x11rb::protocol::xproto::PropMode;
+    let w = x.helper_window()?;
     x.conn.change_property8(
         PropMode::APPEND,
         w,
