@@ -40,6 +40,10 @@ pub struct Config {
     pub providers: std::collections::BTreeMap<String, String>,
     /// The image Docker sandboxes run when a create names none (`berth image build`).
     pub docker_image: Option<String>,
+    /// The optional members of Anthropic's browser toolset that desktop sandboxes serve
+    /// (`javascript_exec`, `read_console`, `read_network`, `file_upload`; none by default): the
+    /// agents are started with them enabled.
+    pub browser_toolset_enable: Vec<String>,
     /// The API listener closes a connection that takes this long to send a request head, or
     /// sits this long idle between requests.
     pub http_header_timeout_secs: f64,
@@ -286,6 +290,7 @@ impl Default for Config {
             pools: Vec::new(),
             providers: Default::default(),
             docker_image: None,
+            browser_toolset_enable: Vec::new(),
             http_header_timeout_secs: 10.0,
             http_body_idle_timeout_secs: 30.0,
             http_max_connections: 4096,
@@ -314,6 +319,8 @@ impl Config {
 
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.max_ttl_secs > 0, "max_ttl_secs must be positive");
+        berth_protocol::toolset::check_browser_enable(&self.browser_toolset_enable)
+            .map_err(|e| anyhow::anyhow!("browser_toolset_enable: {e}"))?;
         anyhow::ensure!(
             self.artifact_max_file_bytes > 0 && self.artifact_max_entries > 0,
             "artifact_max_file_bytes and artifact_max_entries must be positive"

@@ -483,6 +483,7 @@ impl Controller {
             desktop: profile.desktop,
             ide: profile.ide().map(|(kind, _)| kind.to_string()),
             agent_token: row.agent_token.clone(),
+            browser_toolset_enable: self.config.browser_toolset_enable.clone(),
             cpus: profile.cpus,
             memory_mb: profile.memory_mb,
         };

@@ -144,6 +144,29 @@ pub fn browser_member(name: &str) -> Option<BrowserResult> {
         .map(|(_, k, _)| *k)
 }
 
+/// The optional browser members (served only where an agent's configuration enables them).
+pub fn browser_optional() -> impl Iterator<Item = &'static str> {
+    BROWSER_MEMBERS
+        .iter()
+        .filter(|(_, _, on)| !on)
+        .map(|(n, _, _)| *n)
+}
+
+/// Checks a list of optional browser members to enable (empty names are ignored): the first
+/// name that is not one, explained.
+pub fn check_browser_enable(names: &[String]) -> Result<(), String> {
+    match names
+        .iter()
+        .find(|n| !n.is_empty() && !browser_optional().any(|o| o == n.as_str()))
+    {
+        Some(bad) => Err(format!(
+            "{bad:?} is not an optional browser toolset member (those are {})",
+            browser_optional().collect::<Vec<_>>().join(", ")
+        )),
+        None => Ok(()),
+    }
+}
+
 /// The browser family's result for every `tool_use` after a turn's first failure.
 pub const BROWSER_NOT_EXECUTED: &str = "Not executed: an earlier action in this turn failed.";
 

@@ -80,7 +80,12 @@ pub(crate) fn pytest(
 
 #[tokio::test]
 async fn the_python_client_and_osworlds_desktop_env_pass_against_a_docker_controller() {
-    let c = ControllerProcess::start_on(Provider::Docker, "").await;
+    // Two optional browser toolset members on (the suite checks both served, the others not).
+    let c = ControllerProcess::start_on(
+        Provider::Docker,
+        "browser_toolset_enable = [\"javascript_exec\", \"read_console\"]",
+    )
+    .await;
     let (status, lines) = pytest(
         // The GNOME image's suite runs on its own (osworld_gnome.rs).
         &[
@@ -90,6 +95,10 @@ async fn the_python_client_and_osworlds_desktop_env_pass_against_a_docker_contro
         &[
             ("BERTH_URL", c.base.as_ref()),
             ("BERTH_API_KEY", API_KEY.as_ref()),
+            (
+                "BERTH_BROWSER_TOOLSET_ENABLED",
+                "javascript_exec,read_console".as_ref(),
+            ),
         ],
     );
     let summary = summary(&lines);

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import time
 from urllib.parse import urlparse
@@ -24,6 +25,11 @@ from berth.anthropic import BrowserToolset  # noqa: E402
 
 PORT = 8099
 SITE = f"http://127.0.0.1:{PORT}"
+OPTIONAL = ("file_upload", "read_console", "read_network", "javascript_exec")
+# The optional members the controller under test enables (its `browser_toolset_enable`).
+ENABLED = [n for n in os.environ.get("BERTH_BROWSER_TOOLSET_ENABLED", "").split(",") if n]
+# One the controller leaves off, for the refusal.
+DISABLED = next(n for n in OPTIONAL if n not in ENABLED)
 
 FORM = """<!doctype html>
 <html><head><title>Berth form</title></head>
@@ -161,8 +167,10 @@ def to_shot(browser: BrowserToolset, box):
 
 def test_the_tools_entry_is_the_sdks(browser: BrowserToolset):
     info = browser.info()
-    assert info["tool"] == browser.to_dict() == {"type": "browser_toolset_20260801"}, info
-    assert len(info["members"]) == 27 and "javascript_exec" not in info["members"], info
+    assert info["tool"]["type"] == browser.to_dict()["type"] == "browser_toolset_20260801", info
+    assert info["tool"].get("configs", {}) == {n: {"enabled": True} for n in ENABLED}, info
+    assert len(info["members"]) == 27 + len(ENABLED), info
+    assert [n for n in OPTIONAL if n in info["members"]] == [n for n in OPTIONAL if n in ENABLED], info
     w, h = info["screenshot_width_px"], info["screenshot_height_px"]
     assert max(w, h) <= 1568 and w * h <= 1_150_000, info
     assert info["viewport_width_px"] >= w, info
@@ -329,8 +337,8 @@ def test_a_whole_turn_answers_what_the_sdk_renders_and_stops_at_the_first_failur
     assert answered[1]["content"] == "Not executed: an earlier action in this turn failed."
 
     # An optional member this sandbox does not serve, and an unknown one.
-    (r,) = browser.turn([block("javascript_exec", text="1").model_dump()])
-    assert texts(r) == ["The browser toolset member 'javascript_exec' is not available in this environment."], r
+    (r,) = browser.turn([block(DISABLED).model_dump()])
+    assert texts(r) == [f"The browser toolset member '{DISABLED}' is not available in this environment."], r
     (r,) = browser.turn([block("fly").model_dump()])
     assert texts(r) == ["Error: unknown browser toolset member 'fly'"], r
     # Bad inputs name the field.
@@ -339,6 +347,23 @@ def test_a_whole_turn_answers_what_the_sdk_renders_and_stops_at_the_first_failur
     r = call(browser, "left_click", target={"type": "coordinate", "x": 99999, "y": 1})
     assert r["is_error"] and "is outside the" in texts(r)[0], r
     assert json.dumps(r)  # every answer is plain JSON
+
+
+@pytest.mark.skipif(
+    not {"javascript_exec", "read_console"} <= set(ENABLED),
+    reason="the controller under test does not enable javascript_exec and read_console",
+)
+def test_optional_members_the_controller_enables(desktop, page: Page):
+    # The SDK sends an optional member only when its own configs enable it too.
+    client, sb = desktop
+    enabled = BrowserToolset(sb, client, configs={n: {"enabled": True} for n in ENABLED})
+    r = call(enabled, "navigate", url=f"{SITE}/form.html")
+    assert "is_error" not in r, r
+    r = call(enabled, "javascript_exec", text="document.getElementById('log').textContent = 'from js'; document.title")
+    assert "is_error" not in r and texts(r) == ["Berth form"], r
+    assert page.eval("/form.html", "document.getElementById('log').textContent") == "from js"
+    r = call(enabled, "read_console")
+    assert "is_error" not in r and "[log] form ready" in texts(r)[0], r
 
 
 def test_the_async_driver(desktop):

@@ -267,7 +267,7 @@ impl Provider for DockerProvider {
                 "--desktop".into(),
             ]);
         }
-        cmd.extend(spec.ide_args());
+        cmd.extend(spec.agent_args());
         let mut ports: Vec<u16> = match spec.desktop {
             true => vec![AGENT_PORT, CDP_PORT],
             false => vec![AGENT_PORT],

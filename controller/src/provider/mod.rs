@@ -48,12 +48,25 @@ pub struct Spec {
     pub ide: Option<String>,
     /// The bearer token the agent's native API will require.
     pub agent_token: String,
+    /// The optional browser toolset members the agent serves (desktops only).
+    pub browser_toolset_enable: Vec<String>,
     /// Resource limits (providers that can enforce them do).
     pub cpus: Option<f64>,
     pub memory_mb: Option<u64>,
 }
 
 impl Spec {
+    /// The agent's arguments beyond the provider's own: the IDE's (`ide_args`) and, on a
+    /// desktop, the optional browser toolset members it serves.
+    pub fn agent_args(&self) -> Vec<String> {
+        let mut args = self.ide_args();
+        if self.desktop && !self.browser_toolset_enable.is_empty() {
+            args.push("--browser-toolset-enable".into());
+            args.push(self.browser_toolset_enable.join(","));
+        }
+        args
+    }
+
     /// The agent's IDE arguments: which IDE, and the public path the controller serves the
     /// sandbox's ports under (the IDE builds its URLs from it). None without an IDE.
     pub fn ide_args(&self) -> Vec<String> {

@@ -121,7 +121,7 @@ impl ProcessProvider {
         if spec.desktop {
             cmd.arg("--desktop");
         }
-        cmd.args(spec.ide_args());
+        cmd.args(spec.agent_args());
         // The controller's own environment carries API keys: the agent gets a clean one.
         cmd.env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())

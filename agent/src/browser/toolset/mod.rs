@@ -48,14 +48,6 @@ const MAX_TEXT_ANSWER: usize = 100_000;
 const DIALOG_LINES: usize = 3;
 const DIALOG_MESSAGE: usize = 200;
 
-/// The members that are off unless the agent's configuration enables them.
-pub const OPTIONAL: [&str; 4] = [
-    "file_upload",
-    "read_console",
-    "read_network",
-    "javascript_exec",
-];
-
 /// The browser toolset of one agent: its configuration and its connection to the browser.
 pub struct BrowserToolset {
     enabled: Vec<String>,
@@ -110,15 +102,7 @@ pub struct TurnAnswer {
 impl BrowserToolset {
     /// A toolset serving the default members and the optional ones named in `enabled`.
     pub fn new(enabled: &[String]) -> Result<BrowserToolset, String> {
-        if let Some(bad) = enabled
-            .iter()
-            .find(|n| !n.is_empty() && !OPTIONAL.contains(&n.as_str()))
-        {
-            return Err(format!(
-                "{bad:?} is not an optional browser toolset member (those are {})",
-                OPTIONAL.join(", ")
-            ));
-        }
+        berth_protocol::toolset::check_browser_enable(enabled)?;
         Ok(BrowserToolset {
             enabled: enabled.iter().filter(|n| !n.is_empty()).cloned().collect(),
             driver: Default::default(),

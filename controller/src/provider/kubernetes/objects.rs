@@ -283,7 +283,7 @@ pub fn pod(spec: &Spec, s: &Settings, owner: &Owner) -> Pod {
         // The image's entrypoint (`berth-agent init`) stays; these replace its CMD.
         args: Some({
             let mut args = agent_args(spec.desktop, s.agent_port);
-            args.extend(spec.ide_args());
+            args.extend(spec.agent_args());
             args
         }),
         // The token's path, never the token.
@@ -673,6 +673,7 @@ mod tests {
             desktop,
             ide: None,
             agent_token: "tok-SECRET-4711".into(),
+            browser_toolset_enable: vec!["javascript_exec".into()],
             cpus: Some(1.5),
             memory_mb: Some(3072),
         }
@@ -749,7 +750,9 @@ mod tests {
                 "0.0.0.0:5000",
                 "--cdp-listen",
                 "0.0.0.0:9222",
-                "--desktop"
+                "--desktop",
+                "--browser-toolset-enable",
+                "javascript_exec"
             ]
         );
         let env = c.env.as_ref().unwrap();

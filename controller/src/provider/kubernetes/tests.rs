@@ -98,6 +98,7 @@ fn spec(desktop: bool) -> Spec {
         desktop,
         ide: None,
         agent_token: TOKEN.into(),
+        browser_toolset_enable: Vec::new(),
         cpus: Some(2.0),
         memory_mb: Some(4096),
     }
