@@ -1,5 +1,6 @@
-//! The benchmarks' desktop: a 1920x1080 Xvfb with XFCE's window manager, panel and desktop,
-//! and two Tk windows, as a computer-use session looks.
+//! The benchmarks' desktop: a 1920x1080 Xvfb with XFCE's settings daemon (the image's X
+//! settings), window manager, panel and desktop, and two Tk windows, as a computer-use session
+//! looks; optionally Chromium on a page served from the machine.
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -24,10 +25,38 @@ pub struct Desktop {
     pub x: XServer,
 }
 
+/// The browser's two pages: each a full-page button (no link: no status bubble on hover) that
+/// goes to the other.
+const PAGES: [(&str, &str, &str, &str); 2] = [
+    ("a.html", "Page A", "#204080", "b.html"),
+    ("b.html", "Page B", "#40a020", "a.html"),
+];
+
 impl Desktop {
     pub fn start() -> Desktop {
+        Desktop::start_with(false)
+    }
+
+    /// The desktop with Chromium at +1000+220 (880x560) showing page A, whose content goes to
+    /// page B when clicked (and B back to A).
+    pub fn with_browser() -> Desktop {
+        Desktop::start_with(true)
+    }
+
+    fn start_with(browser: bool) -> Desktop {
         let x = XServer::start(1920, 1080);
         let home = tempfile::tempdir().unwrap();
+        // python3-xlib wants the file to exist.
+        std::fs::write(home.path().join(".Xauthority"), b"").unwrap();
+        // The image's X settings (GTK's animations off), served by xfsettingsd as in the image.
+        let xdg = home.path().join("xdg");
+        let channel = xdg.join("xfce4/xfconf/xfce-perchannel-xml");
+        std::fs::create_dir_all(&channel).unwrap();
+        std::fs::write(
+            channel.join("xsettings.xml"),
+            include_str!("../../../../images/xfce/xsettings.xml"),
+        )
+        .unwrap();
         let mut kids = Kill(Vec::new());
         kids.0.push(
             Command::new("dbus-run-session")
@@ -35,9 +64,19 @@ impl Desktop {
                     "--",
                     "sh",
                     "-c",
-                    "xfwm4 --compositor=off & xfce4-panel & xfdesktop & wait",
+                    // As the image's session: the settings daemon owns its selection before
+                    // the others start (a panel started first keeps GTK's animations on).
+                    concat!(
+                        "xfsettingsd --no-daemon & /usr/bin/python3 -c '",
+                        "import time, Xlib.display\n",
+                        "d = Xlib.display.Display()\n",
+                        "a = d.intern_atom(\"_XSETTINGS_S0\")\n",
+                        "while d.get_selection_owner(a) in (0, None): time.sleep(0.05)\n",
+                        "'; xfwm4 --compositor=off & xfce4-panel & xfdesktop & wait"
+                    ),
                 ])
                 .env("DISPLAY", &x.display)
+                .env("XDG_CONFIG_DIRS", format!("{}:/etc/xdg", xdg.display()))
                 .env("HOME", home.path())
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
@@ -74,9 +113,78 @@ impl Desktop {
                 dir.join("ready").exists()
             });
         }
+        let mut dirs = vec![home, out];
+        if browser {
+            let site = tempfile::tempdir().unwrap();
+            for (file, title, colour, next) in PAGES {
+                std::fs::write(
+                    site.path().join(file),
+                    format!(
+                        "<!doctype html><title>{title}</title>\
+                         <body style=\"margin:0;background:{colour};height:100vh\" \
+                         onclick=\"location.href='{next}'\">\
+                         <h1 style=\"color:white;font:40px sans-serif;margin:40px\">{title}</h1>"
+                    ),
+                )
+                .unwrap();
+            }
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            kids.0.push(
+                Command::new("/usr/bin/python3")
+                    .args([
+                        "-m",
+                        "http.server",
+                        "--bind",
+                        "127.0.0.1",
+                        &port.to_string(),
+                    ])
+                    .current_dir(site.path())
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("python3's http.server"),
+            );
+            let profile = tempfile::tempdir().unwrap();
+            kids.0.push(
+                Command::new("chromium")
+                    .args([
+                        "--no-sandbox",
+                        "--no-first-run",
+                        "--no-default-browser-check",
+                        "--password-store=basic",
+                        "--disable-features=Translate",
+                        "--window-position=1000,220",
+                        "--window-size=880,560",
+                    ])
+                    .arg(format!("--user-data-dir={}", profile.path().display()))
+                    .arg(format!("http://127.0.0.1:{port}/a.html"))
+                    .env("DISPLAY", &x.display)
+                    .env("HOME", dirs[0].path())
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("chromium"),
+            );
+            let display = x.display.clone();
+            berth_tests::wait_until("Chromium on page A", Duration::from_secs(60), || {
+                Command::new("xdotool")
+                    .args(["search", "--name", "^Page A"])
+                    .env("DISPLAY", &display)
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+            });
+            dirs.push(site);
+            dirs.push(profile);
+        }
         Desktop {
             _kids: kids,
-            _dirs: vec![home, out],
+            _dirs: dirs,
             x,
         }
     }

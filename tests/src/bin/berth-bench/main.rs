@@ -22,8 +22,8 @@
 //! `browser`: a browser-toolset turn (a click, then `screenshot`) beside Playwright for Python
 //! doing the same over CDP to the same browser (only when named).
 //! `settle`: a computer-toolset turn (an action, then `screenshot`) to its answer, and whether
-//! the answer equals the screen a second later, for a window opening, a menu and typing (only
-//! when named).
+//! the answer equals the screen a second later, for a window opening, a menu, a page navigation
+//! and typing, under the agent's `quiet` and `idle` rules in one run (only when named).
 
 mod browser;
 mod controller;
@@ -131,7 +131,7 @@ async fn main() {
             .position(|a| a == "--rounds")
             .and_then(|i| args.get(i + 1))
             .and_then(|v| v.parse().ok())
-            .unwrap_or(67);
+            .unwrap_or(50);
         settle::bench(rounds).await;
     }
     if which.is_empty() || which.contains(&"controller") {

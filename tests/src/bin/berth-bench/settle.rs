@@ -1,11 +1,14 @@
 //! `settle`: how soon a computer-toolset turn answers its settled screenshot after an action that
-//! changes the screen, and whether that answer is the screen as it stays. Each round sends one
-//! turn — the action, then `screenshot` — to `POST /v1/toolsets/computer` on the benchmarks' busy
-//! 1920x1080 desktop, times it to the answer read whole, then asks for the screen again a second
-//! later: the answer counts as settled when the two images are the same but for a caret's blink
-//! (every differing pixel inside one 40x40 box). Scenarios: a click that opens a window, a
-//! right-click that opens the desktop's menu, typing into a text field. A control shows the check
-//! can fail: the same input through `/v1/input`, the screen taken at once, compared the same way.
+//! changes the screen, and whether that answer is the screen as it stays, under both of the
+//! agent's rules (`--settle quiet`, today's, and `--settle idle`), two agents on one desktop
+//! taking turns. Each round sends one turn — the action, then `screenshot` — to `POST
+//! /v1/toolsets/computer` on the benchmarks' busy 1920x1080 desktop (with Chromium), times it
+//! to the answer read whole, then asks for the screen again a second later: the answer counts as
+//! settled when the two images are the same but for a caret's blink (every differing pixel
+//! inside one 40x40 box). Scenarios: a click that opens a window, a right-click that opens the
+//! desktop's menu, a click that navigates the browser, typing into a text field. A control shows
+//! the check can fail: the same input through `/v1/input`, the screen taken at once, compared
+//! the same way.
 
 use std::time::{Duration, Instant};
 
@@ -41,12 +44,13 @@ fn decode(bytes: Vec<u8>) -> (u32, Vec<u8>, usize) {
     (info.width, buf, info.color_type.samples())
 }
 
-/// Whether two PNG screenshots show the same screen, a blinking caret aside.
-fn same(a: Vec<u8>, b: Vec<u8>) -> bool {
+/// Where two PNG screenshots differ (the bounding box `x0, y0, x1, y1`), `None` when they show
+/// the same screen, a blinking caret aside.
+fn difference(a: Vec<u8>, b: Vec<u8>) -> Option<(u32, u32, u32, u32)> {
     let (wa, pa, sa) = decode(a);
     let (wb, pb, sb) = decode(b);
     if wa != wb || pa.len() != pb.len() || sa != sb {
-        return false;
+        return Some((0, 0, u32::MAX, u32::MAX));
     }
     let (mut x0, mut y0, mut x1, mut y1) = (u32::MAX, u32::MAX, 0, 0);
     for (i, (pa, pb)) in pa.chunks(sa).zip(pb.chunks(sb)).enumerate() {
@@ -58,7 +62,12 @@ fn same(a: Vec<u8>, b: Vec<u8>) -> bool {
             y1 = y1.max(y);
         }
     }
-    x0 == u32::MAX || (x1 - x0 < BLINK_BOX && y1 - y0 < BLINK_BOX)
+    let same = x0 == u32::MAX || (x1 - x0 < BLINK_BOX && y1 - y0 < BLINK_BOX);
+    (!same).then_some((x0, y0, x1, y1))
+}
+
+fn same(a: Vec<u8>, b: Vec<u8>) -> bool {
+    difference(a, b).is_none()
 }
 
 struct Scenario {
@@ -72,16 +81,31 @@ struct Scenario {
     opens_window: bool,
 }
 
+/// The rules compared, as `--settle` names them: today's first.
+const RULES: [&str; 2] = ["quiet", "idle"];
+/// Rounds of each scenario that also run the control.
+const CONTROL_ROUNDS: usize = 10;
+
 pub async fn bench(rounds: usize) {
-    let desk = Desktop::start();
-    let a = AgentProcess::start_with(AgentOptions {
-        extra_args: vec!["--display".into(), desk.x.display.clone()],
-        ..Default::default()
-    })
-    .await;
+    let desk = Desktop::with_browser();
+    let mut agents = Vec::new();
+    for rule in RULES {
+        agents.push(
+            AgentProcess::start_with(AgentOptions {
+                extra_args: vec![
+                    "--display".into(),
+                    desk.x.display.clone(),
+                    "--settle".into(),
+                    rule.into(),
+                ],
+                ..Default::default()
+            })
+            .await,
+        );
+    }
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let c = a.client();
-    let turn = |content: Vec<Value>| toolset_turn(&c, native::TOOLSET_COMPUTER, content);
+    let clients: Vec<_> = agents.iter().map(|a| a.client()).collect();
+    let c = &clients[0];
     let info: Value = c
         .request(reqwest::Method::GET, native::TOOLSET_COMPUTER)
         .send()
@@ -116,6 +140,16 @@ pub async fn bench(rounds: usize) {
             opens_window: false,
         },
         Scenario {
+            name: "a click that navigates the browser to another page",
+            act: vec![tool_use(
+                "left_click",
+                json!({"coordinate": at(1400.0, 600.0)}),
+            )],
+            input: json!([{"type": "click", "x": 1400, "y": 600}]),
+            reset: Vec::new(),
+            opens_window: false,
+        },
+        Scenario {
             name: "typing 12 characters into a text field",
             act: vec![
                 tool_use("left_click", json!({"coordinate": at(400.0, 400.0)})),
@@ -129,34 +163,39 @@ pub async fn bench(rounds: usize) {
     ];
     println!();
     println!(
-        "Settle: a computer-toolset turn (action + screenshot) on the 1920x1080 XFCE desktop, \
-         {rounds} rounds a scenario; today's rule: 150 ms of quiet after the last action"
+        "Settle: a computer-toolset turn (action + screenshot) on the 1920x1080 XFCE desktop with \
+         Chromium, {rounds} rounds a scenario and rule, the rules taking turns; `quiet` (today's): \
+         150 ms without a big change; `idle`: 40 ms without a big change while the display's \
+         programs are idle, else as `quiet`. Equal: the answer is the screen 1 s later (a caret's \
+         blink aside); a round whose wait crosses a minute (the panel's clock) is taken again"
     );
     println!(
-        "| scenario | answer p50 ms | answer p99 ms | answers equal to the screen 1 s later | \
-         control: the screen taken at once after the input, equal 1 s later |"
+        "| scenario | quiet p50 ms | quiet p99 ms | quiet equal | idle p50 ms | idle p99 ms | \
+         idle equal | control: the screen at once after the input, equal 1 s later |"
     );
-    println!("|---|---|---|---|---|");
-    let mut all_equal = 0;
-    let mut all_control = 0;
-    let mut all = Vec::new();
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut all_times: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+    let mut all_equal = [0; 2];
+    let mut all_control = (0, 0);
+    let mut retaken = 0;
     for s in &scenarios {
-        let mut times = Vec::with_capacity(rounds);
-        let mut equal = 0;
+        let mut times: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+        let mut equal = [0; 2];
         let mut control = 0;
+        let controls = rounds.min(CONTROL_ROUNDS);
         let reset = || async {
             if !s.reset.is_empty() {
-                turn(s.reset.clone()).await;
+                toolset_turn(c, native::TOOLSET_COMPUTER, s.reset.clone()).await;
             }
             // Opened windows pile up at one place: the opener's are closed between rounds.
             if s.opens_window {
                 let _ = reqwest::Client::new()
-                    .post(a.url(compat::SETUP_CLOSE_WINDOW))
+                    .post(agents[0].url(compat::SETUP_CLOSE_WINDOW))
                     .json(&json!({"window_name": "Opened", "strict": true}))
                     .send()
                     .await;
             }
-            tokio::time::sleep(Duration::from_millis(700)).await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
         };
         let png = || async {
             c.request(
@@ -172,53 +211,102 @@ pub async fn bench(rounds: usize) {
             .to_vec()
         };
         for round in 0..rounds {
-            // The control: the same input, the screen taken at once (no settle).
-            reset().await;
-            c.request(reqwest::Method::POST, native::INPUT)
-                .json(&json!({ "actions": s.input }))
-                .send()
-                .await
-                .expect("the input");
-            let at_once = png().await;
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            if same(at_once, png().await) {
-                control += 1;
+            if round < controls {
+                // The control: the same input, the screen taken at once (no settle).
+                reset().await;
+                c.request(reqwest::Method::POST, native::INPUT)
+                    .json(&json!({ "actions": s.input }))
+                    .send()
+                    .await
+                    .expect("the input");
+                let at_once = png().await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if same(at_once, png().await) {
+                    control += 1;
+                }
             }
-            reset().await;
-            let mut content = s.act.clone();
-            content.push(tool_use("screenshot", json!({})));
-            let t = Instant::now();
-            let answer = turn(content).await;
-            times.push(t.elapsed());
-            let shot = answer
-                .last()
-                .and_then(|r| r["content"][0]["source"]["data"].as_str())
-                .unwrap_or_else(|| panic!("{}: round {round}: no image: {answer:?}", s.name))
-                .to_string();
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            let later = turn(vec![tool_use("screenshot", json!({}))]).await;
-            let later = later[0]["content"][0]["source"]["data"]
-                .as_str()
-                .expect("an image")
-                .to_string();
-            if same(unbase64(&shot), unbase64(&later)) {
-                equal += 1;
+            for k in 0..RULES.len() {
+                // The rules take turns going first.
+                let r = (k + round) % RULES.len();
+                let turn = |content| toolset_turn(&clients[r], native::TOOLSET_COMPUTER, content);
+                loop {
+                    reset().await;
+                    let minute = wall_minute();
+                    let mut content = s.act.clone();
+                    content.push(tool_use("screenshot", json!({})));
+                    let t = Instant::now();
+                    let answer = turn(content).await;
+                    let took = t.elapsed();
+                    let shot = answer
+                        .last()
+                        .and_then(|r| r["content"][0]["source"]["data"].as_str())
+                        .unwrap_or_else(|| {
+                            panic!("{}: round {round}: no image: {answer:?}", s.name)
+                        })
+                        .to_string();
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    let later = turn(vec![tool_use("screenshot", json!({}))]).await;
+                    if wall_minute() != minute {
+                        retaken += 1;
+                        continue;
+                    }
+                    let later = later[0]["content"][0]["source"]["data"]
+                        .as_str()
+                        .expect("an image")
+                        .to_string();
+                    times[r].push(took);
+                    match difference(unbase64(&shot), unbase64(&later)) {
+                        None => equal[r] += 1,
+                        Some(d) => eprintln!(
+                            "{} ({}), round {round}: answered in {took:?}, differs from the \
+                             screen 1 s later in {d:?} (screenshot pixels)",
+                            s.name, RULES[r]
+                        ),
+                    }
+                    break;
+                }
             }
         }
-        all.extend(times.iter().copied());
-        all_equal += equal;
-        all_control += control;
-        let (p50, p99) = percentiles(times);
+        all_control.0 += control;
+        all_control.1 += controls;
+        let mut cells = Vec::new();
+        for r in 0..RULES.len() {
+            all_times[r].extend(times[r].iter().copied());
+            all_equal[r] += equal[r];
+            let (p50, p99) = percentiles(std::mem::take(&mut times[r]));
+            cells.push(format!(
+                "{p50:.0} | {p99:.0} | {}/{rounds} ({:.1} %)",
+                equal[r],
+                100.0 * equal[r] as f64 / rounds as f64
+            ));
+        }
         println!(
-            "| {} | {p50:.0} | {p99:.0} | {equal}/{rounds} ({:.1} %) | {control}/{rounds} |",
-            s.name,
-            100.0 * equal as f64 / rounds as f64
+            "| {} | {} | {} | {control}/{controls} |",
+            s.name, cells[0], cells[1]
         );
     }
-    let n = all.len();
-    let (p50, p99) = percentiles(all);
+    let mut cells = Vec::new();
+    for r in 0..RULES.len() {
+        let n = all_times[r].len();
+        let (p50, p99) = percentiles(std::mem::take(&mut all_times[r]));
+        cells.push(format!(
+            "{p50:.0} | {p99:.0} | {}/{n} ({:.1} %)",
+            all_equal[r],
+            100.0 * all_equal[r] as f64 / n as f64
+        ));
+    }
     println!(
-        "| all | {p50:.0} | {p99:.0} | {all_equal}/{n} ({:.1} %) | {all_control}/{n} |",
-        100.0 * all_equal as f64 / n as f64
+        "| all | {} | {} | {}/{} |",
+        cells[0], cells[1], all_control.0, all_control.1
     );
+    println!("rounds taken again (the minute changed): {retaken}");
+}
+
+/// The wall clock's minute (the panel's clock shows it).
+fn wall_minute() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs()
+        / 60
 }
