@@ -173,9 +173,16 @@ impl CommandTable {
                     let _ = tx.try_send(p);
                 }
             }
-        })
-        .map_err(std::io::Error::other)?;
-        *table.watcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(watcher);
+        });
+        // Without a watcher (inotify instances are per user and few: 128 by default, and a
+        // machine running many agents as one user runs out) records are refreshed by the tick
+        // alone, as a directory that cannot be watched is; the agent still starts.
+        match watcher {
+            Ok(w) => *table.watcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(w),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch command dirs; polling them");
+            }
+        }
         table.adopt_existing();
         for (record, path) in stored {
             if table.get(&record.meta.id).is_none() {
