@@ -43,21 +43,51 @@ fn parse_stat(stat: &str) -> Option<Stat> {
 /// Every live descendant of `root` (not `root` itself), found through the parent links in
 /// `/proc`.
 pub fn descendants(root: u32) -> Vec<u32> {
+    let mut out = trees(&table(), &[root], 0);
+    out.retain(|&p| p != root);
+    out
+}
+
+/// A live process as the process table shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    pub pid: u32,
+    pub ppid: u32,
+    /// `R`: running or waiting for a CPU.
+    pub running: bool,
+}
+
+/// Every live process (zombies left out).
+pub fn table() -> Vec<Entry> {
+    live_processes()
+        .map(|(pid, s)| Entry {
+            pid,
+            ppid: s.ppid,
+            running: s.state == 'R',
+        })
+        .collect()
+}
+
+/// `roots` and every descendant of them in `table`, sorted; `except` and the processes only
+/// it leads to are left out.
+pub fn trees(table: &[Entry], roots: &[u32], except: u32) -> Vec<u32> {
     let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
-    for (pid, s) in live_processes() {
-        children.entry(s.ppid).or_default().push(pid);
+    for p in table {
+        children.entry(p.ppid).or_default().push(p.pid);
     }
     let mut out = Vec::new();
     let mut seen = HashSet::new();
-    let mut stack = vec![root];
-    while let Some(p) = stack.pop() {
-        for &c in children.get(&p).map(Vec::as_slice).unwrap_or_default() {
-            if seen.insert(c) {
-                out.push(c);
-                stack.push(c);
-            }
+    let mut stack: Vec<u32> = roots.iter().copied().filter(|&p| p != except).collect();
+    while let Some(pid) = stack.pop() {
+        if !seen.insert(pid) {
+            continue;
+        }
+        out.push(pid);
+        if let Some(kids) = children.get(&pid) {
+            stack.extend(kids.iter().copied().filter(|&k| k != except));
         }
     }
+    out.sort_unstable();
     out
 }
 
@@ -166,6 +196,33 @@ pub fn signal_name(signo: i32) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn trees_take_the_descendants_of_the_roots_and_leave_the_exception_out() {
+        use super::{Entry, trees};
+        let p = |pid, ppid| Entry {
+            pid,
+            ppid,
+            running: false,
+        };
+        // 1 (the agent) runs 10 (a browser, an X client) and 20 (a shell, not a client);
+        // 10's children are renderers 11 and 12; 12 has 13.
+        let table = [
+            p(1, 0),
+            p(10, 1),
+            p(11, 10),
+            p(12, 10),
+            p(13, 12),
+            p(20, 1),
+            p(21, 20),
+        ];
+        assert_eq!(trees(&table, &[10], 1), vec![10, 11, 12, 13]);
+        // The agent among the roots (its own connections) brings none of its children.
+        assert_eq!(trees(&table, &[1, 10], 1), vec![10, 11, 12, 13]);
+        // A loop in a stale table ends.
+        let cyclic = [p(5, 6), p(6, 5)];
+        assert_eq!(trees(&cyclic, &[5], 1), vec![5, 6]);
+    }
+
     use super::*;
 
     #[test]

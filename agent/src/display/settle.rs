@@ -99,54 +99,6 @@ pub fn busy(cpu: Duration, span: Duration, running: bool) -> bool {
     running || cpu.as_secs_f64() > span.as_secs_f64() * BUSY_SHARE
 }
 
-/// One process as `/proc/<pid>/stat` shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProcStat {
-    pub pid: u32,
-    pub ppid: u32,
-    /// `R`: running or waiting for a CPU.
-    pub running: bool,
-}
-
-/// Parses `/proc/<pid>/stat` (the command may hold spaces and parentheses: the fields start
-/// after the last `)`).
-pub fn parse_stat(text: &str) -> Option<ProcStat> {
-    let pid = text.split_whitespace().next()?.parse().ok()?;
-    let rest = &text[text.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace();
-    let state = fields.next()?;
-    let ppid = fields.next()?.parse().ok()?;
-    Some(ProcStat {
-        pid,
-        ppid,
-        running: state == "R",
-    })
-}
-
-/// The processes to watch: `roots` (the display's clients) and every descendant, from a
-/// process table; `except` (the agent itself) and its descendants are left out unless they
-/// descend from a root through another process.
-pub fn trees(table: &[ProcStat], roots: &[u32], except: u32) -> Vec<u32> {
-    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
-    for p in table {
-        children.entry(p.ppid).or_default().push(p.pid);
-    }
-    let mut out = Vec::new();
-    let mut seen = std::collections::HashSet::new();
-    let mut stack: Vec<u32> = roots.iter().copied().filter(|&p| p != except).collect();
-    while let Some(pid) = stack.pop() {
-        if !seen.insert(pid) {
-            continue;
-        }
-        out.push(pid);
-        if let Some(kids) = children.get(&pid) {
-            stack.extend(kids.iter().copied().filter(|&k| k != except));
-        }
-    }
-    out.sort_unstable();
-    out
-}
-
 /// Samples the CPU time of the display's programs from `/proc` (the main thread of each: where
 /// X programs draw, and a renderer lays out and paints).
 pub struct Sampler {
@@ -173,7 +125,8 @@ impl Sampler {
             },
         };
         s.read();
-        s.activity.watched_from = Instant::now();
+        s.at = Instant::now();
+        s.activity.watched_from = s.at;
         s
     }
 
@@ -193,8 +146,8 @@ impl Sampler {
     }
 
     fn read(&mut self) -> (Duration, bool) {
-        let table = process_table();
-        let watched = trees(&table, &self.roots, self.except);
+        let table = crate::proc::table();
+        let watched = crate::proc::trees(&table, &self.roots, self.except);
         let running = table
             .iter()
             .any(|p| p.running && watched.binary_search(&p.pid).is_ok());
@@ -208,21 +161,6 @@ impl Sampler {
         self.last = now;
         (Duration::from_nanos(used), running)
     }
-}
-
-fn process_table() -> Vec<ProcStat> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_str()
-                .is_some_and(|n| n.parse::<u32>().is_ok())
-        })
-        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
-        .filter_map(|t| parse_stat(&t))
-        .collect()
 }
 
 /// A process's main-thread CPU time (`/proc/<pid>/schedstat`'s first field, in ns).
@@ -355,47 +293,5 @@ mod tests {
         assert!(!busy(Duration::from_micros(900), span, false));
         assert!(busy(Duration::from_micros(1100), span, false));
         assert!(busy(Duration::ZERO, span, true));
-    }
-
-    #[test]
-    fn stat_lines_parse_with_odd_command_names() {
-        let p = parse_stat("4242 (Web Content (x)) S 17 4242 4242 0 -1 4194560 0").unwrap();
-        assert_eq!(
-            p,
-            ProcStat {
-                pid: 4242,
-                ppid: 17,
-                running: false
-            }
-        );
-        assert!(parse_stat("7 (a) R 1 7").unwrap().running);
-        assert_eq!(parse_stat("garbage"), None);
-        assert_eq!(parse_stat(""), None);
-    }
-
-    #[test]
-    fn trees_take_the_descendants_of_the_clients_and_leave_the_agent_out() {
-        let p = |pid, ppid| ProcStat {
-            pid,
-            ppid,
-            running: false,
-        };
-        // 1 (the agent) runs 10 (a browser, an X client) and 20 (a shell, not a client);
-        // 10's children are renderers 11 and 12; 12 has 13.
-        let table = [
-            p(1, 0),
-            p(10, 1),
-            p(11, 10),
-            p(12, 10),
-            p(13, 12),
-            p(20, 1),
-            p(21, 20),
-        ];
-        assert_eq!(trees(&table, &[10], 1), vec![10, 11, 12, 13]);
-        // The agent among the clients (its own connections) brings none of its children.
-        assert_eq!(trees(&table, &[1, 10], 1), vec![10, 11, 12, 13]);
-        // A loop in a stale table ends.
-        let cyclic = [p(5, 6), p(6, 5)];
-        assert_eq!(trees(&cyclic, &[5], 1), vec![5, 6]);
     }
 }
