@@ -834,10 +834,7 @@ impl Controller {
     }
 
     pub fn event(&self, sandbox_id: &str, kind: &str, data: serde_json::Value) {
-        let mut data = data;
-        if let Some(o) = data.as_object_mut() {
-            o.insert("source".into(), "controller".into());
-        }
+        let data = controller_event_data(data);
         if let Err(e) = self.store.append_event(sandbox_id, now_ms(), kind, &data) {
             tracing::error!(sandbox = sandbox_id, kind, error = %e, "cannot record an event");
         }
@@ -972,4 +969,12 @@ pub fn validate_labels(labels: &BTreeMap<String, String>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// An event's data as the controller records it: marked with its source.
+pub fn controller_event_data(mut data: serde_json::Value) -> serde_json::Value {
+    if let Some(o) = data.as_object_mut() {
+        o.insert("source".into(), "controller".into());
+    }
+    data
 }

@@ -385,7 +385,8 @@ async fn retention_deletes_an_expired_artifact() {
         .await
         .unwrap();
     assert_eq!(r.status(), 404);
-    assert!(!c.data_dir().join("artifacts/blobs").join(&id).exists());
+    // The row goes with its event, at once; the bytes follow it.
+    let blob = c.data_dir().join("artifacts/blobs").join(&id);
     let deleted: Vec<Value> = timeline_kinds(&cl, &sb.id)
         .await
         .into_iter()
@@ -393,6 +394,10 @@ async fn retention_deletes_an_expired_artifact() {
         .collect();
     assert_eq!(deleted.len(), 1, "{deleted:?}");
     assert_eq!(deleted[0]["reason"], "retention");
+    wait_for("its bytes to go", Duration::from_secs(10), || async {
+        (!blob.exists()).then_some(())
+    })
+    .await;
 }
 
 async fn recording_info(cl: &ControllerClient, sb: &str, rec: &str) -> Value {

@@ -314,22 +314,23 @@ impl Controller {
         Ok(self.store.artifacts(sandbox, run)?)
     }
 
-    /// Deletes an artifact (row, then bytes); `Error::NotFound` when absent.
+    /// Deletes an artifact: its row with its `artifact.deleted` event (one transaction), then
+    /// its bytes; `Error::NotFound` when absent.
     pub async fn delete_artifact(&self, id: &str, reason: &str) -> Result<ArtifactRow> {
         let row = self.artifact(id)?;
-        if !self.store.delete_artifact(id)? {
+        let data = crate::sandbox::controller_event_data(json!({
+            "artifact_id": row.id, "name": row.name, "artifact_kind": row.kind.as_str(),
+            "reason": reason}));
+        if !self
+            .store
+            .delete_artifact(id, now_ms(), "artifact.deleted", &data)?
+        {
             return Err(Error::NotFound(format!("no artifact {id}")));
         }
         if let Err(e) = self.artifacts.blobs.delete(id).await {
             tracing::warn!(artifact = id, error = %e, "deleting an artifact's bytes");
         }
         self.metrics.artifact_deleted(row.size);
-        self.event(
-            &row.sandbox_id,
-            "artifact.deleted",
-            json!({"artifact_id": row.id, "name": row.name, "artifact_kind": row.kind.as_str(),
-                   "reason": reason}),
-        );
         Ok(row)
     }
 

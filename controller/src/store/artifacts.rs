@@ -4,6 +4,7 @@
 //! its blob is in place, so a row always has its bytes.
 
 use rusqlite::{OptionalExtension, Row, params};
+use serde_json::Value;
 
 use super::{Result, Store};
 use crate::artifact::ArtifactKind;
@@ -144,11 +145,26 @@ impl Store {
         })
     }
 
-    /// Removes the row; true when it was there.
-    pub fn delete_artifact(&self, id: &str) -> Result<bool> {
+    /// Removes the row and, in the same transaction, appends `kind` with `data` to its
+    /// sandbox's timeline, so an artifact gone from the list always has its event; true when
+    /// the row was there (nothing is appended when it was not).
+    pub fn delete_artifact(&self, id: &str, at: i64, kind: &str, data: &Value) -> Result<bool> {
+        let data = serde_json::to_string(data)?;
         self.with(|c| {
-            c.execute("DELETE FROM artifacts WHERE id = ?1", [id])
-                .map(|n| n == 1)
+            let tx = c.unchecked_transaction()?;
+            let sandbox: Option<String> = tx
+                .query_row(
+                    "DELETE FROM artifacts WHERE id = ?1 RETURNING sandbox_id",
+                    [id],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            let Some(sandbox) = sandbox else {
+                return Ok(false);
+            };
+            super::events::insert_event(&tx, &sandbox, at, kind, &data)?;
+            tx.commit()?;
+            Ok(true)
         })
     }
 }

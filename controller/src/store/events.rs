@@ -12,17 +12,9 @@ impl Store {
         let data = serde_json::to_string(data)?;
         self.with(|c| {
             let tx = c.unchecked_transaction()?;
-            let seq: i64 = tx.query_row(
-                "SELECT COALESCE(MAX(seq) + 1, 0) FROM events WHERE sandbox_id = ?1",
-                [sandbox_id],
-                |r| r.get(0),
-            )?;
-            tx.execute(
-                "INSERT INTO events (sandbox_id, seq, at, kind, data) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![sandbox_id, seq, at, kind, data],
-            )?;
+            let seq = insert_event(&tx, sandbox_id, at, kind, &data)?;
             tx.commit()?;
-            Ok(seq as u64)
+            Ok(seq)
         })
     }
 
@@ -81,4 +73,24 @@ impl Store {
             rows.collect()
         })
     }
+}
+
+/// Appends one event inside the caller's transaction; answers its sequence number.
+pub(super) fn insert_event(
+    tx: &rusqlite::Transaction<'_>,
+    sandbox_id: &str,
+    at: i64,
+    kind: &str,
+    data: &str,
+) -> rusqlite::Result<u64> {
+    let seq: i64 = tx.query_row(
+        "SELECT COALESCE(MAX(seq) + 1, 0) FROM events WHERE sandbox_id = ?1",
+        [sandbox_id],
+        |r| r.get(0),
+    )?;
+    tx.execute(
+        "INSERT INTO events (sandbox_id, seq, at, kind, data) VALUES (?1, ?2, ?3, ?4, ?5)",
+        params![sandbox_id, seq, at, kind, data],
+    )?;
+    Ok(seq as u64)
 }

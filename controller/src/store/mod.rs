@@ -637,4 +637,40 @@ mod tests {
         let s = Store::open(&path, test_sealer()).unwrap();
         assert_eq!(s.sandbox("a").unwrap().unwrap().ports, ports);
     }
+
+    #[test]
+    fn an_artifact_leaves_with_its_event_and_only_once() {
+        let (_d, s) = store();
+        s.insert_sandbox(&row("a", None, "running")).unwrap();
+        let art = ArtifactRow {
+            id: "art_1".into(),
+            sandbox_id: "a".into(),
+            run_id: None,
+            name: "f".into(),
+            content_type: "text/plain".into(),
+            size: 4,
+            sha256: "00".into(),
+            kind: crate::artifact::ArtifactKind::File,
+            source: None,
+            created_at: now_ms(),
+        };
+        assert!(s.insert_artifact(&art).unwrap());
+        let data = serde_json::json!({"artifact_id": "art_1", "reason": "retention"});
+        assert!(
+            s.delete_artifact("art_1", now_ms(), "artifact.deleted", &data)
+                .unwrap()
+        );
+        assert!(s.artifact("art_1").unwrap().is_none());
+        assert!(
+            !s.delete_artifact("art_1", now_ms(), "artifact.deleted", &data)
+                .unwrap()
+        );
+        let kinds: Vec<Value> = s
+            .events("a", 0, 100)
+            .unwrap()
+            .into_iter()
+            .map(|e| e["kind"].clone())
+            .collect();
+        assert_eq!(kinds, ["artifact.deleted"]);
+    }
 }
