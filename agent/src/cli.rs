@@ -1,5 +1,5 @@
 //! Command line: the agent itself, `init` (PID 1 in images), and the internal `shim` and
-//! `exec-as` modes of the same binary.
+//! `exec-as` modes of the same binary. The binary's `main` parses it and starts the mode.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -193,65 +193,4 @@ fn positive_duration(s: &str) -> Result<Duration, String> {
 pub enum LogFormat {
     Text,
     Json,
-}
-
-pub fn main() -> i32 {
-    let cli = Cli::parse();
-    match cli.command {
-        Some(Mode::Shim { dir }) => crate::exec::shim::main(&dir),
-        Some(Mode::Init { args }) => crate::init::main(&args),
-        Some(Mode::ExecAs {
-            uid,
-            gid,
-            groups,
-            argv,
-        }) => exec_as(uid, gid, &groups, &argv),
-        None => {
-            init_logging(&cli.agent);
-            let rt = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .thread_name("berth-agent")
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("berth-agent: cannot start the runtime: {e}");
-                    return 1;
-                }
-            };
-            match rt.block_on(crate::server::run(cli.agent)) {
-                Ok(()) => 0,
-                Err(e) => {
-                    tracing::error!("{e:#}");
-                    eprintln!("berth-agent: {e:#}");
-                    1
-                }
-            }
-        }
-    }
-}
-
-fn init_logging(args: &AgentArgs) {
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match args.log_format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
-    }
-}
-
-fn exec_as(uid: u32, gid: u32, groups: &[String], argv: &[String]) -> i32 {
-    use std::os::unix::process::CommandExt;
-    let groups: Vec<u32> = groups.iter().filter_map(|g| g.parse().ok()).collect();
-    // SAFETY: we are about to exec; nothing else runs in this process.
-    if let Err(e) = unsafe { crate::account::switch_identity(uid, gid, &groups) } {
-        eprintln!("berth-agent exec-as: cannot switch to {uid}:{gid}: {e}");
-        return 126;
-    }
-    let err = std::process::Command::new(&argv[0]).args(&argv[1..]).exec();
-    eprintln!("berth-agent exec-as: cannot run {}: {err}", argv[0]);
-    127
 }

@@ -13,6 +13,7 @@ pub mod episode;
 pub mod events;
 pub mod exec;
 pub mod fs;
+pub mod http;
 pub mod init;
 pub mod mcp;
 pub mod proc;
@@ -23,6 +24,7 @@ pub mod server;
 pub mod text;
 pub mod time;
 pub mod toolset_input;
+pub mod viewers;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -60,7 +62,7 @@ pub struct Agent {
     pub recorder: Arc<record::Recorder>,
     /// The computer-use action log (`/v1/episode`).
     pub episode: Arc<episode::Episode>,
-    pub viewers: api::viewer::Viewers,
+    pub viewers: viewers::Viewers,
     /// The supervised desktop (`--desktop`).
     pub desktop: Option<Arc<desktop::Desktop>>,
     pub readiness: Arc<desktop::ready::Readiness>,
@@ -77,6 +79,41 @@ pub struct Agent {
 }
 
 impl Agent {
+    /// Logs a computer-use call (`/v1/computer`, MCP `computer`): reads the pointer, stamps the
+    /// live recordings' media times, queues the entries.
+    pub async fn log_computer(
+        &self,
+        source: episode::Source,
+        body: &serde_json::Value,
+        trace: &display::computer::Trace,
+        error: Option<String>,
+        called: std::time::Instant,
+    ) {
+        let d = self.display.clone();
+        let cursor = tokio::task::spawn_blocking(move || d.pointer().ok())
+            .await
+            .ok()
+            .flatten();
+        for a in episode::computer_actions(source, body, trace, error, cursor, called) {
+            self.episode.log(a.with_media(&self.recorder));
+        }
+    }
+
+    /// Logs the calls a computer-toolset turn ran (as Anthropic computer actions), if any.
+    pub async fn log_toolset_turn(
+        &self,
+        source: episode::Source,
+        answer: &display::computer::toolset::TurnAnswer,
+        called: std::time::Instant,
+    ) {
+        if answer.ran.is_empty() {
+            return;
+        }
+        let body = serde_json::json!({ "actions": answer.ran });
+        self.log_computer(source, &body, &answer.trace, answer.error.clone(), called)
+            .await;
+    }
+
     pub fn request_shutdown(&self, kind: ShutdownKind) {
         self.shutdown.send_if_modified(|cur| {
             if cur.is_none() {

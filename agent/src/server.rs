@@ -53,7 +53,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", args.listen))?;
     let bound = listener.local_addr()?;
     let cdp_listener = match args.desktop {
-        true => Some(crate::browser::bind_relay(args.cdp_listen).await?),
+        true => Some(crate::browser::relay::bind_relay(args.cdp_listen).await?),
         false => None,
     };
     let cdp_bound = match &cdp_listener {
@@ -190,7 +190,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         display,
         recorder: recorder.clone(),
         episode: episode.clone(),
-        viewers: api::viewer::Viewers::default(),
+        viewers: crate::viewers::Viewers::default(),
         desktop: desktop.clone(),
         readiness: Readiness::new(desktop.clone(), ide.clone(), a11y.clone()),
         ide: ide.clone(),
@@ -201,7 +201,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         shutdown: shutdown_tx,
     });
     if let (Some(d), Some(l), Some(cdp)) = (&desktop, cdp_listener, cdp_bound) {
-        crate::browser::serve_relay(l, d.clone());
+        crate::browser::relay::serve_relay(l, d.clone());
         agent.readiness.start(Loopback {
             listen: bound,
             token: agent.token.clone(),

@@ -10,11 +10,11 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
-use super::error::ApiError;
-use super::extract::ApiJson;
 use crate::Agent;
 use crate::display::DisplayError;
 use crate::display::computer::{self, Answer};
+use crate::http::error::ApiError;
+use crate::http::extract::ApiJson;
 
 pub async fn computer(State(agent): State<Arc<Agent>>, ApiJson(body): ApiJson<Value>) -> Response {
     let called = std::time::Instant::now();
@@ -24,15 +24,15 @@ pub async fn computer(State(agent): State<Arc<Agent>>, ApiJson(body): ApiJson<Va
         Err(e) => Answer::error(e.dialect, DisplayError::Invalid(e.message)),
     };
     let error = answer.error.as_ref().map(|e| e.to_string());
-    super::episode::log_computer(
-        &agent,
-        crate::episode::Source::Computer,
-        &raw,
-        &answer.trace,
-        error,
-        called,
-    )
-    .await;
+    agent
+        .log_computer(
+            crate::episode::Source::Computer,
+            &raw,
+            &answer.trace,
+            error,
+            called,
+        )
+        .await;
     let status = answer
         .error
         .map(|e| ApiError::from(e).status)

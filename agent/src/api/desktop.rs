@@ -14,10 +14,10 @@ use tokio_tungstenite::tungstenite;
 
 use berth_protocol::desktop::{A11yTree, BrowserInfo, BrowserTarget};
 
-use super::error::ApiError;
-use super::viewer::Grant;
 use crate::Agent;
 use crate::desktop::Desktop;
+use crate::http::error::ApiError;
+use crate::viewers::Grant;
 
 type WsResult = Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>;
 
@@ -168,8 +168,8 @@ pub async fn browser_info(
     let dt = running_browser(d).await?;
     let unavailable = |e: String| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "browser_down", e);
     let (version, targets) = tokio::join!(
-        crate::browser::version(dt.port),
-        crate::browser::targets(dt.port)
+        crate::browser::cdp::version(dt.port),
+        crate::browser::cdp::targets(dt.port)
     );
     let version = version.map_err(unavailable)?;
     let host = headers
@@ -277,7 +277,7 @@ async fn cdp(agent: Arc<Agent>, path: Option<String>, ws: WsResult) -> Result<Re
     if let Some(p) = &path {
         // Chromium answers an unknown target with a bare HTTP error; say what it is.
         let id = p.rsplit('/').next().unwrap_or_default();
-        let targets = crate::browser::targets(dt.port)
+        let targets = crate::browser::cdp::targets(dt.port)
             .await
             .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "browser_down", e))?;
         let known = targets

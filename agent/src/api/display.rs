@@ -11,11 +11,11 @@ use base64::Engine;
 use berth_protocol::{Clipboard, DisplayInfo, DisplaySize, InputRequest, InputResponse};
 use serde::Deserialize;
 
-use super::error::ApiError;
-use super::extract::ApiJson;
 use crate::Agent;
-use crate::display::encode::{Encoding, Format, PngCompression};
+use crate::display::encode::Encoding;
 use crate::display::{DisplayError, Shot, ShotRequest};
+use crate::http::error::ApiError;
+use crate::http::extract::ApiJson;
 
 /// Settle default: the display's rule (`--settle`), giving up after 2 s.
 pub const SETTLE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -61,15 +61,6 @@ impl From<DisplayError> for ApiError {
     }
 }
 
-/// Runs a blocking display call off the async workers.
-pub async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, DisplayError> + Send + 'static,
-) -> Result<T, DisplayError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| DisplayError::Capture(e.to_string()))?
-}
-
 #[derive(Deserialize, Default)]
 pub struct ShotQuery {
     format: Option<String>,
@@ -94,34 +85,6 @@ pub fn parse_region(s: &str) -> Result<(i32, i32, u32, u32), ApiError> {
     let w = parts[2].parse().map_err(|_| bad())?;
     let h = parts[3].parse().map_err(|_| bad())?;
     Ok((x, y, w, h))
-}
-
-/// The encoding a screenshot request asks for (`format`, `quality`, `compression`), checked:
-/// shared by `GET /v1/screenshot` and the MCP `screenshot` tool.
-pub fn encoding(
-    format: Option<&str>,
-    quality: Option<u8>,
-    compression: Option<&str>,
-) -> Result<Encoding, ApiError> {
-    let mut e = Encoding::default();
-    if let Some(f) = format {
-        e.format = Format::parse(f)
-            .ok_or_else(|| ApiError::bad_request(format!("format {f:?}: png, jpeg or webp")))?;
-    }
-    if let Some(q) = quality {
-        if !(1..=100).contains(&q) {
-            return Err(ApiError::bad_request("quality must be 1-100"));
-        }
-        e.quality = q;
-    }
-    if let Some(c) = compression {
-        e.compression = PngCompression::parse(c).ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "compression {c:?}: none, fastest, fast, balanced, high or 0-9"
-            ))
-        })?;
-    }
-    Ok(e)
 }
 
 fn shot_response(shot: &Shot, settled: Option<(Duration, bool)>) -> Response {
@@ -155,7 +118,8 @@ pub async fn screenshot(
 ) -> Result<Response, ApiError> {
     let Query(q) = q?;
     let req = ShotRequest {
-        encoding: encoding(q.format.as_deref(), q.quality, q.compression.as_deref())?,
+        encoding: Encoding::parse(q.format.as_deref(), q.quality, q.compression.as_deref())
+            .map_err(ApiError::bad_request)?,
         scale: q.scale,
         size: None,
         region: q.region.as_deref().map(parse_region).transpose()?,
@@ -167,7 +131,7 @@ pub async fn screenshot(
         _ => Some(agent.display.settle(Instant::now(), quiet, timeout).await),
     };
     let d = agent.display.clone();
-    let shot = blocking(move || d.screenshot(&req)).await?;
+    let shot = crate::display::blocking(move || d.screenshot(&req)).await?;
     Ok(shot_response(&shot, settled))
 }
 
@@ -215,7 +179,7 @@ async fn input_run(
     };
     let d = agent.display.clone();
     let actions = req.actions;
-    let cursor = blocking(move || d.run_input(&actions)).await?;
+    let cursor = crate::display::blocking(move || d.run_input(&actions)).await?;
     let mut resp = InputResponse {
         cursor: [cursor.0, cursor.1],
         screenshot_b64: None,
@@ -223,7 +187,8 @@ async fn input_run(
         settle_timed_out: None,
     };
     if let (Some(after), Some((quiet, timeout))) = (req.screenshot_after, settle) {
-        let enc = encoding(after.format.as_deref(), after.quality, None)?;
+        let enc = Encoding::parse(after.format.as_deref(), after.quality, None)
+            .map_err(ApiError::bad_request)?;
         let (waited, timed_out) = agent.display.settle(started, quiet, timeout).await;
         *settled = Some((waited, timed_out));
         let req = ShotRequest {
@@ -233,7 +198,7 @@ async fn input_run(
         };
         let d = agent.display.clone();
         let shot_at = Instant::now();
-        let shot = blocking(move || d.screenshot(&req)).await?;
+        let shot = crate::display::blocking(move || d.screenshot(&req)).await?;
         resp.screenshot_b64 =
             Some(base64::engine::general_purpose::STANDARD.encode(shot.bytes.as_ref()));
         resp.settled_ms = Some(waited.as_millis() as u64);
@@ -260,7 +225,7 @@ pub async fn resize(
     let d = agent.display.clone();
     // The size as the server reported it at the end of this resize (a later one may already
     // have begun).
-    let now = blocking(move || d.resize(size.width, size.height)).await?;
+    let now = crate::display::blocking(move || d.resize(size.width, size.height)).await?;
     display_info(&agent, &headers, Some(now)).await
 }
 
@@ -270,7 +235,7 @@ async fn display_info(
     size: Option<(u32, u32)>,
 ) -> Result<Response, ApiError> {
     let d = agent.display.clone();
-    let (size, depth, extensions) = blocking(move || {
+    let (size, depth, extensions) = crate::display::blocking(move || {
         let size = match size {
             Some(s) => s,
             None => d.screen_size()?,
@@ -298,13 +263,13 @@ async fn display_info(
 
 pub async fn windows(State(agent): State<Arc<Agent>>) -> Result<Response, ApiError> {
     let d = agent.display.clone();
-    let list = blocking(move || d.windows()).await?;
+    let list = crate::display::blocking(move || d.windows()).await?;
     Ok(Json(serde_json::json!({ "windows": list })).into_response())
 }
 
 pub async fn clipboard_get(State(agent): State<Arc<Agent>>) -> Result<Response, ApiError> {
     let d = agent.display.clone();
-    let text = blocking(move || d.clipboard_get()).await?;
+    let text = crate::display::blocking(move || d.clipboard_get()).await?;
     Ok(Json(Clipboard { text }).into_response())
 }
 
@@ -316,7 +281,7 @@ pub async fn clipboard_put(
         .text
         .ok_or_else(|| ApiError::bad_request("invalid field `text`: a string is required"))?;
     let d = agent.display.clone();
-    blocking(move || d.clipboard_set(text)).await?;
+    crate::display::blocking(move || d.clipboard_set(text)).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

@@ -1,19 +1,17 @@
 //! `/v1/episode`: the computer-use action log (see `crate::episode`).
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 
-use super::error::ApiError;
 use crate::Agent;
-use crate::display::computer::Trace;
-use crate::episode::{self, Source};
+use crate::episode;
+use crate::http::error::ApiError;
 
 #[derive(Deserialize)]
 pub struct ActionsQuery {
@@ -66,46 +64,4 @@ pub async fn screenshot(
 pub async fn clear(State(agent): State<Arc<Agent>>) -> Response {
     let n = agent.episode.clear().await;
     Json(json!({"cleared": n})).into_response()
-}
-
-/// Logs a computer-use call (`/v1/computer`, MCP `computer`): reads the pointer, stamps the
-/// live recordings' media times, queues the entries.
-pub async fn log_computer(
-    agent: &Arc<Agent>,
-    source: Source,
-    body: &Value,
-    trace: &Trace,
-    error: Option<String>,
-    called: Instant,
-) {
-    let d = agent.display.clone();
-    let cursor = tokio::task::spawn_blocking(move || d.pointer().ok())
-        .await
-        .ok()
-        .flatten();
-    for a in episode::computer_actions(source, body, trace, error, cursor, called) {
-        agent.episode.log(a.with_media(&agent.recorder));
-    }
-}
-
-/// Logs the calls a computer-toolset turn ran (as Anthropic computer actions), if any.
-pub async fn log_toolset_turn(
-    agent: &Arc<Agent>,
-    source: Source,
-    answer: &crate::display::computer::toolset::TurnAnswer,
-    called: Instant,
-) {
-    if answer.ran.is_empty() {
-        return;
-    }
-    let body = serde_json::json!({ "actions": answer.ran });
-    log_computer(
-        agent,
-        source,
-        &body,
-        &answer.trace,
-        answer.error.clone(),
-        called,
-    )
-    .await;
 }

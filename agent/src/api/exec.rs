@@ -10,18 +10,17 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use berth_protocol::{
-    BackgroundStarted, CommandList, CommandState, ExecRequest, ExecResult, SignalRequest,
-    StdinRequest,
+    BackgroundStarted, CommandList, CommandState, ExecRequest, SignalRequest, StdinRequest,
 };
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::watch;
 
-use super::error::ApiError;
-use super::extract::ApiJson;
 use super::follow::{self, Batch, Followable};
 use crate::Agent;
 use crate::exec::{Background, Command, Foreground};
+use crate::http::error::ApiError;
+use crate::http::extract::ApiJson;
 
 /// Output bytes one page carries by default, and at most.
 const PAGE_BYTES: usize = 1 << 20;
@@ -72,7 +71,7 @@ pub async fn exec(
                 },
             )
             .await?;
-        let body = exec_result(out, usize::MAX);
+        let body = out.into_result(usize::MAX);
         return Ok(Json(body).into_response());
     }
     let (cmd, _) = agent
@@ -107,16 +106,6 @@ pub async fn exec(
         body.exit_code = page.exit_code;
     }
     Ok((StatusCode::ACCEPTED, Json(body)).into_response())
-}
-
-fn text_or_b64(bytes: Vec<u8>) -> (Option<String>, Option<String>) {
-    match String::from_utf8(bytes) {
-        Ok(s) => (Some(s), None),
-        Err(e) => (
-            None,
-            Some(base64::engine::general_purpose::STANDARD.encode(e.into_bytes())),
-        ),
-    }
 }
 
 pub async fn list(State(agent): State<Arc<Agent>>) -> Json<CommandList> {
@@ -325,24 +314,4 @@ pub async fn delete(
 ) -> Result<Response, ApiError> {
     agent.commands.delete(&id).await?;
     Ok(Json(json!({"id": id, "deleted": true})).into_response())
-}
-
-/// A foreground command's answer, each stream cut to `max` bytes (`output_truncated` then).
-pub(crate) fn exec_result(out: crate::exec::ForegroundOutcome, max: usize) -> ExecResult {
-    let (stdout, cut_out) = crate::mcp::tools::bound_output(out.stdout, max);
-    let (stderr, cut_err) = crate::mcp::tools::bound_output(out.stderr, max);
-    let (stdout, stdout_b64) = text_or_b64(stdout);
-    let (stderr, stderr_b64) = text_or_b64(stderr);
-    ExecResult {
-        id: out.id,
-        exit_code: out.exit.exit_code(),
-        signal: out.exit.signal.map(crate::proc::signal_name),
-        stdout,
-        stdout_b64,
-        stderr,
-        stderr_b64,
-        duration_ms: out.duration.as_millis() as u64,
-        timed_out: out.timed_out,
-        output_truncated: out.truncated || cut_out || cut_err,
-    }
 }

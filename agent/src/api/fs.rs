@@ -18,11 +18,11 @@ use serde::Deserialize;
 use serde_json::json;
 use tower::ServiceExt;
 
-use super::error::ApiError;
-use super::extract::ApiJson;
 use crate::Agent;
 use crate::fs::FsError;
 use crate::fs::watch::FsWatch;
+use crate::http::error::ApiError;
+use crate::http::extract::ApiJson;
 
 type QueryResult<T> = Result<Query<T>, axum::extract::rejection::QueryRejection>;
 
@@ -96,7 +96,7 @@ pub async fn upload(State(agent): State<Arc<Agent>>, req: Request) -> Result<Res
         Err(e) => {
             // A refused upload (disk full, permission denied) may be mid-body: read the rest
             // (bounded) so the client still sending gets this answer, not a reset.
-            crate::api::extract::drain(Body::from_stream(body)).await;
+            crate::http::extract::drain(Body::from_stream(body)).await;
             return Err(e.into());
         }
     };

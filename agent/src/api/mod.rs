@@ -4,9 +4,7 @@ pub mod computer;
 pub mod desktop;
 pub mod display;
 pub mod episode;
-pub mod error;
 pub mod exec;
-pub mod extract;
 pub mod follow;
 pub mod fs;
 pub mod ports;
@@ -22,19 +20,19 @@ use axum::Json;
 use axum::Router;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{DefaultBodyLimit, Query, Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::middleware::{self, Next};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::json;
-use subtle::ConstantTimeEq;
 use tokio::sync::watch;
 
 use berth_protocol::routes::native::nested;
 
+use crate::http::error::ApiError;
+use crate::http::require_token;
 use crate::{Agent, ShutdownKind};
-use error::ApiError;
 use follow::{Batch, Followable};
 
 pub fn router(agent: Arc<Agent>) -> Router<Arc<Agent>> {
@@ -114,36 +112,6 @@ pub fn router(agent: Arc<Agent>) -> Router<Arc<Agent>> {
 
 async fn not_found(req: Request) -> ApiError {
     ApiError::not_found(format!("no route {} {}", req.method(), req.uri().path()))
-}
-
-/// Constant-time bearer check; the token is never logged.
-pub fn token_matches(headers: &HeaderMap, token: &str) -> bool {
-    let Some(given) = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-    else {
-        return false;
-    };
-    given.as_bytes().ct_eq(token.as_bytes()).into()
-}
-
-/// The bearer check of `/v1` (and `/mcp`): 401 with the native error body otherwise.
-pub(crate) async fn require_token(
-    State(agent): State<Arc<Agent>>,
-    req: Request,
-    next: Next,
-) -> Response {
-    if token_matches(req.headers(), &agent.token) {
-        next.run(req).await
-    } else {
-        ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "missing or wrong bearer token",
-        )
-        .into_response()
-    }
 }
 
 #[derive(Deserialize)]

@@ -15,8 +15,8 @@ use axum::routing::any;
 use berth_protocol::relay::{Relay, RelayError, Upstream};
 use berth_protocol::routes::native;
 
-use super::error::ApiError;
 use crate::Agent;
+use crate::http::error::ApiError;
 
 /// The preview routes, relative to the native nest (`/v1`).
 pub fn routes() -> Router<Arc<Agent>> {

@@ -14,9 +14,9 @@ use futures_util::{SinkExt, StreamExt};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::error::ApiError;
-use super::extract::ApiJson;
 use crate::Agent;
+use crate::http::error::ApiError;
+use crate::http::extract::ApiJson;
 use crate::pty::PtySession;
 
 const FRAME_BYTES: usize = 64 << 10;

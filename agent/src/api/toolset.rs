@@ -11,10 +11,10 @@ use berth_protocol::toolset::{
     BROWSER_FAMILY, BrowserToolsetInfo, COMPUTER_FAMILY, ComputerToolsetInfo, ToolsetTurn,
 };
 
-use super::error::ApiError;
-use super::extract::ApiJson;
 use crate::Agent;
 use crate::display::computer::toolset;
+use crate::http::error::ApiError;
+use crate::http::extract::ApiJson;
 
 pub async fn computer_info(
     State(agent): State<Arc<Agent>>,
@@ -29,7 +29,8 @@ pub async fn computer_turn(
     let called = std::time::Instant::now();
     let calls = toolset::calls(&turn.content, COMPUTER_FAMILY).map_err(ApiError::bad_request)?;
     let answer = toolset::run_turn(&agent.display, &calls).await?;
-    super::episode::log_toolset_turn(&agent, crate::episode::Source::Toolset, &answer, called)
+    agent
+        .log_toolset_turn(crate::episode::Source::Toolset, &answer, called)
         .await;
     Ok(Json(ToolsetTurn {
         content: answer.content,

@@ -2,121 +2,27 @@
 //! HttpOnly cookie honoured only on the browser-facing routes (live stream, VNC viewer) and
 //! redirects to the clean URL. Tokens are single-use and short-lived; everything is bounded.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use berth_protocol::{ViewerToken, ViewerTokenRequest};
-use subtle::ConstantTimeEq;
 
-use super::error::ApiError;
-use super::extract::ApiJson;
 use crate::Agent;
+use crate::http::error::ApiError;
+use crate::http::extract::ApiJson;
+use crate::viewers::{Grant, SESSION_TTL};
 
 pub const COOKIE: &str = "berth_viewer";
 /// How long a browser session from one URL lasts.
-const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
 const DEFAULT_TOKEN_TTL: u64 = 60;
 const MAX_TOKEN_TTL: u64 = 3600;
-const MAX_PENDING: usize = 1024;
-const MAX_SESSIONS: usize = 1024;
 
 /// Paths a viewer URL may open (the browser-facing routes).
 pub const VIEWER_PATHS: &[&str] = &["/v1/vnc/", "/v1/stream.mp4", "/v1/stream"];
-
-#[derive(Debug, Clone, Copy)]
-pub struct Grant {
-    pub view_only: bool,
-    expires: Instant,
-}
-
-#[derive(Default)]
-struct Inner {
-    tokens: HashMap<String, Grant>,
-    sessions: HashMap<String, Grant>,
-}
-
-#[derive(Default, Clone)]
-pub struct Viewers(Arc<Mutex<Inner>>);
-
-fn random_hex(n: usize) -> String {
-    let mut b = vec![0u8; n];
-    getrandom::fill(&mut b).expect("OS randomness");
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-impl Viewers {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn prune(inner: &mut Inner) {
-        let now = Instant::now();
-        inner.tokens.retain(|_, g| g.expires > now);
-        inner.sessions.retain(|_, g| g.expires > now);
-    }
-
-    pub fn mint(&self, ttl: Duration, view_only: bool) -> Result<String, ApiError> {
-        let mut inner = self.lock();
-        Self::prune(&mut inner);
-        if inner.tokens.len() >= MAX_PENDING {
-            return Err(ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "too_many_tokens",
-                format!("{MAX_PENDING} viewer URLs are waiting to be opened already"),
-            ));
-        }
-        let token = random_hex(24);
-        inner.tokens.insert(
-            token.clone(),
-            Grant {
-                view_only,
-                expires: Instant::now() + ttl,
-            },
-        );
-        Ok(token)
-    }
-
-    /// Uses up a token, opening a session; `None` when unknown, used or expired.
-    fn redeem(&self, token: &str) -> Option<(String, Grant)> {
-        let mut inner = self.lock();
-        Self::prune(&mut inner);
-        let grant = inner.tokens.remove(token)?;
-        if inner.sessions.len() >= MAX_SESSIONS {
-            // The oldest session makes room.
-            if let Some(oldest) = inner
-                .sessions
-                .iter()
-                .min_by_key(|(_, g)| g.expires)
-                .map(|(k, _)| k.clone())
-            {
-                inner.sessions.remove(&oldest);
-            }
-        }
-        let session = random_hex(32);
-        let grant = Grant {
-            view_only: grant.view_only,
-            expires: Instant::now() + SESSION_TTL,
-        };
-        inner.sessions.insert(session.clone(), grant);
-        Some((session, grant))
-    }
-
-    fn session(&self, id: &str) -> Option<Grant> {
-        let inner = self.lock();
-        // Compare in constant time: the cookie is a credential.
-        inner
-            .sessions
-            .iter()
-            .find(|(k, _)| k.as_bytes().ct_eq(id.as_bytes()).into())
-            .map(|(_, g)| *g)
-            .filter(|g| g.expires > Instant::now())
-    }
-}
 
 fn cookie_value(headers: &HeaderMap) -> Option<String> {
     headers
@@ -149,7 +55,14 @@ pub async fn mint(
     }
     let token = agent
         .viewers
-        .mint(Duration::from_secs(ttl), req.view_only.unwrap_or(false))?;
+        .mint(Duration::from_secs(ttl), req.view_only.unwrap_or(false))
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_tokens",
+                e.to_string(),
+            )
+        })?;
     let sep = if path.contains('?') { '&' } else { '?' };
     let body = ViewerToken {
         url: format!("{path}{sep}t={token}"),
@@ -165,11 +78,8 @@ pub async fn require_viewer(
     mut req: Request,
     next: Next,
 ) -> Response {
-    if super::token_matches(req.headers(), &agent.token) {
-        req.extensions_mut().insert(Grant {
-            view_only: false,
-            expires: Instant::now() + SESSION_TTL,
-        });
+    if crate::http::token_matches(req.headers(), &agent.token) {
+        req.extensions_mut().insert(Grant::bearer());
         return next.run(req).await;
     }
     let query = req.uri().query().unwrap_or_default().to_string();

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use super::python::{self, truthy};
 use super::{CompatJson, FormFields, error, flask, text};
 use crate::Agent;
-use crate::api::display::blocking;
+use crate::display::blocking;
 use crate::display::windows::Match;
 use crate::display::{DisplayError, ShotRequest};
 use crate::exec::Background;

@@ -83,7 +83,7 @@ pub fn router(agent: Arc<Agent>) -> Router<Arc<Agent>> {
 }
 
 async fn require_token(State(agent): State<Arc<Agent>>, req: Request, next: Next) -> Response {
-    if crate::api::token_matches(req.headers(), &agent.token) {
+    if crate::http::token_matches(req.headers(), &agent.token) {
         next.run(req).await
     } else {
         error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token")
@@ -130,13 +130,13 @@ impl<S: Send + Sync> FromRequest<S> for CompatJson {
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
-        if !crate::api::extract::is_json(ct) {
+        if !crate::http::extract::is_json(ct) {
             return Err(error(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "Did not attempt to load JSON data because the request Content-Type was not 'application/json'.",
             ));
         }
-        let bytes = crate::api::extract::read_body(req, COMPAT_JSON_LIMIT, false)
+        let bytes = crate::http::extract::read_body(req, COMPAT_JSON_LIMIT, false)
             .await
             .map_err(|e| error(e.status, e.message))?;
         match serde_json::from_slice::<Value>(&bytes) {
@@ -172,7 +172,7 @@ impl<S: Send + Sync> FromRequest<S> for FormFields {
             .to_ascii_lowercase();
         let mut fields = HashMap::new();
         if ct.starts_with("application/x-www-form-urlencoded") {
-            let bytes = crate::api::extract::read_body(req, COMPAT_JSON_LIMIT, false)
+            let bytes = crate::http::extract::read_body(req, COMPAT_JSON_LIMIT, false)
                 .await
                 .map_err(|e| error(e.status, e.message))?;
             for (k, v) in form_urlencoded(&bytes) {
@@ -187,7 +187,7 @@ impl<S: Send + Sync> FromRequest<S> for FormFields {
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.parse::<u64>().ok());
             if declared.is_some_and(|len| len > COMPAT_JSON_LIMIT as u64) {
-                crate::api::extract::drain(req.into_body()).await;
+                crate::http::extract::drain(req.into_body()).await;
                 return Err(form_too_large());
             }
             let mut mp = Multipart::from_request(req, state)

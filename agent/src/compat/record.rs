@@ -44,7 +44,7 @@ pub async fn end_recording(State(agent): State<Arc<Agent>>) -> Response {
                     ),
                 );
             }
-            match crate::api::record::serve_prefix(
+            match crate::http::file::serve_prefix(
                 &path,
                 info.bytes,
                 &HeaderMap::new(),

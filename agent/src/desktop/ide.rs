@@ -365,7 +365,7 @@ impl Ide {
     /// Whether the IDE answers its API under its base URL.
     async fn probe(&self) -> Result<(), String> {
         let url = format!("http://127.0.0.1:{PORT}{}api/status", self.base_url);
-        let r = crate::browser::http()
+        let r = crate::browser::cdp::http()
             .get(&url)
             .send()
             .await

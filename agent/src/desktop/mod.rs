@@ -779,7 +779,7 @@ impl Desktop {
         let adopted_port = *self.adopted_port.lock().unwrap_or_else(|p| p.into_inner());
         let (port, browser_path) = match adopted_port {
             Some(port) => {
-                let v = crate::browser::version(port).await?;
+                let v = crate::browser::cdp::version(port).await?;
                 let url = v["webSocketDebuggerUrl"].as_str().unwrap_or_default();
                 let path = url
                     .find("/devtools/browser/")
@@ -793,7 +793,7 @@ impl Desktop {
         // that the DevTools port answers.
         tokio::time::timeout(
             Duration::from_secs(10),
-            crate::browser::open_page(port, &browser_path),
+            crate::browser::cdp::open_page(port, &browser_path),
         )
         .await
         .map_err(|_| "opening a page took longer than 10 s".to_string())??;

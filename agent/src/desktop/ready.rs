@@ -229,7 +229,7 @@ async fn run_checks(
 
 async fn novnc_page(lb: &Loopback) -> probe::Probe {
     let url = format!("http://{}/v1/vnc/vnc.html", lb.listen);
-    let r = crate::browser::http()
+    let r = crate::browser::cdp::http()
         .get(&url)
         .bearer_auth(&lb.token)
         .send()
@@ -348,7 +348,7 @@ async fn browser_cdp(desktop: &Arc<Desktop>) -> probe::Probe {
         return Ok(());
     }
     let dt = browser_known(desktop)?;
-    crate::browser::version(dt.port).await.map(|_| ())
+    crate::browser::cdp::version(dt.port).await.map(|_| ())
 }
 
 async fn tcp_relay(desktop: &Arc<Desktop>, lb: &Loopback) -> probe::Probe {
@@ -356,7 +356,8 @@ async fn tcp_relay(desktop: &Arc<Desktop>, lb: &Loopback) -> probe::Probe {
         return Ok(());
     }
     browser_known(desktop)?;
-    let v = crate::browser::get_json(&format!("http://{}/json/version", lb.cdp_listen)).await?;
+    let v =
+        crate::browser::cdp::get_json(&format!("http://{}/json/version", lb.cdp_listen)).await?;
     if v.get("webSocketDebuggerUrl").is_some() {
         Ok(())
     } else {
@@ -369,7 +370,7 @@ async fn ws_relay_round_trip(desktop: &Arc<Desktop>, lb: &Loopback) -> probe::Pr
         return Ok(());
     }
     browser_known(desktop)?;
-    let mut cdp = crate::browser::Cdp::connect(ws_request(lb, "/v1/browser/cdp")?)
+    let mut cdp = crate::browser::cdp::Cdp::connect(ws_request(lb, "/v1/browser/cdp")?)
         .await
         .map_err(|e| format!("the CDP relay: {e}"))?;
     let v = cdp

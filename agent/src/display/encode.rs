@@ -88,6 +88,34 @@ impl Default for Encoding {
     }
 }
 
+impl Encoding {
+    /// The encoding a screenshot request asks for (`format`, `quality`, `compression`),
+    /// checked: shared by `GET /v1/screenshot`, `POST /v1/input` and the MCP `screenshot` tool.
+    pub fn parse(
+        format: Option<&str>,
+        quality: Option<u8>,
+        compression: Option<&str>,
+    ) -> Result<Encoding, String> {
+        let mut e = Encoding::default();
+        if let Some(f) = format {
+            e.format =
+                Format::parse(f).ok_or_else(|| format!("format {f:?}: png, jpeg or webp"))?;
+        }
+        if let Some(q) = quality {
+            if !(1..=100).contains(&q) {
+                return Err("quality must be 1-100".into());
+            }
+            e.quality = q;
+        }
+        if let Some(c) = compression {
+            e.compression = PngCompression::parse(c).ok_or_else(|| {
+                format!("compression {c:?}: none, fastest, fast, balanced, high or 0-9")
+            })?;
+        }
+        Ok(e)
+    }
+}
+
 /// Keeps what is worth keeping between encodes (the JPEG compressor, scratch buffers).
 #[derive(Default)]
 pub struct Encoder {

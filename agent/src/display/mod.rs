@@ -743,3 +743,12 @@ fn execute(i: &mut Input, steps: &[Step]) -> Result<(), DisplayError> {
     }
     Ok(())
 }
+
+/// Runs a blocking display call off the async workers.
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, DisplayError> + Send + 'static,
+) -> Result<T, DisplayError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| DisplayError::Capture(e.to_string()))?
+}

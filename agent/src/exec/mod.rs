@@ -7,6 +7,7 @@ mod command;
 mod foreground;
 pub mod log;
 pub mod record;
+pub mod result;
 pub mod shim;
 pub mod spare;
 pub mod spawn;

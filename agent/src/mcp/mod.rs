@@ -20,6 +20,7 @@ use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
+use rmcp::handler::server::tool::ToolRouter;
 use rmcp::transport::streamable_http_server::session::local::{LocalSessionManager, SessionConfig};
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
@@ -49,7 +50,7 @@ pub fn router(agent: Arc<Agent>) -> Router<Arc<Agent>> {
         )
         .route_layer(middleware::from_fn_with_state(
             agent,
-            crate::api::require_token,
+            crate::http::require_token,
         ))
 }
 
@@ -71,7 +72,7 @@ impl Mcp {
             Some(_) => agent.browser_toolset.members(),
             None => Vec::new(),
         };
-        let tools = Arc::new(BerthMcp::tools(&browser));
+        let tools = Arc::new(tool_table(&browser));
         // The bearer token guards this route, so `Host` is not checked (the agent is reached
         // by container addresses and through the controller's relay, not only on loopback).
         // A session-less (2026-07-28) request whose answer is one message gets it as JSON
@@ -102,7 +103,7 @@ impl Mcp {
         // A POST outside a session: an `initialize` opens one, so it is counted first.
         let (parts, body) = req.into_parts();
         let read = Request::from_parts(parts.clone(), body);
-        let bytes = match crate::api::extract::read_body(read, MAX_BODY, false).await {
+        let bytes = match crate::http::extract::read_body(read, MAX_BODY, false).await {
             Ok(b) => b,
             Err(e) => return rpc_error(e.status, None, -32600, e.message),
         };
@@ -133,6 +134,19 @@ impl Opening {
         let head: Head = serde_json::from_slice(body).ok()?;
         (head.method.as_deref() == Some("initialize")).then_some(head.id)
     }
+}
+
+/// Every tool: the agent's own, the computer toolset's members, and the browser toolset's
+/// members served (`browser`: none without a desktop).
+pub fn tool_table(browser: &[String]) -> ToolRouter<BerthMcp> {
+    let mut router = BerthMcp::own_tools();
+    for route in toolset::routes()
+        .into_iter()
+        .chain(toolset::browser_routes(browser))
+    {
+        router.add_route(route);
+    }
+    router
 }
 
 /// Why one more session cannot open when `open` are, if it cannot.

@@ -87,22 +87,6 @@ pub fn image_mime(b64: &str) -> &'static str {
     }
 }
 
-/// At most `max` bytes, cut back to a character boundary when the bytes are UTF-8 text (a
-/// character split by the cut would turn the text into base64). Says whether it cut.
-pub fn bound_output(mut bytes: Vec<u8>, max: usize) -> (Vec<u8>, bool) {
-    if bytes.len() <= max {
-        return (bytes, false);
-    }
-    bytes.truncate(max);
-    if let Err(e) = std::str::from_utf8(&bytes)
-        && e.error_len().is_none()
-        && bytes.len() - e.valid_up_to() < 4
-    {
-        bytes.truncate(e.valid_up_to());
-    }
-    (bytes, true)
-}
-
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ScreenshotArgs {
@@ -210,17 +194,9 @@ impl BerthMcp {
         BerthMcp { agent, tool_router }
     }
 
-    /// Every tool: the agent's own, the computer toolset's members, and the browser
-    /// toolset's members served (`browser`: none without a desktop).
-    pub fn tools(browser: &[String]) -> ToolRouter<BerthMcp> {
-        let mut router = Self::tool_router();
-        for route in super::toolset::routes()
-            .into_iter()
-            .chain(super::toolset::browser_routes(browser))
-        {
-            router.add_route(route);
-        }
-        router
+    /// The agent's own tools (the toolsets' members are added by [`super::tool_table`]).
+    pub(super) fn own_tools() -> ToolRouter<BerthMcp> {
+        Self::tool_router()
     }
 
     pub(super) fn agent(&self) -> &Arc<Agent> {
@@ -246,15 +222,9 @@ impl BerthMcp {
             Ok(r) => r.error.clone(),
             Err(e) => Some(e.to_string()),
         };
-        crate::api::episode::log_computer(
-            &self.agent,
-            crate::episode::Source::Mcp,
-            &raw,
-            &trace,
-            error,
-            called,
-        )
-        .await;
+        self.agent
+            .log_computer(crate::episode::Source::Mcp, &raw, &trace, error, called)
+            .await;
         match result {
             Ok(r) => {
                 let mut content = Vec::new();
@@ -284,11 +254,14 @@ impl BerthMcp {
             Ok(a) => a,
             Err(e) => return tool_error(e),
         };
-        let encoding =
-            match crate::api::display::encoding(args.format.as_deref(), args.quality, None) {
-                Ok(e) => e,
-                Err(e) => return tool_error(e.message),
-            };
+        let encoding = match crate::display::encode::Encoding::parse(
+            args.format.as_deref(),
+            args.quality,
+            None,
+        ) {
+            Ok(e) => e,
+            Err(e) => return tool_error(e),
+        };
         let req = ShotRequest {
             encoding,
             scale: args.scale,
@@ -353,7 +326,7 @@ impl BerthMcp {
             Ok(o) => o,
             Err(e) => return tool_error(e.to_string()),
         };
-        structured(crate::api::exec::exec_result(out, OUTPUT_MAX))
+        structured(out.into_result(OUTPUT_MAX))
     }
 
     #[tool(
@@ -544,7 +517,7 @@ impl BerthMcp {
                 native::READY
             ));
         };
-        let version = match crate::browser::version(dt.port).await {
+        let version = match crate::browser::cdp::version(dt.port).await {
             Ok(v) => v,
             Err(e) => return tool_error(format!("the browser does not answer: {e}")),
         };
@@ -613,18 +586,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn output_is_cut_at_the_bound_and_on_a_character_boundary() {
-        assert_eq!(bound_output(b"abc".to_vec(), 3), (b"abc".to_vec(), false));
-        assert_eq!(bound_output(b"abcd".to_vec(), 3), (b"abc".to_vec(), true));
-        // "é" is two bytes: a cut through it keeps the text before it, still UTF-8.
-        let (cut, truncated) = bound_output("aé".as_bytes().to_vec(), 2);
-        assert_eq!((cut.as_slice(), truncated), (b"a".as_slice(), true));
-        // Binary output is cut where the bound says.
-        let (cut, _) = bound_output(vec![0xff; 10], 4);
-        assert_eq!(cut.len(), 4);
-    }
-
-    #[test]
     fn screenshot_mime_follows_the_encoded_bytes() {
         let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
         assert_eq!(image_mime(&b64(b"\x89PNG\r\n\x1a\n")), "image/png");
@@ -634,7 +595,7 @@ mod tests {
 
     #[test]
     fn every_tool_is_listed_with_an_object_schema() {
-        let router = BerthMcp::tools(&[]);
+        let router = super::super::tool_table(&[]);
         let mut names: Vec<String> = router
             .list_all()
             .iter()

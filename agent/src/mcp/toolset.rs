@@ -138,13 +138,9 @@ pub fn routes() -> Vec<ToolRoute<BerthMcp>> {
                                 )));
                             }
                         };
-                        crate::api::episode::log_toolset_turn(
-                            &agent,
-                            crate::episode::Source::Mcp,
-                            &answer,
-                            called,
-                        )
-                        .await;
+                        agent
+                            .log_toolset_turn(crate::episode::Source::Mcp, &answer, called)
+                            .await;
                         let result = answer.content.into_iter().next().unwrap_or_default();
                         Ok(CallToolResponse::Complete(to_mcp(&result)))
                     })

@@ -7,7 +7,7 @@ use axum::http::{StatusCode, header};
 use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
 
-use super::error::ApiError;
+use crate::http::error::ApiError;
 
 /// Native JSON bodies are small; uploads stream elsewhere.
 pub const JSON_LIMIT: usize = 4 << 20;
