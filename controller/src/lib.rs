@@ -12,6 +12,7 @@ mod deploy_manifests;
 pub mod episode;
 pub mod error;
 pub mod follow;
+pub mod http;
 pub mod image;
 pub mod image_job;
 pub mod lease;

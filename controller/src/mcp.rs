@@ -39,8 +39,8 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use rmcp::{Json, ServerHandler, schemars, tool, tool_handler, tool_router};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::api::ApiError;
 use crate::error::Error;
+use crate::http::ApiError;
 use crate::lifecycle::SandboxStatus;
 use crate::sandbox::Controller;
 
@@ -296,7 +296,7 @@ impl ControllerMcp {
         Parameters(args): Parameters<CreateArgs>,
     ) -> Result<Json<SandboxAnswer>, ToolError> {
         let c = self.c.clone();
-        let req = crate::api::sandbox_request(args.create);
+        let req = crate::sandbox::Request::from(args.create);
         let wait = args.wait.unwrap_or(true);
         let row = Self::detached(async move {
             match wait {
@@ -480,7 +480,7 @@ impl Bounded {
             return Ok(req);
         }
         let (parts, body) = req.into_parts();
-        let bytes = axum::body::to_bytes(body, crate::api::JSON_LIMIT)
+        let bytes = axum::body::to_bytes(body, crate::http::JSON_LIMIT)
             .await
             .map_err(|e| ApiError(Error::BadRequest(format!("reading the body: {e}"))))?;
         if is_initialize(&bytes) {

@@ -90,6 +90,19 @@ pub struct Request {
     pub screen: Option<String>,
 }
 
+/// The domain's request for a create body (the REST route's and the MCP tool's).
+impl From<berth_protocol::controller::CreateSandbox> for Request {
+    fn from(body: berth_protocol::controller::CreateSandbox) -> Request {
+        Request {
+            profile: body.profile,
+            image_ref: body.image_ref,
+            labels: body.labels,
+            ttl_seconds: body.ttl_seconds,
+            screen: body.screen,
+        }
+    }
+}
+
 impl Controller {
     pub fn new(
         config: Config,

@@ -10,7 +10,8 @@ use std::path::{Component, Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::sandbox::Controller;
 use crate::util::{now_ms, random_hex, rfc3339, sha256_hex};
-use crate::viewer::{SESSION_TTL_MS, URL_TTL_MS, base_path};
+use crate::viewer::{SESSION_TTL_MS, URL_TTL_MS};
+use berth_protocol::routes::controller::sandbox_base;
 
 /// The cookie the session URL sets.
 pub const COOKIE: &str = "berth_session";
@@ -23,7 +24,7 @@ pub const STYLE_CSS: &str = include_str!("session/style.css");
 
 /// The page's path (the cookie's `Path`).
 pub fn page_path(sandbox_id: &str) -> String {
-    format!("{}session/", base_path(sandbox_id))
+    format!("{}session/", sandbox_base(sandbox_id))
 }
 
 /// The scope session tokens are stored under in the viewer tokens' `sandbox_id` column: never

@@ -93,7 +93,7 @@ async fn desktop_osworld(a: DesktopOsworld) -> anyhow::Result<i32> {
         .url
         .clone()
         .or_else(|| env_nonempty("SANDBOX_GATEWAY_URL"))
-        .unwrap_or_else(|| crate::cli::DEFAULT_URL.into());
+        .unwrap_or_else(|| berth_protocol::routes::controller::DEFAULT_URL.into());
     let key = a.key.clone().or_else(|| env_nonempty("SANDBOX_API_KEY"));
     let controller = ControllerClient::new(&url, key);
     let http = reqwest::Client::builder()

@@ -5,16 +5,13 @@
 use crate::error::{Error, Result};
 use crate::sandbox::Controller;
 use crate::util::{now_ms, random_hex, sha256_hex};
+use berth_protocol::routes::controller::sandbox_base;
 
 /// How long a minted URL can be opened.
 pub const URL_TTL_MS: i64 = 120_000;
 /// How long the cookie it sets lasts.
 pub const SESSION_TTL_MS: i64 = 12 * 3600 * 1000;
 pub const COOKIE: &str = "berth_viewer";
-
-pub fn base_path(sandbox_id: &str) -> String {
-    format!("/sandbox/sandboxes/v1/{sandbox_id}/")
-}
 
 impl Controller {
     /// `POST …/{id}/viewer` → a one-time URL.
@@ -47,7 +44,7 @@ impl Controller {
         Ok(format!(
             "{}{}vnc/?t={token}",
             self.public_url,
-            base_path(sandbox_id)
+            sandbox_base(sandbox_id)
         ))
     }
 
@@ -90,7 +87,7 @@ pub const PORT_URL_MAX_TTL_SECS: u64 = 3600;
 
 /// The path a preview is served under (its cookie's `Path`).
 pub fn port_path(sandbox_id: &str, port: u16) -> String {
-    format!("{}ports/{port}/", base_path(sandbox_id))
+    format!("{}ports/{port}/", sandbox_base(sandbox_id))
 }
 
 /// The scope preview tokens are stored under, in the viewer tokens' `sandbox_id` column: one

@@ -179,6 +179,15 @@ pub mod controller {
     /// `GET` shows, `DELETE` destroys; also the base of a sandbox's agent through the
     /// controller ([`SANDBOX_AGENT`] is this plus the agent's native path).
     pub const SANDBOX: &str = "/sandbox/sandboxes/v1/{id}";
+
+    /// Where a sandbox's own pages start under the controller ([`SANDBOX`] and a slash): its
+    /// agent's paths, its ports' previews and its session view are relative to it.
+    pub fn sandbox_base(id: &str) -> String {
+        format!("{}/", super::fill(SANDBOX, &[id]))
+    }
+
+    /// Where `berth serve` listens unless told otherwise, and so the clients' default URL.
+    pub const DEFAULT_URL: &str = "http://localhost:8780";
     pub const SANDBOX_VIEWER: &str = "/sandbox/sandboxes/v1/{id}/viewer";
     pub const SANDBOX_EXEC: &str = "/sandbox/sandboxes/v1/{id}/exec";
     pub const RUN: &str = "/sandbox/sandboxes/v1/{id}/runs/{run_id}";

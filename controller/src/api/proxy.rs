@@ -25,9 +25,11 @@ use berth_protocol::relay::{Relay, RelayError, Upstream};
 use berth_protocol::routes::{controller as route, header as wire};
 use serde::Deserialize;
 
-use super::{ApiError, ApiState};
+use super::ApiState;
 use crate::error::Error;
-use crate::viewer::{COOKIE, PORT_COOKIE, PORT_TOKEN_PARAM, SESSION_TTL_MS, base_path, port_path};
+use crate::http::ApiError;
+use crate::viewer::{COOKIE, PORT_COOKIE, PORT_TOKEN_PARAM, SESSION_TTL_MS, port_path};
+use berth_protocol::routes::controller::sandbox_base;
 
 type Result<T> = std::result::Result<T, ApiError>;
 type Params = Path<HashMap<String, String>>;
@@ -150,7 +152,7 @@ async fn to_agent(
 
 /// The native API's paths as the controller serves them: `/v1/x` → `…/{id}/v1/x`.
 fn native_location(id: &str) -> (String, String) {
-    ("/v1/".into(), format!("{}v1/", base_path(id)))
+    ("/v1/".into(), format!("{}v1/", sandbox_base(id)))
 }
 
 /// `…/{id}/v1/{*path}` → the agent's `/v1/{path}`; also the files route (its path is the
@@ -192,7 +194,7 @@ async fn mcp(State(s): State<ApiState>, Path(p): Params, req: Request) -> Result
     let path = format!("{}{query}", berth_protocol::routes::native::MCP);
     let location = (
         berth_protocol::routes::native::MCP.to_string(),
-        format!("{}mcp", base_path(&id)),
+        format!("{}mcp", sandbox_base(&id)),
     );
     let relayed = tokio::time::timeout(
         MCP_ANSWER_WAIT,
@@ -254,7 +256,7 @@ async fn viewer(State(s): State<ApiState>, Path(p): Params, req: Request) -> Res
 fn vnc_page(id: &str) -> String {
     format!(
         "vnc.html?autoconnect=true&reconnect=true&resize=scale&path={}vnc/websockify",
-        base_path(id).trim_start_matches('/')
+        sandbox_base(id).trim_start_matches('/')
     )
 }
 
@@ -280,7 +282,7 @@ async fn vnc_index(
                 header::SET_COOKIE,
                 format!(
                     "{COOKIE}={session}; Path={}; HttpOnly; SameSite=Lax; Max-Age={}",
-                    base_path(&id),
+                    sandbox_base(&id),
                     SESSION_TTL_MS / 1000
                 ),
             );
@@ -379,14 +381,14 @@ async fn mint_port_url(s: &ApiState, id: &str, port: u16, req: Request) -> Resul
         )));
     }
     let (parts, body) = req.into_parts();
-    let bytes = axum::body::to_bytes(body, super::JSON_LIMIT)
+    let bytes = axum::body::to_bytes(body, crate::http::JSON_LIMIT)
         .await
         .map_err(|e| ApiError(Error::BadRequest(format!("reading the body: {e}"))))?;
     let body = match bytes.is_empty() {
         true => PortUrlRequest::default(),
         false => {
             let req = Request::from_parts(parts, Body::from(bytes));
-            super::Json::<PortUrlRequest>::from_request(req, &())
+            crate::http::Json::<PortUrlRequest>::from_request(req, &())
                 .await?
                 .0
         }

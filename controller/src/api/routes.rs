@@ -14,8 +14,9 @@ use serde_json::json;
 
 use berth_protocol::routes::controller as route;
 
-use super::{ApiError, ApiState, Json, Query};
+use super::ApiState;
 use crate::error::Error;
+use crate::http::{ApiError, Json, Query};
 use crate::sandbox::Request;
 
 type Result<T> = std::result::Result<T, ApiError>;
@@ -84,23 +85,12 @@ async fn create(
     Query(q): Query<CreateQuery>,
     Json(body): Json<CreateSandbox>,
 ) -> Result<Response> {
-    let req = sandbox_request(body);
+    let req = Request::from(body);
     let row = match q.wait.unwrap_or(true) {
         true => s.c.provision(&req).await?.0,
         false => s.c.provision_nowait(&req).await?,
     };
     Ok((StatusCode::CREATED, s.c.to_wire(&row).into_json()).into_response())
-}
-
-/// The domain's request for a create body (the REST route's and the MCP tool's).
-pub(crate) fn sandbox_request(body: CreateSandbox) -> Request {
-    Request {
-        profile: body.profile,
-        image_ref: body.image_ref,
-        labels: body.labels,
-        ttl_seconds: body.ttl_seconds,
-        screen: body.screen,
-    }
 }
 
 trait IntoJson {

@@ -20,8 +20,9 @@ use berth_protocol::routes::{controller as route, header as wire};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{ApiError, ApiState};
+use super::ApiState;
 use crate::error::Error;
+use crate::http::ApiError;
 use crate::session::{self, COOKIE, page_path};
 use crate::viewer::{COOKIE as VIEWER_COOKIE, PORT_COOKIE, SESSION_TTL_MS};
 

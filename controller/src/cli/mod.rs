@@ -15,6 +15,7 @@ use anyhow::Context;
 use berth_protocol::controller::{
     AcquireLease, Command, ControllerClient, CreateSandbox, RunRequest, Sandbox,
 };
+use berth_protocol::routes::controller::DEFAULT_URL;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::Config;
@@ -181,9 +182,6 @@ pub struct Remote {
     #[arg(long, global = true)]
     pub json: bool,
 }
-
-/// The seed's default gateway URL, where `berth serve` listens unless told otherwise.
-pub const DEFAULT_URL: &str = "http://localhost:8780";
 
 fn env_var(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())

@@ -77,7 +77,7 @@ impl Spec {
                 "--ports-prefix".into(),
                 format!(
                     "{}ports/",
-                    crate::viewer::base_path(&self.identity.sandbox_id)
+                    berth_protocol::routes::controller::sandbox_base(&self.identity.sandbox_id)
                 ),
             ],
             None => Vec::new(),
