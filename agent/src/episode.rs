@@ -11,6 +11,7 @@
 //! [`Limits::max_screenshot_bytes`] (their entries then say `screenshot_dropped`). A new agent
 //! reads the log back and continues its sequence.
 
+use berth_protocol::sync::Locked;
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
@@ -473,7 +474,7 @@ impl Episode {
             while let Some(msg) = rx.recv().await {
                 let st = writer.clone();
                 let done = tokio::task::spawn_blocking(move || {
-                    let mut st = st.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut st = st.locked();
                     match msg {
                         Msg::Log(a, dropped) => {
                             if let Err(e) = st.append(&limits, *a, dropped) {
@@ -507,7 +508,7 @@ impl Episode {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.locked()
     }
 
     /// Queues an action for the log; never waits (a full queue counts a drop).

@@ -1,6 +1,7 @@
 //! The agent's timeline: every observed action as a sequence-numbered event, appended to
 //! `events.log` (JSON lines) so it survives restarts, and replayable from any sequence number.
 
+use berth_protocol::sync::Locked;
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
@@ -76,7 +77,7 @@ impl EventLog {
                 m
             }
         };
-        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut inner = self.inner.locked();
         let event = Event {
             seq: inner.next_seq,
             at: crate::time::now_rfc3339(),
@@ -129,7 +130,7 @@ impl EventLog {
 
     /// Events from `from_seq`, at most `limit` of them.
     pub fn page(&self, from_seq: u64, limit: usize) -> EventsPage {
-        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let inner = self.inner.locked();
         let first = inner
             .events
             .front()
@@ -156,10 +157,7 @@ impl EventLog {
     }
 
     pub fn next_seq(&self) -> u64 {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .next_seq
+        self.inner.locked().next_seq
     }
 
     pub fn subscribe(&self) -> watch::Receiver<u64> {

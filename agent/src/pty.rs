@@ -1,6 +1,7 @@
 //! Terminal sessions: a program on a pseudo-terminal, a scrollback ring replayed to every
 //! attacher, input from any attacher, resize, and the exit code reported on close.
 
+use berth_protocol::sync::Locked;
 use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -92,7 +93,7 @@ pub struct PtySession {
 
 impl PtySession {
     fn status(&self) -> std::sync::MutexGuard<'_, Status> {
-        self.status.lock().unwrap_or_else(|p| p.into_inner())
+        self.status.locked()
     }
 
     fn bump(&self) {
@@ -120,15 +121,12 @@ impl PtySession {
             started_at: self.started_at.clone(),
             ended_at: s.ended_at.clone(),
             attached: self.attached.load(Ordering::SeqCst),
-            output_bytes: self.ring.lock().unwrap_or_else(|p| p.into_inner()).end(),
+            output_bytes: self.ring.locked().end(),
         }
     }
 
     pub fn read(&self, from: u64, max: usize) -> (Vec<u8>, u64, u64) {
-        self.ring
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .read(from, max)
+        self.ring.locked().read(from, max)
     }
 
     /// The exit code once the terminal is closed (program ended, output drained).
@@ -153,8 +151,7 @@ impl PtySession {
             ));
         }
         self.master
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .locked()
             .resize(PtySize {
                 rows,
                 cols,
@@ -208,11 +205,7 @@ impl PtyTable {
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<PtySession>> {
-        self.sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(id)
-            .cloned()
+        self.sessions.locked().get(id).cloned()
     }
 
     pub fn require(&self, id: &str) -> Result<Arc<PtySession>, ExecError> {
@@ -222,13 +215,7 @@ impl PtyTable {
 
     pub fn list(&self) -> Vec<PtyInfo> {
         self.expire();
-        let mut v: Vec<PtyInfo> = self
-            .sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .map(|s| s.info())
-            .collect();
+        let mut v: Vec<PtyInfo> = self.sessions.locked().values().map(|s| s.info()).collect();
         v.sort_by(|a, b| a.started_at.cmp(&b.started_at));
         v
     }
@@ -351,8 +338,7 @@ impl PtyTable {
             json!({"id": session.id, "cmd": session.cmd, "pid": pid}),
         );
         self.sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .locked()
             .insert(session.id.clone(), session.clone());
         Ok(session)
     }
@@ -366,22 +352,13 @@ impl PtyTable {
             crate::proc::signal_group(pid, Signal::SIGHUP);
             crate::proc::signal_group(pid, Signal::SIGKILL);
         }
-        self.sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(id);
+        self.sessions.locked().remove(id);
         Ok(())
     }
 
     /// Kills every terminal (agent exit: a terminal does not outlive its agent).
     pub fn kill_all(&self) {
-        let ids: Vec<String> = self
-            .sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .keys()
-            .cloned()
-            .collect();
+        let ids: Vec<String> = self.sessions.locked().keys().cloned().collect();
         for id in ids {
             let _ = self.kill(&id);
         }
@@ -390,16 +367,13 @@ impl PtyTable {
     /// Forgets terminals that closed longer ago than the TTL.
     pub fn expire(&self) {
         let now = SystemTime::now();
-        self.sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|_, s| {
-                let st = s.status();
-                match st.ended_at.as_deref().and_then(crate::time::parse_rfc3339) {
-                    Some(t) => now.duration_since(t).unwrap_or_default() < self.ttl,
-                    None => true,
-                }
-            });
+        self.sessions.locked().retain(|_, s| {
+            let st = s.status();
+            match st.ended_at.as_deref().and_then(crate::time::parse_rfc3339) {
+                Some(t) => now.duration_since(t).unwrap_or_default() < self.ttl,
+                None => true,
+            }
+        });
     }
 }
 
@@ -414,11 +388,7 @@ fn spawn_reader(
             match reader.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => {
-                    session
-                        .ring
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(&buf[..n]);
+                    session.ring.locked().push(&buf[..n]);
                     session.bump();
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,

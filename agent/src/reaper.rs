@@ -2,6 +2,7 @@
 //! become its children; a single `waitpid(-1)` loop reaps them all and hands each status to
 //! whoever registered interest in that pid. Nothing else in the agent may call `wait`.
 
+use berth_protocol::sync::Locked;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -95,7 +96,7 @@ impl Reaper {
     /// status reaped before registration is kept for the late caller.
     pub fn watch(&self, pid: u32) -> oneshot::Receiver<Exit> {
         let (tx, rx) = oneshot::channel();
-        let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let mut t = self.table.locked();
         match t.unclaimed.remove(&(pid as i32)) {
             Some((exit, _)) => {
                 let _ = tx.send(exit);
@@ -108,7 +109,7 @@ impl Reaper {
     }
 
     pub fn reap_all(&self) {
-        let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let mut t = self.table.locked();
         loop {
             match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::StillAlive) | Err(_) => break,

@@ -1,6 +1,7 @@
 //! The viewer grants: one-time tokens, and the sessions they open, for the browser-facing
 //! routes (live stream, VNC viewer). Bounded; sessions compared in constant time.
 
+use berth_protocol::sync::Locked;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -59,7 +60,7 @@ impl Grant {
 
 impl Viewers {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.0.locked()
     }
 
     fn prune(inner: &mut Inner) {

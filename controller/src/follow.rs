@@ -6,6 +6,7 @@
 //! recording not yet published is published, so nothing that happened meanwhile is missed.
 //! It ends when the sandbox stops running; the reconciler starts it again on its next pass.
 
+use berth_protocol::sync::Locked;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,22 +27,14 @@ const FOLLOW_POLL: Duration = Duration::from_secs(25);
 impl Controller {
     /// Starts the follower of a sandbox unless one runs.
     pub fn follow(self: &Arc<Self>, sandbox_id: &str) {
-        if !self
-            .followers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(sandbox_id.to_string())
-        {
+        if !self.followers.locked().insert(sandbox_id.to_string()) {
             return;
         }
         let me = self.clone();
         let id = sandbox_id.to_string();
         tokio::spawn(async move {
             me.follow_loop(&id).await;
-            me.followers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&id);
+            me.followers.locked().remove(&id);
             // Running again while the follower was leaving (a recovery): followed again.
             if me
                 .store

@@ -2,6 +2,7 @@
 //! comes at once with the `image_ref` (known before building) and a status; the job's steps are
 //! kept for `GET /sandbox/sandboxes/v1/images/{image_ref}`. One job per `image_ref` at a time.
 
+use berth_protocol::sync::Locked;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -53,13 +54,9 @@ impl Controller {
             .await
             .map_err(|e| Error::Internal(e.to_string()))?
             .map_err(|e| Error::BadRequest(format!("{e:#}")))?;
-        let mut jobs = self
-            .image_jobs
-            .jobs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut jobs = self.image_jobs.jobs.locked();
         if let Some(j) = jobs.get(&image) {
-            let j = j.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let j = j.locked().clone();
             if j.status != "failed" {
                 return Ok(j);
             }
@@ -82,15 +79,12 @@ impl Controller {
                 let j2 = j.clone();
                 let collector = std::thread::spawn(move || {
                     for step in rx {
-                        j2.lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .steps
-                            .push(step);
+                        j2.locked().steps.push(step);
                     }
                 });
                 let result = crate::image::with_steps(tx, || crate::image::build(&req));
                 let _ = collector.join();
-                let mut j = j.lock().unwrap_or_else(|p| p.into_inner());
+                let mut j = j.locked();
                 j.ended_at = Some(rfc3339(now_ms()));
                 match result {
                     Ok(built) => {
@@ -107,18 +101,14 @@ impl Controller {
                 }
             });
         }
-        let j = job.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let j = job.locked().clone();
         Ok(j)
     }
 
     pub fn image_job(&self, image_ref: &str) -> Result<ImageJob> {
-        let jobs = self
-            .image_jobs
-            .jobs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let jobs = self.image_jobs.jobs.locked();
         jobs.get(image_ref)
-            .map(|j| j.lock().unwrap_or_else(|p| p.into_inner()).clone())
+            .map(|j| j.locked().clone())
             .ok_or_else(|| {
                 Error::NotFound(format!("no image build of {image_ref} on this controller"))
             })

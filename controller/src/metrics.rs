@@ -1,6 +1,7 @@
 //! Prometheus text exposition, by hand: a few counters and two histograms do not need a
 //! metrics framework.
 
+use berth_protocol::sync::Locked;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
@@ -48,8 +49,7 @@ impl Metrics {
     /// A claim served: `warm` from a pool, `cold` created for the call.
     pub fn claim(&self, kind: &'static str, took: Duration) {
         self.claims
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .locked()
             .entry(kind)
             .or_default()
             .observe(took.as_secs_f64());
@@ -115,7 +115,7 @@ impl Metrics {
             "# HELP berth_claim_latency_seconds Time to hand out a ready sandbox, by warm (pool) or cold (created)."
         );
         let _ = writeln!(o, "# TYPE berth_claim_latency_seconds histogram");
-        let claims = self.claims.lock().unwrap_or_else(|p| p.into_inner());
+        let claims = self.claims.locked();
         for kind in ["warm", "cold"] {
             let empty = Histogram::default();
             let h = claims.get(kind).unwrap_or(&empty);

@@ -6,6 +6,7 @@
 //! A pool above its size (resized down, or after a restart) destroys its surplus idle members,
 //! decided from the stored members alone ([`surplus`]); claimed sandboxes are no longer members.
 
+use berth_protocol::sync::Locked;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -78,20 +79,11 @@ impl Pools {
     }
 
     fn get(&self, key: &str) -> Option<Arc<PoolState>> {
-        self.pools
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(key)
-            .cloned()
+        self.pools.locked().get(key).cloned()
     }
 
     pub fn all(&self) -> Vec<Arc<PoolState>> {
-        self.pools
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect()
+        self.pools.locked().values().cloned().collect()
     }
 
     /// A member was taken: refill.
@@ -119,7 +111,7 @@ impl Pools {
                 p.paused.store(paused, Ordering::SeqCst);
                 if !paused {
                     p.failures.store(0, Ordering::SeqCst);
-                    *p.failing.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                    *p.failing.locked() = None;
                 }
             }
             if let Some(size) = size {
@@ -134,7 +126,7 @@ impl Pools {
 impl Controller {
     /// Resolves the configured pools and starts their refill loops.
     pub fn start_pools(self: &Arc<Self>) -> anyhow::Result<()> {
-        *self.pools.starts.lock().unwrap_or_else(|p| p.into_inner()) =
+        *self.pools.starts.locked() =
             Some(Arc::new(Semaphore::new(self.config.refill_concurrency)));
         for c in self.pools.configured.clone() {
             let (image, key) = self
@@ -155,11 +147,7 @@ impl Controller {
                 failing: Mutex::new(None),
                 wake: Notify::new(),
             });
-            self.pools
-                .pools
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(key, state.clone());
+            self.pools.pools.locked().insert(key, state.clone());
             let me = self.clone();
             tokio::spawn(async move { me.refill_loop(state).await });
         }
@@ -180,7 +168,7 @@ impl Controller {
                     ready,
                     starting,
                     paused: p.paused.load(Ordering::SeqCst),
-                    failing: p.failing.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+                    failing: p.failing.locked().clone(),
                     screen: p.screen.clone(),
                 }
             })
@@ -188,26 +176,14 @@ impl Controller {
     }
 
     async fn refill_loop(self: Arc<Self>, pool: Arc<PoolState>) {
-        let Some(starts) = self
-            .pools
-            .starts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-        else {
+        let Some(starts) = self.pools.starts.locked().clone() else {
             return;
         };
         loop {
             let _ = tokio::time::timeout(Duration::from_secs(1), pool.wake.notified()).await;
             self.shrink(&pool);
             loop {
-                if pool.paused.load(Ordering::SeqCst)
-                    || pool
-                        .failing
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .is_some()
-                {
+                if pool.paused.load(Ordering::SeqCst) || pool.failing.locked().is_some() {
                     break;
                 }
                 // A permit first, then the count: a member's row exists before the next count.
@@ -223,11 +199,7 @@ impl Controller {
                 };
                 if ready + starting >= pool.size.load(Ordering::SeqCst)
                     || pool.paused.load(Ordering::SeqCst)
-                    || pool
-                        .failing
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .is_some()
+                    || pool.failing.locked().is_some()
                 {
                     break;
                 }
@@ -294,7 +266,7 @@ impl Controller {
         if n >= self.config.refill_max_failures {
             let msg = format!("refill stopped after {n} failed starts in a row; last: {reason}");
             tracing::error!(pool = %pool.key, "{msg}");
-            *pool.failing.lock().unwrap_or_else(|e| e.into_inner()) = Some(msg);
+            *pool.failing.locked() = Some(msg);
         }
     }
 }

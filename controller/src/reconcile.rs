@@ -6,6 +6,7 @@
 //! Every destroy the controller starts goes through [`Controller::destroy`]: one tracked task
 //! per sandbox at a time, a bounded number at once.
 
+use berth_protocol::sync::Locked;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -239,15 +240,12 @@ impl Default for Destroys {
 impl Destroys {
     /// Whether a destroy of `id` is under way.
     pub fn under_way(&self, id: &str) -> bool {
-        self.running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains_key(id)
+        self.running.locked().contains_key(id)
     }
 
     /// How many destroys are under way.
     pub fn count(&self) -> usize {
-        self.running.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.running.locked().len()
     }
 }
 
@@ -320,11 +318,7 @@ impl Controller {
     }
 
     fn track(self: &Arc<Self>, id: &str, job: Job) -> Destroying {
-        let mut running = self
-            .destroys
-            .running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut running = self.destroys.running.locked();
         if let Some(d) = running.get(id) {
             return d.clone();
         }
@@ -337,11 +331,7 @@ impl Controller {
                 Job::Reap => me.reap_orphan(&key).await,
             }
             drop(permit);
-            me.destroys
-                .running
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&key);
+            me.destroys.running.locked().remove(&key);
         });
         let done: Destroying = async move {
             if let Err(e) = task.await {

@@ -1,5 +1,6 @@
 //! Small shared pieces: ids, secrets, clocks.
 
+use berth_protocol::sync::Locked;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -11,7 +12,7 @@ pub struct KeyedLocks(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
 
 impl KeyedLocks {
     pub fn get(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.0.locked();
         map.retain(|_, l| Arc::strong_count(l) > 1);
         map.entry(key.to_string()).or_default().clone()
     }

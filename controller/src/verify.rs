@@ -9,6 +9,7 @@
 
 mod osworld;
 
+use berth_protocol::sync::Locked;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Mutex;
@@ -119,7 +120,7 @@ async fn desktop_osworld(a: DesktopOsworld) -> anyhow::Result<i32> {
             detail: "stopped by a signal before the checks ended".into(),
         });
     }
-    let mut known = created.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let mut known = created.locked().clone();
     if a.sandbox.is_none() {
         let deleted = delete_ours(&mut rows, &controller, known.clone(), &tag).await;
         known = known.or(deleted.into_iter().next());
@@ -357,7 +358,7 @@ async fn create(
         screen: None,
     };
     let mut sb = bounded(controller.create_nowait(&req)).await?;
-    *created.lock().unwrap_or_else(|p| p.into_inner()) = Some(sb.id.clone());
+    *created.locked() = Some(sb.id.clone());
     let deadline = started + a.create_timeout;
     loop {
         match sb.status.as_str() {

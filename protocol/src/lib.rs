@@ -22,6 +22,7 @@ pub mod relay;
 pub mod routes;
 #[cfg(feature = "server")]
 pub mod serve;
+pub mod sync;
 pub mod toolset;
 
 pub use client::{AgentClient, Auth, ClientError};

@@ -7,6 +7,7 @@
 //! and network entries a page (the oldest dropped, and counted), [`MAX_NOTICES`] dialogs and
 //! downloads waiting to be reported.
 
+use berth_protocol::sync::Locked;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -78,7 +79,7 @@ pub struct Client {
 }
 
 fn lock(m: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    m.locked()
 }
 
 fn push_bounded<T>(q: &mut VecDeque<T>, item: T, max: usize) -> bool {

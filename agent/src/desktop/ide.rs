@@ -7,6 +7,7 @@
 //! `/sandbox/sandboxes/v1/{id}/ports/8888/`, or the agent's own `/v1/ports/8888/`), and the
 //! relay gives the prefix back to the requests it forwards (see `api/ports.rs`).
 
+use berth_protocol::sync::Locked;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::{Mutex, OnceLock};
@@ -315,7 +316,7 @@ impl Ide {
                 }
             };
             let start = crate::proc::start_time(pid).unwrap_or(u64::MAX);
-            *self.pid.lock().unwrap_or_else(|p| p.into_inner()) = Some((pid, start));
+            *self.pid.locked() = Some((pid, start));
             sup.started(name, pid, restarts);
             let mut ended = sup
                 .until_ended(
@@ -334,7 +335,7 @@ impl Ide {
                 ended = Ended::Stopping;
             }
             // What it forked into its group (kernels, terminals' shells) goes with it.
-            if let Some((pgid, start)) = self.pid.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            if let Some((pgid, start)) = self.pid.locked().take() {
                 crate::proc::kill_group_since(pgid, start);
             }
             let reason = match &ended {
@@ -382,7 +383,7 @@ impl Ide {
         let mut changed = self.changes();
         let grace = self.sup.policy().stop_grace;
         let deadline = tokio::time::Instant::now() + grace * 2 + Duration::from_secs(1);
-        while self.pid.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+        while self.pid.locked().is_some() {
             if tokio::time::timeout_at(deadline, changed.changed())
                 .await
                 .is_err()

@@ -17,6 +17,7 @@ pub mod state;
 pub mod supervisor;
 pub mod vnc;
 
+use berth_protocol::sync::Locked;
 use std::collections::BTreeMap;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -214,14 +215,14 @@ impl Desktop {
         desktop.write_client_cookie(&display)?;
         desktop.display = display;
         let exit = desktop.reaper.watch(pid);
-        *desktop.first_x.lock().unwrap_or_else(|p| p.into_inner()) = Some((pid, exit));
+        *desktop.first_x.locked() = Some((pid, exit));
         Ok(Arc::new(desktop))
     }
 
     /// Supervises every component. `env` is the sandbox user's environment (DISPLAY, the
     /// session bus, …).
     pub fn run(self: &Arc<Self>, env: Vec<(String, String)>) {
-        *self.env.lock().unwrap_or_else(|p| p.into_inner()) = env;
+        *self.env.locked() = env;
         let me = self.clone();
         tokio::spawn(async move {
             let no_sandbox = me.chromium_needs_no_sandbox().await;
@@ -291,10 +292,7 @@ impl Desktop {
     }
 
     pub fn devtools(&self) -> Option<DevTools> {
-        self.devtools
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.devtools.locked().clone()
     }
 
     pub fn session(&self) -> SessionKind {
@@ -357,7 +355,7 @@ impl Desktop {
     /// Records (or forgets) a component's process group and rewrites `desktop/groups`.
     /// Returns the group it replaces.
     fn set_group(&self, name: &'static str, group: Option<(u32, u64)>) -> Option<(u32, u64)> {
-        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        let mut groups = self.groups.locked();
         let old = match group {
             Some(g) => groups.insert(name, g),
             None => groups.remove(name),
@@ -373,11 +371,7 @@ impl Desktop {
     }
 
     pub fn pid(&self, name: &str) -> Option<u32> {
-        self.groups
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(name)
-            .map(|(pid, _)| *pid)
+        self.groups.locked().get(name).map(|(pid, _)| *pid)
     }
 
     /// Asks for a fresh start of one component (clears a give-up).
@@ -390,7 +384,7 @@ impl Desktop {
     }
 
     fn env(&self) -> Vec<(String, String)> {
-        self.env.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.env.locked().clone()
     }
 
     fn identity(&self) -> Option<(u32, u32, Vec<u32>)> {
@@ -776,7 +770,7 @@ impl Desktop {
     }
 
     async fn probe_devtools(&self) -> probe::Probe {
-        let adopted_port = *self.adopted_port.lock().unwrap_or_else(|p| p.into_inner());
+        let adopted_port = *self.adopted_port.locked();
         let (port, browser_path) = match adopted_port {
             Some(port) => {
                 let v = crate::browser::cdp::version(port).await?;
@@ -797,8 +791,7 @@ impl Desktop {
         )
         .await
         .map_err(|_| "opening a page took longer than 10 s".to_string())??;
-        *self.devtools.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(DevTools { port, browser_path });
+        *self.devtools.locked() = Some(DevTools { port, browser_path });
         Ok(())
     }
 
@@ -837,8 +830,8 @@ impl Desktop {
                 }
             }
             Component::Browser => {
-                *self.devtools.lock().unwrap_or_else(|p| p.into_inner()) = None;
-                *self.adopted_port.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                *self.devtools.locked() = None;
+                *self.adopted_port.locked() = None;
                 let _ = std::fs::remove_file(self.profile.join("DevToolsActivePort"));
                 // Locks of a browser that died with a previous agent (no supervised browser
                 // runs now), so the profile is not "in use by another computer".
@@ -930,10 +923,7 @@ impl Desktop {
             let started = Instant::now();
             // The first X server was started before the agent's domains existed.
             let first = if component == Component::X {
-                self.first_x
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .take()
+                self.first_x.locked().take()
             } else {
                 None
             };
@@ -958,7 +948,7 @@ impl Desktop {
                     let port = std::fs::read(format!("/proc/{pid}/cmdline"))
                         .ok()
                         .and_then(|c| debugging_port(&c));
-                    *self.adopted_port.lock().unwrap_or_else(|p| p.into_inner()) = port;
+                    *self.adopted_port.locked() = port;
                     // The file is the ended browser's, or the adopted one's own (port 0).
                     if port.is_some() {
                         let _ = std::fs::remove_file(self.profile.join("DevToolsActivePort"));
@@ -1045,7 +1035,7 @@ impl Desktop {
                 crate::proc::kill_group_since(pgid, start);
             }
             if component == Component::Browser {
-                *self.devtools.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                *self.devtools.locked() = None;
             }
             let reason = match &ended {
                 Ended::Exited(_) if adopted.is_some() => "the adopted browser exited".to_string(),
@@ -1118,7 +1108,7 @@ impl Desktop {
         use nix::sys::signal::Signal;
         // Every process of the desktop, with its start time (a pid may be reused later).
         let trees: Vec<(u32, u64)> = {
-            let g = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+            let g = self.groups.locked();
             g.values()
                 .flat_map(|(pid, _)| {
                     let mut t = crate::proc::descendants(*pid);
@@ -1131,12 +1121,7 @@ impl Desktop {
         self.sup.begin_stop();
         let mut changed = self.sup.changes();
         let deadline = tokio::time::Instant::now() + STOP_GRACE * 2 + Duration::from_secs(1);
-        while !self
-            .groups
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_empty()
-        {
+        while !self.groups.locked().is_empty() {
             if tokio::time::timeout_at(deadline, changed.changed())
                 .await
                 .is_err()

@@ -6,6 +6,7 @@
 //! run depends on) stays with them: `Desktop::supervise` and `Ide::supervise` are loops over
 //! these steps.
 
+use berth_protocol::sync::Locked;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
@@ -143,23 +144,16 @@ impl Supervisor {
     }
 
     pub fn statuses(&self) -> BTreeMap<&'static str, Status> {
-        self.statuses
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.statuses.locked().clone()
     }
 
     pub fn status(&self, name: &str) -> Option<Status> {
-        self.statuses
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(name)
-            .cloned()
+        self.statuses.locked().get(name).cloned()
     }
 
     /// Changes one component's status; `since` moves when its state or reason does.
     pub fn set(&self, name: &'static str, f: impl FnOnce(&mut Status)) {
-        let mut map = self.statuses.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.statuses.locked();
         let s = map
             .entry(name)
             .or_insert_with(|| new_status("starting", ""));

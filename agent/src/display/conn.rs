@@ -1,6 +1,7 @@
 //! Connections to the X server: who to connect to, with what credentials, and the atoms and
 //! screen facts every part of the display domain needs.
 
+use berth_protocol::sync::Locked;
 use std::sync::Arc;
 
 use x11rb::connection::{Connection, RequestConnection as _};
@@ -74,7 +75,7 @@ impl<S> Default for Reconnecting<S> {
 impl<S> Reconnecting<S> {
     /// Runs `f` on the session if one is open (never connects).
     pub fn if_open<T>(&self, f: impl FnOnce(&mut S) -> T) -> Option<T> {
-        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = self.slot.locked();
         slot.as_mut().map(f)
     }
 
@@ -87,7 +88,7 @@ impl<S> Reconnecting<S> {
         after: impl Fn(&mut S),
         forget: impl Fn(S),
     ) -> Result<T, DisplayError> {
-        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = self.slot.locked();
         let mut attempt = 0;
         loop {
             let session = match slot.as_mut() {

@@ -18,6 +18,7 @@ pub mod watch;
 pub mod windows;
 pub mod xauth;
 
+use berth_protocol::sync::Locked;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -243,7 +244,7 @@ impl Display {
     /// the capture session); the screenshot cache and the SHM segment start over at the new
     /// size, and the screen watch's counter moves (its ConfigureNotify on the root).
     pub fn resize(&self, width: u32, height: u32) -> Result<(u32, u32), DisplayError> {
-        let _one = self.resizing.lock().unwrap_or_else(|p| p.into_inner());
+        let _one = self.resizing.locked();
         let size = self.with_capture(|s| {
             randr::resize(&s.x, (width, height))?;
             s.cache = None;
@@ -506,7 +507,7 @@ impl Display {
 
     pub fn clipboard_set(&self, text: String) -> Result<(), DisplayError> {
         let owner = clipboard::Owner::start(self.target()?, text)?;
-        *self.clipboard.lock().unwrap_or_else(|p| p.into_inner()) = Some(owner);
+        *self.clipboard.locked() = Some(owner);
         Ok(())
     }
 }

@@ -4,6 +4,7 @@
 //! the screenshot cache (a generation number that moves on any change) and "settle" waits
 //! (when the last change big enough to matter happened).
 
+use berth_protocol::sync::Locked;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -71,7 +72,7 @@ impl ScreenWatch {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.locked()
     }
 
     /// Connects, subscribes, and handles events until the connection fails.
@@ -98,7 +99,7 @@ impl ScreenWatch {
             s.generation += 1;
         }
         self.bump();
-        *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(x.clone());
+        *self.conn.locked() = Some(x.clone());
         loop {
             let ev = x.conn.wait_for_event()?;
             self.handle(ev, x.root);
@@ -106,7 +107,7 @@ impl ScreenWatch {
     }
 
     fn disconnected(&self) {
-        *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.conn.locked() = None;
         {
             let mut s = self.state();
             s.connected = false;
@@ -152,7 +153,7 @@ impl ScreenWatch {
     /// The change counter after every event the server generated before this call has been
     /// seen: a round trip on the watch connection, then the queue drained here.
     pub fn generation_now(&self) -> u64 {
-        let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let conn = self.conn.locked().clone();
         if let Some(x) = conn
             && x.sync().is_ok()
         {
@@ -181,11 +182,7 @@ impl ScreenWatch {
     /// cannot say.
     fn client_pids(&self) -> Option<Vec<u32>> {
         use x11rb::protocol::res::{ClientIdMask, ClientIdSpec, ConnectionExt as _};
-        let x = self
-            .conn
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()?;
+        let x = self.conn.locked().clone()?;
         let spec = ClientIdSpec {
             client: 0,
             mask: ClientIdMask::LOCAL_CLIENT_PID,

@@ -1,6 +1,7 @@
 //! Background commands: each under its own shim, so it outlives the agent; stdin, signals
 //! and kills reach it through the shim and its process group.
 
+use berth_protocol::sync::Locked;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -25,11 +26,7 @@ struct CreationDone {
 
 impl Drop for CreationDone {
     fn drop(&mut self) {
-        self.table
-            .creating
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.id);
+        self.table.creating.locked().remove(&self.id);
         let _ = self.tx.send(true);
     }
 }
@@ -53,7 +50,7 @@ impl CommandTable {
                 return Ok((existing, false));
             }
             let in_flight = {
-                let mut creating = self.creating.lock().unwrap_or_else(|p| p.into_inner());
+                let mut creating = self.creating.locked();
                 match creating.get(&id) {
                     Some(rx) => Err(rx.clone()),
                     None => {
@@ -193,7 +190,7 @@ impl CommandTable {
             pid: hs.pid.unwrap_or(0),
         });
         let command = Arc::new(Command::new(dir.clone(), meta));
-        *command.proc.lock().unwrap_or_else(|p| p.into_inner()) = Some(info);
+        *command.proc.locked() = Some(info);
         command.stdin_open.store(wants_stdin, Ordering::SeqCst);
         self.insert(command.clone());
         self.started_event(&command);

@@ -1,5 +1,6 @@
 //! One command as the agent knows it: its record, its output view, its followers.
 
+use berth_protocol::sync::Locked;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -94,7 +95,7 @@ impl Command {
     }
 
     pub(super) fn view(&self) -> std::sync::MutexGuard<'_, LogView> {
-        self.view.lock().unwrap_or_else(|p| p.into_inner())
+        self.view.locked()
     }
 
     pub(super) fn bump(&self) {
@@ -124,7 +125,7 @@ impl Command {
     }
 
     pub(super) fn proc_info(&self) -> Option<ProcInfo> {
-        *self.proc.lock().unwrap_or_else(|p| p.into_inner())
+        *self.proc.locked()
     }
 
     pub fn info(&self) -> CommandInfo {
@@ -189,7 +190,7 @@ impl Command {
     pub(super) fn append(&self, stream: Stream, data: &[u8]) {
         {
             let mut view = self.view();
-            let mut writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+            let mut writer = self.writer.locked();
             let in_memory = view.memory_bytes().is_some();
             if in_memory && writer.is_none() {
                 if view.end + data.len() as u64 <= FOREGROUND_MEMORY {

@@ -1,5 +1,6 @@
 //! Foreground commands: run by the agent itself, answered when they end.
 
+use berth_protocol::sync::Locked;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -143,7 +144,7 @@ impl CommandTable {
             pid,
         };
         let command = Arc::new(Command::foreground(dir.clone(), meta));
-        *command.proc.lock().unwrap_or_else(|p| p.into_inner()) = Some(info);
+        *command.proc.locked() = Some(info);
         self.insert(command.clone());
         self.started_event(&command);
 
@@ -223,16 +224,11 @@ impl CommandTable {
         }
         // A spilled log's writer is closed (a record lives for a day, its descriptors must
         // not) after reading whether it failed.
-        let spilled = command
-            .writer
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-            .map(|mut w| {
-                let error = w.error.clone();
-                w.close();
-                error
-            });
+        let spilled = command.writer.locked().take().map(|mut w| {
+            let error = w.error.clone();
+            w.close();
+            error
+        });
         let rec = ExitRecord {
             exit_code: exit.exit_code(),
             signal: exit.signal,

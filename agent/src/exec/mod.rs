@@ -13,6 +13,7 @@ pub mod spare;
 pub mod spawn;
 pub mod store;
 
+use berth_protocol::sync::Locked;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -179,7 +180,7 @@ impl CommandTable {
         // machine running many agents as one user runs out) records are refreshed by the tick
         // alone, as a directory that cannot be watched is; the agent still starts.
         match watcher {
-            Ok(w) => *table.watcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(w),
+            Ok(w) => *table.watcher.locked() = Some(w),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot watch command dirs; polling them");
             }
@@ -240,11 +241,7 @@ impl CommandTable {
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<Command>> {
-        self.commands
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(id)
-            .cloned()
+        self.commands.locked().get(id).cloned()
     }
 
     pub fn require(&self, id: &str) -> Result<Arc<Command>, ExecError> {
@@ -254,12 +251,7 @@ impl CommandTable {
 
     /// A snapshot of every command (the table's lock is not held while callers use them).
     fn all(&self) -> Vec<Arc<Command>> {
-        self.commands
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect()
+        self.commands.locked().values().cloned().collect()
     }
 
     pub fn list(&self) -> Vec<CommandInfo> {
@@ -399,10 +391,7 @@ impl CommandTable {
     }
 
     fn insert(&self, cmd: Arc<Command>) {
-        self.commands
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(cmd.id.clone(), cmd);
+        self.commands.locked().insert(cmd.id.clone(), cmd);
     }
 
     fn started_event(&self, cmd: &Command) {
@@ -448,7 +437,7 @@ impl CommandTable {
         }
         // One refresher at a time per command: whoever sees the end reports it before any
         // waiter wakes, so a waiter that sees the end also finds it on the timeline.
-        let _one = cmd.report_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _one = cmd.report_lock.locked();
         let changed = cmd.refresh();
         if cmd.exit().is_some() {
             self.report_exit(cmd);
@@ -460,7 +449,7 @@ impl CommandTable {
 
     /// The command's supervisor died without recording an exit.
     pub(super) fn lose(&self, cmd: &Command) {
-        let _one = cmd.report_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _one = cmd.report_lock.locked();
         if cmd.mark_lost() {
             self.report_exit(cmd);
             cmd.bump();
@@ -497,11 +486,7 @@ impl CommandTable {
 
     fn watch_dir(&self, dir: &Path) {
         use notify::Watcher;
-        if let Some(w) = self
-            .watcher
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_mut()
+        if let Some(w) = self.watcher.locked().as_mut()
             && let Err(e) = w.watch(dir, notify::RecursiveMode::NonRecursive)
         {
             tracing::warn!(dir = %dir.display(), error = %e, "cannot watch a command dir; polling it");
@@ -510,12 +495,7 @@ impl CommandTable {
 
     fn unwatch_dir(&self, dir: &Path) {
         use notify::Watcher;
-        if let Some(w) = self
-            .watcher
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_mut()
-        {
+        if let Some(w) = self.watcher.locked().as_mut() {
             let _ = w.unwatch(dir);
         }
     }
@@ -542,7 +522,7 @@ impl CommandTable {
             }
             let cmd = Arc::new(Command::new(dir.clone(), meta));
             let info = record::read_json::<ProcInfo>(&dir, record::PROC);
-            *cmd.proc.lock().unwrap_or_else(|p| p.into_inner()) = info;
+            *cmd.proc.locked() = info;
             let open =
                 cmd.meta.stdin == StdinMode::Fifo && !dir.join(record::STDIN_CLOSED).exists();
             cmd.stdin_open.store(open, Ordering::SeqCst);
@@ -611,7 +591,7 @@ impl CommandTable {
     /// from the disk too.
     fn forget(&self, cmd: &Command) {
         // Hold the report lock so no refresh writes a marker into the directory meanwhile.
-        let _quiet = cmd.report_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _quiet = cmd.report_lock.locked();
         if !cmd.meta.background {
             self.store.forget(&cmd.id);
         }
@@ -624,10 +604,7 @@ impl CommandTable {
                 _ => break,
             }
         }
-        self.commands
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&cmd.id);
+        self.commands.locked().remove(&cmd.id);
     }
 
     /// Restart: foreground commands die with the agent (their client is gone); background

@@ -4,6 +4,7 @@
 //! command touches the disk only with renames and writes to existing files, and preparing the
 //! next ones never competes with running commands for a CPU.
 
+use berth_protocol::sync::Locked;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -54,7 +55,7 @@ impl SpareDirs {
     /// Moves a prepared directory to `dir` (or creates `dir` when none is ready).
     pub fn take(&self, dir: &Path) -> std::io::Result<()> {
         let spare = {
-            let mut ready = self.ready.lock().unwrap_or_else(|p| p.into_inner());
+            let mut ready = self.ready.locked();
             let s = ready.pop();
             self.wanted.notify_one();
             s
@@ -71,15 +72,14 @@ impl SpareDirs {
     /// Returns false when preparing fails (the pool then stays as it is).
     fn top_up(&self) -> bool {
         {
-            let ready = self.ready.lock().unwrap_or_else(|p| p.into_inner());
-            let _unused = self
-                .wanted
-                .wait_while(ready, |r| r.len() >= KEEP)
-                .unwrap_or_else(|p| p.into_inner());
+            let ready = self.ready.locked();
+            let _unused = berth_protocol::sync::unpoisoned(
+                self.wanted.wait_while(ready, |r| r.len() >= KEEP),
+            );
         }
         match self.prepare() {
             Ok(p) => {
-                self.ready.lock().unwrap_or_else(|p| p.into_inner()).push(p);
+                self.ready.locked().push(p);
                 true
             }
             Err(e) => {

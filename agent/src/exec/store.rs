@@ -4,6 +4,7 @@
 //! files; a whole segment is deleted once everything in it is past the TTL, so nothing is ever
 //! rewritten.
 
+use berth_protocol::sync::Locked;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
@@ -143,7 +144,7 @@ impl ForegroundStore {
         bytes: &[u8],
         streams: &[(u64, Stream)],
     ) -> std::io::Result<(PathBuf, u64)> {
-        let mut slot = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = self.open.locked();
         let seg = self.segment(&mut slot)?;
         let offset = seg.out_len;
         seg.out.write_all(bytes)?;
@@ -163,7 +164,7 @@ impl ForegroundStore {
 
     /// Records a deletion, so the record does not come back after a restart.
     pub fn forget(&self, id: &str) {
-        let mut slot = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = self.open.locked();
         if let Ok(seg) = self.segment(&mut slot) {
             let mut line = serde_json::to_vec(&Line::Forget {
                 forget: id.to_string(),

@@ -2,6 +2,7 @@
 //! `moof` + `mdat`, so the file plays up to its last fragment whatever happens next), with
 //! live statistics and a record beside it that survives the agent.
 
+use berth_protocol::sync::Locked;
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
@@ -153,7 +154,7 @@ impl Recording {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.locked()
     }
 
     /// Resolves when the first picture is in the file (or the start failed).

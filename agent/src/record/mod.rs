@@ -10,6 +10,7 @@ pub mod pipeline;
 pub mod source;
 pub mod stream;
 
+use berth_protocol::sync::Locked;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -170,7 +171,7 @@ impl Recorder {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.locked()
     }
 
     fn source(&self) -> Result<&Arc<FrameSource>, RecordError> {

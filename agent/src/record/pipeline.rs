@@ -2,6 +2,7 @@
 //! shared capture for the screen, converts and encodes it only when it changed, and hands the
 //! picture to every sink (recording files, live streams) that uses the same settings.
 
+use berth_protocol::sync::Locked;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -140,7 +141,7 @@ impl Pipeline {
     }
 
     fn ctl(&self) -> std::sync::MutexGuard<'_, Ctl> {
-        self.ctl.lock().unwrap_or_else(|p| p.into_inner())
+        self.ctl.locked()
     }
 
     /// Adds a consumer; it gets a keyframe at once. False when the pipeline already ended.
@@ -179,11 +180,9 @@ impl Pipeline {
             if now >= deadline {
                 return;
             }
-            ctl = self
-                .caught_up
-                .wait_timeout(ctl, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            ctl =
+                berth_protocol::sync::unpoisoned(self.caught_up.wait_timeout(ctl, deadline - now))
+                    .0;
         }
     }
 
@@ -227,11 +226,10 @@ impl Pipeline {
                     if ctl.want_keyframe || ctl.want_tick || now >= st.next {
                         break;
                     }
-                    ctl = self
-                        .wake
-                        .wait_timeout(ctl, st.next - now)
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0;
+                    ctl = berth_protocol::sync::unpoisoned(
+                        self.wake.wait_timeout(ctl, st.next - now),
+                    )
+                    .0;
                 }
                 ctl.want_tick = false;
                 ctl.begun += 1;

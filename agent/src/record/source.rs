@@ -2,6 +2,7 @@
 //! when DAMAGE says something changed (or the pointer moved or changed shape) since the last
 //! one; otherwise every pipeline gets the frame it already has.
 
+use berth_protocol::sync::Locked;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -55,7 +56,7 @@ impl FrameSource {
     /// The screen as it is now: a fresh capture if anything changed since the last one, the
     /// same frame (same `id`) otherwise. Reconnects once when the X server went away.
     pub fn latest(&self, with_cursor: bool) -> Result<Captured, DisplayError> {
-        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut inner = self.inner.locked();
         for attempt in 0..2 {
             match self.try_latest(&mut inner, with_cursor) {
                 Err(e) if attempt == 0 && is_connection(&e) => {
@@ -148,7 +149,7 @@ impl FrameSource {
 
     /// The screen size, asked on the recorder's own connection.
     pub fn screen_size(&self) -> Result<(u32, u32), DisplayError> {
-        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut inner = self.inner.locked();
         for attempt in 0..2 {
             if inner.conn.is_none() {
                 inner.conn = Some((XConn::open(&self.target)?, ShmCapture::default()));
@@ -169,7 +170,7 @@ impl FrameSource {
 
     /// Drops the connection and cached frames (no recording or stream is left).
     pub fn idle(&self) {
-        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut inner = self.inner.locked();
         if let Some((x, mut shm)) = inner.conn.take() {
             shm.release(&x);
         }

@@ -3,6 +3,7 @@
 //! so a `<video>` element or a MediaSource buffer never waits on a hole while the screen is
 //! still; the recording files keep true wall-clock times instead.
 
+use berth_protocol::sync::Locked;
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -53,7 +54,7 @@ impl Sink for StreamSink {
         if self.tx.is_closed() {
             return Verdict::Done;
         }
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.state.locked();
         if (!st.started || st.resync) && !pic.sync {
             return Verdict::Keep;
         }

@@ -9,6 +9,7 @@ mod publish;
 pub(crate) use publish::body_to_file;
 mod recordings;
 
+use berth_protocol::sync::Locked;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -250,11 +251,7 @@ impl Controller {
             source: source.map(str::to_string),
             created_at: now_ms(),
         };
-        self.artifacts
-            .in_flight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id.clone());
+        self.artifacts.in_flight.locked().insert(id.clone());
         let inserted = match self.artifacts.blobs.put(&id, file).await {
             Ok(()) => self
                 .store
@@ -262,11 +259,7 @@ impl Controller {
                 .map_err(|e| Error::Internal(e.to_string())),
             Err(e) => Err(Error::Internal(format!("storing the artifact: {e}"))),
         };
-        self.artifacts
-            .in_flight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
+        self.artifacts.in_flight.locked().remove(&id);
         match inserted {
             Ok(true) => {}
             Ok(false) => {
@@ -480,22 +473,12 @@ impl Controller {
             return;
         };
         for k in keys {
-            let busy = self
-                .artifacts
-                .in_flight
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .contains(&k);
+            let busy = self.artifacts.in_flight.locked().contains(&k);
             // Read again: a publish may have finished since the ids were read.
             if !busy
                 && !known.contains(&k)
                 && self.store.artifact(&k).ok().flatten().is_none()
-                && !self
-                    .artifacts
-                    .in_flight
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .contains(&k)
+                && !self.artifacts.in_flight.locked().contains(&k)
             {
                 tracing::info!(blob = %k, "removing an artifact blob no row names");
                 let _ = self.artifacts.blobs.delete(&k).await;

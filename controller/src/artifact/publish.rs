@@ -1,6 +1,7 @@
 //! `POST …/{id}/artifacts`: a file or directory of a running sandbox, fetched from its agent
 //! (`GET /v1/files`, `GET /v1/fs/list`) into the artifact store. A directory becomes a zip.
 
+use berth_protocol::sync::Locked;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -280,7 +281,7 @@ impl Controller {
         }
         let z = zip.clone();
         blocking(move || {
-            let w = z.lock().unwrap_or_else(|p| p.into_inner()).take();
+            let w = z.locked().take();
             if let Some(w) = w {
                 let f = w.finish()?;
                 f.sync_all()?;
@@ -307,7 +308,7 @@ fn with_zip(
     z: &std::sync::Mutex<Option<zip::ZipWriter<std::fs::File>>>,
     f: impl FnOnce(&mut zip::ZipWriter<std::fs::File>) -> zip::result::ZipResult<()>,
 ) -> std::io::Result<()> {
-    let mut g = z.lock().unwrap_or_else(|p| p.into_inner());
+    let mut g = z.locked();
     let w = g
         .as_mut()
         .ok_or_else(|| std::io::Error::other("the zip is finished"))?;

@@ -5,6 +5,7 @@
 //! `/healthz` and the event log — so readiness is probed over real HTTP; an agent can be made
 //! unreachable, or slow to answer, while its sandbox stays alive.
 
+use berth_protocol::sync::Locked;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -72,12 +73,12 @@ impl FakeProvider {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, Memory> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.locked()
     }
 
     /// What creates do from now on; hanging creates go on as `mode` says.
     pub fn set_create(&self, mode: CreateMode) {
-        *self.mode.lock().unwrap_or_else(|p| p.into_inner()) = mode;
+        *self.mode.locked() = mode;
         self.mode_changed.notify_waiters();
     }
 
@@ -229,7 +230,7 @@ impl Provider for FakeProvider {
         self.changed.notify_waiters();
         loop {
             let waiting = self.mode_changed.notified();
-            let mode = self.mode.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let mode = self.mode.locked().clone();
             match mode {
                 CreateMode::Hang => waiting.await,
                 CreateMode::Fail(reason) => {

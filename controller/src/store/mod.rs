@@ -7,6 +7,7 @@
 //! One file per table: [`sandboxes`], [`runs`], [`leases`], [`events`], [`viewers`],
 //! [`artifacts`].
 
+use berth_protocol::sync::Locked;
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -212,7 +213,7 @@ impl Store {
     }
 
     pub(super) fn with<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T> {
-        let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let conn = self.conn.locked();
         Ok(f(&conn)?)
     }
 

@@ -3,6 +3,7 @@
 //! A Pod that fails, whose agent container terminates (OOMKilled says so) or that is deleted
 //! by anyone but this provider is a `Death` at once, once per Pod.
 
+use berth_protocol::sync::Locked;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,14 +24,14 @@ impl Destroying {
     const KEEP: Duration = Duration::from_secs(600);
 
     pub fn mark(&self, sandbox_id: &str) {
-        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.0.locked();
         let now = Instant::now();
         m.retain(|_, at| now.duration_since(*at) < Self::KEEP);
         m.insert(sandbox_id.to_string(), now);
     }
 
     pub fn contains(&self, sandbox_id: &str) -> bool {
-        let m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let m = self.0.locked();
         m.contains_key(sandbox_id)
     }
 }
