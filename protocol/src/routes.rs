@@ -183,7 +183,7 @@ pub mod controller {
     /// Where a sandbox's own pages start under the controller ([`SANDBOX`] and a slash): its
     /// agent's paths, its ports' previews and its session view are relative to it.
     pub fn sandbox_base(id: &str) -> String {
-        format!("{}/", super::fill(SANDBOX, &[id]))
+        format!("{}/", crate::routes::fill(SANDBOX, &[id]))
     }
 
     /// Where `berth serve` listens unless told otherwise, and so the clients' default URL.

@@ -11,6 +11,7 @@ use berth_protocol::AgentClient;
 
 pub mod controller;
 pub mod kube_fake;
+pub mod layout;
 pub mod readme;
 pub mod video;
 pub mod x;
