@@ -33,7 +33,7 @@ pub fn loops(graph: &BTreeMap<ModPath, BTreeSet<ModPath>>) -> Vec<BTreeSet<Strin
     let mut out: Vec<BTreeSet<String>> = sccs(graph)
         .into_iter()
         .filter(|c| c.len() > 1)
-        .map(|c| c.iter().map(|m| name(m)).collect())
+        .map(|c| c.iter().map(name).collect())
         .collect();
     out.sort();
     out
