@@ -18,9 +18,9 @@ use axum::body::Body;
 use axum::extract::{FromRequest, Request};
 use axum::http::{StatusCode, header};
 use axum::response::Response;
-use berth_agent::api::extract::is_json;
 use berth_agent::compat::python::{expanduser, expandvars, shlex_split};
 use berth_agent::compat::{COMPAT_JSON_LIMIT, CompatJson, FormFields};
+use berth_agent::http::extract::is_json;
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 
