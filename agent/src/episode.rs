@@ -11,7 +11,6 @@
 //! [`Limits::max_screenshot_bytes`] (their entries then say `screenshot_dropped`). A new agent
 //! reads the log back and continues its sequence.
 
-use berth_protocol::sync::Locked;
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
@@ -21,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use berth_protocol::sync::Locked;
 use serde_json::{Map, Value, json};
 use tokio::sync::{mpsc, oneshot};
 

@@ -1,13 +1,13 @@
 //! The agent's timeline: every observed action as a sequence-numbered event, appended to
 //! `events.log` (JSON lines) so it survives restarts, and replayable from any sequence number.
 
-use berth_protocol::sync::Locked;
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use berth_protocol::sync::Locked;
 use berth_protocol::{Event, EventsPage};
 use serde_json::{Map, Value};
 use tokio::sync::watch;

@@ -196,9 +196,10 @@ pub fn signal_name(signo: i32) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn trees_take_the_descendants_of_the_roots_and_leave_the_exception_out() {
-        use super::{Entry, trees};
         let p = |pid, ppid| Entry {
             pid,
             ppid,
@@ -222,8 +223,6 @@ mod tests {
         let cyclic = [p(5, 6), p(6, 5)];
         assert_eq!(trees(&cyclic, &[5], 1), vec![5, 6]);
     }
-
-    use super::*;
 
     #[test]
     fn stat_parsing_survives_odd_command_names() {

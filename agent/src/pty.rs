@@ -1,7 +1,6 @@
 //! Terminal sessions: a program on a pseudo-terminal, a scrollback ring replayed to every
 //! attacher, input from any attacher, resize, and the exit code reported on close.
 
-use berth_protocol::sync::Locked;
 use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -10,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use berth_protocol::events::kinds;
+use berth_protocol::sync::Locked;
 use berth_protocol::{PtyInfo, PtyRequest, PtyState};
 use nix::sys::signal::Signal;
 use portable_pty::{CommandBuilder, MasterPty, PtySize};

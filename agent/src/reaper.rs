@@ -2,11 +2,11 @@
 //! become its children; a single `waitpid(-1)` loop reaps them all and hands each status to
 //! whoever registered interest in that pid. Nothing else in the agent may call `wait`.
 
-use berth_protocol::sync::Locked;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use berth_protocol::sync::Locked;
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 use tokio::signal::unix::{SignalKind, signal};

@@ -1,14 +1,14 @@
 //! The viewer grants: one-time tokens, and the sessions they open, for the browser-facing
 //! routes (live stream, VNC viewer). Bounded; sessions compared in constant time.
 
-use berth_protocol::sync::Locked;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use berth_protocol::sync::Locked;
 use subtle::ConstantTimeEq;
 
-/// How long a session (a cookie) lasts.
+/// How long a browser session from one URL (its cookie) lasts.
 pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
 /// Tokens waiting to be opened, at most.
 pub const MAX_PENDING: usize = 1024;

@@ -6,13 +6,13 @@
 //! recording not yet published is published, so nothing that happened meanwhile is missed.
 //! It ends when the sandbox stops running; the reconciler starts it again on its next pass.
 
-use berth_protocol::sync::Locked;
 use std::sync::Arc;
 use std::time::Duration;
 
 use berth_protocol::AgentClient;
 use berth_protocol::events::Event;
 use berth_protocol::events::kinds;
+use berth_protocol::sync::Locked;
 use serde_json::Value;
 
 use crate::lifecycle::SandboxStatus;

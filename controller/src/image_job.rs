@@ -2,12 +2,12 @@
 //! comes at once with the `image_ref` (known before building) and a status; the job's steps are
 //! kept for `GET /sandbox/sandboxes/v1/images/{image_ref}`. One job per `image_ref` at a time.
 
-use berth_protocol::sync::Locked;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 pub use berth_protocol::controller::ImageJob;
+use berth_protocol::sync::Locked;
 
 use crate::error::{Error, Result};
 use crate::image::BuildRequest;

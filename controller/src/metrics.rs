@@ -1,12 +1,13 @@
 //! Prometheus text exposition, by hand: a few counters and two histograms do not need a
 //! metrics framework.
 
-use berth_protocol::sync::Locked;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use berth_protocol::sync::Locked;
 
 /// Claim latency bucket bounds, seconds.
 const BUCKETS: [f64; 14] = [

@@ -6,13 +6,13 @@
 //! A pool above its size (resized down, or after a restart) destroys its surplus idle members,
 //! decided from the stored members alone ([`surplus`]); claimed sandboxes are no longer members.
 
-use berth_protocol::sync::Locked;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use berth_protocol::controller::PoolStatus;
+use berth_protocol::sync::Locked;
 use tokio::sync::{Notify, Semaphore};
 
 use crate::config::PoolConfig;

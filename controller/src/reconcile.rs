@@ -6,10 +6,10 @@
 //! Every destroy the controller starts goes through [`Controller::destroy`]: one tracked task
 //! per sandbox at a time, a bounded number at once.
 
-use berth_protocol::sync::Locked;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use berth_protocol::sync::Locked;
 use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, Shared};
 use serde_json::json;

@@ -1,9 +1,9 @@
 //! Small shared pieces: ids, secrets, clocks.
 
-use berth_protocol::sync::Locked;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use berth_protocol::sync::Locked;
 use sha2::{Digest, Sha256};
 
 /// One async lock per key (a thread id, a sandbox id), forgotten once nobody holds it.

@@ -9,13 +9,13 @@
 
 mod osworld;
 
-use berth_protocol::sync::Locked;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use berth_protocol::controller::{ControllerClient, CreateSandbox, Sandbox};
+use berth_protocol::sync::Locked;
 use clap::{Args, Subcommand};
 use serde::Serialize;
 use serde_json::json;

@@ -17,7 +17,7 @@ use crate::http::extract::ApiJson;
 use crate::viewers::{Grant, SESSION_TTL};
 
 pub const COOKIE: &str = "berth_viewer";
-/// How long a browser session from one URL lasts.
+/// How long a viewer URL may wait to be opened, in seconds: by default and at most.
 const DEFAULT_TOKEN_TTL: u64 = 60;
 const MAX_TOKEN_TTL: u64 = 3600;
 

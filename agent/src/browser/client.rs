@@ -7,12 +7,12 @@
 //! and network entries a page (the oldest dropped, and counted), [`MAX_NOTICES`] dialogs and
 //! downloads waiting to be reported.
 
-use berth_protocol::sync::Locked;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use berth_protocol::sync::Locked;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};

@@ -7,12 +7,12 @@
 //! `/sandbox/sandboxes/v1/{id}/ports/8888/`, or the agent's own `/v1/ports/8888/`), and the
 //! relay gives the prefix back to the requests it forwards (see `api/ports.rs`).
 
-use berth_protocol::sync::Locked;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use berth_protocol::sync::Locked;
 use tokio::sync::watch;
 
 use super::Status;

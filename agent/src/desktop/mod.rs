@@ -17,7 +17,6 @@ pub mod state;
 pub mod supervisor;
 pub mod vnc;
 
-use berth_protocol::sync::Locked;
 use std::collections::BTreeMap;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -26,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use berth_protocol::events::kinds;
+use berth_protocol::sync::Locked;
 use serde_json::json;
 use tokio::sync::{Notify, watch};
 

@@ -6,7 +6,6 @@
 //! run depends on) stays with them: `Desktop::supervise` and `Ide::supervise` are loops over
 //! these steps.
 
-use berth_protocol::sync::Locked;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
@@ -15,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use berth_protocol::events::kinds;
+use berth_protocol::sync::Locked;
 use serde_json::json;
 use tokio::sync::{Notify, oneshot, watch};
 

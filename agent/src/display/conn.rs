@@ -1,13 +1,13 @@
 //! Connections to the X server: who to connect to, with what credentials, and the atoms and
 //! screen facts every part of the display domain needs.
 
-use berth_protocol::sync::Locked;
 use std::sync::Arc;
 
 use x11rb::connection::{Connection, RequestConnection as _};
 use x11rb::protocol::xproto::{Atom, ConnectionExt as _, Window};
 use x11rb::rust_connection::RustConnection;
 
+use berth_protocol::sync::Locked;
 use x11rb::reexports::x11rb_protocol::parse_display;
 use x11rb::rust_connection::DefaultStream;
 

@@ -18,10 +18,10 @@ pub mod watch;
 pub mod windows;
 pub mod xauth;
 
-use berth_protocol::sync::Locked;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use berth_protocol::sync::Locked;
 use berth_protocol::{Button, InputAction};
 use x11rb::connection::RequestConnection;
 

@@ -4,11 +4,11 @@
 //! the screenshot cache (a generation number that moves on any change) and "settle" waits
 //! (when the last change big enough to matter happened).
 
-use berth_protocol::sync::Locked;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use berth_protocol::sync::Locked;
 use tokio::sync::watch;
 use x11rb::connection::Connection;
 use x11rb::protocol::Event;

@@ -1,11 +1,11 @@
 //! Background commands: each under its own shim, so it outlives the agent; stdin, signals
 //! and kills reach it through the shim and its process group.
 
-use berth_protocol::sync::Locked;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use berth_protocol::sync::Locked;
 use nix::sys::signal::Signal;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 

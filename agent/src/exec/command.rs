@@ -1,10 +1,10 @@
 //! One command as the agent knows it: its record, its output view, its followers.
 
-use berth_protocol::sync::Locked;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use berth_protocol::sync::Locked;
 use berth_protocol::{CommandInfo, CommandState, OutputChunk, OutputPage, Stream};
 use tokio::sync::watch;
 

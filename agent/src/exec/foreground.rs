@@ -1,10 +1,10 @@
 //! Foreground commands: run by the agent itself, answered when they end.
 
-use berth_protocol::sync::Locked;
 use std::sync::Arc;
 use std::time::Instant;
 
 use berth_protocol::Stream;
+use berth_protocol::sync::Locked;
 use nix::sys::signal::Signal;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

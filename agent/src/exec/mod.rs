@@ -13,7 +13,6 @@ pub mod spare;
 pub mod spawn;
 pub mod store;
 
-use berth_protocol::sync::Locked;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -21,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use berth_protocol::events::kinds;
+use berth_protocol::sync::Locked;
 use berth_protocol::{CommandInfo, CommandState};
 use nix::sys::signal::Signal;
 use serde_json::json;

@@ -9,22 +9,21 @@ use super::ForegroundOutcome;
 impl ForegroundOutcome {
     /// A foreground command's answer, each stream cut to `max` bytes (`output_truncated` then).
     pub fn into_result(self, max: usize) -> ExecResult {
-        let out = self;
-        let (stdout, cut_out) = bound_output(out.stdout, max);
-        let (stderr, cut_err) = bound_output(out.stderr, max);
+        let (stdout, cut_out) = bound_output(self.stdout, max);
+        let (stderr, cut_err) = bound_output(self.stderr, max);
         let (stdout, stdout_b64) = text_or_b64(stdout);
         let (stderr, stderr_b64) = text_or_b64(stderr);
         ExecResult {
-            id: out.id,
-            exit_code: out.exit.exit_code(),
-            signal: out.exit.signal.map(crate::proc::signal_name),
+            id: self.id,
+            exit_code: self.exit.exit_code(),
+            signal: self.exit.signal.map(crate::proc::signal_name),
             stdout,
             stdout_b64,
             stderr,
             stderr_b64,
-            duration_ms: out.duration.as_millis() as u64,
-            timed_out: out.timed_out,
-            output_truncated: out.truncated || cut_out || cut_err,
+            duration_ms: self.duration.as_millis() as u64,
+            timed_out: self.timed_out,
+            output_truncated: self.truncated || cut_out || cut_err,
         }
     }
 }

@@ -4,9 +4,10 @@
 //! command touches the disk only with renames and writes to existing files, and preparing the
 //! next ones never competes with running commands for a CPU.
 
-use berth_protocol::sync::Locked;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
+
+use berth_protocol::sync::Locked;
 
 use super::log::OUTPUT;
 use super::record::{EXIT, META};

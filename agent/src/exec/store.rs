@@ -4,7 +4,6 @@
 //! files; a whole segment is deleted once everything in it is past the TTL, so nothing is ever
 //! rewritten.
 
-use berth_protocol::sync::Locked;
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
@@ -13,6 +12,7 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use berth_protocol::Stream;
+use berth_protocol::sync::Locked;
 use serde::{Deserialize, Serialize};
 
 use super::record::{ExitRecord, Meta};

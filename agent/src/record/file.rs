@@ -2,7 +2,6 @@
 //! `moof` + `mdat`, so the file plays up to its last fragment whatever happens next), with
 //! live statistics and a record beside it that survives the agent.
 
-use berth_protocol::sync::Locked;
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
@@ -11,6 +10,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant, SystemTime};
 
 use berth_protocol::events::kinds;
+use berth_protocol::sync::Locked;
 use berth_protocol::{RecordingInfo, RecordingState};
 use serde::{Deserialize, Serialize};
 use serde_json::json;

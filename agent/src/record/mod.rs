@@ -10,13 +10,13 @@ pub mod pipeline;
 pub mod source;
 pub mod stream;
 
-use berth_protocol::sync::Locked;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use berth_protocol::sync::Locked;
 use berth_protocol::{RecordingInfo, RecordingRequest, RecordingState};
 use bytes::Bytes;
 use tokio::sync::mpsc;

@@ -2,11 +2,11 @@
 //! shared capture for the screen, converts and encodes it only when it changed, and hands the
 //! picture to every sink (recording files, live streams) that uses the same settings.
 
-use berth_protocol::sync::Locked;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use berth_protocol::sync::Locked;
 use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 

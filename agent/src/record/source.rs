@@ -2,10 +2,10 @@
 //! when DAMAGE says something changed (or the pointer moved or changed shape) since the last
 //! one; otherwise every pipeline gets the frame it already has.
 
-use berth_protocol::sync::Locked;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use berth_protocol::sync::Locked;
 use x11rb::protocol::xfixes::ConnectionExt as _;
 use x11rb::protocol::xproto::ConnectionExt as _;
 

@@ -3,10 +3,10 @@
 //! so a `<video>` element or a MediaSource buffer never waits on a hole while the screen is
 //! still; the recording files keep true wall-clock times instead.
 
-use berth_protocol::sync::Locked;
 use std::sync::Mutex;
 use std::time::Instant;
 
+use berth_protocol::sync::Locked;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 

@@ -9,7 +9,6 @@ mod publish;
 pub(crate) use publish::body_to_file;
 mod recordings;
 
-use berth_protocol::sync::Locked;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -18,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use berth_protocol::sync::Locked;
 use serde_json::json;
 
 use crate::error::{Error, Result};

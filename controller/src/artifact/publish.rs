@@ -1,12 +1,12 @@
 //! `POST …/{id}/artifacts`: a file or directory of a running sandbox, fetched from its agent
 //! (`GET /v1/files`, `GET /v1/fs/list`) into the artifact store. A directory becomes a zip.
 
-use berth_protocol::sync::Locked;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use berth_protocol::controller::PublishArtifact;
+use berth_protocol::sync::Locked;
 use berth_protocol::{AgentClient, ClientError, EntryType};
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;

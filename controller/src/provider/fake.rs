@@ -5,7 +5,6 @@
 //! `/healthz` and the event log — so readiness is probed over real HTTP; an agent can be made
 //! unreachable, or slow to answer, while its sandbox stays alive.
 
-use berth_protocol::sync::Locked;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,6 +15,7 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use berth_protocol::events::EventsPage;
 use berth_protocol::routes::native;
+use berth_protocol::sync::Locked;
 use tokio::sync::{Notify, mpsc};
 
 use super::{Death, Endpoint, Identity, Observed, Provider, ProviderError, Result, Spec};

@@ -7,10 +7,10 @@
 //! One file per table: [`sandboxes`], [`runs`], [`leases`], [`events`], [`viewers`],
 //! [`artifacts`].
 
-use berth_protocol::sync::Locked;
 use std::path::Path;
 use std::sync::Mutex;
 
+use berth_protocol::sync::Locked;
 use rusqlite::{Connection, params};
 
 use crate::seal::{self, Sealer};

@@ -3,11 +3,11 @@
 //! A Pod that fails, whose agent container terminates (OOMKilled says so) or that is deleted
 //! by anyone but this provider is a `Death` at once, once per Pod.
 
-use berth_protocol::sync::Locked;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use berth_protocol::sync::Locked;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
