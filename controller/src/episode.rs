@@ -3,12 +3,13 @@
 //! with the bundled recording's media times at its top level), `screenshots/` (the exact
 //! bytes each action answered), `timeline.jsonl` (the sandbox's controller timeline) and
 //! `episode.json` (what the bundle holds). Built into a scratch file and kept as an `episode`
-//! artifact, so it outlives the sandbox; `Controller::keep_work` keeps one before a sandbox
+//! artifact, so it outlives the sandbox; [`KeepWork`] keeps one before a sandbox
 //! with logged actions goes.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderValue};
@@ -18,11 +19,12 @@ use berth_protocol::routes::{fill, native};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
-use crate::artifact::{ArtifactKind, body_to_file};
+use crate::artifact::{ArtifactKind, Artifacts, body_to_file};
+use crate::ctx::{Ctx, KeepWork};
 use crate::error::{Error, Result};
 use crate::lifecycle::SandboxStatus;
-use crate::sandbox::Controller;
 use crate::store::{ArtifactRow, SandboxRow};
+use crate::timeline::Timeline;
 use crate::util::now_ms;
 
 /// Every agent call (a page of actions, a screenshot, the recording's record).
@@ -210,10 +212,57 @@ impl Drop for Scratch {
     }
 }
 
-impl Controller {
+/// Episode bundles of sandboxes, kept as artifacts.
+pub struct Episodes {
+    ctx: Arc<Ctx>,
+    artifacts: Arc<Artifacts>,
+    timeline: Arc<Timeline>,
+}
+
+impl KeepWork for Episodes {
+    fn keep_work<'a>(&'a self, row: &'a SandboxRow) -> futures_util::future::BoxFuture<'a, ()> {
+        Box::pin(self.keep_work_within(row))
+    }
+}
+
+impl Episodes {
+    pub fn new(ctx: Arc<Ctx>, artifacts: Arc<Artifacts>, timeline: Arc<Timeline>) -> Episodes {
+        Episodes {
+            ctx,
+            artifacts,
+            timeline,
+        }
+    }
+
+    /// Keeps a sandbox's work before it is destroyed: stops its live recordings and publishes
+    /// every recording not yet published, within `keep_work_timeout_secs`. Called on every
+    /// destroy of a sandbox that was running (`Sandboxes::destroy_now`, through [`KeepWork`]).
+    async fn keep_work_within(&self, row: &SandboxRow) {
+        let bound = std::time::Duration::from_secs(self.ctx.config.keep_work_timeout_secs);
+        let work = async {
+            self.artifacts.keep_recordings(row).await;
+            self.keep_episode(row).await;
+            // Extension point: further work kept before the sandbox goes is added here, each
+            // step bounded by the same deadline.
+        };
+        if tokio::time::timeout(bound, work).await.is_err() {
+            tracing::warn!(
+                sandbox = %row.id,
+                secs = self.ctx.config.keep_work_timeout_secs,
+                "keeping the sandbox's work ran out of time; destroying it anyway"
+            );
+            self.ctx.event(
+                &row.id,
+                "artifact.keep_timeout",
+                json!({"timeout_secs": self.ctx.config.keep_work_timeout_secs}),
+            );
+        }
+    }
+
     /// The sandbox's newest kept episode bundle.
     fn last_episode(&self, sandbox_id: &str) -> Result<Option<ArtifactRow>> {
         Ok(self
+            .artifacts
             .artifacts(Some(sandbox_id), None)?
             .into_iter()
             .filter(|a| a.kind == ArtifactKind::Episode)
@@ -229,7 +278,7 @@ impl Controller {
         recording: Option<&str>,
         headers: &HeaderMap,
     ) -> Result<Response> {
-        let row = self.visible_row(id)?;
+        let row = self.ctx.visible_row(id)?;
         let art = if row.status == SandboxStatus::Running {
             self.build_episode(&row, recording).await?
         } else {
@@ -240,7 +289,7 @@ impl Controller {
                 ))
             })?
         };
-        let mut resp = self.artifact_response(&art.id, headers).await?;
+        let mut resp = self.artifacts.artifact_response(&art.id, headers).await?;
         if let Ok(v) = HeaderValue::from_str(&art.id) {
             resp.headers_mut().insert("x-artifact-id", v);
         }
@@ -250,7 +299,9 @@ impl Controller {
     /// Keeps the episode of a sandbox about to go, when it logged any action (from
     /// `Controller::keep_work`, after its recordings were published).
     pub async fn keep_episode(&self, row: &SandboxRow) {
-        let Ok(agent) = self.agent(row) else { return };
+        let Ok(agent) = self.ctx.agent(row) else {
+            return;
+        };
         match agent_actions(&agent).await {
             Ok(a) if a.is_empty() => return,
             Ok(_) => {}
@@ -268,9 +319,9 @@ impl Controller {
     /// `recording` naming the bundled recording): from the live agent, else from the last
     /// kept bundle.
     pub async fn episode_actions(&self, sandbox_id: &str) -> Result<Vec<Value>> {
-        let row = self.visible_row(sandbox_id)?;
+        let row = self.ctx.visible_row(sandbox_id)?;
         if row.status == SandboxStatus::Running
-            && let Ok(agent) = self.agent(&row)
+            && let Ok(agent) = self.ctx.agent(&row)
             && let Ok(actions) = agent_actions(&agent).await
         {
             let rec = choose_recording(&actions, None);
@@ -282,7 +333,7 @@ impl Controller {
         let Some(art) = self.last_episode(sandbox_id)? else {
             return Ok(Vec::new());
         };
-        let scratch = self.artifact_scratch()?;
+        let scratch = self.artifacts.artifact_scratch()?;
         let (mut stream, _) = self
             .artifacts
             .blobs
@@ -310,7 +361,7 @@ impl Controller {
     /// Builds the bundle of a running sandbox and keeps it as an `episode` artifact; the
     /// same episode (actions, recording, its length) answers the artifact kept for it.
     async fn build_episode(&self, row: &SandboxRow, asked: Option<&str>) -> Result<ArtifactRow> {
-        let agent = self.agent(row)?;
+        let agent = self.ctx.agent(row)?;
         let actions = agent_actions(&agent).await?;
         let rec_id = choose_recording(&actions, asked);
         let rec_info = match &rec_id {
@@ -334,13 +385,14 @@ impl Controller {
             actions.len()
         );
         if let Some(a) = self
+            .ctx
             .store
             .artifact_from(&row.id, ArtifactKind::Episode, &source)?
         {
             return Ok(a);
         }
-        let max = self.config.artifact_max_file_bytes;
-        let dir = self.artifact_scratch()?;
+        let max = self.ctx.config.artifact_max_file_bytes;
+        let dir = self.artifacts.artifact_scratch()?;
         std::fs::create_dir_all(&dir).map_err(|e| Error::Internal(format!("scratch: {e}")))?;
         let guard = Scratch(dir.clone());
         // The recording: the published artifact when there is one, else its complete part
@@ -351,6 +403,7 @@ impl Controller {
         {
             let dest = dir.join("recording.mp4");
             match self
+                .ctx
                 .store
                 .artifact_from(&row.id, ArtifactKind::Recording, r)?
             {
@@ -413,13 +466,13 @@ impl Controller {
             })
             .collect();
         // The controller's timeline, brought up to date first.
-        if let Err(e) = self.import_agent_events(row).await {
+        if let Err(e) = self.timeline.import_agent_events(row).await {
             tracing::debug!(sandbox = %row.id, error = %e, "agent events not imported");
         }
         let mut timeline = Vec::new();
         let mut from = 0u64;
         loop {
-            let page = self.store.events(&row.id, from, 10_000)?;
+            let page = self.ctx.store.events(&row.id, from, 10_000)?;
             let n = page.len();
             from = page
                 .last()
@@ -463,7 +516,7 @@ impl Controller {
             timeline,
             meta,
         };
-        let zip_path = self.artifact_scratch()?;
+        let zip_path = self.artifacts.artifact_scratch()?;
         let zp = zip_path.clone();
         let written = tokio::task::spawn_blocking(move || write_zip(&zp, &parts, max))
             .await
@@ -478,16 +531,17 @@ impl Controller {
             });
         }
         let name = format!("episode-{}.zip", row.id);
-        self.publish_file(
-            &row.id,
-            None,
-            &name,
-            "application/zip",
-            ArtifactKind::Episode,
-            Some(&source),
-            &zip_path,
-        )
-        .await
+        self.artifacts
+            .publish_file(
+                &row.id,
+                None,
+                &name,
+                "application/zip",
+                ArtifactKind::Episode,
+                Some(&source),
+                &zip_path,
+            )
+            .await
     }
 }
 

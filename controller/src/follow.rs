@@ -15,8 +15,10 @@ use berth_protocol::events::kinds;
 use berth_protocol::sync::Locked;
 use serde_json::Value;
 
+use crate::artifact::Artifacts;
+use crate::ctx::{Ctx, Follow};
 use crate::lifecycle::SandboxStatus;
-use crate::sandbox::Controller;
+use crate::run::Runs;
 use crate::store::{RunRow, SandboxRow};
 
 /// One agent call.
@@ -24,7 +26,31 @@ const AGENT_CALL: Duration = Duration::from_secs(15);
 /// How long a long-poll on the agent's events waits.
 const FOLLOW_POLL: Duration = Duration::from_secs(25);
 
-impl Controller {
+/// The followers of running sandboxes' agent events.
+pub struct Follower {
+    ctx: Arc<Ctx>,
+    runs: Arc<Runs>,
+    artifacts: Arc<Artifacts>,
+    /// Sandboxes whose agent's events a follower watches.
+    followers: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+impl Follow for Follower {
+    fn follow(self: Arc<Self>, sandbox_id: &str) {
+        Follower::follow(&self, sandbox_id);
+    }
+}
+
+impl Follower {
+    pub fn new(ctx: Arc<Ctx>, runs: Arc<Runs>, artifacts: Arc<Artifacts>) -> Follower {
+        Follower {
+            ctx,
+            runs,
+            artifacts,
+            followers: Default::default(),
+        }
+    }
+
     /// Starts the follower of a sandbox unless one runs.
     pub fn follow(self: &Arc<Self>, sandbox_id: &str) {
         if !self.followers.locked().insert(sandbox_id.to_string()) {
@@ -37,6 +63,7 @@ impl Controller {
             me.followers.locked().remove(&id);
             // Running again while the follower was leaving (a recovery): followed again.
             if me
+                .ctx
                 .store
                 .sandbox(&id)
                 .ok()
@@ -50,7 +77,8 @@ impl Controller {
 
     /// The runs in flight of a sandbox (none when the store cannot say).
     fn in_flight(&self, sandbox_id: &str) -> Vec<RunRow> {
-        self.store
+        self.ctx
+            .store
             .runs_in_flight()
             .unwrap_or_default()
             .into_iter()
@@ -62,14 +90,14 @@ impl Controller {
         // None: the place must be found (at start, and after the agent could not be asked).
         let mut cursor: Option<u64> = None;
         loop {
-            let Ok(Some(sandbox)) = self.store.sandbox(sandbox_id) else {
+            let Ok(Some(sandbox)) = self.ctx.store.sandbox(sandbox_id) else {
                 return;
             };
             if sandbox.status != SandboxStatus::Running {
                 // The reconciler settles its runs; the destroy keeps its recordings.
                 return;
             }
-            let Ok(agent) = self.agent(&sandbox) else {
+            let Ok(agent) = self.ctx.agent(&sandbox) else {
                 return;
             };
             let from = match cursor {
@@ -111,9 +139,11 @@ impl Controller {
     /// Everything that may have happened while nobody followed.
     async fn catch_up(&self, sandbox: &SandboxRow, agent: &AgentClient) {
         for run in self.in_flight(&sandbox.id) {
-            let _ = self.check_run(sandbox, &run, false).await;
+            let _ = self.runs.check_run(sandbox, &run, false).await;
         }
-        self.publish_stopped_recordings(sandbox, agent).await;
+        self.artifacts
+            .publish_stopped_recordings(sandbox, agent)
+            .await;
     }
 
     async fn on_agent_event(&self, sandbox: &SandboxRow, agent: &AgentClient, e: &Event) {
@@ -124,11 +154,11 @@ impl Controller {
             // The runs are read now, not before the poll: a run started during it is found.
             kinds::COMMAND_EXITED => {
                 if let Some(run) = self.in_flight(&sandbox.id).iter().find(|r| r.id == id) {
-                    let _ = self.check_run(sandbox, run, false).await;
+                    let _ = self.runs.check_run(sandbox, run, false).await;
                 }
             }
             kinds::RECORDING_STOPPED => {
-                if let Err(err) = self.publish_recording(sandbox, agent, id).await {
+                if let Err(err) = self.artifacts.publish_recording(sandbox, agent, id).await {
                     tracing::warn!(sandbox = %sandbox.id, recording = id, error = %err,
                         "publishing a recording");
                 }

@@ -11,7 +11,6 @@ use berth_protocol::sync::Locked;
 
 use crate::error::{Error, Result};
 use crate::image::BuildRequest;
-use crate::sandbox::Controller;
 use crate::util::{now_ms, rfc3339};
 
 /// Where builds get their inputs.
@@ -22,13 +21,14 @@ pub struct ImageSettings {
     pub cache_dir: PathBuf,
 }
 
+/// Image builds as jobs, one per `image_ref` at a time.
 #[derive(Default)]
-pub struct ImageJobs {
+pub struct Images {
     pub settings: std::sync::OnceLock<ImageSettings>,
     jobs: Mutex<HashMap<String, Arc<Mutex<ImageJob>>>>,
 }
 
-impl Controller {
+impl Images {
     pub async fn build_image(
         self: &Arc<Self>,
         profile: String,
@@ -36,7 +36,6 @@ impl Controller {
         apps: Vec<String>,
     ) -> Result<ImageJob> {
         let settings = self
-            .image_jobs
             .settings
             .get()
             .cloned()
@@ -54,7 +53,7 @@ impl Controller {
             .await
             .map_err(|e| Error::Internal(e.to_string()))?
             .map_err(|e| Error::BadRequest(format!("{e:#}")))?;
-        let mut jobs = self.image_jobs.jobs.locked();
+        let mut jobs = self.jobs.locked();
         if let Some(j) = jobs.get(&image) {
             let j = j.locked().clone();
             if j.status != "failed" {
@@ -106,7 +105,7 @@ impl Controller {
     }
 
     pub fn image_job(&self, image_ref: &str) -> Result<ImageJob> {
-        let jobs = self.image_jobs.jobs.locked();
+        let jobs = self.jobs.locked();
         jobs.get(image_ref)
             .map(|j| j.locked().clone())
             .ok_or_else(|| {

@@ -8,13 +8,30 @@ use std::sync::Arc;
 use berth_protocol::controller::{AcquireLease, Lease};
 use serde_json::json;
 
+use crate::ctx::Ctx;
 use crate::error::{Error, Result};
 use crate::lifecycle::{LeaseStatus, SandboxStatus};
-use crate::sandbox::{Controller, Request};
+use crate::sandbox::{Request, Sandboxes};
 use crate::store::{LeaseRow, SandboxRow};
 use crate::util::{new_id, now_ms, rfc3339, valid_id};
 
-impl Controller {
+/// Leases: a thread's sandbox, reused while it serves, destroyed on release or expiry.
+pub struct Leases {
+    ctx: Arc<Ctx>,
+    sandboxes: Arc<Sandboxes>,
+    /// One acquire per thread at a time.
+    locks: crate::util::KeyedLocks,
+}
+
+impl Leases {
+    pub fn new(ctx: Arc<Ctx>, sandboxes: Arc<Sandboxes>) -> Leases {
+        Leases {
+            ctx,
+            sandboxes,
+            locks: Default::default(),
+        }
+    }
+
     pub async fn acquire(self: &Arc<Self>, req: &AcquireLease) -> Result<Lease> {
         if !valid_id(&req.thread_id) {
             return Err(Error::BadRequest(format!(
@@ -25,12 +42,16 @@ impl Controller {
         crate::sandbox::validate_labels(&req.labels)?;
         // An alias leases as its profile's canonical name (what the sandbox row holds).
         let req = &AcquireLease {
-            profile: self.profile(&req.profile)?.name.clone(),
+            profile: self.ctx.profile(&req.profile)?.name.clone(),
             ..req.clone()
         };
-        let screen = self.check_screen(&req.profile, req.screen.as_deref())?;
-        let (image, _) = self.resolve(&req.profile, req.image_ref.as_deref())?;
-        let lock = self.lease_locks.get(&req.thread_id);
+        let screen = self
+            .sandboxes
+            .check_screen(&req.profile, req.screen.as_deref())?;
+        let (image, _) = self
+            .sandboxes
+            .resolve(&req.profile, req.image_ref.as_deref())?;
+        let lock = self.locks.get(&req.thread_id);
         let _held = lock.lock().await;
         let want = Request {
             profile: req.profile.clone(),
@@ -39,8 +60,8 @@ impl Controller {
             ttl_seconds: req.ttl_seconds,
             screen: screen.clone(),
         };
-        if let Some(lease) = self.store.active_lease_for_thread(&req.thread_id)? {
-            let current = self.store.sandbox(&lease.sandbox_id)?;
+        if let Some(lease) = self.ctx.store.active_lease_for_thread(&req.thread_id)? {
+            let current = self.ctx.store.sandbox(&lease.sandbox_id)?;
             let stale = match &current {
                 Some(row) => self.staleness(row, req, &image).await,
                 None => Some("its sandbox is unknown".to_string()),
@@ -49,7 +70,7 @@ impl Controller {
                 // Reused, at the screen asked (resized when it has another).
                 None => {
                     let row = current.clone().expect("checked above");
-                    match self.claim_screen(row, screen.as_deref()).await {
+                    match self.sandboxes.claim_screen(row, screen.as_deref()).await {
                         Ok(row) => return Ok(self.lease_wire(&lease, &row, "reused")),
                         Err(e) => format!("its sandbox could not take the screen: {e}"),
                     }
@@ -59,22 +80,22 @@ impl Controller {
             // Re-provision under the same lease; the old sandbox goes.
             tracing::info!(lease = %lease.id, %reason, "lease re-provisions");
             if let Some(old) = &current {
-                self.event(
+                self.ctx.event(
                     &old.id,
                     "lease.released",
                     json!({"lease_id": lease.id, "reason": reason}),
                 );
                 // Not waited for: it goes on in its own task.
-                drop(self.destroy(&old.id));
+                drop(self.sandboxes.destroy(&old.id));
             }
             let want = Request {
                 ttl_seconds: Some(((lease.expires_at - now_ms()).max(1000) / 1000) as u64),
                 ..want
             };
-            let (row, how) = self.provision(&want).await?;
-            self.store.set_lease_sandbox(&lease.id, &row.id)?;
-            self.store.set_expiry(&row.id, Some(lease.expires_at))?;
-            self.event(
+            let (row, how) = self.sandboxes.provision(&want).await?;
+            self.ctx.store.set_lease_sandbox(&lease.id, &row.id)?;
+            self.ctx.store.set_expiry(&row.id, Some(lease.expires_at))?;
+            self.ctx.event(
                 &row.id,
                 "lease.acquired",
                 json!({"lease_id": lease.id, "thread_id": lease.thread_id, "claim": how,
@@ -84,10 +105,10 @@ impl Controller {
                 sandbox_id: row.id.clone(),
                 ..lease
             };
-            let row = self.get_row(&row.id)?;
+            let row = self.ctx.get_row(&row.id)?;
             return Ok(self.lease_wire(&lease, &row, how));
         }
-        let (row, how) = self.provision(&want).await?;
+        let (row, how) = self.sandboxes.provision(&want).await?;
         let now = now_ms();
         let lease = LeaseRow {
             id: new_id("ls"),
@@ -96,16 +117,16 @@ impl Controller {
             profile: req.profile.clone(),
             status: LeaseStatus::Active,
             created_at: now,
-            expires_at: self.expiry(req.ttl_seconds),
+            expires_at: self.ctx.expiry(req.ttl_seconds),
         };
-        self.store.insert_lease(&lease)?;
-        self.store.set_expiry(&row.id, Some(lease.expires_at))?;
-        self.event(
+        self.ctx.store.insert_lease(&lease)?;
+        self.ctx.store.set_expiry(&row.id, Some(lease.expires_at))?;
+        self.ctx.event(
             &row.id,
             "lease.acquired",
             json!({"lease_id": lease.id, "thread_id": lease.thread_id, "claim": how}),
         );
-        let row = self.get_row(&row.id)?;
+        let row = self.ctx.get_row(&row.id)?;
         Ok(self.lease_wire(&lease, &row, how))
     }
 
@@ -127,8 +148,8 @@ impl Controller {
         {
             return Some(format!("its sandbox lacks the required label {k}={v}"));
         }
-        if let Err(reason) = self.probe(row).await {
-            self.fail(
+        if let Err(reason) = self.sandboxes.probe(row).await {
+            self.sandboxes.fail(
                 &row.id,
                 &format!("failed its probe at lease reuse: {reason}"),
             );
@@ -139,6 +160,7 @@ impl Controller {
 
     pub async fn renew(self: &Arc<Self>, lease_id: &str, ttl_seconds: u64) -> Result<Lease> {
         let lease = self
+            .ctx
             .store
             .lease(lease_id)?
             .ok_or_else(|| Error::NotFound(format!("no lease {lease_id}")))?;
@@ -149,23 +171,26 @@ impl Controller {
             )));
         }
         let lease = self
+            .ctx
             .store
-            .extend_lease(lease_id, self.expiry(Some(ttl_seconds)))?
+            .extend_lease(lease_id, self.ctx.expiry(Some(ttl_seconds)))?
             .ok_or_else(|| Error::Conflict(format!("lease {lease_id} ended")))?;
-        self.store
+        self.ctx
+            .store
             .set_expiry(&lease.sandbox_id, Some(lease.expires_at))?;
-        self.event(
+        self.ctx.event(
             &lease.sandbox_id,
             "lease.renewed",
             json!({"lease_id": lease.id, "expires_at": rfc3339(lease.expires_at)}),
         );
-        let row = self.get_row(&lease.sandbox_id)?;
+        let row = self.ctx.get_row(&lease.sandbox_id)?;
         Ok(self.lease_wire(&lease, &row, "reused"))
     }
 
     /// Ends the lease and destroys its sandbox. Releasing twice is not an error.
     pub async fn release(self: &Arc<Self>, lease_id: &str, reason: &str) -> Result<()> {
         let lease = self
+            .ctx
             .store
             .lease(lease_id)?
             .ok_or_else(|| Error::NotFound(format!("no lease {lease_id}")))?;
@@ -174,21 +199,21 @@ impl Controller {
         } else {
             LeaseStatus::Released
         };
-        if self.store.end_lease(lease_id, status)? {
-            self.event(
+        if self.ctx.store.end_lease(lease_id, status)? {
+            self.ctx.event(
                 &lease.sandbox_id,
                 "lease.released",
                 json!({"lease_id": lease.id, "reason": reason}),
             );
         }
-        self.destroy(&lease.sandbox_id).await;
+        self.sandboxes.destroy(&lease.sandbox_id).await;
         Ok(())
     }
 
     fn lease_wire(&self, lease: &LeaseRow, row: &SandboxRow, how: &str) -> Lease {
         Lease {
             lease_id: lease.id.clone(),
-            sandbox: self.to_wire(row),
+            sandbox: self.sandboxes.to_wire(row),
             thread_id: lease.thread_id.clone(),
             expires_at: Some(rfc3339(lease.expires_at)),
             how: Some(how.to_string()),
@@ -202,7 +227,8 @@ mod tests {
 
     use super::*;
     use crate::config::Config;
-    use crate::provider::fake::{FakeProvider, controller_on};
+    use crate::controller::controller_on;
+    use crate::provider::fake::FakeProvider;
 
     const WITHIN: Duration = Duration::from_secs(20);
 
@@ -222,49 +248,65 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let fake = FakeProvider::new("process");
         let c = controller_on(d.path(), &fake, Config::default());
-        let first = c.acquire(&acquire("t1", Some(600))).await.unwrap();
+        let first = c.leases.acquire(&acquire("t1", Some(600))).await.unwrap();
         assert_eq!(first.how.as_deref(), Some("cold"));
         assert_eq!(first.sandbox.status, "running");
-        let again = c.acquire(&acquire("t1", Some(600))).await.unwrap();
+        let again = c.leases.acquire(&acquire("t1", Some(600))).await.unwrap();
         assert_eq!(again.how.as_deref(), Some("reused"));
         assert_eq!(again.lease_id, first.lease_id);
         assert_eq!(again.sandbox.id, first.sandbox.id);
         assert_eq!(fake.creates(), 1);
         // Another thread, another sandbox.
-        let other = c.acquire(&acquire("t2", None)).await.unwrap();
+        let other = c.leases.acquire(&acquire("t2", None)).await.unwrap();
         assert_ne!(other.sandbox.id, first.sandbox.id);
         // Renewals only extend; the sandbox's expiry follows the lease's.
-        let before = c.store.lease(&first.lease_id).unwrap().unwrap().expires_at;
-        c.renew(&first.lease_id, 1).await.unwrap();
+        let before = c
+            .ctx
+            .store
+            .lease(&first.lease_id)
+            .unwrap()
+            .unwrap()
+            .expires_at;
+        c.leases.renew(&first.lease_id, 1).await.unwrap();
         assert_eq!(
-            c.store.lease(&first.lease_id).unwrap().unwrap().expires_at,
+            c.ctx
+                .store
+                .lease(&first.lease_id)
+                .unwrap()
+                .unwrap()
+                .expires_at,
             before
         );
-        c.renew(&first.lease_id, 7200).await.unwrap();
-        let after = c.store.lease(&first.lease_id).unwrap().unwrap();
+        c.leases.renew(&first.lease_id, 7200).await.unwrap();
+        let after = c.ctx.store.lease(&first.lease_id).unwrap().unwrap();
         assert!(after.expires_at > before);
         assert_eq!(
-            c.get_row(&first.sandbox.id).unwrap().expires_at,
+            c.ctx.get_row(&first.sandbox.id).unwrap().expires_at,
             Some(after.expires_at)
         );
         // Released: the lease ends, its sandbox is destroyed; twice is no error.
-        c.release(&first.lease_id, "done").await.unwrap();
-        c.release(&first.lease_id, "done").await.unwrap();
-        let l = c.store.lease(&first.lease_id).unwrap().unwrap();
+        c.leases.release(&first.lease_id, "done").await.unwrap();
+        c.leases.release(&first.lease_id, "done").await.unwrap();
+        let l = c.ctx.store.lease(&first.lease_id).unwrap().unwrap();
         assert_eq!(l.status, LeaseStatus::Released);
         assert_eq!(
-            c.get_row(&first.sandbox.id).unwrap().status,
+            c.ctx.get_row(&first.sandbox.id).unwrap().status,
             SandboxStatus::Stopped
         );
         assert!(!fake.ids().contains(&first.sandbox.id));
         assert!(
-            c.renew(&first.lease_id, 60).await.is_err(),
+            c.leases.renew(&first.lease_id, 60).await.is_err(),
             "an ended lease"
         );
         // The thread's next acquire is a new lease.
-        let next = c.acquire(&acquire("t1", None)).await.unwrap();
+        let next = c.leases.acquire(&acquire("t1", None)).await.unwrap();
         assert_ne!(next.lease_id, first.lease_id);
-        assert!(c.acquire(&acquire("bad thread!", None)).await.is_err());
+        assert!(
+            c.leases
+                .acquire(&acquire("bad thread!", None))
+                .await
+                .is_err()
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -272,13 +314,13 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let fake = FakeProvider::new("process");
         let c = controller_on(d.path(), &fake, Config::default());
-        let first = c.acquire(&acquire("t", None)).await.unwrap();
+        let first = c.leases.acquire(&acquire("t", None)).await.unwrap();
         fake.set_reachable(&first.sandbox.id, false);
-        let second = c.acquire(&acquire("t", None)).await.unwrap();
+        let second = c.leases.acquire(&acquire("t", None)).await.unwrap();
         assert_eq!(second.lease_id, first.lease_id);
         assert_ne!(second.sandbox.id, first.sandbox.id);
         assert_eq!(second.how.as_deref(), Some("cold"));
-        let old = c.get_row(&first.sandbox.id).unwrap();
+        let old = c.ctx.get_row(&first.sandbox.id).unwrap();
         assert_eq!(old.status, SandboxStatus::Failed);
         assert!(
             old.error
@@ -291,10 +333,15 @@ mod tests {
             .await;
         assert!(gone);
         fake.kill(&second.sandbox.id, "oom");
-        let third = c.acquire(&acquire("t", None)).await.unwrap();
+        let third = c.leases.acquire(&acquire("t", None)).await.unwrap();
         assert_ne!(third.sandbox.id, second.sandbox.id);
         assert_eq!(
-            c.store.lease(&first.lease_id).unwrap().unwrap().sandbox_id,
+            c.ctx
+                .store
+                .lease(&first.lease_id)
+                .unwrap()
+                .unwrap()
+                .sandbox_id,
             third.sandbox.id
         );
     }
@@ -307,7 +354,7 @@ mod tests {
         let tasks: Vec<_> = (0..6)
             .map(|_| {
                 let c = c.clone();
-                tokio::spawn(async move { c.acquire(&acquire("same", None)).await.unwrap() })
+                tokio::spawn(async move { c.leases.acquire(&acquire("same", None)).await.unwrap() })
             })
             .collect();
         let mut leases = std::collections::BTreeSet::new();

@@ -7,6 +7,8 @@ pub mod artifact;
 pub mod catalog;
 pub mod cli;
 pub mod config;
+pub mod controller;
+pub mod ctx;
 #[cfg(test)]
 mod deploy_manifests;
 pub mod episode;
@@ -33,3 +35,4 @@ pub mod timeline;
 pub mod util;
 pub mod verify;
 pub mod viewer;
+pub mod warm;

@@ -39,10 +39,10 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use rmcp::{Json, ServerHandler, schemars, tool, tool_handler, tool_router};
 use serde::{Deserialize, Deserializer, Serialize};
 
+use crate::controller::Controller;
 use crate::error::Error;
 use crate::http::ApiError;
 use crate::lifecycle::SandboxStatus;
-use crate::sandbox::Controller;
 
 /// The most MCP sessions open at once.
 pub const MAX_SESSIONS: usize = 256;
@@ -78,7 +78,7 @@ pub fn router<S: Clone + Send + Sync + 'static>(c: Arc<Controller>) -> Router<S>
 
 /// The MCP URL of a sandbox through this controller.
 pub fn sandbox_mcp_url(c: &Controller, id: &str) -> String {
-    format!("{}{}", c.public_url, fill(route::SANDBOX_MCP, &[id]))
+    format!("{}{}", c.ctx.public_url, fill(route::SANDBOX_MCP, &[id]))
 }
 
 /// A sandbox as the REST routes answer it, plus its MCP URL.
@@ -300,12 +300,12 @@ impl ControllerMcp {
         let wait = args.wait.unwrap_or(true);
         let row = Self::detached(async move {
             match wait {
-                true => c.provision(&req).await.map(|(row, _)| row),
-                false => c.provision_nowait(&req).await,
+                true => c.sandboxes.provision(&req).await.map(|(row, _)| row),
+                false => c.sandboxes.provision_nowait(&req).await,
             }
         })
         .await?;
-        Ok(Json(self.answer(self.c.to_wire(&row))))
+        Ok(Json(self.answer(self.c.sandboxes.to_wire(&row))))
     }
 
     /// Lists the sandboxes (not the stopped ones unless `status` asks), filtered by labels
@@ -317,7 +317,7 @@ impl ControllerMcp {
     ) -> Result<Json<SandboxListAnswer>, ToolError> {
         let labels: Vec<(String, String)> = args.labels.into_iter().collect();
         let status = args.status.map(SandboxStatus::from);
-        let sandboxes = self.c.list(&labels, status)?;
+        let sandboxes = self.c.sandboxes.list(&labels, status)?;
         Ok(Json(SandboxListAnswer {
             sandboxes: sandboxes.into_iter().map(|s| self.answer(s)).collect(),
         }))
@@ -329,8 +329,8 @@ impl ControllerMcp {
         &self,
         Parameters(args): Parameters<SandboxId>,
     ) -> Result<Json<SandboxAnswer>, ToolError> {
-        let row = self.c.visible_row(&args.id)?;
-        Ok(Json(self.answer(self.c.to_wire(&row))))
+        let row = self.c.ctx.visible_row(&args.id)?;
+        Ok(Json(self.answer(self.c.sandboxes.to_wire(&row))))
     }
 
     /// Deletes a sandbox (and ends its lease); answers it as it is then (`stopped`).
@@ -346,11 +346,11 @@ impl ControllerMcp {
         let c = self.c.clone();
         let id = args.id;
         let row = Self::detached(async move {
-            c.delete(&id).await?;
-            c.get_row(&id)
+            c.sandboxes.delete(&id).await?;
+            c.ctx.get_row(&id)
         })
         .await?;
-        Ok(Json(self.answer(self.c.to_wire(&row))))
+        Ok(Json(self.answer(self.c.sandboxes.to_wire(&row))))
     }
 
     /// Acquires the lease of a thread (`POST /sandbox/v1/leases`): the same lease and sandbox
@@ -366,7 +366,7 @@ impl ControllerMcp {
         Parameters(args): Parameters<AcquireLease>,
     ) -> Result<Json<LeaseAnswer>, ToolError> {
         let c = self.c.clone();
-        let lease = Self::detached(async move { c.acquire(&args).await }).await?;
+        let lease = Self::detached(async move { c.leases.acquire(&args).await }).await?;
         let mcp_url = sandbox_mcp_url(&self.c, &lease.sandbox.id);
         Ok(Json(LeaseAnswer { lease, mcp_url }))
     }
@@ -386,7 +386,7 @@ impl ControllerMcp {
             name: args.name,
         };
         let id = args.id;
-        let a = Self::detached(async move { c.publish_path(&id, req).await }).await?;
+        let a = Self::detached(async move { c.artifacts.publish_path(&id, req).await }).await?;
         Ok(Json(a.to_wire()))
     }
 
@@ -399,6 +399,7 @@ impl ControllerMcp {
     ) -> Result<Json<berth_protocol::controller::ArtifactList>, ToolError> {
         let rows = self
             .c
+            .artifacts
             .artifacts(args.sandbox.as_deref(), args.run.as_deref())?;
         Ok(Json(berth_protocol::controller::ArtifactList {
             artifacts: rows.iter().map(|a| a.to_wire()).collect(),
@@ -417,7 +418,8 @@ impl ControllerMcp {
     ) -> Result<Json<Released>, ToolError> {
         let c = self.c.clone();
         let id = args.lease_id.clone();
-        Self::detached(async move { c.release(&id, "released by its holder").await }).await?;
+        Self::detached(async move { c.leases.release(&id, "released by its holder").await })
+            .await?;
         Ok(Json(Released {
             lease_id: args.lease_id,
             released: true,

@@ -6,7 +6,6 @@
 //! A pool above its size (resized down, or after a restart) destroys its surplus idle members,
 //! decided from the stored members alone ([`surplus`]); claimed sandboxes are no longer members.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,15 +14,11 @@ pub use berth_protocol::controller::PoolStatus;
 use berth_protocol::sync::Locked;
 use tokio::sync::{Notify, Semaphore};
 
-use crate::config::PoolConfig;
+use crate::ctx::Ctx;
 use crate::lifecycle::SandboxStatus;
-use crate::sandbox::{Controller, Request};
+use crate::sandbox::{Request, Sandboxes};
 use crate::store::SandboxRow;
-
-/// The pool a profile + image belongs to.
-pub fn key(profile: &str, image_ref: &str) -> String {
-    format!("{profile}@{image_ref}")
-}
+use crate::warm::{PoolState, PoolTable};
 
 /// Which of a pool's stored, live members to destroy so that it holds no more than `size`.
 ///
@@ -46,99 +41,40 @@ pub fn surplus(members: &[SandboxRow], size: usize) -> Vec<String> {
         .collect()
 }
 
-pub struct PoolState {
-    pub key: String,
-    pub profile: String,
-    pub image_ref: String,
-    /// The members' screen (`WxH`), when the pool declares one.
-    pub screen: Option<String>,
-    pub size: AtomicUsize,
-    pub paused: AtomicBool,
-    failures: AtomicU32,
-    failing: Mutex<Option<String>>,
-    wake: Notify,
-}
-
-#[derive(Default)]
+/// The warm pools' refill: keeps each configured pool at its size, starting members through
+/// [`Sandboxes`] and destroying its surplus.
 pub struct Pools {
-    configured: Vec<PoolConfig>,
-    pools: Mutex<BTreeMap<String, Arc<PoolState>>>,
-    starts: Mutex<Option<Arc<Semaphore>>>,
+    ctx: Arc<Ctx>,
+    sandboxes: Arc<Sandboxes>,
+    pub table: Arc<PoolTable>,
 }
 
 impl Pools {
-    pub fn new(configured: &[PoolConfig]) -> Pools {
+    pub fn new(ctx: Arc<Ctx>, sandboxes: Arc<Sandboxes>, table: Arc<PoolTable>) -> Pools {
         Pools {
-            configured: configured.to_vec(),
-            ..Default::default()
+            ctx,
+            sandboxes,
+            table,
         }
     }
 
-    pub fn has(&self, key: &str) -> bool {
-        self.get(key).is_some()
-    }
-
-    fn get(&self, key: &str) -> Option<Arc<PoolState>> {
-        self.pools.locked().get(key).cloned()
-    }
-
-    pub fn all(&self) -> Vec<Arc<PoolState>> {
-        self.pools.locked().values().cloned().collect()
-    }
-
-    /// A member was taken: refill.
-    pub fn claimed(&self, key: &str) {
-        if let Some(p) = self.get(key) {
-            p.wake.notify_one();
-        }
-    }
-
-    /// A member became ready: its start succeeded, and a shrunk pool may now destroy it.
-    pub fn member_ready(&self, key: &str) {
-        if let Some(p) = self.get(key) {
-            p.failures.store(0, Ordering::SeqCst);
-            p.wake.notify_one();
-        }
-    }
-
-    /// Pauses or resumes every pool of `profile`, optionally with a new size; resuming clears
-    /// a failed refill. False when no pool serves that profile.
-    pub fn adjust(&self, profile: &str, paused: Option<bool>, size: Option<usize>) -> bool {
-        let mut found = false;
-        for p in self.all().into_iter().filter(|p| p.profile == profile) {
-            found = true;
-            if let Some(paused) = paused {
-                p.paused.store(paused, Ordering::SeqCst);
-                if !paused {
-                    p.failures.store(0, Ordering::SeqCst);
-                    *p.failing.locked() = None;
-                }
-            }
-            if let Some(size) = size {
-                p.size.store(size, Ordering::SeqCst);
-            }
-            p.wake.notify_one();
-        }
-        found
-    }
-}
-
-impl Controller {
     /// Resolves the configured pools and starts their refill loops.
     pub fn start_pools(self: &Arc<Self>) -> anyhow::Result<()> {
-        *self.pools.starts.locked() =
-            Some(Arc::new(Semaphore::new(self.config.refill_concurrency)));
-        for c in self.pools.configured.clone() {
+        *self.table.starts.locked() =
+            Some(Arc::new(Semaphore::new(self.ctx.config.refill_concurrency)));
+        for c in self.table.configured.clone() {
             let (image, key) = self
+                .sandboxes
                 .resolve(&c.profile, c.image_ref.as_deref())
                 .map_err(|e| anyhow::anyhow!("pool for {}: {e}", c.profile))?;
             let screen = self
+                .sandboxes
                 .check_screen(&c.profile, c.screen.as_deref())
                 .map_err(|e| anyhow::anyhow!("pool for {}: {e}", c.profile))?;
             let state = Arc::new(PoolState {
                 key: key.clone(),
                 // A pool configured under an alias serves the canonical profile.
-                profile: self.catalog.canonical(&c.profile).to_string(),
+                profile: self.ctx.catalog.canonical(&c.profile).to_string(),
                 image_ref: image,
                 screen,
                 size: AtomicUsize::new(c.size),
@@ -147,19 +83,25 @@ impl Controller {
                 failing: Mutex::new(None),
                 wake: Notify::new(),
             });
-            self.pools.pools.locked().insert(key, state.clone());
+            self.table.pools.locked().insert(key, state.clone());
             let me = self.clone();
             tokio::spawn(async move { me.refill_loop(state).await });
         }
         Ok(())
     }
 
+    /// Pauses or resumes every pool of `profile`, optionally with a new size (see
+    /// [`PoolTable::adjust`]). False when no pool serves that profile.
+    pub fn adjust(&self, profile: &str, paused: Option<bool>, size: Option<usize>) -> bool {
+        self.table.adjust(profile, paused, size)
+    }
+
     pub fn pool_status(&self) -> Vec<PoolStatus> {
-        self.pools
+        self.table
             .all()
             .iter()
             .map(|p| {
-                let (ready, starting) = self.store.pool_members(&p.key).unwrap_or((0, 0));
+                let (ready, starting) = self.ctx.store.pool_members(&p.key).unwrap_or((0, 0));
                 PoolStatus {
                     pool: p.key.clone(),
                     profile: p.profile.clone(),
@@ -176,7 +118,7 @@ impl Controller {
     }
 
     async fn refill_loop(self: Arc<Self>, pool: Arc<PoolState>) {
-        let Some(starts) = self.pools.starts.locked().clone() else {
+        let Some(starts) = self.table.starts.locked().clone() else {
             return;
         };
         loop {
@@ -190,7 +132,7 @@ impl Controller {
                 let Ok(permit) = starts.clone().acquire_owned().await else {
                     return;
                 };
-                let (ready, starting) = match self.store.pool_members(&pool.key) {
+                let (ready, starting) = match self.ctx.store.pool_members(&pool.key) {
                     Ok(c) => c,
                     Err(e) => {
                         tracing::error!(pool = %pool.key, error = %e, "cannot count the pool");
@@ -210,7 +152,10 @@ impl Controller {
                     ttl_seconds: None,
                     screen: pool.screen.clone(),
                 };
-                let row = match self.insert_row(&req, &pool.image_ref, Some(&pool.key)) {
+                let row = match self
+                    .sandboxes
+                    .insert_row(&req, &pool.image_ref, Some(&pool.key))
+                {
                     Ok(r) => r,
                     Err(e) => {
                         self.refill_failed(&pool, &e.to_string());
@@ -220,8 +165,13 @@ impl Controller {
                 let me = self.clone();
                 let p = pool.clone();
                 tokio::spawn(async move {
-                    let result = match me.launch(&row).await {
-                        Ok(_) => me.clone().await_ready(row.id.clone()).await.map(|_| ()),
+                    let result = match me.sandboxes.launch(&row).await {
+                        Ok(_) => me
+                            .sandboxes
+                            .clone()
+                            .await_ready(row.id.clone())
+                            .await
+                            .map(|_| ()),
                         Err(e) => Err(e),
                     };
                     // The outcome counts before the permit is free for the next start.
@@ -239,7 +189,7 @@ impl Controller {
     /// Destroys the members beyond the pool's size ([`surplus`]), each first taken out of the
     /// pool by a compare-and-swap so a claim racing it wins or loses whole.
     fn shrink(self: &Arc<Self>, pool: &PoolState) {
-        let members = match self.store.pool_member_rows(&pool.key) {
+        let members = match self.ctx.store.pool_member_rows(&pool.key) {
             Ok(m) => m,
             Err(e) => {
                 tracing::error!(pool = %pool.key, error = %e, "cannot list the pool's members");
@@ -247,10 +197,10 @@ impl Controller {
             }
         };
         for id in surplus(&members, pool.size.load(Ordering::SeqCst)) {
-            match self.store.retire_member(&pool.key, &id) {
+            match self.ctx.store.retire_member(&pool.key, &id) {
                 Ok(true) => {
                     tracing::info!(pool = %pool.key, sandbox = %id, "destroying a surplus pool member");
-                    drop(self.destroy(&id)); // goes on in its own task
+                    drop(self.sandboxes.destroy(&id)); // goes on in its own task
                 }
                 Ok(false) => {}
                 Err(e) => {
@@ -263,7 +213,7 @@ impl Controller {
     fn refill_failed(&self, pool: &PoolState, reason: &str) {
         let n = pool.failures.fetch_add(1, Ordering::SeqCst) + 1;
         tracing::warn!(pool = %pool.key, failures = n, reason, "pool member failed to start");
-        if n >= self.config.refill_max_failures {
+        if n >= self.ctx.config.refill_max_failures {
             let msg = format!("refill stopped after {n} failed starts in a row; last: {reason}");
             tracing::error!(pool = %pool.key, "{msg}");
             *pool.failing.locked() = Some(msg);
@@ -274,6 +224,8 @@ impl Controller {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::PoolConfig;
+    use crate::controller::Controller;
     use crate::lifecycle::SandboxStatus;
 
     fn member(id: &str, status: &str, ready_at: Option<i64>) -> SandboxRow {
@@ -353,7 +305,8 @@ mod tests {
 
         use super::*;
         use crate::config::Config;
-        use crate::provider::fake::{CreateMode, FakeProvider, controller_on};
+        use crate::controller::controller_on;
+        use crate::provider::fake::{CreateMode, FakeProvider};
 
         const PROFILE: &str = "ide";
         const WITHIN: Duration = Duration::from_secs(20);
@@ -383,7 +336,7 @@ mod tests {
         }
 
         fn pool(c: &Controller) -> PoolStatus {
-            c.pool_status().pop().expect("one pool")
+            c.pools.pool_status().pop().expect("one pool")
         }
 
         async fn until(
@@ -406,9 +359,10 @@ mod tests {
             let d = tempfile::tempdir().unwrap();
             let fake = FakeProvider::new("process");
             let c = controller_on(d.path(), &fake, config(2, 2));
-            c.start_pools().unwrap();
+            c.pools.start_pools().unwrap();
             until(&c, &fake, |p| p.ready == 2).await;
             let members = c
+                .ctx
                 .store
                 .pool_member_rows(&pool(&c).pool)
                 .unwrap()
@@ -428,7 +382,7 @@ mod tests {
             let tasks: Vec<_> = (0..8)
                 .map(|_| {
                     let c = c.clone();
-                    tokio::spawn(async move { c.provision(&req()).await.unwrap() })
+                    tokio::spawn(async move { c.sandboxes.provision(&req()).await.unwrap() })
                 })
                 .collect();
             let mut got = Vec::new();
@@ -467,7 +421,7 @@ mod tests {
             fake.set_alive(&members[1], false);
             let mut got = Vec::new();
             for _ in 0..2 {
-                got.push(c.provision(&req()).await.unwrap());
+                got.push(c.sandboxes.provision(&req()).await.unwrap());
             }
             let warm: Vec<&str> = got
                 .iter()
@@ -477,13 +431,14 @@ mod tests {
             assert_eq!(warm.len(), 1, "{got:?}");
             assert!(members.iter().any(|m| m == warm[0]));
             assert!(
-                c.store
+                c.ctx
+                    .store
                     .sandbox(warm[0])
                     .unwrap()
                     .is_some_and(|r| r.status == SandboxStatus::Running)
             );
             let dead = members.iter().find(|m| *m != warm[0]).unwrap();
-            let row = c.store.sandbox(dead).unwrap().unwrap();
+            let row = c.ctx.store.sandbox(dead).unwrap().unwrap();
             assert_eq!(row.status, SandboxStatus::Failed, "{row:?}");
             // One member and one cold create besides the pool's two.
             assert_eq!(fake.creates(), 2 + 1);
@@ -495,14 +450,15 @@ mod tests {
             let fake = FakeProvider::new("process");
             fake.set_create(CreateMode::Hang);
             let c = controller_on(d.path(), &fake, config(2, 2));
-            c.start_pools().unwrap();
+            c.pools.start_pools().unwrap();
             until(&c, &fake, |p| p.starting == 2).await;
             // Each member's row is recorded before its create is asked.
             assert!(fake.wait_for(WITHIN, |f| f.creates() == 2).await);
             // Nothing is ready: a create is cold, and waits like any (it hangs too).
             let key = pool(&c).pool;
             assert!(
-                c.store
+                c.ctx
+                    .store
                     .claim_warm(&key, &Default::default(), None)
                     .unwrap()
                     .is_none()
@@ -520,7 +476,7 @@ mod tests {
             let fake = FakeProvider::new("process");
             fake.set_create(CreateMode::Fail("no capacity".into()));
             let c = controller_on(d.path(), &fake, config(2, 1));
-            c.start_pools().unwrap();
+            c.pools.start_pools().unwrap();
             until(&c, &fake, |p| p.failing.is_some()).await;
             let failing = pool(&c).failing.unwrap();
             assert!(failing.contains("after 3 failed starts"), "{failing}");
@@ -528,7 +484,7 @@ mod tests {
             // One start at a time: exactly the three that failed were tried.
             assert_eq!(fake.creates(), 3);
             // Each failed member ended failed, none left running in the provider.
-            let rows = c.store.sandboxes(&[SandboxStatus::Failed]).unwrap();
+            let rows = c.ctx.store.sandboxes(&[SandboxStatus::Failed]).unwrap();
             assert_eq!(rows.len(), 3);
             assert!(fake.ids().is_empty());
             // Resumed, with the provider working again: the pool fills.

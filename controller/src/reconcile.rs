@@ -1,27 +1,14 @@
 //! The one reconciler: what to do about a sandbox, given what the store holds and what its
 //! provider shows, is decided by [`decide`] — a pure function, so every case is tested
-//! without a provider — and carried out by [`Controller::apply`]. Start-up recovery, the
+//! without a provider — and carried out by [`crate::sandbox::Sandboxes::apply`]. Start-up recovery, the
 //! periodic sweep and the providers' death events all go through both.
 //!
-//! Every destroy the controller starts goes through [`Controller::destroy`]: one tracked task
+//! Every destroy the controller starts goes through [`crate::sandbox::Sandboxes::destroy`]: one tracked task
 //! per sandbox at a time, a bounded number at once.
-
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-
-use berth_protocol::sync::Locked;
-use futures_util::FutureExt;
-use futures_util::future::{BoxFuture, Shared};
-use serde_json::json;
-use tokio::sync::Semaphore;
 
 use crate::lifecycle::SandboxStatus;
 use crate::provider::{Endpoint, Observed};
-use crate::sandbox::Controller;
-use crate::store::{SandboxRow, SandboxUpdate};
-
-/// How many destroys run at once; more wait their turn.
-pub const MAX_CONCURRENT_DESTROYS: usize = 16;
+use crate::store::SandboxRow;
 
 /// Why a decision is being made: the same (stored, observed) pair can mean different things.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,152 +203,6 @@ fn in_sweep(status: SandboxStatus, observed: Option<&Observation>) -> Action {
             destroy: true,
         },
         Some(Health::Alive | Health::Unreachable(_)) => Action::Nothing,
-    }
-}
-
-/// A destroy under way: completes when it has ended. Dropping it does not stop the destroy.
-pub type Destroying = Shared<BoxFuture<'static, ()>>;
-
-/// The destroys under way, one per sandbox, a bounded number at once.
-pub struct Destroys {
-    running: Mutex<HashMap<String, Destroying>>,
-    permits: Arc<Semaphore>,
-}
-
-impl Default for Destroys {
-    fn default() -> Destroys {
-        Destroys {
-            running: Default::default(),
-            permits: Arc::new(Semaphore::new(MAX_CONCURRENT_DESTROYS)),
-        }
-    }
-}
-
-impl Destroys {
-    /// Whether a destroy of `id` is under way.
-    pub fn under_way(&self, id: &str) -> bool {
-        self.running.locked().contains_key(id)
-    }
-
-    /// How many destroys are under way.
-    pub fn count(&self) -> usize {
-        self.running.locked().len()
-    }
-}
-
-#[derive(Clone, Copy)]
-enum Job {
-    /// A stored sandbox: its row ends `stopped` (or keeps `failed`).
-    Destroy,
-    /// A provider sandbox the store does not know.
-    Reap,
-}
-
-impl Controller {
-    /// Carries out a decision about sandbox `id`. A destroy it starts runs in its own tracked
-    /// task; the answer is that destroy, for a caller that must wait for it.
-    pub fn apply(self: &Arc<Self>, id: &str, action: &Action) -> Option<Destroying> {
-        match action {
-            Action::Nothing => None,
-            Action::Adopt { endpoint } => {
-                if let Some(ep) = endpoint {
-                    self.record_endpoint(id, SandboxStatus::Running, ep);
-                }
-                self.event(id, "sandbox.adopted", json!({}));
-                None
-            }
-            Action::Resume { endpoint } => {
-                if let Some(ep) = endpoint {
-                    self.record_endpoint(id, SandboxStatus::Starting, ep);
-                }
-                let me = self.clone();
-                let id = id.to_string();
-                tokio::spawn(async move {
-                    let _ = me.await_ready(id).await;
-                });
-                None
-            }
-            Action::Fail { reason, destroy } => {
-                self.fail(id, reason);
-                destroy.then(|| self.destroy(id))
-            }
-            Action::Destroy { expired } => {
-                if *expired && !self.destroys.under_way(id) {
-                    self.event(id, "sandbox.expired", json!({}));
-                }
-                Some(self.destroy(id))
-            }
-            Action::Reap => Some(self.track(id, Job::Reap)),
-        }
-    }
-
-    /// Records the endpoint a provider reports for `id`, keeping it at `status`.
-    fn record_endpoint(&self, id: &str, status: SandboxStatus, ep: &Endpoint) {
-        let _ = self.store.set_status(
-            id,
-            status,
-            SandboxUpdate {
-                agent_url: Some(&ep.agent_url),
-                compat_url: Some(&ep.compat_url),
-                cdp_url: ep.cdp_url.as_deref(),
-                ports: Some(&ep.ports),
-                ..Default::default()
-            },
-        );
-    }
-
-    /// Stops and removes a stored sandbox in its own task; the row ends `stopped` (or keeps
-    /// `failed` with its reason). Answers the destroy under way (a second call while one runs
-    /// joins it); await it to wait for the end, or drop it.
-    pub fn destroy(self: &Arc<Self>, id: &str) -> Destroying {
-        self.track(id, Job::Destroy)
-    }
-
-    fn track(self: &Arc<Self>, id: &str, job: Job) -> Destroying {
-        let mut running = self.destroys.running.locked();
-        if let Some(d) = running.get(id) {
-            return d.clone();
-        }
-        let me = self.clone();
-        let key = id.to_string();
-        let task = tokio::spawn(async move {
-            let permit = me.destroys.permits.clone().acquire_owned().await;
-            match job {
-                Job::Destroy => me.destroy_now(&key).await,
-                Job::Reap => me.reap_orphan(&key).await,
-            }
-            drop(permit);
-            me.destroys.running.locked().remove(&key);
-        });
-        let done: Destroying = async move {
-            if let Err(e) = task.await {
-                tracing::error!(error = %e, "a destroy task ended abnormally");
-            }
-        }
-        .boxed()
-        .shared();
-        running.insert(id.to_string(), done.clone());
-        done
-    }
-
-    /// Destroys a provider sandbox the store does not know, wherever it runs.
-    async fn reap_orphan(&self, id: &str) {
-        for p in self.providers() {
-            if let Ok(Some(_)) = p.inspect(id).await {
-                tracing::warn!(
-                    sandbox = id,
-                    provider = p.name(),
-                    "reaping a sandbox the store does not know"
-                );
-                match p.destroy(id).await {
-                    Ok(()) => self.metrics.orphan_reaped(),
-                    Err(e) => {
-                        self.metrics.provider_error();
-                        tracing::error!(sandbox = id, error = %e, "cannot reap an orphan");
-                    }
-                }
-            }
-        }
     }
 }
 

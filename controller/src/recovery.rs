@@ -7,29 +7,46 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::artifact::Artifacts;
+use crate::ctx::Ctx;
+use crate::follow::Follower;
+use crate::lease::Leases;
 use crate::lifecycle::SandboxStatus;
 use crate::provider::Observed;
 use crate::reconcile::{Action, Context, Health, Observation, Pass, Stored, decide};
-use crate::sandbox::Controller;
+use crate::run::Runs;
+use crate::sandbox::Sandboxes;
+use crate::timeline::Timeline;
 use crate::util::now_ms;
 
 const SWEEP_EVERY: Duration = Duration::from_secs(2);
 
-impl Controller {
+/// The reconciler: start-up recovery and the continuous sweep, over every domain below it.
+pub struct Reconciler {
+    pub ctx: Arc<Ctx>,
+    pub sandboxes: Arc<Sandboxes>,
+    pub leases: Arc<Leases>,
+    pub runs: Arc<Runs>,
+    pub artifacts: Arc<Artifacts>,
+    pub timeline: Arc<Timeline>,
+    pub follower: Arc<Follower>,
+}
+
+impl Reconciler {
     /// Every provider sandbox labelled with this controller's id, and the providers that
     /// could not say (their sandboxes are decided on once they can).
     async fn observed(&self) -> (BTreeMap<String, (Observed, String)>, BTreeSet<String>) {
         let mut out = BTreeMap::new();
         let mut unlisted = BTreeSet::new();
-        for p in self.providers() {
-            match p.list(&self.controller_id).await {
+        for p in self.ctx.providers() {
+            match p.list(&self.ctx.controller_id).await {
                 Ok(list) => {
                     for o in list {
                         out.insert(o.identity.sandbox_id.clone(), (o, p.name().to_string()));
                     }
                 }
                 Err(e) => {
-                    self.metrics.provider_error();
+                    self.ctx.metrics.provider_error();
                     unlisted.insert(p.name().to_string());
                     tracing::error!(provider = p.name(), error = %e, "cannot list sandboxes");
                 }
@@ -42,7 +59,7 @@ impl Controller {
         Context {
             pass,
             now_ms: now_ms(),
-            orphan_grace_ms: self.config.orphan_grace_secs as i64 * 1000,
+            orphan_grace_ms: self.ctx.config.orphan_grace_secs as i64 * 1000,
         }
     }
 
@@ -50,7 +67,7 @@ impl Controller {
     /// provider sandbox of this controller is decided on ([`decide`]) and the decision applied.
     pub async fn recover(self: &Arc<Self>) -> anyhow::Result<()> {
         let (observed, unlisted) = self.observed().await;
-        let rows = self.store.sandboxes(&[])?;
+        let rows = self.ctx.store.sandboxes(&[])?;
         let cx = self.context(Pass::Startup);
         let (mut adopted, mut resumed, mut vanished, mut reaped) = (0, 0, 0, 0);
         for row in &rows {
@@ -68,7 +85,7 @@ impl Controller {
                 if let Some(ep) = &o.endpoint {
                     now.agent_url = Some(ep.agent_url.clone());
                 }
-                if let Err(reason) = self.probe(&now).await {
+                if let Err(reason) = self.sandboxes.probe(&now).await {
                     o.health = Health::Unreachable(reason);
                 }
             }
@@ -79,7 +96,7 @@ impl Controller {
                 Action::Fail { .. } => vanished += 1,
                 _ => {}
             }
-            self.apply(&row.id, &action);
+            self.sandboxes.apply(&row.id, &action);
         }
         let known: BTreeSet<&str> = rows.iter().map(|r| r.id.as_str()).collect();
         for (id, (o, _)) in &observed {
@@ -90,7 +107,7 @@ impl Controller {
             if action == Action::Reap {
                 reaped += 1;
             }
-            self.apply(id, &action);
+            self.sandboxes.apply(id, &action);
         }
         tracing::info!(
             adopted,
@@ -105,13 +122,13 @@ impl Controller {
     /// The loops that keep the world matching the store.
     pub fn start_loops(self: &Arc<Self>) {
         // Deaths the providers report (Docker's die/oom events) are acted on at once.
-        for p in self.providers() {
-            if let Some(mut deaths) = p.deaths(&self.controller_id) {
+        for p in self.ctx.providers() {
+            if let Some(mut deaths) = p.deaths(&self.ctx.controller_id) {
                 let me = self.clone();
                 tokio::spawn(async move {
                     while let Some(d) = deaths.recv().await {
                         // A death report is an observation like any other.
-                        let Ok(Some(row)) = me.store.sandbox(&d.sandbox_id) else {
+                        let Ok(Some(row)) = me.ctx.store.sandbox(&d.sandbox_id) else {
                             continue;
                         };
                         let seen = Observation {
@@ -120,18 +137,19 @@ impl Controller {
                             endpoint: None,
                         };
                         let cx = me.context(Pass::Death);
-                        me.apply(&row.id, &decide(&cx, Some(&Stored::of(&row)), Some(&seen)));
+                        me.sandboxes
+                            .apply(&row.id, &decide(&cx, Some(&Stored::of(&row)), Some(&seen)));
                     }
                 });
             }
         }
         let me = self.clone();
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(me.config.reconcile_interval());
+            let mut tick = tokio::time::interval(me.ctx.config.reconcile_interval());
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                me.reconcile_runs().await;
+                me.runs.reconcile_runs().await;
             }
         });
         let me = self.clone();
@@ -148,22 +166,23 @@ impl Controller {
     async fn sweep(self: &Arc<Self>) {
         let now = now_ms();
         // Expired leases, then expired sandboxes.
-        if let Ok(leases) = self.store.expired_leases(now) {
+        if let Ok(leases) = self.ctx.store.expired_leases(now) {
             for l in leases {
-                if let Err(e) = self.release(&l.id, "expired").await {
+                if let Err(e) = self.leases.release(&l.id, "expired").await {
                     tracing::warn!(lease = %l.id, error = %e, "releasing an expired lease");
                 }
             }
         }
         use SandboxStatus::*;
         let Ok(rows) = self
+            .ctx
             .store
             .sandboxes(&[Running, Starting, Pending, Stopping])
         else {
             return;
         };
         // Artifacts past their retention.
-        self.sweep_artifacts().await;
+        self.artifacts.sweep_artifacts().await;
         let cx = self.context(Pass::Sweep);
         for row in rows {
             let stored = Stored::of(&row);
@@ -171,7 +190,7 @@ impl Controller {
             // own one still starting, and an expired one goes whatever it is.
             let look = row.status == Running && row.expires_at.is_none_or(|e| e > cx.now_ms);
             let seen = if look {
-                let Ok(provider) = self.provider_named(&row.provider) else {
+                let Ok(provider) = self.ctx.provider_named(&row.provider) else {
                     continue;
                 };
                 match provider.inspect(&row.id).await {
@@ -188,20 +207,20 @@ impl Controller {
             if action == Action::Nothing && seen.as_ref().is_some_and(|o| o.health == Health::Alive)
             {
                 // Its runs are recorded as they end, its recordings published as they stop.
-                self.follow(&row.id);
+                self.follower.follow(&row.id);
             }
             if action == Action::Nothing
                 && seen.as_ref().is_some_and(|o| o.health == Health::Alive)
-                && let Err(e) = self.import_agent_events(&row).await
+                && let Err(e) = self.timeline.import_agent_events(&row).await
             {
                 tracing::debug!(sandbox = %row.id, error = %e, "agent events not imported");
             }
-            self.apply(&row.id, &action);
+            self.sandboxes.apply(&row.id, &action);
         }
         // What the providers run that the store holds ended, or not at all.
         let (observed, _) = self.observed().await;
         for (id, (o, _)) in observed {
-            let Ok(known) = self.store.sandbox(&id) else {
+            let Ok(known) = self.ctx.store.sandbox(&id) else {
                 continue;
             };
             let stored = known.as_ref().map(Stored::of);
@@ -212,7 +231,7 @@ impl Controller {
                 continue; // decided on above
             }
             let action = decide(&cx, stored.as_ref(), Some(&Observation::of(&o)));
-            self.apply(&id, &action);
+            self.sandboxes.apply(&id, &action);
         }
     }
 }
@@ -223,8 +242,10 @@ mod tests {
 
     use super::*;
     use crate::config::Config;
+    use crate::controller::Controller;
+    use crate::controller::controller_on;
     use crate::lifecycle::LeaseStatus;
-    use crate::provider::fake::{CreateMode, FakeProvider, controller_on};
+    use crate::provider::fake::{CreateMode, FakeProvider};
     use crate::provider::{Identity, Provider};
     use crate::reconcile::reasons;
     use crate::sandbox::Request;
@@ -243,11 +264,12 @@ mod tests {
     }
 
     fn status(c: &Controller, id: &str) -> SandboxStatus {
-        c.get_row(id).unwrap().status
+        c.ctx.get_row(id).unwrap().status
     }
 
     fn kinds(c: &Controller, id: &str) -> Vec<String> {
-        c.store
+        c.ctx
+            .store
             .events(id, 0, 1000)
             .unwrap()
             .iter()
@@ -266,7 +288,7 @@ mod tests {
             ..Config::default()
         };
         let before = controller_on(d.path(), &fake, config.clone());
-        let make = || async { before.provision(&req()).await.unwrap().0.id };
+        let make = || async { before.sandboxes.provision(&req()).await.unwrap().0.id };
         let adopted = make().await;
         let died = make().await;
         let vanished = make().await;
@@ -278,15 +300,21 @@ mod tests {
         fake.set_reachable(&unreachable, false);
         assert!(
             before
+                .ctx
                 .store
                 .set_status(&deleting, SandboxStatus::Stopping, Default::default())
                 .unwrap()
         );
-        before.fail(&failed, "a failure before the restart");
+        before
+            .sandboxes
+            .fail(&failed, "a failure before the restart");
         // A start under way: recorded, made by the provider, not ready yet.
-        let starting = before.insert_row(&req(), "fake:ide-ubuntu", None).unwrap();
+        let starting = before
+            .sandboxes
+            .insert_row(&req(), "fake:ide-ubuntu", None)
+            .unwrap();
         let identity = Identity {
-            controller_id: before.controller_id.clone(),
+            controller_id: before.ctx.controller_id.clone(),
             sandbox_id: starting.id.clone(),
             profile: starting.profile.clone(),
             image_ref: starting.image_ref.clone(),
@@ -300,6 +328,7 @@ mod tests {
             .endpoint
             .unwrap();
         before
+            .ctx
             .store
             .set_status(
                 &starting.id,
@@ -312,7 +341,10 @@ mod tests {
             )
             .unwrap();
         // A create the provider never answered.
-        let pending = before.insert_row(&req(), "fake:ide-ubuntu", None).unwrap();
+        let pending = before
+            .sandboxes
+            .insert_row(&req(), "fake:ide-ubuntu", None)
+            .unwrap();
         // Sandboxes of this controller the store does not know: an old one and a new one.
         let orphan = |id: &str| Identity {
             sandbox_id: id.into(),
@@ -329,11 +361,11 @@ mod tests {
         drop(before);
 
         let after = controller_on(d.path(), &fake, config);
-        after.recover().await.unwrap();
+        after.reconciler.recover().await.unwrap();
         assert_eq!(status(&after, &adopted), SandboxStatus::Running);
         assert!(kinds(&after, &adopted).contains(&"sandbox.adopted".to_string()));
         let check_failed = |id: &str, reason: &str| {
-            let row = after.get_row(id).unwrap();
+            let row = after.ctx.get_row(id).unwrap();
             assert_eq!(row.status, SandboxStatus::Failed, "{id}");
             assert!(
                 row.error.as_deref().unwrap_or_default().starts_with(reason),
@@ -361,17 +393,17 @@ mod tests {
         // The delete cut short is finished.
         let finished = fake
             .wait_for(WITHIN, |_| {
-                after.get_row(&deleting).unwrap().status == SandboxStatus::Stopped
+                after.ctx.get_row(&deleting).unwrap().status == SandboxStatus::Stopped
             })
             .await;
         assert!(finished);
         // The start under way is driven to ready again.
         let ready = fake
             .wait_for(WITHIN, |_| {
-                after.get_row(&starting.id).unwrap().status == SandboxStatus::Running
+                after.ctx.get_row(&starting.id).unwrap().status == SandboxStatus::Running
             })
             .await;
-        assert!(ready, "{:?}", after.get_row(&starting.id).unwrap());
+        assert!(ready, "{:?}", after.ctx.get_row(&starting.id).unwrap());
         // A failed sandbox keeps its status once destroyed.
         assert_eq!(status(&after, &failed), SandboxStatus::Failed);
     }
@@ -381,8 +413,8 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let fake = FakeProvider::new("process");
         let c = controller_on(d.path(), &fake, Config::default());
-        c.start_loops();
-        let id = c.provision(&req()).await.unwrap().0.id;
+        c.reconciler.start_loops();
+        let id = c.sandboxes.provision(&req()).await.unwrap().0.id;
         fake.kill(&id, "the container was OOM-killed");
         let failed = fake
             .wait_for(WITHIN, |f| {
@@ -391,18 +423,18 @@ mod tests {
             .await;
         assert!(failed);
         assert_eq!(
-            c.get_row(&id).unwrap().error.as_deref(),
+            c.ctx.get_row(&id).unwrap().error.as_deref(),
             Some("the container was OOM-killed")
         );
         // Gone without a report: the sweep finds it.
-        let quiet = c.provision(&req()).await.unwrap().0.id;
+        let quiet = c.sandboxes.provision(&req()).await.unwrap().0.id;
         fake.vanish(&quiet);
         let found = fake
             .wait_for(WITHIN, |_| status(&c, &quiet) == SandboxStatus::Failed)
             .await;
         assert!(found);
         assert_eq!(
-            c.get_row(&quiet).unwrap().error.as_deref(),
+            c.ctx.get_row(&quiet).unwrap().error.as_deref(),
             Some(reasons::VANISHED)
         );
     }
@@ -413,6 +445,7 @@ mod tests {
         let fake = FakeProvider::new("process");
         let c = controller_on(d.path(), &fake, Config::default());
         let lease = c
+            .leases
             .acquire(&berth_protocol::controller::AcquireLease {
                 thread_id: "t".into(),
                 profile: "ide".into(),
@@ -424,6 +457,7 @@ mod tests {
             .await
             .unwrap();
         let short = c
+            .sandboxes
             .provision(&Request {
                 ttl_seconds: Some(1),
                 ..req()
@@ -436,16 +470,22 @@ mod tests {
         fake.set_create(CreateMode::Hang);
         let hanging = {
             let c = c.clone();
-            tokio::spawn(async move { c.provision_nowait(&req()).await })
+            tokio::spawn(async move { c.sandboxes.provision_nowait(&req()).await })
         };
         assert!(fake.wait_for(WITHIN, |f| f.creates() == 3).await);
         // The clock passes both expiries (what the sweep waits for is time itself).
-        let expires = c.store.lease(&lease.lease_id).unwrap().unwrap().expires_at;
-        let latest = expires.max(c.get_row(&short).unwrap().expires_at.unwrap());
+        let expires = c
+            .ctx
+            .store
+            .lease(&lease.lease_id)
+            .unwrap()
+            .unwrap()
+            .expires_at;
+        let latest = expires.max(c.ctx.get_row(&short).unwrap().expires_at.unwrap());
         tokio::time::sleep(Duration::from_millis((latest - now_ms()).max(0) as u64 + 5)).await;
-        c.sweep().await;
+        c.reconciler.sweep().await;
         assert_eq!(
-            c.store.lease(&lease.lease_id).unwrap().unwrap().status,
+            c.ctx.store.lease(&lease.lease_id).unwrap().unwrap().status,
             LeaseStatus::Expired
         );
         let stopped = fake
@@ -457,7 +497,7 @@ mod tests {
             .await;
         assert!(stopped);
         assert!(kinds(&c, &short).contains(&"sandbox.expired".to_string()));
-        let pending = c.store.sandboxes(&[SandboxStatus::Pending]).unwrap();
+        let pending = c.ctx.store.sandboxes(&[SandboxStatus::Pending]).unwrap();
         assert_eq!(pending.len(), 1);
         hanging.abort();
     }

@@ -9,9 +9,10 @@ use berth_protocol::controller::{Command, Run, RunRequest};
 use berth_protocol::{AgentClient, ClientError, CommandState, ExecRequest, OutputChunk, Stream};
 use serde_json::{Value, json};
 
+use crate::artifact::Artifacts;
+use crate::ctx::Ctx;
 use crate::error::{Error, Result};
 use crate::lifecycle::{RunStatus, SandboxStatus};
-use crate::sandbox::Controller;
 use crate::store::{RunRow, SandboxRow, StreamSpan};
 use crate::util::{new_id, now_ms, valid_id};
 
@@ -21,10 +22,21 @@ const AGENT_CALL: Duration = Duration::from_secs(15);
 /// (well inside the agent's command TTL, so an ended command is never started again).
 const REDELIVER_WITHIN_MS: i64 = 3600 * 1000;
 
-impl Controller {
+/// Runs: commands started in sandboxes, recorded in the store with their output, followed to
+/// their end.
+pub struct Runs {
+    ctx: Arc<Ctx>,
+    artifacts: Arc<Artifacts>,
+}
+
+impl Runs {
+    pub fn new(ctx: Arc<Ctx>, artifacts: Arc<Artifacts>) -> Runs {
+        Runs { ctx, artifacts }
+    }
+
     /// `POST …/{id}/exec`.
     pub async fn exec(self: &Arc<Self>, sandbox_id: &str, req: RunRequest) -> Result<Run> {
-        let (row, agent) = self.running_agent(sandbox_id)?;
+        let (row, agent) = self.ctx.running_agent(sandbox_id)?;
         let run_id = match &req.run_id {
             Some(id) if !valid_id(id) => {
                 return Err(Error::BadRequest(format!(
@@ -96,7 +108,7 @@ impl Controller {
             output_artifact: None,
             output_streams: None,
         };
-        let (run, new) = self.store.insert_run(&fresh)?;
+        let (run, new) = self.ctx.store.insert_run(&fresh)?;
         if new {
             let me = self.clone();
             let r = run.clone();
@@ -106,16 +118,16 @@ impl Controller {
                 .map_err(|e| Error::Internal(format!("exec task: {e}")))??;
             if !req.secrets.is_empty() {
                 let names: Vec<&String> = req.secrets.keys().collect();
-                self.event(
+                self.ctx.event(
                     &row.id,
                     "secrets.injected",
                     json!({"run_id": run_id, "names": names}),
                 );
             }
         }
-        self.follow(&row.id);
+        self.ctx.follow(&row.id);
         if req.wait.unwrap_or(true) {
-            let bound = Duration::from_secs(self.config.exec_wait_secs);
+            let bound = Duration::from_secs(self.ctx.config.exec_wait_secs);
             let me = self.clone();
             let (sid, rid) = (row.id.clone(), run_id.clone());
             tokio::spawn(async move { me.wait_run(&sid, &rid, bound).await })
@@ -129,8 +141,10 @@ impl Controller {
         let started = tokio::time::timeout(AGENT_CALL, agent.exec_background(exec)).await;
         match started {
             Ok(Ok(_)) => {
-                self.store.run_started(&run.sandbox_id, &run.id, now_ms())?;
-                self.event(
+                self.ctx
+                    .store
+                    .run_started(&run.sandbox_id, &run.id, now_ms())?;
+                self.ctx.event(
                     &run.sandbox_id,
                     "run.started",
                     json!({"run_id": run.id, "command": run.command}),
@@ -163,8 +177,9 @@ impl Controller {
     }
 
     pub fn run(&self, sandbox_id: &str, run_id: &str) -> Result<Run> {
-        self.visible_row(sandbox_id)?;
-        self.store
+        self.ctx.visible_row(sandbox_id)?;
+        self.ctx
+            .store
             .run(sandbox_id, run_id)?
             .map(|r| r.to_wire())
             .ok_or_else(|| Error::NotFound(format!("no run {run_id} in sandbox {sandbox_id}")))
@@ -173,11 +188,11 @@ impl Controller {
     /// Waits until the run ends or `bound` passes; finishing it when it ended.
     async fn wait_run(&self, sandbox_id: &str, run_id: &str, bound: Duration) -> Result<()> {
         let deadline = Instant::now() + bound;
-        let row = self.get_row(sandbox_id)?;
-        let agent = self.agent(&row)?;
+        let row = self.ctx.get_row(sandbox_id)?;
+        let agent = self.ctx.agent(&row)?;
         let mut seq = 0;
         loop {
-            let Some(run) = self.store.run(sandbox_id, run_id)? else {
+            let Some(run) = self.ctx.store.run(sandbox_id, run_id)? else {
                 return Ok(());
             };
             if run.done() || Instant::now() >= deadline {
@@ -214,7 +229,7 @@ impl Controller {
         run: &RunRow,
         adopting: bool,
     ) -> Result<()> {
-        let agent = match self.agent(sandbox) {
+        let agent = match self.ctx.agent(sandbox) {
             Ok(a) if sandbox.status == SandboxStatus::Running => a,
             _ => {
                 let why = format!(
@@ -231,12 +246,16 @@ impl Controller {
                     .map(|_| ());
             }
         };
-        let adopting = adopting || run.created_at < self.started_ms;
+        let adopting = adopting || run.created_at < self.ctx.started_ms;
         match tokio::time::timeout(AGENT_CALL, agent.command(&run.id)).await {
             Ok(Ok(info)) => {
-                self.store.run_unreachable(&run.sandbox_id, &run.id, None)?;
+                self.ctx
+                    .store
+                    .run_unreachable(&run.sandbox_id, &run.id, None)?;
                 if run.status == RunStatus::Pending {
-                    self.store.run_started(&run.sandbox_id, &run.id, now_ms())?;
+                    self.ctx
+                        .store
+                        .run_started(&run.sandbox_id, &run.id, now_ms())?;
                 }
                 match info.state {
                     CommandState::Running => Ok(()),
@@ -251,8 +270,8 @@ impl Controller {
                         let wrote =
                             self.end_run(run, status, info.exit_code, Some(fetched), error)?;
                         if wrote && adopting {
-                            self.metrics.run_adopted();
-                            self.event(
+                            self.ctx.metrics.run_adopted();
+                            self.ctx.event(
                                 &run.sandbox_id,
                                 "run.adopted",
                                 json!({"run_id": run.id, "exit_code": info.exit_code}),
@@ -310,9 +329,10 @@ impl Controller {
                     _ => "timed out".into(),
                 };
                 let since = run.unreachable_since.unwrap_or_else(now_ms);
-                self.store
+                self.ctx
+                    .store
                     .run_unreachable(&run.sandbox_id, &run.id, Some(since))?;
-                if now_ms() - since >= self.config.run_lost_after_secs as i64 * 1000 {
+                if now_ms() - since >= self.ctx.config.run_lost_after_secs as i64 * 1000 {
                     return self
                         .end_run(
                             run,
@@ -321,7 +341,7 @@ impl Controller {
                             None,
                             Some(format!(
                                 "the agent stayed unreachable for {} s: {e}",
-                                self.config.run_lost_after_secs
+                                self.ctx.config.run_lost_after_secs
                             )),
                         )
                         .map(|_| ());
@@ -337,10 +357,11 @@ impl Controller {
     async fn fetch_output(&self, agent: &AgentClient, run: &RunRow) -> Result<Fetched> {
         let id = run.id.as_str();
         let inline = self
+            .ctx
             .config
             .run_output_inline_bytes
-            .min(self.config.max_stored_output_bytes);
-        let max = self.config.artifact_max_file_bytes;
+            .min(self.ctx.config.max_stored_output_bytes);
+        let max = self.ctx.config.artifact_max_file_bytes;
         let mut out = Fetched::default();
         let mut seq = 0;
         let mut bytes = 0u64;
@@ -363,7 +384,7 @@ impl Controller {
                 let data = c.bytes();
                 let len = data.len() as u64;
                 if spill.is_none() && bytes + len > inline as u64 {
-                    let path = self.artifact_scratch()?;
+                    let path = self.artifacts.artifact_scratch()?;
                     let mut f = std::fs::File::create(&path)
                         .map_err(|e| Error::Internal(format!("run output: {e}")))?;
                     // The preview's chunks are the artifact's first bytes.
@@ -409,6 +430,7 @@ impl Controller {
             drop(f);
             out.chunks.extend(preview_tail);
             let a = self
+                .artifacts
                 .publish_file(
                     &run.sandbox_id,
                     Some(&run.id),
@@ -461,9 +483,9 @@ impl Controller {
             error: error.clone(),
             ..run.clone()
         };
-        let wrote = self.store.finish_run(&done)?;
+        let wrote = self.ctx.store.finish_run(&done)?;
         if wrote && status != RunStatus::Exited {
-            self.event(
+            self.ctx.event(
                 &run.sandbox_id,
                 "run.failed",
                 json!({"run_id": run.id, "status": status, "reason": error}),
@@ -475,20 +497,20 @@ impl Controller {
     /// `GET …/runs/{run_id}/output?from_seq=`: the agent's chunks while it has them, the
     /// stored ones after.
     pub async fn run_output(&self, sandbox_id: &str, run_id: &str, from_seq: u64) -> Result<Value> {
-        let row = self.visible_row(sandbox_id)?;
-        let run = self
-            .store
-            .run(sandbox_id, run_id)?
-            .ok_or_else(|| Error::NotFound(format!("no run {run_id} in sandbox {sandbox_id}")))?;
+        let row = self.ctx.visible_row(sandbox_id)?;
+        let run =
+            self.ctx.store.run(sandbox_id, run_id)?.ok_or_else(|| {
+                Error::NotFound(format!("no run {run_id} in sandbox {sandbox_id}"))
+            })?;
         if row.status == SandboxStatus::Running
-            && let Ok(agent) = self.agent(&row)
+            && let Ok(agent) = self.ctx.agent(&row)
             && let Ok(Ok(page)) =
                 tokio::time::timeout(AGENT_CALL, agent.output(run_id, from_seq)).await
         {
             return Ok(serde_json::to_value(page).unwrap_or_default());
         }
         if let (Some(art), Some(spans)) = (&run.output_artifact, &run.output_streams)
-            && self.store.artifact(art)?.is_some()
+            && self.ctx.store.artifact(art)?.is_some()
         {
             let (chunks, next) = self.artifact_chunks(art, spans, from_seq).await?;
             return Ok(json!({"chunks": chunks, "next_seq": next, "done": run.done()}));
@@ -513,19 +535,19 @@ impl Controller {
     /// One reconcile pass over the runs in flight: a `run.reconciling` heartbeat each, then the
     /// agent's record decides.
     pub async fn reconcile_runs(self: &Arc<Self>) {
-        let runs = match self.store.runs_in_flight() {
+        let runs = match self.ctx.store.runs_in_flight() {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(error = %e, "cannot list runs in flight");
                 return;
             }
         };
-        self.metrics.set_runs_reconciling(runs.len() as u64);
+        self.ctx.metrics.set_runs_reconciling(runs.len() as u64);
         for run in runs {
-            let Ok(Some(sandbox)) = self.store.sandbox(&run.sandbox_id) else {
+            let Ok(Some(sandbox)) = self.ctx.store.sandbox(&run.sandbox_id) else {
                 continue;
             };
-            self.event(
+            self.ctx.event(
                 &run.sandbox_id,
                 "run.reconciling",
                 json!({"run_id": run.id, "status": run.status}),
@@ -534,7 +556,7 @@ impl Controller {
                 tracing::warn!(run = %run.id, error = %e, "reconciling a run");
             }
             if sandbox.status == SandboxStatus::Running {
-                self.follow(&sandbox.id);
+                self.ctx.follow(&sandbox.id);
             }
         }
     }
@@ -633,7 +655,7 @@ fn spans_from(spans: &[StreamSpan], from_seq: u64, limit: u64) -> Vec<(u64, u64,
     out
 }
 
-impl Controller {
+impl Runs {
     /// A page of a run's output read back from its output artifact.
     async fn artifact_chunks(
         &self,

@@ -9,9 +9,9 @@ use anyhow::Context;
 
 use crate::api::{self, ApiState};
 use crate::config::Config;
+use crate::controller::Controller;
 use crate::provider::Provider;
 use crate::provider::process::ProcessProvider;
-use crate::sandbox::Controller;
 use crate::store::Store;
 
 const KEY_HASH_FILE: &str = "api-key.sha256";
@@ -161,7 +161,7 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
     });
     let controller = Controller::new(opts.config.clone(), store, data_dir, public_url, providers)?;
     let _ = controller
-        .image_jobs
+        .images
         .settings
         .set(crate::image_job::ImageSettings {
             agent_bin: bin,
@@ -170,9 +170,9 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from("/var/cache/berth/images")),
         });
-    controller.recover().await?;
-    controller.start_pools()?;
-    controller.start_loops();
+    controller.reconciler.recover().await?;
+    controller.pools.start_pools()?;
+    controller.reconciler.start_loops();
     let app = api::router(ApiState {
         c: controller.clone(),
         key_hashes: Arc::new(hashes),
@@ -182,7 +182,7 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
         app,
         opts.config.http_limits(),
     ));
-    tracing::info!(listen = %addr, controller_id = %controller.controller_id, "berth controller serving");
+    tracing::info!(listen = %addr, controller_id = %controller.ctx.controller_id, "berth controller serving");
     Ok(Running {
         addr,
         controller,

@@ -5,10 +5,12 @@
 //! served as its files are, xterm.js's CommonJS modules (`node-xterm`) joined into one
 //! browser script by [`xterm_bundle`].
 
+use std::sync::Arc;
+
 use std::path::{Component, Path, PathBuf};
 
+use crate::ctx::Ctx;
 use crate::error::{Error, Result};
-use crate::sandbox::Controller;
 use crate::util::{now_ms, random_hex, rfc3339, sha256_hex};
 use crate::viewer::{SESSION_TTL_MS, URL_TTL_MS};
 use berth_protocol::routes::controller::sandbox_base;
@@ -34,14 +36,23 @@ fn scope(sandbox_id: &str) -> String {
     format!("{sandbox_id}/session")
 }
 
-impl Controller {
+/// The session view's one-time URLs and the cookie it sets.
+pub struct Sessions {
+    ctx: Arc<Ctx>,
+}
+
+impl Sessions {
+    pub fn new(ctx: Arc<Ctx>) -> Sessions {
+        Sessions { ctx }
+    }
+
     /// `POST …/{id}/session` → a one-time URL and when it expires (RFC 3339). Any sandbox the
     /// caller may see, deleted ones too: their timeline, artifacts and episode still render.
     pub fn mint_session_url(&self, sandbox_id: &str) -> Result<(String, String)> {
-        self.visible_row(sandbox_id)?;
+        self.ctx.visible_row(sandbox_id)?;
         let token = random_hex(32);
         let expires = now_ms() + URL_TTL_MS;
-        self.store.insert_viewer_token(
+        self.ctx.store.insert_viewer_token(
             &sha256_hex(token.as_bytes()),
             &scope(sandbox_id),
             "url",
@@ -49,7 +60,7 @@ impl Controller {
         )?;
         let url = format!(
             "{}{}?{TOKEN_PARAM}={token}",
-            self.public_url,
+            self.ctx.public_url,
             page_path(sandbox_id)
         );
         Ok((url, rfc3339(expires)))
@@ -59,6 +70,7 @@ impl Controller {
     pub fn open_session_url(&self, sandbox_id: &str, token: &str) -> Result<String> {
         let scope = scope(sandbox_id);
         if !self
+            .ctx
             .store
             .use_viewer_token(&sha256_hex(token.as_bytes()), &scope)?
         {
@@ -68,7 +80,7 @@ impl Controller {
             )));
         }
         let session = random_hex(32);
-        self.store.insert_viewer_token(
+        self.ctx.store.insert_viewer_token(
             &sha256_hex(session.as_bytes()),
             &scope,
             "session",
@@ -78,7 +90,8 @@ impl Controller {
     }
 
     pub fn session_cookie_ok(&self, sandbox_id: &str, cookie: &str) -> bool {
-        self.store
+        self.ctx
+            .store
             .viewer_session_valid(&sha256_hex(cookie.as_bytes()), &scope(sandbox_id))
             .unwrap_or(false)
     }

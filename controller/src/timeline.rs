@@ -7,18 +7,28 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::ctx::Ctx;
 use crate::error::{Error, Result};
-use crate::sandbox::Controller;
 use crate::store::SandboxRow;
 use crate::util::now_ms;
 
 const PAGE: usize = 1000;
 
-impl Controller {
+/// Each sandbox's timeline: the controller's events and its agent's, imported in order.
+pub struct Timeline {
+    ctx: Arc<Ctx>,
+}
+
+impl Timeline {
+    pub fn new(ctx: Arc<Ctx>) -> Timeline {
+        Timeline { ctx }
+    }
+
     /// Pulls the agent's events the store does not have yet.
     pub async fn import_agent_events(&self, row: &SandboxRow) -> Result<()> {
-        let agent = self.agent(row)?;
+        let agent = self.ctx.agent(row)?;
         let mut from = self
+            .ctx
             .store
             .sandbox(&row.id)?
             .map(|r| r.agent_event_seq)
@@ -46,7 +56,9 @@ impl Controller {
                     (at, e.kind.clone(), Value::Object(data))
                 })
                 .collect();
-            self.store.import_events(&row.id, &batch, page.next_seq)?;
+            self.ctx
+                .store
+                .import_events(&row.id, &batch, page.next_seq)?;
             if page.next_seq <= from || page.events.len() < PAGE {
                 return Ok(());
             }
@@ -62,13 +74,16 @@ impl Controller {
         from_seq: u64,
         limit: usize,
     ) -> Result<Value> {
-        let row = self.visible_row(id)?;
+        let row = self.ctx.visible_row(id)?;
         if row.status == crate::lifecycle::SandboxStatus::Running
             && let Err(e) = self.import_agent_events(&row).await
         {
             tracing::debug!(sandbox = id, error = %e, "agent events not imported");
         }
-        let events = self.store.events(id, from_seq, limit.clamp(1, 10_000))?;
+        let events = self
+            .ctx
+            .store
+            .events(id, from_seq, limit.clamp(1, 10_000))?;
         let next_seq = events
             .last()
             .and_then(|e| e["seq"].as_u64())

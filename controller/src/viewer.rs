@@ -2,8 +2,10 @@
 //! cookie scoped to that sandbox's path. Only hashes of tokens are stored; no API key or agent
 //! token ever sits in a URL.
 
+use std::sync::Arc;
+
+use crate::ctx::Ctx;
 use crate::error::{Error, Result};
-use crate::sandbox::Controller;
 use crate::util::{now_ms, random_hex, sha256_hex};
 use berth_protocol::routes::controller::sandbox_base;
 
@@ -13,12 +15,21 @@ pub const URL_TTL_MS: i64 = 120_000;
 pub const SESSION_TTL_MS: i64 = 12 * 3600 * 1000;
 pub const COOKIE: &str = "berth_viewer";
 
-impl Controller {
+/// The viewer's and the ports' one-time URLs and the sessions they open.
+pub struct Viewers {
+    ctx: Arc<Ctx>,
+}
+
+impl Viewers {
+    pub fn new(ctx: Arc<Ctx>) -> Viewers {
+        Viewers { ctx }
+    }
+
     /// `POST …/{id}/viewer` → a one-time URL.
     /// For a profile whose viewer is a browser IDE: a one-time preview URL of the IDE's port.
     pub fn mint_viewer_url(&self, sandbox_id: &str) -> Result<String> {
-        let row = self.visible_row(sandbox_id)?;
-        let profile = self.catalog.profile(&row.profile);
+        let row = self.ctx.visible_row(sandbox_id)?;
+        let profile = self.ctx.catalog.profile(&row.profile);
         if let Some((_, port)) = profile.and_then(|p| p.ide()) {
             return Ok(self.mint_port_url(sandbox_id, port, None)?.0);
         }
@@ -35,7 +46,7 @@ impl Controller {
             )));
         }
         let token = random_hex(32);
-        self.store.insert_viewer_token(
+        self.ctx.store.insert_viewer_token(
             &sha256_hex(token.as_bytes()),
             sandbox_id,
             "url",
@@ -43,7 +54,7 @@ impl Controller {
         )?;
         Ok(format!(
             "{}{}vnc/?t={token}",
-            self.public_url,
+            self.ctx.public_url,
             sandbox_base(sandbox_id)
         ))
     }
@@ -51,6 +62,7 @@ impl Controller {
     /// Opens a one-time URL: the session cookie value, exactly once.
     pub fn open_viewer_url(&self, sandbox_id: &str, token: &str) -> Result<String> {
         if !self
+            .ctx
             .store
             .use_viewer_token(&sha256_hex(token.as_bytes()), sandbox_id)?
         {
@@ -61,7 +73,7 @@ impl Controller {
             ));
         }
         let session = random_hex(32);
-        self.store.insert_viewer_token(
+        self.ctx.store.insert_viewer_token(
             &sha256_hex(session.as_bytes()),
             sandbox_id,
             "session",
@@ -71,7 +83,8 @@ impl Controller {
     }
 
     pub fn viewer_session_ok(&self, sandbox_id: &str, cookie: &str) -> bool {
-        self.store
+        self.ctx
+            .store
             .viewer_session_valid(&sha256_hex(cookie.as_bytes()), sandbox_id)
             .unwrap_or(false)
     }
@@ -97,7 +110,7 @@ fn port_scope(sandbox_id: &str, port: u16) -> String {
     format!("{sandbox_id}/ports/{port}")
 }
 
-impl Controller {
+impl Viewers {
     /// `POST …/{id}/ports/{port}/url` → a one-time URL and when it expires (RFC 3339).
     pub fn mint_port_url(
         &self,
@@ -111,7 +124,7 @@ impl Controller {
                 "ttl_seconds must be 1-{PORT_URL_MAX_TTL_SECS}, not {ttl}"
             )));
         }
-        let row = self.visible_row(sandbox_id)?;
+        let row = self.ctx.visible_row(sandbox_id)?;
         if !row.live() {
             return Err(Error::Conflict(format!(
                 "sandbox {sandbox_id} is {}",
@@ -120,7 +133,7 @@ impl Controller {
         }
         let token = random_hex(32);
         let expires = now_ms() + (ttl as i64) * 1000;
-        self.store.insert_viewer_token(
+        self.ctx.store.insert_viewer_token(
             &sha256_hex(token.as_bytes()),
             &port_scope(sandbox_id, port),
             "url",
@@ -128,7 +141,7 @@ impl Controller {
         )?;
         let url = format!(
             "{}{}?{PORT_TOKEN_PARAM}={token}",
-            self.public_url,
+            self.ctx.public_url,
             port_path(sandbox_id, port)
         );
         Ok((url, crate::util::rfc3339(expires)))
@@ -138,6 +151,7 @@ impl Controller {
     pub fn open_port_url(&self, sandbox_id: &str, port: u16, token: &str) -> Result<String> {
         let scope = port_scope(sandbox_id, port);
         if !self
+            .ctx
             .store
             .use_viewer_token(&sha256_hex(token.as_bytes()), &scope)?
         {
@@ -147,7 +161,7 @@ impl Controller {
             )));
         }
         let session = random_hex(32);
-        self.store.insert_viewer_token(
+        self.ctx.store.insert_viewer_token(
             &sha256_hex(session.as_bytes()),
             &scope,
             "session",
@@ -157,7 +171,8 @@ impl Controller {
     }
 
     pub fn port_session_ok(&self, sandbox_id: &str, port: u16, cookie: &str) -> bool {
-        self.store
+        self.ctx
+            .store
             .viewer_session_valid(
                 &sha256_hex(cookie.as_bytes()),
                 &port_scope(sandbox_id, port),

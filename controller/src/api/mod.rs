@@ -15,9 +15,9 @@ use berth_protocol::ErrorBody;
 use berth_protocol::routes::header::API_KEY as API_KEY_HEADER;
 use subtle::ConstantTimeEq;
 
+use crate::controller::Controller;
 use crate::error::Error;
 use crate::http::{ApiError, JSON_LIMIT};
-use crate::sandbox::Controller;
 
 #[derive(Clone)]
 pub struct ApiState {

@@ -85,7 +85,7 @@ fn cookies<'a>(headers: &'a HeaderMap, name: &'a str) -> impl Iterator<Item = &'
 
 /// API key, or the viewer cookie of this very sandbox.
 fn viewer_allowed(s: &ApiState, id: &str, headers: &HeaderMap) -> Result<()> {
-    if s.key_ok(headers) || cookies(headers, COOKIE).any(|v| s.c.viewer_session_ok(id, v)) {
+    if s.key_ok(headers) || cookies(headers, COOKIE).any(|v| s.c.viewers.viewer_session_ok(id, v)) {
         return Ok(());
     }
     Err(ApiError(Error::Unauthorized(
@@ -121,7 +121,7 @@ async fn to_agent(
     location: (String, String),
     limit: Option<Duration>,
 ) -> Result<Response> {
-    let (row, agent) = s.c.running_agent(id)?;
+    let (row, agent) = s.c.ctx.running_agent(id)?;
     let bearer = HeaderValue::from_str(&format!("Bearer {}", row.agent_token)).map_err(|_| {
         ApiError(Error::Internal(
             "the agent token is not a header value".into(),
@@ -169,7 +169,7 @@ async fn native(State(s): State<ApiState>, Path(p): Params, req: Request) -> Res
     let resp = to_agent(&s, &id, req, path, native_location(&id), None).await?;
     if resize && resp.status() == StatusCode::OK {
         // The record follows the desktop's new size before the caller hears it is done.
-        s.c.screen_changed(&id).await;
+        s.c.sandboxes.screen_changed(&id).await;
     }
     Ok(resp)
 }
@@ -277,7 +277,7 @@ async fn vnc_index(
         .header(header::CACHE_CONTROL, "no-store");
     match q.t {
         Some(t) => {
-            let session = s.c.open_viewer_url(&id, &t)?;
+            let session = s.c.viewers.open_viewer_url(&id, &t)?;
             resp = resp.header(
                 header::SET_COOKIE,
                 format!(
@@ -337,7 +337,7 @@ async fn preview(State(s): State<ApiState>, Path(p): Params, req: Request) -> Re
     if tail == "/"
         && let Some(token) = preview_token(req.uri().query())
     {
-        let session = s.c.open_port_url(&id, port, &token)?;
+        let session = s.c.viewers.open_port_url(&id, port, &token)?;
         return Response::builder()
             .status(StatusCode::SEE_OTHER)
             .header(header::LOCATION, port_path(&id, port))
@@ -355,7 +355,7 @@ async fn preview(State(s): State<ApiState>, Path(p): Params, req: Request) -> Re
     }
     let headers = req.headers();
     if !s.key_ok(headers)
-        && !cookies(headers, PORT_COOKIE).any(|v| s.c.port_session_ok(&id, port, v))
+        && !cookies(headers, PORT_COOKIE).any(|v| s.c.viewers.port_session_ok(&id, port, v))
     {
         return Err(ApiError(Error::Unauthorized(format!(
             "a preview needs the X-Api-Key header or the cookie a preview URL sets \
@@ -393,7 +393,7 @@ async fn mint_port_url(s: &ApiState, id: &str, port: u16, req: Request) -> Resul
                 .0
         }
     };
-    let (url, expires_at) = s.c.mint_port_url(id, port, body.ttl_seconds)?;
+    let (url, expires_at) = s.c.viewers.mint_port_url(id, port, body.ttl_seconds)?;
     Ok((StatusCode::CREATED, axum::Json(PortUrl { url, expires_at })).into_response())
 }
 

@@ -67,15 +67,16 @@ pub fn keyed() -> Router<ApiState> {
 }
 
 async fn metrics(State(s): State<ApiState>) -> Response {
-    let by_state = s.c.store.count_by_status().unwrap_or_default();
+    let by_state = s.c.ctx.store.count_by_status().unwrap_or_default();
     let pools: Vec<_> =
-        s.c.pool_status()
+        s.c.pools
+            .pool_status()
             .into_iter()
             .map(|p| (p.pool, p.size, p.ready, p.starting, p.failing.is_some()))
             .collect();
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        s.c.metrics.render(&by_state, &pools),
+        s.c.ctx.metrics.render(&by_state, &pools),
     )
         .into_response()
 }
@@ -87,10 +88,10 @@ async fn create(
 ) -> Result<Response> {
     let req = Request::from(body);
     let row = match q.wait.unwrap_or(true) {
-        true => s.c.provision(&req).await?.0,
-        false => s.c.provision_nowait(&req).await?,
+        true => s.c.sandboxes.provision(&req).await?.0,
+        false => s.c.sandboxes.provision_nowait(&req).await?,
     };
-    Ok((StatusCode::CREATED, s.c.to_wire(&row).into_json()).into_response())
+    Ok((StatusCode::CREATED, s.c.sandboxes.to_wire(&row).into_json()).into_response())
 }
 
 trait IntoJson {
@@ -128,23 +129,23 @@ async fn list(State(s): State<ApiState>, RawQuery(q): RawQuery) -> Result<Respon
             }
         }
     }
-    let sandboxes = s.c.list(&labels, status)?;
+    let sandboxes = s.c.sandboxes.list(&labels, status)?;
     Ok(SandboxList { sandboxes }.into_json().into_response())
 }
 
 async fn show(State(s): State<ApiState>, Path(id): Path<String>) -> Result<Response> {
-    let row = s.c.visible_row(&id)?;
-    Ok(s.c.to_wire(&row).into_json().into_response())
+    let row = s.c.ctx.visible_row(&id)?;
+    Ok(s.c.sandboxes.to_wire(&row).into_json().into_response())
 }
 
 async fn delete(State(s): State<ApiState>, Path(id): Path<String>) -> Result<Response> {
-    s.c.delete(&id).await?;
-    let row = s.c.get_row(&id)?;
-    Ok(s.c.to_wire(&row).into_json().into_response())
+    s.c.sandboxes.delete(&id).await?;
+    let row = s.c.ctx.get_row(&id)?;
+    Ok(s.c.sandboxes.to_wire(&row).into_json().into_response())
 }
 
 async fn viewer(State(s): State<ApiState>, Path(id): Path<String>) -> Result<Response> {
-    let url = s.c.mint_viewer_url(&id)?;
+    let url = s.c.viewers.mint_viewer_url(&id)?;
     Ok(ViewerUrl { url }.into_json().into_response())
 }
 
@@ -153,7 +154,7 @@ async fn exec(
     Path(id): Path<String>,
     Json(body): Json<RunRequest>,
 ) -> Result<Response> {
-    let run = s.c.exec(&id, body).await?;
+    let run = s.c.runs.exec(&id, body).await?;
     Ok(run.into_json().into_response())
 }
 
@@ -161,7 +162,7 @@ async fn run(
     State(s): State<ApiState>,
     Path((id, run_id)): Path<(String, String)>,
 ) -> Result<Response> {
-    Ok(s.c.run(&id, &run_id)?.into_json().into_response())
+    Ok(s.c.runs.run(&id, &run_id)?.into_json().into_response())
 }
 
 #[derive(Deserialize)]
@@ -177,7 +178,7 @@ async fn run_output(
     Path((id, run_id)): Path<(String, String)>,
     Query(q): Query<FromSeq>,
 ) -> Result<Response> {
-    Ok(axum::Json(s.c.run_output(&id, &run_id, q.from_seq).await?).into_response())
+    Ok(axum::Json(s.c.runs.run_output(&id, &run_id, q.from_seq).await?).into_response())
 }
 
 async fn events(
@@ -186,13 +187,14 @@ async fn events(
     Query(q): Query<FromSeq>,
 ) -> Result<Response> {
     let page =
-        s.c.timeline(&id, q.from_seq, q.limit.unwrap_or(1000))
+        s.c.timeline
+            .timeline(&id, q.from_seq, q.limit.unwrap_or(1000))
             .await?;
     Ok(axum::Json(page).into_response())
 }
 
 async fn acquire(State(s): State<ApiState>, Json(body): Json<AcquireLease>) -> Result<Response> {
-    Ok(s.c.acquire(&body).await?.into_json().into_response())
+    Ok(s.c.leases.acquire(&body).await?.into_json().into_response())
 }
 
 async fn renew(
@@ -201,6 +203,7 @@ async fn renew(
     Json(body): Json<RenewLease>,
 ) -> Result<Response> {
     Ok(s.c
+        .leases
         .renew(&id, body.ttl_seconds)
         .await?
         .into_json()
@@ -208,7 +211,7 @@ async fn renew(
 }
 
 async fn release(State(s): State<ApiState>, Path(id): Path<String>) -> Result<Response> {
-    s.c.release(&id, "released by its holder").await?;
+    s.c.leases.release(&id, "released by its holder").await?;
     Ok(axum::Json(json!({"lease_id": id, "released": true})).into_response())
 }
 
@@ -220,15 +223,15 @@ struct KindQuery {
 
 async fn catalog(State(s): State<ApiState>, Query(q): Query<KindQuery>) -> Result<Response> {
     let kind = q.kind.unwrap_or_else(|| "profile".into());
-    let mut items = s.c.catalog.list(&kind).ok_or_else(|| {
+    let mut items = s.c.ctx.catalog.list(&kind).ok_or_else(|| {
         Error::BadRequest(format!(
             "kind {kind:?}: use profile, desktop_app or desktop_app_bundle"
         ))
     })?;
     if kind == "profile" {
         // The provider serving each profile here (the config's choice, else the hint).
-        for (item, p) in items.iter_mut().zip(&s.c.catalog.profiles) {
-            item["driver_hint"] = s.c.provider_name_for(p).into();
+        for (item, p) in items.iter_mut().zip(&s.c.ctx.catalog.profiles) {
+            item["driver_hint"] = s.c.ctx.provider_name_for(p).into();
         }
     }
     Ok(CatalogList { kind, items }.into_json().into_response())
@@ -236,7 +239,7 @@ async fn catalog(State(s): State<ApiState>, Query(q): Query<KindQuery>) -> Resul
 
 async fn pools(State(s): State<ApiState>) -> Response {
     axum::Json(PoolList {
-        pools: s.c.pool_status(),
+        pools: s.c.pools.pool_status(),
     })
     .into_response()
 }
@@ -252,19 +255,20 @@ async fn adjust_pool(
     if !s
         .c
         .pools
-        .adjust(s.c.catalog.canonical(&profile), body.paused, body.size)
+        .adjust(s.c.ctx.catalog.canonical(&profile), body.paused, body.size)
     {
         return Err(Error::NotFound(format!("no pool serves profile {profile:?}")).into());
     }
     Ok(axum::Json(PoolList {
-        pools: s.c.pool_status(),
+        pools: s.c.pools.pool_status(),
     })
     .into_response())
 }
 
 async fn build_image(State(s): State<ApiState>, Json(body): Json<BuildImage>) -> Result<Response> {
     let job =
-        s.c.build_image(body.profile, body.bundle, body.apps)
+        s.c.images
+            .build_image(body.profile, body.bundle, body.apps)
             .await?;
     let status = match job.status.as_str() {
         "building" => StatusCode::ACCEPTED,
@@ -274,7 +278,11 @@ async fn build_image(State(s): State<ApiState>, Json(body): Json<BuildImage>) ->
 }
 
 async fn image_job(State(s): State<ApiState>, Path(image_ref): Path<String>) -> Result<Response> {
-    Ok(s.c.image_job(&image_ref)?.into_json().into_response())
+    Ok(s.c
+        .images
+        .image_job(&image_ref)?
+        .into_json()
+        .into_response())
 }
 
 async fn publish_artifact(
@@ -282,7 +290,7 @@ async fn publish_artifact(
     Path(id): Path<String>,
     Json(body): Json<berth_protocol::controller::PublishArtifact>,
 ) -> Result<Response> {
-    let a = s.c.publish_path(&id, body).await?;
+    let a = s.c.artifacts.publish_path(&id, body).await?;
     Ok((StatusCode::CREATED, a.to_wire().into_json()).into_response())
 }
 
@@ -305,7 +313,9 @@ async fn list_artifacts(
     State(s): State<ApiState>,
     Query(q): Query<ArtifactQuery>,
 ) -> Result<Response> {
-    let rows = s.c.artifacts(q.sandbox.as_deref(), q.run.as_deref())?;
+    let rows =
+        s.c.artifacts
+            .artifacts(q.sandbox.as_deref(), q.run.as_deref())?;
     Ok(artifact_list(rows))
 }
 
@@ -321,8 +331,8 @@ async fn sandbox_artifacts(
     Path(id): Path<String>,
     Query(q): Query<RunFilter>,
 ) -> Result<Response> {
-    s.c.visible_row(&id)?;
-    let rows = s.c.artifacts(Some(&id), q.run.as_deref())?;
+    s.c.ctx.visible_row(&id)?;
+    let rows = s.c.artifacts.artifacts(Some(&id), q.run.as_deref())?;
     Ok(artifact_list(rows))
 }
 
@@ -340,6 +350,7 @@ async fn episode(
     headers: axum::http::HeaderMap,
 ) -> Result<Response> {
     Ok(s.c
+        .episodes
         .episode_response(&id, q.recording.as_deref(), &headers)
         .await?)
 }
@@ -349,10 +360,10 @@ async fn get_artifact(
     Path(id): Path<String>,
     headers: axum::http::HeaderMap,
 ) -> Result<Response> {
-    Ok(s.c.artifact_response(&id, &headers).await?)
+    Ok(s.c.artifacts.artifact_response(&id, &headers).await?)
 }
 
 async fn delete_artifact(State(s): State<ApiState>, Path(id): Path<String>) -> Result<Response> {
-    let a = s.c.delete_artifact(&id, "deleted").await?;
+    let a = s.c.artifacts.delete_artifact(&id, "deleted").await?;
     Ok(a.to_wire().into_json().into_response())
 }

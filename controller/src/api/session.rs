@@ -51,7 +51,7 @@ fn cookie_values<'a>(headers: &'a HeaderMap) -> impl Iterator<Item = &'a str> + 
 
 /// The API key, or the session cookie of this very sandbox.
 fn allowed(s: &ApiState, id: &str, headers: &HeaderMap) -> Result<()> {
-    if s.key_ok(headers) || cookie_values(headers).any(|v| s.c.session_cookie_ok(id, v)) {
+    if s.key_ok(headers) || cookie_values(headers).any(|v| s.c.sessions.session_cookie_ok(id, v)) {
         return Ok(());
     }
     Err(ApiError(Error::Unauthorized(format!(
@@ -70,7 +70,7 @@ async fn mint(
             "missing or wrong X-Api-Key header".into(),
         )));
     }
-    let (url, expires_at) = s.c.mint_session_url(&id)?;
+    let (url, expires_at) = s.c.sessions.mint_session_url(&id)?;
     Ok(axum::Json(SessionUrl { url, expires_at }).into_response())
 }
 
@@ -111,7 +111,7 @@ async fn index(
     axum::extract::Query(q): axum::extract::Query<TokenQuery>,
 ) -> Result<Response> {
     if let Some(t) = q.t {
-        let session = s.c.open_session_url(&id, &t)?;
+        let session = s.c.sessions.open_session_url(&id, &t)?;
         return Response::builder()
             .status(StatusCode::SEE_OTHER)
             .header(header::LOCATION, page_path(&id))
@@ -128,7 +128,7 @@ async fn index(
             .map_err(|e| ApiError(Error::Internal(e.to_string())));
     }
     allowed(&s, &id, &headers)?;
-    s.c.visible_row(&id)?;
+    s.c.ctx.visible_row(&id)?;
     let resp = (
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
@@ -264,7 +264,7 @@ async fn path(
     let rel = p.get("path").cloned().unwrap_or_default();
     allowed(&s, &id, req.headers())?;
     let host = host_of(req.headers());
-    let cfg = &s.c.config.session;
+    let cfg = &s.c.ctx.config.session;
     match target(req.method(), &rel) {
         Target::Asset(body, ct) => Ok(hardened(
             (
@@ -301,7 +301,8 @@ async fn path(
             let q: FromSeq = serde_urlencoded::from_str(req.uri().query().unwrap_or(""))
                 .map_err(|e| ApiError(Error::BadRequest(format!("query: {e}"))))?;
             let page =
-                s.c.timeline(&id, q.from_seq, q.limit.unwrap_or(500))
+                s.c.timeline
+                    .timeline(&id, q.from_seq, q.limit.unwrap_or(500))
                     .await?;
             Ok(axum::Json(page).into_response())
         }
@@ -330,10 +331,14 @@ async fn path(
 /// What the page needs to draw itself: the sandbox, whether its agent can be reached, and
 /// which Debian-packaged viewers are present.
 async fn info(s: &ApiState, id: &str) -> Result<Response> {
-    let row = s.c.visible_row(id)?;
-    let wire = s.c.to_wire(&row);
-    let cfg = &s.c.config.session;
-    let desktop = s.c.catalog.profile(&row.profile).is_some_and(|p| p.desktop);
+    let row = s.c.ctx.visible_row(id)?;
+    let wire = s.c.sandboxes.to_wire(&row);
+    let cfg = &s.c.ctx.config.session;
+    let desktop =
+        s.c.ctx
+            .catalog
+            .profile(&row.profile)
+            .is_some_and(|p| p.desktop);
     let running = row.status == crate::lifecycle::SandboxStatus::Running;
     Ok(axum::Json(json!({
         "sandbox": wire,
@@ -349,9 +354,10 @@ async fn info(s: &ApiState, id: &str) -> Result<Response> {
 }
 
 async fn artifacts(s: &ApiState, id: &str) -> Result<Response> {
-    s.c.visible_row(id)?;
+    s.c.ctx.visible_row(id)?;
     let list: Vec<_> =
-        s.c.artifacts(Some(id), None)?
+        s.c.artifacts
+            .artifacts(Some(id), None)?
             .iter()
             .map(|a| a.to_wire())
             .collect();
@@ -360,24 +366,27 @@ async fn artifacts(s: &ApiState, id: &str) -> Result<Response> {
 
 /// An artifact's bytes (`Range` honoured), only when it came from this sandbox.
 async fn artifact(s: &ApiState, id: &str, artifact: &str, req: Request) -> Result<Response> {
-    s.c.visible_row(id)?;
-    let row = s.c.artifact(artifact)?;
+    s.c.ctx.visible_row(id)?;
+    let row = s.c.artifacts.artifact(artifact)?;
     if row.sandbox_id != id {
         return Err(ApiError(Error::NotFound(format!(
             "sandbox {id} has no artifact {artifact}"
         ))));
     }
-    Ok(s.c.artifact_response(artifact, req.headers()).await?)
+    Ok(s.c
+        .artifacts
+        .artifact_response(artifact, req.headers())
+        .await?)
 }
 
 async fn episode(s: &ApiState, id: &str) -> Result<Response> {
-    let actions = s.c.episode_actions(id).await?;
+    let actions = s.c.episodes.episode_actions(id).await?;
     Ok(axum::Json(json!({ "actions": actions })).into_response())
 }
 
 /// Relays `req` to the sandbox's agent at `agent_path` with its bearer token.
 async fn to_agent(s: &ApiState, id: &str, req: Request, agent_path: String) -> Result<Response> {
-    let (row, agent) = s.c.running_agent(id)?;
+    let (row, agent) = s.c.ctx.running_agent(id)?;
     let bearer = HeaderValue::from_str(&format!("Bearer {}", row.agent_token)).map_err(|_| {
         ApiError(Error::Internal(
             "the agent token is not a header value".into(),

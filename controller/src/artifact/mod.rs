@@ -11,7 +11,6 @@ mod recordings;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
@@ -20,76 +19,18 @@ use axum::response::{IntoResponse, Response};
 use berth_protocol::sync::Locked;
 use serde_json::json;
 
+use crate::ctx::Ctx;
 use crate::error::{Error, Result};
-use crate::sandbox::Controller;
-use crate::store::{ArtifactRow, SandboxRow};
+pub use crate::store::ArtifactKind;
+use crate::store::ArtifactRow;
 use crate::util::{new_id, now_ms};
 use blob::{BlobStore, LocalBlobs};
 
-/// What an artifact is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ArtifactKind {
-    /// A desktop recording (MP4), published when it stops.
-    Recording,
-    /// A file published from the sandbox.
-    File,
-    /// A directory published from the sandbox, as a zip.
-    Directory,
-    /// A run's whole output, when it passed the inline bound.
-    Output,
-    /// An episode bundle (zip: the recording, the actions, their screenshots, the timeline).
-    Episode,
-}
-
-impl ArtifactKind {
-    pub const ALL: &[ArtifactKind] = &[
-        ArtifactKind::Recording,
-        ArtifactKind::File,
-        ArtifactKind::Directory,
-        ArtifactKind::Output,
-        ArtifactKind::Episode,
-    ];
-
-    /// Whether a sandbox has at most one artifact of this kind per source (a recording, a
-    /// run's output, an episode do not change once made; a file published again may have).
-    pub fn one_per_source(self) -> bool {
-        matches!(
-            self,
-            ArtifactKind::Recording | ArtifactKind::Output | ArtifactKind::Episode
-        )
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ArtifactKind::Recording => "recording",
-            ArtifactKind::File => "file",
-            ArtifactKind::Directory => "directory",
-            ArtifactKind::Output => "output",
-            ArtifactKind::Episode => "episode",
-        }
-    }
-}
-
-impl FromStr for ArtifactKind {
-    type Err = String;
-
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        ArtifactKind::ALL
-            .iter()
-            .copied()
-            .find(|k| k.as_str() == s)
-            .ok_or_else(|| format!("unknown artifact kind {s:?}"))
-    }
-}
-
-impl std::fmt::Display for ArtifactKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 /// The controller's artifact machinery: the blob store and who is working on what.
+/// Artifacts: what is published from sandboxes (files, directories, recordings, outputs,
+/// episodes), their blob store and their retention.
 pub struct Artifacts {
+    ctx: Arc<Ctx>,
     pub blobs: Arc<dyn BlobStore>,
     /// Blobs put whose row is not written yet (the orphan sweep leaves them alone).
     in_flight: Mutex<HashSet<String>>,
@@ -101,10 +42,11 @@ pub struct Artifacts {
 
 impl Artifacts {
     /// The local blob store under `root` (`<data dir>/artifacts`).
-    pub fn open_local(root: &Path) -> Result<Artifacts> {
+    pub fn open_local(ctx: Arc<Ctx>, root: &Path) -> Result<Artifacts> {
         let blobs = LocalBlobs::open(root)
             .map_err(|e| Error::Internal(format!("artifacts at {}: {e}", root.display())))?;
         Ok(Artifacts {
+            ctx,
             blobs: Arc::new(blobs),
             in_flight: Default::default(),
             source_locks: Default::default(),
@@ -200,11 +142,10 @@ fn disposition(name: &str, inline: bool) -> String {
     format!("{how}; filename=\"{ascii}\"; filename*=UTF-8''{encoded}")
 }
 
-impl Controller {
+impl Artifacts {
     /// A fresh temp path on the artifacts' file system for building a file to publish.
     pub fn artifact_scratch(&self) -> Result<PathBuf> {
-        self.artifacts
-            .blobs
+        self.blobs
             .scratch()
             .map_err(|e| Error::Internal(format!("artifact scratch: {e}")))
     }
@@ -226,7 +167,7 @@ impl Controller {
     ) -> Result<ArtifactRow> {
         check_name(name)?;
         if let Some(src) = source.filter(|_| kind.one_per_source())
-            && let Some(a) = self.store.artifact_from(sandbox_id, kind, src)?
+            && let Some(a) = self.ctx.store.artifact_from(sandbox_id, kind, src)?
         {
             let _ = std::fs::remove_file(file);
             return Ok(a);
@@ -251,33 +192,35 @@ impl Controller {
             source: source.map(str::to_string),
             created_at: now_ms(),
         };
-        self.artifacts.in_flight.locked().insert(id.clone());
-        let inserted = match self.artifacts.blobs.put(&id, file).await {
+        self.in_flight.locked().insert(id.clone());
+        let inserted = match self.blobs.put(&id, file).await {
             Ok(()) => self
+                .ctx
                 .store
                 .insert_artifact(&row)
                 .map_err(|e| Error::Internal(e.to_string())),
             Err(e) => Err(Error::Internal(format!("storing the artifact: {e}"))),
         };
-        self.artifacts.in_flight.locked().remove(&id);
+        self.in_flight.locked().remove(&id);
         match inserted {
             Ok(true) => {}
             Ok(false) => {
                 // Another publish of this source won the race: answer its artifact.
-                let _ = self.artifacts.blobs.delete(&id).await;
+                let _ = self.blobs.delete(&id).await;
                 let src = source.unwrap_or_default();
                 return self
+                    .ctx
                     .store
                     .artifact_from(sandbox_id, kind, src)?
                     .ok_or_else(|| Error::Internal("the artifact vanished".into()));
             }
             Err(e) => {
-                let _ = self.artifacts.blobs.delete(&id).await;
+                let _ = self.blobs.delete(&id).await;
                 let _ = std::fs::remove_file(file);
                 return Err(e);
             }
         }
-        self.metrics.artifact_published(size);
+        self.ctx.metrics.artifact_published(size);
         let mut data = json!({
             "artifact_id": row.id,
             "name": row.name,
@@ -291,39 +234,41 @@ impl Controller {
         if let Some(s) = source {
             data["artifact_source"] = s.into();
         }
-        self.event(sandbox_id, "artifact.published", data);
+        self.ctx.event(sandbox_id, "artifact.published", data);
         Ok(row)
     }
 
     /// One artifact; `Error::NotFound` when absent.
     pub fn artifact(&self, id: &str) -> Result<ArtifactRow> {
-        self.store
+        self.ctx
+            .store
             .artifact(id)?
             .ok_or_else(|| Error::NotFound(format!("no artifact {id}")))
     }
 
     /// Artifacts, oldest first, of a sandbox and/or run when given.
     pub fn artifacts(&self, sandbox: Option<&str>, run: Option<&str>) -> Result<Vec<ArtifactRow>> {
-        Ok(self.store.artifacts(sandbox, run)?)
+        Ok(self.ctx.store.artifacts(sandbox, run)?)
     }
 
     /// Deletes an artifact: its row with its `artifact.deleted` event (one transaction), then
     /// its bytes; `Error::NotFound` when absent.
     pub async fn delete_artifact(&self, id: &str, reason: &str) -> Result<ArtifactRow> {
         let row = self.artifact(id)?;
-        let data = crate::sandbox::controller_event_data(json!({
+        let data = crate::ctx::controller_event_data(json!({
             "artifact_id": row.id, "name": row.name, "artifact_kind": row.kind.as_str(),
             "reason": reason}));
         if !self
+            .ctx
             .store
             .delete_artifact(id, now_ms(), "artifact.deleted", &data)?
         {
             return Err(Error::NotFound(format!("no artifact {id}")));
         }
-        if let Err(e) = self.artifacts.blobs.delete(id).await {
+        if let Err(e) = self.blobs.delete(id).await {
             tracing::warn!(artifact = id, error = %e, "deleting an artifact's bytes");
         }
-        self.metrics.artifact_deleted(row.size);
+        self.ctx.metrics.artifact_deleted(row.size);
         Ok(row)
     }
 
@@ -368,7 +313,6 @@ impl Controller {
             _ => None,
         };
         let (stream, count) = self
-            .artifacts
             .blobs
             .open(id, if len == 0 { None } else { range })
             .await
@@ -402,49 +346,25 @@ impl Controller {
         Ok(resp)
     }
 
-    /// Keeps a sandbox's work before it is destroyed: stops its live recordings and publishes
-    /// every recording not yet published, within `keep_work_timeout_secs`. Called on every
-    /// destroy of a sandbox that was running (`Controller::destroy_now`).
-    pub async fn keep_work(&self, row: &SandboxRow) {
-        let bound = std::time::Duration::from_secs(self.config.keep_work_timeout_secs);
-        let work = async {
-            self.keep_recordings(row).await;
-            self.keep_episode(row).await;
-            // Extension point: further work kept before the sandbox goes is added here, each
-            // step bounded by the same deadline.
-        };
-        if tokio::time::timeout(bound, work).await.is_err() {
-            tracing::warn!(
-                sandbox = %row.id,
-                secs = self.config.keep_work_timeout_secs,
-                "keeping the sandbox's work ran out of time; destroying it anyway"
-            );
-            self.event(
-                &row.id,
-                "artifact.keep_timeout",
-                json!({"timeout_secs": self.config.keep_work_timeout_secs}),
-            );
-        }
-    }
-
     /// Retention (from the controller's sweep, at most every few seconds): deletes expired
     /// artifacts and, past `artifact_max_bytes`, the oldest; then blobs no row names.
     pub async fn sweep_artifacts(&self) {
         use std::sync::atomic::Ordering;
         let now = now_ms();
-        let last = self.artifacts.last_sweep_ms.load(Ordering::Relaxed);
+        let last = self.last_sweep_ms.load(Ordering::Relaxed);
         if now - last < RETENTION_EVERY_MS {
             return;
         }
-        self.artifacts.last_sweep_ms.store(now, Ordering::Relaxed);
-        let rows = match self.store.artifacts(None, None) {
+        self.last_sweep_ms.store(now, Ordering::Relaxed);
+        let rows = match self.ctx.store.artifacts(None, None) {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(error = %e, "cannot list artifacts");
                 return;
             }
         };
-        self.metrics
+        self.ctx
+            .metrics
             .set_artifacts(rows.len() as u64, rows.iter().map(|r| r.size).sum::<u64>());
         let keys: Vec<(String, i64, u64)> = rows
             .iter()
@@ -453,8 +373,8 @@ impl Controller {
         let victims = retention_victims(
             &keys,
             now,
-            self.config.artifact_retention_secs,
-            self.config.artifact_max_bytes,
+            self.ctx.config.artifact_retention_secs,
+            self.ctx.config.artifact_max_bytes,
         );
         for id in victims {
             if let Err(e) = self.delete_artifact(&id, "retention").await {
@@ -466,22 +386,22 @@ impl Controller {
 
     /// Blobs without a row (a crash between the blob's put and the row's insert).
     async fn remove_orphan_blobs(&self) {
-        let Ok(keys) = self.artifacts.blobs.keys().await else {
+        let Ok(keys) = self.blobs.keys().await else {
             return;
         };
-        let Ok(known) = self.store.artifact_ids() else {
+        let Ok(known) = self.ctx.store.artifact_ids() else {
             return;
         };
         for k in keys {
-            let busy = self.artifacts.in_flight.locked().contains(&k);
+            let busy = self.in_flight.locked().contains(&k);
             // Read again: a publish may have finished since the ids were read.
             if !busy
                 && !known.contains(&k)
-                && self.store.artifact(&k).ok().flatten().is_none()
-                && !self.artifacts.in_flight.locked().contains(&k)
+                && self.ctx.store.artifact(&k).ok().flatten().is_none()
+                && !self.in_flight.locked().contains(&k)
             {
                 tracing::info!(blob = %k, "removing an artifact blob no row names");
-                let _ = self.artifacts.blobs.delete(&k).await;
+                let _ = self.blobs.delete(&k).await;
             }
         }
     }

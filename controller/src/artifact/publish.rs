@@ -11,9 +11,9 @@ use berth_protocol::{AgentClient, ClientError, EntryType};
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
+use super::Artifacts;
 use super::{ArtifactKind, check_name, content_type_for};
 use crate::error::{Error, Result};
-use crate::sandbox::Controller;
 use crate::store::ArtifactRow;
 
 /// One agent call that answers at once (stat, list, the head of a download).
@@ -103,7 +103,7 @@ impl Drop for Scratch {
     }
 }
 
-impl Controller {
+impl Artifacts {
     /// `POST /sandbox/sandboxes/v1/{id}/artifacts`.
     pub async fn publish_path(
         self: &Arc<Self>,
@@ -119,9 +119,9 @@ impl Controller {
         if let Some(n) = &req.name {
             check_name(n)?;
         }
-        let (row, agent) = self.running_agent(sandbox_id)?;
+        let (row, agent) = self.ctx.running_agent(sandbox_id)?;
         if let Some(run) = &req.run
-            && self.store.run(&row.id, run)?.is_none()
+            && self.ctx.store.run(&row.id, run)?.is_none()
         {
             return Err(Error::NotFound(format!(
                 "no run {run} in sandbox {sandbox_id}"
@@ -172,7 +172,12 @@ impl Controller {
             .await
             .map_err(|_| Error::Agent("the agent's download timed out".into()))?
             .map_err(|e| agent_error(&req.path, e))?;
-        body_to_file(resp, scratch.path(), self.config.artifact_max_file_bytes).await?;
+        body_to_file(
+            resp,
+            scratch.path(),
+            self.ctx.config.artifact_max_file_bytes,
+        )
+        .await?;
         let ct = content_type_for(&name);
         let file = scratch.take();
         self.publish_file(
@@ -202,14 +207,14 @@ impl Controller {
             .await
             .map_err(|_| Error::Agent("the agent's listing timed out".into()))?
             .map_err(|e| agent_error(&req.path, e))?;
-        let max_entries = self.config.artifact_max_entries;
+        let max_entries = self.ctx.config.artifact_max_entries;
         if list.entries.len() > max_entries {
             return Err(Error::TooLarge(format!(
                 "{} holds more than artifact_max_entries ({max_entries}) entries",
                 req.path
             )));
         }
-        let max = self.config.artifact_max_file_bytes;
+        let max = self.ctx.config.artifact_max_file_bytes;
         let total: u64 = list
             .entries
             .iter()

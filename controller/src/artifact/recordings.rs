@@ -10,9 +10,9 @@ use berth_protocol::routes::{fill, native};
 use berth_protocol::{AgentClient, RecordingInfo, RecordingState};
 
 use super::ArtifactKind;
+use super::Artifacts;
 use super::publish::{agent_error, body_to_file};
 use crate::error::{Error, Result};
-use crate::sandbox::Controller;
 use crate::store::{ArtifactRow, SandboxRow};
 
 const AGENT_CALL: Duration = Duration::from_secs(15);
@@ -34,7 +34,7 @@ pub fn run_at(runs: &[(String, Option<i64>, Option<i64>)], at_ms: i64) -> Option
         .map(|(id, _, _)| id.clone())
 }
 
-impl Controller {
+impl Artifacts {
     /// Publishes every recording of the sandbox that has ended and is not published yet.
     pub(crate) async fn publish_stopped_recordings(
         &self,
@@ -59,7 +59,7 @@ impl Controller {
     /// Stops the sandbox's live recordings, then publishes every ended one (the first step
     /// of `keep_work`).
     pub(crate) async fn keep_recordings(&self, sandbox: &SandboxRow) {
-        let Ok(agent) = self.agent(sandbox) else {
+        let Ok(agent) = self.ctx.agent(sandbox) else {
             return;
         };
         let list = match tokio::time::timeout(AGENT_CALL, agent.recordings()).await {
@@ -92,7 +92,8 @@ impl Controller {
         recording_id: &str,
     ) -> Result<Option<ArtifactRow>> {
         if let Some(a) =
-            self.store
+            self.ctx
+                .store
                 .artifact_from(&sandbox.id, ArtifactKind::Recording, recording_id)?
         {
             return Ok(Some(a));
@@ -114,13 +115,13 @@ impl Controller {
             return Ok(None);
         }
         let lock = self
-            .artifacts
             .source_locks
             .get(&format!("{}/recording/{}", sandbox.id, info.id));
         let _one = lock.lock().await;
-        if let Some(a) = self
-            .store
-            .artifact_from(&sandbox.id, ArtifactKind::Recording, &info.id)?
+        if let Some(a) =
+            self.ctx
+                .store
+                .artifact_from(&sandbox.id, ArtifactKind::Recording, &info.id)?
         {
             return Ok(Some(a));
         }
@@ -144,12 +145,14 @@ impl Controller {
         let resp = berth_protocol::client::check(resp)
             .await
             .map_err(|e| agent_error(&info.id, e))?;
-        if let Err(e) = body_to_file(resp, &scratch, self.config.artifact_max_file_bytes).await {
+        if let Err(e) = body_to_file(resp, &scratch, self.ctx.config.artifact_max_file_bytes).await
+        {
             let _ = std::fs::remove_file(&scratch);
             return Err(e);
         }
         let run = ms_of(&info.started_at).and_then(|at| {
             let runs: Vec<_> = self
+                .ctx
                 .store
                 .runs_of(&sandbox.id)
                 .ok()?

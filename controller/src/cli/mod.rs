@@ -391,7 +391,7 @@ async fn serve_forever(a: ServeArgs) -> anyhow::Result<i32> {
         println!("No API key was configured; generated one (shown only this once, stored hashed):");
         println!("  X-Api-Key: {k}");
     }
-    println!("controller id {}", running.controller.controller_id);
+    println!("controller id {}", running.controller.ctx.controller_id);
     println!("berth serving on http://{}", running.addr);
     shutdown_signal().await;
     Ok(0)

@@ -365,24 +365,3 @@ async fn events(State(healthy): State<Arc<AtomicBool>>) -> axum::response::Respo
     })
     .into_response()
 }
-
-/// A controller on the store in `dir` whose only provider is `fake` (named `"process"` it
-/// serves the built-in profiles). Controllers made on the same `dir` share their store, as a
-/// restarted controller does.
-pub fn controller_on(
-    dir: &std::path::Path,
-    fake: &Arc<FakeProvider>,
-    config: crate::config::Config,
-) -> Arc<crate::sandbox::Controller> {
-    let store = crate::store::Store::open(&dir.join("berth.db"), crate::seal::Sealer::new([7; 32]))
-        .expect("the store");
-    let providers = BTreeMap::from([(fake.name().to_string(), fake.clone() as Arc<dyn Provider>)]);
-    crate::sandbox::Controller::new(
-        config,
-        store,
-        dir.to_path_buf(),
-        "http://127.0.0.1:9".into(),
-        providers,
-    )
-    .expect("the controller")
-}

@@ -3,12 +3,75 @@
 //! blob store (`crate::artifact::blob`), keyed by the artifact id; a row is written only once
 //! its blob is in place, so a row always has its bytes.
 
+use std::str::FromStr;
+
 use rusqlite::{OptionalExtension, Row, params};
 use serde_json::Value;
 
 use super::{Result, Store};
-use crate::artifact::ArtifactKind;
 use crate::util::rfc3339;
+
+/// What an artifact is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ArtifactKind {
+    /// A desktop recording (MP4), published when it stops.
+    Recording,
+    /// A file published from the sandbox.
+    File,
+    /// A directory published from the sandbox, as a zip.
+    Directory,
+    /// A run's whole output, when it passed the inline bound.
+    Output,
+    /// An episode bundle (zip: the recording, the actions, their screenshots, the timeline).
+    Episode,
+}
+
+impl ArtifactKind {
+    pub const ALL: &[ArtifactKind] = &[
+        ArtifactKind::Recording,
+        ArtifactKind::File,
+        ArtifactKind::Directory,
+        ArtifactKind::Output,
+        ArtifactKind::Episode,
+    ];
+
+    /// Whether a sandbox has at most one artifact of this kind per source (a recording, a
+    /// run's output, an episode do not change once made; a file published again may have).
+    pub fn one_per_source(self) -> bool {
+        matches!(
+            self,
+            ArtifactKind::Recording | ArtifactKind::Output | ArtifactKind::Episode
+        )
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ArtifactKind::Recording => "recording",
+            ArtifactKind::File => "file",
+            ArtifactKind::Directory => "directory",
+            ArtifactKind::Output => "output",
+            ArtifactKind::Episode => "episode",
+        }
+    }
+}
+
+impl FromStr for ArtifactKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        ArtifactKind::ALL
+            .iter()
+            .copied()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| format!("unknown artifact kind {s:?}"))
+    }
+}
+
+impl std::fmt::Display for ArtifactKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ArtifactRow {

@@ -22,7 +22,7 @@ mod runs;
 mod sandboxes;
 mod viewers;
 
-pub use artifacts::ArtifactRow;
+pub use artifacts::{ArtifactKind, ArtifactRow};
 pub use leases::LeaseRow;
 pub use runs::{RunRow, StreamSpan};
 pub use sandboxes::{SandboxRow, SandboxUpdate};
@@ -651,7 +651,7 @@ mod tests {
             content_type: "text/plain".into(),
             size: 4,
             sha256: "00".into(),
-            kind: crate::artifact::ArtifactKind::File,
+            kind: ArtifactKind::File,
             source: None,
             created_at: now_ms(),
         };

@@ -2,28 +2,28 @@
 //! member when one serves it (a compare-and-swap on the stored row, then a liveness probe),
 //! else creates one cold and waits, to a bounded deadline, until the agent says it is ready.
 
+mod destroy;
+
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use berth_protocol::AgentClient;
 use berth_protocol::controller::{
     Endpoints, PortPreview, RESERVED_ENDPOINT_NAMES, Sandbox, Viewer,
 };
 use berth_protocol::routes::controller as routes;
 use serde_json::json;
 
-use crate::catalog::{Catalog, Profile};
-use crate::config::Config;
+use crate::ctx::Ctx;
 use crate::error::{Error, Result};
 use crate::lifecycle::{LeaseStatus, SandboxStatus};
-use crate::metrics::Metrics;
-use crate::pool::Pools;
-use crate::provider::{Identity, Provider, Spec};
+use crate::provider::{Identity, Spec};
 use crate::reconcile::Action;
-use crate::store::{SandboxRow, SandboxUpdate, Store};
+use crate::store::{SandboxRow, SandboxUpdate};
+use crate::timeline::Timeline;
 use crate::util::{new_id, now_ms, random_hex, rfc3339};
+use crate::warm::PoolTable;
+pub use destroy::{Destroying, Destroys, MAX_CONCURRENT_DESTROYS};
 
 /// How long one readiness or liveness probe of an agent may take.
 pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -54,29 +54,16 @@ impl std::fmt::Display for ProbeFailure {
 /// How long the agent may take to resize its screen (`PUT /v1/display`) or say its size.
 const SCREEN_TIMEOUT: Duration = Duration::from_secs(15);
 
-pub struct Controller {
-    pub config: Config,
-    pub store: Store,
-    pub catalog: Catalog,
-    pub metrics: Metrics,
-    pub controller_id: String,
-    pub public_url: String,
-    pub data_dir: PathBuf,
-    providers: BTreeMap<String, Arc<dyn Provider>>,
-    pub pools: Pools,
-    /// One HTTP client for every agent call (connection pool, TLS set up once).
-    http: reqwest::Client,
-    pub image_jobs: crate::image_job::ImageJobs,
-    pub(crate) lease_locks: crate::util::KeyedLocks,
+/// Sandboxes from request to deletion: provisioning (a warm claim, else a cold start),
+/// readiness, the screen, failure and destroy (`destroy.rs`), and their wire form.
+pub struct Sandboxes {
+    pub ctx: Arc<Ctx>,
+    /// The warm pools a claim takes from.
+    warm: Arc<PoolTable>,
+    timeline: Arc<Timeline>,
     destroy_locks: crate::util::KeyedLocks,
-    /// Every destroy under way (`Controller::destroy`).
-    pub(crate) destroys: crate::reconcile::Destroys,
-    /// Sandboxes whose agent's events a follower watches (`Controller::follow`).
-    pub(crate) followers: std::sync::Mutex<std::collections::HashSet<String>>,
-    /// When this controller started: a run made before it is an adopted one.
-    pub(crate) started_ms: i64,
-    /// Artifacts: their blob store and followers (`crate::artifact`).
-    pub artifacts: crate::artifact::Artifacts,
+    /// Every destroy under way (`Sandboxes::destroy`).
+    pub(crate) destroys: Destroys,
 }
 
 /// What a caller asks for.
@@ -86,7 +73,7 @@ pub struct Request {
     pub image_ref: Option<String>,
     pub labels: BTreeMap<String, String>,
     pub ttl_seconds: Option<u64>,
-    /// The desktop's screen, `WxH` (checked by [`Controller::check_screen`]).
+    /// The desktop's screen, `WxH` (checked by [`Sandboxes::check_screen`]).
     pub screen: Option<String>,
 }
 
@@ -103,98 +90,23 @@ impl From<berth_protocol::controller::CreateSandbox> for Request {
     }
 }
 
-impl Controller {
-    pub fn new(
-        config: Config,
-        store: Store,
-        data_dir: PathBuf,
-        public_url: String,
-        providers: BTreeMap<String, Arc<dyn Provider>>,
-    ) -> Result<Arc<Controller>> {
-        let controller_id = store.meta_init("controller_id", &new_id("ctl"))?;
-        let pools = Pools::new(&config.pools);
-        let artifacts = crate::artifact::Artifacts::open_local(&data_dir.join("artifacts"))?;
-        Ok(Arc::new(Controller {
-            config,
-            store,
-            catalog: Catalog::builtin(),
-            metrics: Metrics::default(),
-            controller_id,
-            public_url: public_url.trim_end_matches('/').to_string(),
-            data_dir,
-            providers,
-            pools,
-            http: reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(10))
-                .no_proxy()
-                // Below the servers' idle close (10 s by default), so a request is never sent on a
-                // connection the server is closing.
-                .pool_idle_timeout(Duration::from_secs(5))
-                .build()
-                .map_err(|e| Error::Internal(format!("HTTP client: {e}")))?,
-            image_jobs: Default::default(),
-            lease_locks: Default::default(),
-            followers: Default::default(),
-            started_ms: now_ms(),
+impl Sandboxes {
+    pub fn new(ctx: Arc<Ctx>, warm: Arc<PoolTable>, timeline: Arc<Timeline>) -> Sandboxes {
+        Sandboxes {
+            ctx,
+            warm,
+            timeline,
             destroy_locks: Default::default(),
             destroys: Default::default(),
-            artifacts,
-        }))
-    }
-
-    pub fn profile(&self, name: &str) -> Result<&Profile> {
-        let p = self.catalog.profile(name).ok_or_else(|| {
-            Error::BadRequest(format!(
-                "unknown profile {name:?}; known: {}",
-                self.catalog.known_profiles()
-            ))
-        })?;
-        if !p.enabled {
-            return Err(Error::Unprocessable(format!(
-                "profile {name:?} cannot run here: {}",
-                p.description
-            )));
         }
-        Ok(p)
-    }
-
-    /// The name of the provider that serves a profile: configured by its name or an alias,
-    /// else its driver hint.
-    pub fn provider_name_for<'a>(&'a self, profile: &'a Profile) -> &'a str {
-        std::iter::once(&profile.name)
-            .chain(&profile.aliases)
-            .find_map(|n| self.config.providers.get(n))
-            .unwrap_or(&profile.driver_hint)
-    }
-
-    /// The provider that serves a profile (see `provider_name_for`).
-    pub fn provider_for(&self, profile: &Profile) -> Result<Arc<dyn Provider>> {
-        let name = self.provider_name_for(profile);
-        self.providers.get(name).cloned().ok_or_else(|| {
-            Error::Unprocessable(format!(
-                "profile {:?} needs the {name} provider, which this controller does not run",
-                profile.name
-            ))
-        })
-    }
-
-    pub fn provider_named(&self, name: &str) -> Result<Arc<dyn Provider>> {
-        self.providers
-            .get(name)
-            .cloned()
-            .ok_or_else(|| Error::Internal(format!("no provider {name}")))
-    }
-
-    pub fn providers(&self) -> impl Iterator<Item = &Arc<dyn Provider>> {
-        self.providers.values()
     }
 
     /// Resolves profile and image: the image the sandbox will run, and its pool key.
     /// An alias resolves as its profile's canonical name.
     pub fn resolve(&self, profile: &str, image_ref: Option<&str>) -> Result<(String, String)> {
-        let p = self.profile(profile)?;
+        let p = self.ctx.profile(profile)?;
         let profile = p.name.as_str();
-        let provider = self.provider_for(p)?;
+        let provider = self.ctx.provider_for(p)?;
         let image = match image_ref {
             Some(i) => {
                 provider.check_image(profile, i)?;
@@ -202,15 +114,8 @@ impl Controller {
             }
             None => provider.default_image(profile)?,
         };
-        let key = crate::pool::key(profile, &image);
+        let key = crate::warm::key(profile, &image);
         Ok((image, key))
-    }
-
-    pub fn expiry(&self, ttl_seconds: Option<u64>) -> i64 {
-        let ttl = ttl_seconds
-            .unwrap_or(self.config.default_ttl_secs)
-            .min(self.config.max_ttl_secs);
-        now_ms() + ttl as i64 * 1000
     }
 
     /// A ready sandbox for `req`: a warm member when a pool serves it, else a cold create.
@@ -221,12 +126,12 @@ impl Controller {
         let req = &self.checked(req)?;
         let (image, key) = self.resolve(&req.profile, req.image_ref.as_deref())?;
         if let Some(row) = self.claim_warm(&key, req).await? {
-            self.metrics.claim("warm", started.elapsed());
+            self.ctx.metrics.claim("warm", started.elapsed());
             return Ok((row, "warm"));
         }
         let row = self.start_cold(req, &image).await?;
         let row = self.clone().await_ready(row.id.clone()).await?;
-        self.metrics.claim("cold", started.elapsed());
+        self.ctx.metrics.claim("cold", started.elapsed());
         Ok((row, "cold"))
     }
 
@@ -238,7 +143,7 @@ impl Controller {
         let req = &self.checked(req)?;
         let (image, key) = self.resolve(&req.profile, req.image_ref.as_deref())?;
         if let Some(row) = self.claim_warm(&key, req).await? {
-            self.metrics.claim("warm", started.elapsed());
+            self.ctx.metrics.claim("warm", started.elapsed());
             return Ok(row);
         }
         let row = self.start_cold(req, &image).await?;
@@ -246,7 +151,7 @@ impl Controller {
         let id = row.id.clone();
         tokio::spawn(async move {
             if me.clone().await_ready(id).await.is_ok() {
-                me.metrics.claim("cold", started.elapsed());
+                me.ctx.metrics.claim("cold", started.elapsed());
             }
         });
         Ok(row)
@@ -265,7 +170,7 @@ impl Controller {
     pub fn check_screen(&self, profile: &str, screen: Option<&str>) -> Result<Option<String>> {
         let Some(s) = screen else { return Ok(None) };
         let (w, h) = berth_protocol::controller::parse_screen(s).map_err(Error::BadRequest)?;
-        let p = self.profile(profile)?;
+        let p = self.ctx.profile(profile)?;
         if !p.desktop {
             return Err(Error::BadRequest(format!(
                 "profile {} has no desktop: `screen` is for desktop profiles",
@@ -283,7 +188,7 @@ impl Controller {
         screen: &str,
     ) -> std::result::Result<String, String> {
         let (width, height) = berth_protocol::controller::parse_screen(screen)?;
-        let agent = self.agent(row).map_err(|e| e.to_string())?;
+        let agent = self.ctx.agent(row).map_err(|e| e.to_string())?;
         let rb = agent
             .request(
                 reqwest::Method::PUT,
@@ -307,7 +212,7 @@ impl Controller {
         let screen = match &row.screen {
             Some(want) => self.resize_screen(row, want).await?,
             None => {
-                let agent = self.agent(row).map_err(|e| e.to_string())?;
+                let agent = self.ctx.agent(row).map_err(|e| e.to_string())?;
                 let rb = agent
                     .request(
                         reqwest::Method::GET,
@@ -324,11 +229,13 @@ impl Controller {
                 }
             }
         };
-        self.store
+        self.ctx
+            .store
             .set_screen(&row.id, &screen)
             .map_err(|e| e.to_string())?;
         if row.screen.is_some() {
-            self.event(&row.id, "sandbox.screen", json!({"screen": screen}));
+            self.ctx
+                .event(&row.id, "sandbox.screen", json!({"screen": screen}));
         }
         Ok(())
     }
@@ -337,10 +244,12 @@ impl Controller {
     /// screen the agent now has, recorded on the row (with a `sandbox.screen` event when it
     /// changed), so the record never shows a size the desktop left.
     pub async fn screen_changed(&self, id: &str) {
-        let Ok(Some(row)) = self.store.sandbox(id) else {
+        let Ok(Some(row)) = self.ctx.store.sandbox(id) else {
             return;
         };
-        let Ok(agent) = self.agent(&row) else { return };
+        let Ok(agent) = self.ctx.agent(&row) else {
+            return;
+        };
         let rb = agent
             .request(
                 reqwest::Method::GET,
@@ -357,11 +266,12 @@ impl Controller {
         if row.screen.as_deref() == Some(screen.as_str()) {
             return;
         }
-        if let Err(e) = self.store.set_screen(id, &screen) {
+        if let Err(e) = self.ctx.store.set_screen(id, &screen) {
             tracing::warn!(sandbox = %id, error = %e, "cannot record the screen size");
             return;
         }
-        self.event(id, "sandbox.screen", json!({"screen": screen}));
+        self.ctx
+            .event(id, "sandbox.screen", json!({"screen": screen}));
     }
 
     /// A warm member claimed by a create asking another screen is resized to it.
@@ -375,10 +285,12 @@ impl Controller {
             return Ok(row);
         }
         let got = self.resize_screen(&row, want).await?;
-        self.store
+        self.ctx
+            .store
             .set_screen(&row.id, &got)
             .map_err(|e| e.to_string())?;
-        self.event(&row.id, "sandbox.screen", json!({"screen": got}));
+        self.ctx
+            .event(&row.id, "sandbox.screen", json!({"screen": got}));
         Ok(SandboxRow {
             screen: Some(got),
             ..row
@@ -387,14 +299,14 @@ impl Controller {
 
     /// Takes warm members until one answers its probe; a dead one is discarded.
     async fn claim_warm(self: &Arc<Self>, key: &str, req: &Request) -> Result<Option<SandboxRow>> {
-        if !self.pools.has(key) {
+        if !self.warm.has(key) {
             return Ok(None);
         }
-        let expires_at = Some(self.expiry(req.ttl_seconds));
+        let expires_at = Some(self.ctx.expiry(req.ttl_seconds));
         loop {
-            let claimed = self.store.claim_warm(key, &req.labels, expires_at)?;
+            let claimed = self.ctx.store.claim_warm(key, &req.labels, expires_at)?;
             // Taken or found empty: either way the pool refills.
-            self.pools.claimed(key);
+            self.warm.claimed(key);
             let Some(row) = claimed else {
                 return Ok(None);
             };
@@ -404,7 +316,7 @@ impl Controller {
             };
             match ready {
                 Ok(row) => {
-                    self.event(
+                    self.ctx.event(
                         &row.id,
                         "sandbox.claimed",
                         json!({"claim": "warm", "pool": key}),
@@ -435,8 +347,8 @@ impl Controller {
     /// The new sandbox's row (`pending`), before anything starts. `pool`: the pool it joins as
     /// a warm member.
     pub fn insert_row(&self, req: &Request, image: &str, pool: Option<&str>) -> Result<SandboxRow> {
-        let profile = self.profile(&req.profile)?;
-        let provider = self.provider_for(profile)?;
+        let profile = self.ctx.profile(&req.profile)?;
+        let provider = self.ctx.provider_for(profile)?;
         let now = now_ms();
         let row = SandboxRow {
             id: new_id("sb"),
@@ -457,20 +369,20 @@ impl Controller {
             cdp_url: None,
             ports: Default::default(),
             created_at: now,
-            ready_deadline: now + self.config.create_timeout().as_millis() as i64,
+            ready_deadline: now + self.ctx.config.create_timeout().as_millis() as i64,
             ready_at: None,
             expires_at: if pool.is_some() {
                 None
             } else {
-                Some(self.expiry(req.ttl_seconds))
+                Some(self.ctx.expiry(req.ttl_seconds))
             },
             ended_at: None,
             error: None,
             agent_event_seq: 0,
             screen: req.screen.clone(),
         };
-        self.store.insert_sandbox(&row)?;
-        self.event(
+        self.ctx.store.insert_sandbox(&row)?;
+        self.ctx.event(
             &row.id,
             "sandbox.created",
             json!({"profile": row.profile, "image_ref": row.image_ref, "provider": row.provider,
@@ -483,12 +395,12 @@ impl Controller {
     /// task: a caller that goes away mid-create does not leave a half-made sandbox behind (the
     /// task finishes and the row says how).
     pub async fn launch(self: &Arc<Self>, row: &SandboxRow) -> Result<SandboxRow> {
-        let profile = self.profile(&row.profile)?.clone();
-        let provider = self.provider_named(&row.provider)?;
+        let profile = self.ctx.profile(&row.profile)?.clone();
+        let provider = self.ctx.provider_named(&row.provider)?;
         let me = self.clone();
         let spec = Spec {
             identity: Identity {
-                controller_id: self.controller_id.clone(),
+                controller_id: self.ctx.controller_id.clone(),
                 sandbox_id: row.id.clone(),
                 profile: row.profile.clone(),
                 image_ref: row.image_ref.clone(),
@@ -496,7 +408,7 @@ impl Controller {
             desktop: profile.desktop,
             ide: profile.ide().map(|(kind, _)| kind.to_string()),
             agent_token: row.agent_token.clone(),
-            browser_toolset_enable: self.config.browser_toolset_enable.clone(),
+            browser_toolset_enable: self.ctx.config.browser_toolset_enable.clone(),
             cpus: profile.cpus,
             memory_mb: profile.memory_mb,
         };
@@ -504,7 +416,7 @@ impl Controller {
         let made = tokio::spawn(async move {
             match provider.create(&spec).await {
                 Ok(ep) => {
-                    me.store.set_status(
+                    me.ctx.store.set_status(
                         &id,
                         SandboxStatus::Starting,
                         SandboxUpdate {
@@ -518,7 +430,7 @@ impl Controller {
                     Ok(())
                 }
                 Err(e) => {
-                    me.metrics.provider_error();
+                    me.ctx.metrics.provider_error();
                     let reason = format!("the provider could not create it: {e}");
                     me.fail_and_destroy(&id, &reason).await;
                     Err(Error::Unavailable(reason))
@@ -528,7 +440,7 @@ impl Controller {
         .await
         .map_err(|e| Error::Internal(format!("create task: {e}")))?;
         made?;
-        self.get_row(&row.id)
+        self.ctx.get_row(&row.id)
     }
 
     /// Waits until the sandbox is running (or failed), at most until its stored deadline.
@@ -543,7 +455,7 @@ impl Controller {
     async fn drive_ready(self: &Arc<Self>, id: &str) -> Result<SandboxRow> {
         let mut last = String::from("not probed yet");
         loop {
-            let row = self.get_row(id)?;
+            let row = self.ctx.get_row(id)?;
             match row.status {
                 SandboxStatus::Running => return Ok(row),
                 SandboxStatus::Pending | SandboxStatus::Starting => {}
@@ -557,14 +469,14 @@ impl Controller {
             if now_ms() >= row.ready_deadline {
                 let reason = format!(
                     "not ready within {} s: {last}",
-                    self.config.create_timeout_secs
+                    self.ctx.config.create_timeout_secs
                 );
                 self.fail_and_destroy(id, &reason).await;
                 return Err(Error::Unavailable(format!("sandbox {id} failed: {reason}")));
             }
             if row.status == SandboxStatus::Starting {
                 // A dead agent fails at once, not at the deadline.
-                let provider = self.provider_named(&row.provider)?;
+                let provider = self.ctx.provider_named(&row.provider)?;
                 if let Ok(Some(o)) = provider.inspect(id).await
                     && !o.alive
                 {
@@ -585,6 +497,7 @@ impl Controller {
                         // A desktop has the screen it was asked (its pool's or its create's)
                         // before it counts as ready: one path for cold creates and pools.
                         if self
+                            .ctx
                             .catalog
                             .profile(&row.profile)
                             .is_some_and(|p| p.desktop)
@@ -596,7 +509,7 @@ impl Controller {
                             )));
                         }
                         let now = now_ms();
-                        self.store.set_status(
+                        self.ctx.store.set_status(
                             id,
                             SandboxStatus::Running,
                             SandboxUpdate {
@@ -604,13 +517,13 @@ impl Controller {
                                 ..Default::default()
                             },
                         )?;
-                        self.event(
+                        self.ctx.event(
                             id,
                             "sandbox.ready",
                             json!({"after_ms": now - row.created_at}),
                         );
                         if let Some(pool) = &row.pool {
-                            self.pools.member_ready(pool);
+                            self.warm.member_ready(pool);
                         }
                         continue;
                     }
@@ -629,9 +542,11 @@ impl Controller {
         wait: Duration,
     ) -> std::result::Result<(), ProbeFailure> {
         let agent = self
+            .ctx
             .agent(row)
             .map_err(|e| ProbeFailure::Failed(e.to_string()))?;
         let desktop = self
+            .ctx
             .catalog
             .profile(&row.profile)
             .is_some_and(|p| p.desktop);
@@ -688,7 +603,7 @@ impl Controller {
 
     /// Whether the sandbox's provider sees it running (`false` when it cannot say).
     async fn still_runs(&self, row: &SandboxRow) -> bool {
-        let Ok(provider) = self.provider_named(&row.provider) else {
+        let Ok(provider) = self.ctx.provider_named(&row.provider) else {
             return false;
         };
         matches!(
@@ -697,55 +612,9 @@ impl Controller {
         )
     }
 
-    /// A client for the sandbox's agent.
-    pub fn agent(&self, row: &SandboxRow) -> Result<AgentClient> {
-        let url = row.agent_url.clone().ok_or_else(|| {
-            Error::Unavailable(format!(
-                "sandbox {} is {} and has no agent yet",
-                row.id, row.status
-            ))
-        })?;
-        Ok(AgentClient::with_http(
-            url,
-            Some(row.agent_token.clone()),
-            self.http.clone(),
-        ))
-    }
-
-    /// The agent of a running sandbox, or a 409/503 saying why there is none.
-    pub fn running_agent(&self, id: &str) -> Result<(SandboxRow, AgentClient)> {
-        let row = self.visible_row(id)?;
-        if row.status != SandboxStatus::Running {
-            return Err(Error::Conflict(format!(
-                "sandbox {id} is {}{}",
-                row.status,
-                row.error
-                    .as_ref()
-                    .map(|e| format!(": {e}"))
-                    .unwrap_or_default()
-            )));
-        }
-        let agent = self.agent(&row)?;
-        Ok((row, agent))
-    }
-
-    pub fn get_row(&self, id: &str) -> Result<SandboxRow> {
-        self.store
-            .sandbox(id)?
-            .ok_or_else(|| Error::NotFound(format!("no sandbox {id}")))
-    }
-
-    /// A sandbox callers may see: unclaimed warm members belong to no one yet.
-    pub fn visible_row(&self, id: &str) -> Result<SandboxRow> {
-        let row = self.get_row(id)?;
-        if row.pool.is_some() {
-            return Err(Error::NotFound(format!("no sandbox {id}")));
-        }
-        Ok(row)
-    }
-
     pub fn fail(&self, id: &str, reason: &str) {
         let changed = self
+            .ctx
             .store
             .set_status(
                 id,
@@ -759,7 +628,8 @@ impl Controller {
             .unwrap_or(false);
         if changed {
             tracing::warn!(sandbox = id, reason, "sandbox failed");
-            self.event(id, "sandbox.failed", json!({"reason": reason}));
+            self.ctx
+                .event(id, "sandbox.failed", json!({"reason": reason}));
         }
     }
 
@@ -775,41 +645,45 @@ impl Controller {
     }
 
     /// Stops and removes a sandbox; the row ends `stopped` (or keeps `failed` with its
-    /// reason). Only [`Controller::destroy`]'s tracked task calls it. Safe to call twice and
+    /// reason). Only [`Sandboxes::destroy`]'s tracked task calls it. Safe to call twice and
     /// concurrently.
     pub(crate) async fn destroy_now(self: &Arc<Self>, id: &str) {
         let lock = self.destroy_locks.get(id);
         let _one_at_a_time = lock.lock().await;
-        let Ok(Some(row)) = self.store.sandbox(id) else {
+        let Ok(Some(row)) = self.ctx.store.sandbox(id) else {
             return;
         };
         if row.status == SandboxStatus::Stopped {
             return;
         }
         if row.status != SandboxStatus::Failed {
-            let _ = self
-                .store
-                .set_status(id, SandboxStatus::Stopping, SandboxUpdate::default());
+            let _ =
+                self.ctx
+                    .store
+                    .set_status(id, SandboxStatus::Stopping, SandboxUpdate::default());
         }
         // Its work (recordings, …) is kept before it goes, within a bound.
         if matches!(row.status, SandboxStatus::Running | SandboxStatus::Stopping)
             && row.agent_url.is_some()
         {
-            self.keep_work(&row).await;
+            self.ctx.keep_work(&row).await;
         }
         // The last words of its agent go into the timeline before it goes.
         if row.agent_url.is_some() {
-            let _ =
-                tokio::time::timeout(Duration::from_secs(3), self.import_agent_events(&row)).await;
+            let _ = tokio::time::timeout(
+                Duration::from_secs(3),
+                self.timeline.import_agent_events(&row),
+            )
+            .await;
         }
-        let provider = match self.provider_named(&row.provider) {
+        let provider = match self.ctx.provider_named(&row.provider) {
             Ok(p) => p,
             Err(_) => return,
         };
         match provider.destroy(id).await {
             Ok(()) => {
                 // A failed sandbox keeps its status and reason (the table refuses the move).
-                let _ = self.store.set_status(
+                let _ = self.ctx.store.set_status(
                     id,
                     SandboxStatus::Stopped,
                     SandboxUpdate {
@@ -818,11 +692,11 @@ impl Controller {
                     },
                 );
                 if row.status != SandboxStatus::Failed {
-                    self.event(id, "sandbox.deleted", json!({}));
+                    self.ctx.event(id, "sandbox.deleted", json!({}));
                 }
             }
             Err(e) => {
-                self.metrics.provider_error();
+                self.ctx.metrics.provider_error();
                 tracing::error!(sandbox = id, error = %e, "destroy failed; the sweep retries");
             }
         }
@@ -830,10 +704,10 @@ impl Controller {
 
     /// `DELETE`: destroys in its own task (a caller that leaves does not stop it halfway).
     pub async fn delete(self: &Arc<Self>, id: &str) -> Result<()> {
-        let row = self.visible_row(id)?;
-        if let Some(lease) = self.store.lease_for_sandbox(id)? {
-            self.store.end_lease(&lease.id, LeaseStatus::Released)?;
-            self.event(
+        let row = self.ctx.visible_row(id)?;
+        if let Some(lease) = self.ctx.store.lease_for_sandbox(id)? {
+            self.ctx.store.end_lease(&lease.id, LeaseStatus::Released)?;
+            self.ctx.event(
                 id,
                 "lease.released",
                 json!({"lease_id": lease.id, "reason": "sandbox deleted"}),
@@ -846,18 +720,12 @@ impl Controller {
         Ok(())
     }
 
-    pub fn event(&self, sandbox_id: &str, kind: &str, data: serde_json::Value) {
-        let data = controller_event_data(data);
-        if let Err(e) = self.store.append_event(sandbox_id, now_ms(), kind, &data) {
-            tracing::error!(sandbox = sandbox_id, kind, error = %e, "cannot record an event");
-        }
-    }
-
     /// The wire form.
     pub fn to_wire(&self, row: &SandboxRow) -> Sandbox {
-        let profile = self.catalog.profile(&row.profile);
+        let profile = self.ctx.catalog.profile(&row.profile);
         let desktop = profile.is_some_and(|p| p.desktop);
         let lease_id = self
+            .ctx
             .store
             .lease_for_sandbox(&row.id)
             .ok()
@@ -866,7 +734,7 @@ impl Controller {
         let url = |template: &str, args: &[&str]| {
             format!(
                 "{}{}",
-                self.public_url,
+                self.ctx.public_url,
                 berth_protocol::routes::fill(template, args)
             )
         };
@@ -875,7 +743,7 @@ impl Controller {
             .ports
             .keys()
             .filter_map(|name| {
-                let port = self.catalog.declared_port(name)?;
+                let port = self.ctx.catalog.declared_port(name)?;
                 let preview_url = url(routes::SANDBOX_PORT_ROOT, &[&row.id, &port.to_string()]);
                 Some((
                     name.clone(),
@@ -889,7 +757,7 @@ impl Controller {
         Sandbox {
             id: row.id.clone(),
             // An older row may carry an alias: the canonical name is reported.
-            profile: self.catalog.canonical(&row.profile).to_string(),
+            profile: self.ctx.catalog.canonical(&row.profile).to_string(),
             status: row.status.as_str().to_string(),
             viewer: match profile.and_then(|p| p.ide()) {
                 // A browser IDE the agent serves on its port, through the preview route.
@@ -940,7 +808,7 @@ impl Controller {
         labels: &[(String, String)],
         status: Option<SandboxStatus>,
     ) -> Result<Vec<Sandbox>> {
-        let rows = self.store.sandboxes(&[])?;
+        let rows = self.ctx.store.sandboxes(&[])?;
         Ok(rows
             .iter()
             .filter(|r| r.pool.is_none())
@@ -982,12 +850,4 @@ pub fn validate_labels(labels: &BTreeMap<String, String>) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// An event's data as the controller records it: marked with its source.
-pub fn controller_event_data(mut data: serde_json::Value) -> serde_json::Value {
-    if let Some(o) = data.as_object_mut() {
-        o.insert("source".into(), "controller".into());
-    }
-    data
 }
