@@ -297,7 +297,7 @@ impl Episodes {
     }
 
     /// Keeps the episode of a sandbox about to go, when it logged any action (from
-    /// `Controller::keep_work`, after its recordings were published).
+    /// `Episodes::keep_work_within`, the context's `KeepWork`, after its recordings were published).
     pub async fn keep_episode(&self, row: &SandboxRow) {
         let Ok(agent) = self.ctx.agent(row) else {
             return;

@@ -1,7 +1,7 @@
 //! Recordings become artifacts: the sandbox's follower (`crate::follow`) publishes each
 //! recording as it stops (`recording.stopped`); when it starts (and so after a controller
 //! restart) it publishes every stopped recording not yet published. Destroying a
-//! sandbox stops its live recordings and publishes them first (`Controller::keep_work`).
+//! sandbox stops its live recordings and publishes them first (`Episodes::keep_work_within`, the context's `KeepWork`).
 //! Publishing is idempotent by (sandbox, agent recording id).
 
 use std::time::Duration;
