@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 pub use berth_protocol::controller::ImageJob;
+use berth_protocol::lifecycle::ImageJobStatus;
 use berth_protocol::sync::Locked;
 
 use crate::error::{Error, Result};
@@ -56,14 +57,18 @@ impl Images {
         let mut jobs = self.jobs.locked();
         if let Some(j) = jobs.get(&image) {
             let j = j.locked().clone();
-            if j.status != "failed" {
+            if j.status != ImageJobStatus::Failed {
                 return Ok(j);
             }
         }
         let job = Arc::new(Mutex::new(ImageJob {
             image_ref: image.clone(),
             image_uri: image.clone(),
-            status: if exists { "ready" } else { "building" }.into(),
+            status: if exists {
+                ImageJobStatus::Ready
+            } else {
+                ImageJobStatus::Building
+            },
             steps: Vec::new(),
             error: None,
             started_at: rfc3339(now_ms()),
@@ -87,14 +92,14 @@ impl Images {
                 j.ended_at = Some(rfc3339(now_ms()));
                 match result {
                     Ok(built) => {
-                        j.status = "ready".into();
+                        j.status = ImageJobStatus::Ready;
                         // A re-resolved lock renames the image: say which one was made.
                         j.image_ref = built.image_ref.clone();
                         j.image_uri = built.image_ref;
                     }
                     Err(e) => {
                         tracing::error!(error = %format!("{e:#}"), "image build failed");
-                        j.status = "failed".into();
+                        j.status = ImageJobStatus::Failed;
                         j.error = Some(format!("{e:#}"));
                     }
                 }

@@ -15,6 +15,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use berth_protocol::controller::{ControllerClient, CreateSandbox, Sandbox};
+use berth_protocol::lifecycle::SandboxStatus;
 use berth_protocol::sync::Locked;
 use clap::{Args, Subcommand};
 use serde::Serialize;
@@ -361,8 +362,8 @@ async fn create(
     *created.locked() = Some(sb.id.clone());
     let deadline = started + a.create_timeout;
     loop {
-        match sb.status.as_str() {
-            "running" => {
+        match sb.status {
+            SandboxStatus::Running => {
                 let how = sb.claim.clone().unwrap_or_else(|| "new".into());
                 let note = format!(
                     "{} running after {:.1} s ({how}, {})",
@@ -372,7 +373,7 @@ async fn create(
                 );
                 return Ok((sb, note));
             }
-            "pending" | "starting" => {}
+            SandboxStatus::Pending | SandboxStatus::Starting => {}
             other => {
                 return Err(format!(
                     "{} is {other}: {}",
@@ -399,8 +400,8 @@ async fn create(
 
 async fn existing(controller: &ControllerClient, id: &str) -> Outcome<Sandbox> {
     let sb = bounded(controller.get(id)).await?;
-    match sb.status.as_str() {
-        "running" => {
+    match sb.status {
+        SandboxStatus::Running => {
             let note = format!("existing sandbox {} ({})", sb.id, sb.image_ref);
             Ok((sb, note))
         }
@@ -423,7 +424,7 @@ async fn delete_ours(
     let mut ids: Vec<String> = known.into_iter().collect();
     if let Ok(list) = bounded(controller.list(&label)).await {
         for sb in list.sandboxes {
-            if !ids.contains(&sb.id) && sb.status != "stopped" {
+            if !ids.contains(&sb.id) && sb.status != SandboxStatus::Stopped {
                 ids.push(sb.id);
             }
         }

@@ -116,8 +116,7 @@ pub struct CreateQuery {
 pub struct Sandbox {
     pub id: String,
     pub profile: String,
-    /// `pending|starting|running|stopping|stopped|failed`.
-    pub status: String,
+    pub status: crate::lifecycle::SandboxStatus,
     pub viewer: Viewer,
     pub endpoints: Endpoints,
     pub labels: BTreeMap<String, String>,
@@ -186,8 +185,7 @@ pub struct Run {
     pub id: String,
     #[serde(default)]
     pub sandbox_id: String,
-    /// `pending|running|exited|failed|lost`.
-    pub status: String,
+    pub status: crate::lifecycle::RunStatus,
     pub exit_code: Option<i32>,
     pub stdout: String,
     pub stderr: String,
@@ -208,7 +206,7 @@ pub struct Run {
 
 impl Run {
     pub fn done(&self) -> bool {
-        matches!(self.status.as_str(), "exited" | "failed" | "lost")
+        self.status.done()
     }
 }
 
@@ -337,8 +335,7 @@ pub struct ImageJob {
     pub image_ref: String,
     /// The same pin, as the gateway API names it.
     pub image_uri: String,
-    /// `building`, `ready` or `failed`.
-    pub status: String,
+    pub status: crate::lifecycle::ImageJobStatus,
     pub steps: Vec<String>,
     pub error: Option<String>,
     pub started_at: String,

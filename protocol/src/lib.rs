@@ -13,6 +13,7 @@ pub mod events;
 pub mod exec;
 pub mod fs;
 pub mod image;
+pub mod lifecycle;
 pub mod openapi;
 pub mod pty;
 pub mod range;

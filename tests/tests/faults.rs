@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use berth_protocol::controller::{CreateSandbox, RunRequest};
+use berth_protocol::lifecycle::SandboxStatus;
 use berth_tests::controller::{ControllerProcess, Provider, ide, shell};
 use berth_tests::{AgentProcess, host_port, wait_for};
 use serde_json::{Value, json};
@@ -103,7 +104,7 @@ async fn controller_kill_9_during_execs_loses_no_run_and_runs_none_twice(provide
         c.launch();
         // How the restarted controller found it (before the client asks again).
         let seen = match c.client().run(&sb.id, &format!("k{i}")).await {
-            Ok(r) => r.status,
+            Ok(r) => r.status.to_string(),
             Err(_) => "unknown".into(),
         };
         *at_restart
@@ -213,13 +214,14 @@ async fn controller_kill_9_during_creates_and_deletes_leaves_no_orphan(provider:
         for sb in cl.list(&[]).await.unwrap().sandboxes {
             let sb = wait_for("a sandbox to settle", Duration::from_secs(90), || async {
                 let sb = cl.get(&sb.id).await.ok()?;
-                (!matches!(sb.status.as_str(), "pending" | "starting" | "stopping")).then_some(sb)
+                use SandboxStatus::*;
+                (!matches!(sb.status, Pending | Starting | Stopping)).then_some(sb)
             })
             .await;
             if sb.id != victim.id {
-                *settled.entry(sb.status.clone()).or_default() += 1;
+                *settled.entry(sb.status.to_string()).or_default() += 1;
             }
-            if sb.status == "running" {
+            if sb.status == SandboxStatus::Running {
                 cl.delete(&sb.id).await.unwrap();
             }
         }

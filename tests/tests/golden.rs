@@ -11,6 +11,7 @@ use berth_protocol::controller::{
     Endpoints, ImageJob, Lease, PoolList, PoolStatus, PortPreview, PortUrl, PortUrlRequest, Run,
     RunRequest, Sandbox, Viewer, ViewerUrl,
 };
+use berth_protocol::lifecycle::{ImageJobStatus, RunStatus, SandboxStatus};
 use berth_protocol::{
     ComponentStatus, ErrorBody, Event, EventsPage, ExecResult, OutputChunk, OutputPage,
     ReadyReport, RecordingInfo, RecordingState, Stream,
@@ -79,7 +80,7 @@ fn desktop_sandbox() -> Sandbox {
     Sandbox {
         id: "sb_0123".into(),
         profile: "desktop-ubuntu".into(),
-        status: "running".into(),
+        status: SandboxStatus::Running,
         viewer: Viewer {
             kind: "novnc".into(),
             url: Some(format!("{base}/vnc/")),
@@ -140,7 +141,7 @@ fn sandbox() {
     let ide = Sandbox {
         id: "sb_0789".into(),
         profile: "ide-ubuntu".into(),
-        status: "starting".into(),
+        status: SandboxStatus::Starting,
         viewer: Viewer {
             kind: "none".into(),
             url: None,
@@ -223,7 +224,7 @@ fn run() {
         &Run {
             id: "r1".into(),
             sandbox_id: "sb_0123".into(),
-            status: "exited".into(),
+            status: RunStatus::Exited,
             exit_code: Some(3),
             stdout: "out\n".into(),
             stderr: "err\n".into(),
@@ -344,7 +345,7 @@ fn catalog_viewer_pools_images_and_previews() {
         &ImageJob {
             image_ref: "berth-desktop:0f1e2d".into(),
             image_uri: "berth-desktop:0f1e2d".into(),
-            status: "building".into(),
+            status: ImageJobStatus::Building,
             steps: vec!["debootstrap".into()],
             error: None,
             started_at: AT.into(),

@@ -18,7 +18,9 @@ from .types import (
     OutputChunk,
     Run,
     RunOutput,
+    RunStatus,
     Sandbox,
+    SandboxStatus,
     Viewer,
 )
 
@@ -35,6 +37,8 @@ __all__ = [
     "OutputChunk",
     "Run",
     "RunOutput",
+    "RunStatus",
     "Sandbox",
+    "SandboxStatus",
     "Viewer",
 ]

@@ -9,8 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple, TypedDict
+from typing import Any, Dict, List, Literal, Optional, Tuple, TypedDict
 from urllib.parse import urlsplit
+
+
+#: Where a sandbox is in its life (``berth_protocol::lifecycle::SandboxStatus``).
+SandboxStatus = Literal["pending", "starting", "running", "stopping", "stopped", "failed"]
+#: Where a run is (``RunStatus``); the last three are final.
+RunStatus = Literal["pending", "running", "exited", "failed", "lost"]
 
 
 def _split(cls: type, data: Dict[str, Any]) -> Dict[str, Any]:
@@ -80,8 +86,7 @@ class Sandbox:
 
     id: str
     profile: str
-    #: ``pending|starting|running|stopping|stopped|failed``
-    status: str
+    status: SandboxStatus
     image_ref: str
     viewer: Viewer = field(default_factory=lambda: Viewer("none"))
     endpoints: Endpoints = field(default_factory=Endpoints)
@@ -119,8 +124,7 @@ class Run:
     """A run (``POST …/{id}/exec``, ``GET …/{id}/runs/{run_id}``)."""
 
     id: str
-    #: ``pending|running|exited|failed|lost``
-    status: str
+    status: RunStatus
     exit_code: Optional[int] = None
     stdout: str = ""
     stderr: str = ""

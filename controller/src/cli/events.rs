@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use berth_protocol::controller::ControllerClient;
+use berth_protocol::lifecycle::SandboxStatus;
 use clap::Args;
 use serde_json::Value;
 
@@ -75,8 +76,8 @@ pub async fn run(a: EventsArgs) -> anyhow::Result<i32> {
                     Some(n) => agent_next = agent_next.max(n),
                     // The agent is not reachable: has the sandbox ended?
                     None => match client.get(&a.id).await {
-                        Ok(sb) if matches!(sb.status.as_str(), "stopped" | "failed") => {
-                            ended = Some(sb.status);
+                        Ok(sb) if !sb.status.live() && sb.status != SandboxStatus::Stopping => {
+                            ended = Some(sb.status.to_string());
                         }
                         Ok(_) => {}
                         Err(e) if e.status() == Some(404) => ended = Some("gone".into()),

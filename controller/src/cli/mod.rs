@@ -19,6 +19,7 @@ use berth_protocol::routes::controller::DEFAULT_URL;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::Config;
+use crate::lifecycle::SandboxStatus;
 use crate::serve;
 
 #[derive(Parser, Debug)]
@@ -509,21 +510,23 @@ async fn wait_running(
     id: &str,
     progress: bool,
 ) -> anyhow::Result<Sandbox> {
-    let mut last = String::new();
+    let mut last = None;
     let started = Instant::now();
     loop {
         let sb = client.get(id).await?;
-        if progress && sb.status != last {
+        if progress && Some(sb.status) != last {
             eprintln!(
                 "  [{:>5.1} s] {}",
                 started.elapsed().as_secs_f64(),
                 sb.status
             );
-            last = sb.status.clone();
+            last = Some(sb.status);
         }
-        match sb.status.as_str() {
-            "running" => return Ok(sb),
-            "pending" | "starting" => tokio::time::sleep(Duration::from_millis(100)).await,
+        match sb.status {
+            SandboxStatus::Running => return Ok(sb),
+            SandboxStatus::Pending | SandboxStatus::Starting => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
             other => anyhow::bail!("sandbox {id} is {other}: {}", sb.error.unwrap_or_default()),
         }
     }

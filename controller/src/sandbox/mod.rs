@@ -758,7 +758,7 @@ impl Sandboxes {
             id: row.id.clone(),
             // An older row may carry an alias: the canonical name is reported.
             profile: self.ctx.catalog.canonical(&row.profile).to_string(),
-            status: row.status.as_str().to_string(),
+            status: row.status,
             viewer: match profile.and_then(|p| p.ide()) {
                 // A browser IDE the agent serves on its port, through the preview route.
                 Some((kind, port)) => Viewer {

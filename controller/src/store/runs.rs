@@ -83,7 +83,7 @@ impl RunRow {
         berth_protocol::controller::Run {
             id: self.id.clone(),
             sandbox_id: self.sandbox_id.clone(),
-            status: self.status.as_str().to_string(),
+            status: self.status,
             exit_code: self.exit_code,
             stdout: self.stdout.clone(),
             stderr: self.stderr.clone(),
