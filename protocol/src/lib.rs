@@ -14,6 +14,7 @@ pub mod exec;
 pub mod fs;
 pub mod image;
 pub mod openapi;
+pub mod ops;
 pub mod pty;
 pub mod range;
 pub mod record;
