@@ -15,6 +15,7 @@ pub mod fs;
 pub mod image;
 pub mod lifecycle;
 pub mod openapi;
+pub mod ops;
 pub mod pty;
 pub mod range;
 pub mod record;

@@ -133,6 +133,8 @@ pub mod native {
         PORT = "/ports/{port}/{*path}";
         /// The preview relay's root (`{*path}` does not match an empty path).
         PORT_ROOT = "/ports/{port}/";
+        /// The root without its slash: a redirect to [`PORT_ROOT`].
+        PORT_BARE = "/ports/{port}";
     }
 }
 
@@ -202,6 +204,8 @@ pub mod controller {
     pub const SANDBOX_PORT: &str = "/sandbox/sandboxes/v1/{id}/ports/{port}/{*path}";
     /// The preview's root (`{*path}` does not match an empty path).
     pub const SANDBOX_PORT_ROOT: &str = "/sandbox/sandboxes/v1/{id}/ports/{port}/";
+    /// The root without its slash: a redirect to [`SANDBOX_PORT_ROOT`].
+    pub const SANDBOX_PORT_BARE: &str = "/sandbox/sandboxes/v1/{id}/ports/{port}";
     /// `POST {"ttl_seconds"?}` → `{"url", "expires_at"}`: a browser URL for the preview.
     pub const SANDBOX_PORT_URL: &str = "/sandbox/sandboxes/v1/{id}/ports/{port}/url";
     /// MCP for one sandbox.

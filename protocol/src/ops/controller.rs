@@ -1,0 +1,576 @@
+//! The controller's API: `X-Api-Key` on every operation but health, metrics, the document
+//! and the browser-facing ones (which also take their cookie).
+
+use serde_json::{Value, json};
+
+use super::native::{COMPUTER_ANSWERS, FORMAT, IMAGE, MP4, QUALITY, SCALE};
+use super::{
+    ANY, Answer, Body, ERROR, Operation, Param, Schema, alive, binary, boolean, int, object,
+    schema, string,
+};
+use crate::controller::*;
+use crate::routes::controller as path;
+use crate::{ComputerBody, OutputPage, UploadResult};
+
+const KEY: &[&str] = &["apiKey"];
+const VIEWER: &[&str] = &["apiKey", "viewerCookie"];
+const PREVIEW: &[&str] = &["apiKey", "previewCookie"];
+const SESSION: &[&str] = &["apiKey", "sessionCookie"];
+
+/// An operation behind the API key (or `security`), with the native error answers.
+const fn keyed(op: Operation) -> Operation {
+    op.security(KEY).native_errors()
+}
+
+const NOT_RUNNING: Answer = Answer::json("409", "not running", ERROR);
+const BYTES: &[(&str, Schema)] = &[("application/octet-stream", binary)];
+const ZIP: &[(&str, Schema)] = &[("application/zip", binary)];
+const PATH: Param = Param::required("path", string, "absolute, or relative to the home");
+
+pub const HEALTHZ: Operation = Operation::get(path::HEALTHZ, "healthz", "liveness (no auth)")
+    .native_errors()
+    .answers(&[Answer::json("200", "alive", alive)]);
+
+pub const METRICS: Operation =
+    Operation::get(path::METRICS, "metrics", "Prometheus metrics (no auth)")
+        .native_errors()
+        .answers(&[Answer::media(
+            "200",
+            "the metrics",
+            &[("text/plain", string)],
+        )]);
+
+pub const OPENAPI: Operation = Operation::get(path::OPENAPI, "openapi", "this document (no auth)")
+    .answers(&[Answer::json("200", "the OpenAPI 3.1 document", object)]);
+
+// Sandboxes and runs.
+
+pub const SANDBOX_CREATE: Operation = keyed(Operation::post(
+    path::SANDBOXES,
+    "sandbox_create",
+    "create a sandbox (or claim a warm one)",
+))
+.query(&[Param::query(
+    "wait",
+    boolean,
+    "false: answer at once and get ready in the background",
+)])
+.body(Body::json(schema::<CreateSandbox>))
+.answers(&[
+    Answer::json("201", "the sandbox", schema::<Sandbox>),
+    Answer::json("422", "valid but impossible", ERROR),
+    Answer::json("503", "no capacity", ERROR),
+]);
+
+pub const SANDBOX_LIST: Operation =
+    keyed(Operation::get(path::SANDBOXES, "sandbox_list", "sandboxes"))
+        .query(&[
+            Param::query(
+                "label",
+                |_| json!({"type": "string", "pattern": "^[^=]+=.*$"}),
+                "key=value filter",
+            ),
+            Param::query(
+                "status",
+                |_| {
+                    json!({"type": "string",
+                   "enum": ["pending", "starting", "running", "stopping", "stopped", "failed"]})
+                },
+                "status filter",
+            ),
+        ])
+        .answers(&[Answer::json("200", "the sandboxes", schema::<SandboxList>)]);
+
+pub const SANDBOX_GET: Operation = keyed(Operation::get(
+    path::SANDBOX,
+    "sandbox_get",
+    "one sandbox",
+))
+.answers(&[Answer::json("200", "the sandbox", schema::<Sandbox>)]);
+
+pub const SANDBOX_DELETE: Operation = keyed(Operation::delete(
+    path::SANDBOX,
+    "sandbox_delete",
+    "destroy a sandbox",
+))
+.answers(&[Answer::json(
+    "200",
+    "the sandbox, stopped",
+    schema::<Sandbox>,
+)]);
+
+pub const SANDBOX_VIEWER: Operation = keyed(Operation::post(
+    path::SANDBOX_VIEWER,
+    "sandbox_viewer",
+    "a one-time viewer URL",
+))
+.answers(&[
+    Answer::json("200", "the URL", schema::<ViewerUrl>),
+    NOT_RUNNING,
+]);
+
+pub const SANDBOX_EXEC: Operation = keyed(Operation::post(
+    path::SANDBOX_EXEC,
+    "sandbox_exec",
+    "run a command in a sandbox",
+))
+.body(Body::json(schema::<RunRequest>))
+.answers(&[
+    Answer::json("200", "the run", schema::<Run>),
+    NOT_RUNNING,
+    Answer::json("502", "the agent failed", ERROR),
+    Answer::json("503", "not ready", ERROR),
+]);
+
+pub const RUN_GET: Operation = keyed(Operation::get(path::RUN, "run_get", "one run"))
+    .answers(&[Answer::json("200", "the run", schema::<Run>)]);
+
+pub const RUN_OUTPUT: Operation = keyed(Operation::get(
+    path::RUN_OUTPUT,
+    "run_output",
+    "a run's output from a seq",
+))
+.query(&[
+    Param::query("from_seq", int, "byte offset to read from"),
+    Param::query("limit", int, "unused here; accepted"),
+])
+.answers(&[Answer::json(
+    "200",
+    "chunks from from_seq",
+    schema::<OutputPage>,
+)]);
+
+pub const SANDBOX_EVENTS: Operation = keyed(Operation::get(
+    path::SANDBOX_EVENTS,
+    "sandbox_events",
+    "a sandbox's timeline",
+))
+.query(&[
+    Param::query("from_seq", int, "first seq"),
+    Param::query("limit", int, "at most this many events"),
+])
+.answers(&[Answer::json("200", "a page of events", |g| {
+    json!({"type": "object", "required": ["events"],
+           "properties": {"events": {"type": "array", "items": {"type": "object"}},
+                          "next_seq": int(g)}})
+})]);
+
+// Episodes and artifacts.
+
+pub const SANDBOX_EPISODE: Operation = keyed(Operation::get(
+    path::SANDBOX_EPISODE,
+    "sandbox_episode",
+    "the episode bundle (zip: recording.mp4, actions.jsonl, screenshots/, \
+     timeline.jsonl, episode.json), kept as an `episode` artifact (X-Artifact-Id); \
+     once the sandbox is gone, the last kept bundle",
+))
+.query(&[Param::query(
+    "recording",
+    string,
+    "the recording to bundle (default: the one most actions fall in)",
+)])
+.answers(&[
+    Answer::media("200", "the bundle", ZIP),
+    Answer::media("206", "the requested range", ZIP),
+    Answer::json("404", "no such sandbox, or none kept", ERROR),
+    Answer::json("413", "the bundle passes artifact_max_file_bytes", ERROR),
+]);
+
+pub const SANDBOX_ARTIFACT_PUBLISH: Operation = keyed(Operation::post(
+    path::SANDBOX_ARTIFACTS,
+    "sandbox_artifact_publish",
+    "publish a file or directory (as a zip) of the sandbox as an artifact",
+))
+.body(Body::json(schema::<PublishArtifact>))
+.answers(&[
+    Answer::json("201", "the artifact", schema::<Artifact>),
+    Answer::json("400", "a relative path or a bad name", ERROR),
+    Answer::json("404", "no such sandbox, path or run", ERROR),
+    Answer::json("409", "the sandbox is not running", ERROR),
+    Answer::json(
+        "413",
+        "past artifact_max_file_bytes or artifact_max_entries",
+        ERROR,
+    ),
+    Answer::json("502", "the agent failed", ERROR),
+]);
+
+const RUN_FILTER: Param = Param::query("run", |_| json!({"type": "string"}), "only this run's");
+
+pub const SANDBOX_ARTIFACT_LIST: Operation = keyed(Operation::get(
+    path::SANDBOX_ARTIFACTS,
+    "sandbox_artifact_list",
+    "the sandbox's artifacts (also after it was deleted)",
+))
+.query(&[RUN_FILTER])
+.answers(&[Answer::json(
+    "200",
+    "the artifacts, oldest first",
+    schema::<ArtifactList>,
+)]);
+
+pub const ARTIFACT_LIST: Operation = keyed(Operation::get(
+    path::ARTIFACTS,
+    "artifact_list",
+    "artifacts",
+))
+.query(&[
+    Param::query(
+        "sandbox",
+        |_| json!({"type": "string"}),
+        "only this sandbox's",
+    ),
+    RUN_FILTER,
+])
+.answers(&[
+    Answer::json("200", "the artifacts, oldest first", schema::<ArtifactList>),
+    Answer::json("400", "an unknown query parameter", ERROR),
+]);
+
+pub const ARTIFACT_GET: Operation = keyed(Operation::get(
+    path::ARTIFACT,
+    "artifact_get",
+    "an artifact's bytes (one Range honoured; ETag is its SHA-256)",
+))
+.answers(&[
+    Answer::media("200", "the bytes, with the artifact's content type", ANY),
+    Answer::media("206", "the range asked for", ANY),
+    Answer::empty("304", "If-None-Match matched"),
+    Answer::json("404", "no such artifact", ERROR),
+    Answer::json("416", "the range cannot be served", ERROR),
+]);
+
+pub const ARTIFACT_DELETE: Operation = keyed(Operation::delete(
+    path::ARTIFACT,
+    "artifact_delete",
+    "delete an artifact",
+))
+.answers(&[
+    Answer::json("200", "the artifact deleted", schema::<Artifact>),
+    Answer::json("404", "no such artifact", ERROR),
+]);
+
+// Through to the agent.
+
+pub const SANDBOX_SCREENSHOT: Operation = keyed(Operation::get(
+    path::SANDBOX_SCREENSHOT,
+    "sandbox_screenshot",
+    "the sandbox's screen",
+))
+.query(&[FORMAT, QUALITY, SCALE])
+.answers(&[Answer::media("200", "the image", IMAGE), NOT_RUNNING]);
+
+pub const SANDBOX_COMPUTER: Operation = keyed(Operation::post(
+    path::SANDBOX_COMPUTER,
+    "sandbox_computer",
+    "a computer-use action (Anthropic's or OpenAI's) or a batch, run by the sandbox's agent",
+))
+.body(Body::json(schema::<ComputerBody>))
+.answers(SANDBOX_COMPUTER_ANSWERS);
+
+/// The agent's computer answers, and 409 when the sandbox is not running.
+const SANDBOX_COMPUTER_ANSWERS: &[Answer] = &[
+    NOT_RUNNING,
+    COMPUTER_ANSWERS[0],
+    COMPUTER_ANSWERS[1],
+    COMPUTER_ANSWERS[2],
+    COMPUTER_ANSWERS[3],
+];
+
+pub const SANDBOX_FILES_GET: Operation = keyed(Operation::get(
+    path::SANDBOX_FILES,
+    "sandbox_files_get",
+    "download a file from the sandbox",
+))
+.query(&[PATH])
+.answers(&[
+    Answer::media("200", "the bytes", BYTES),
+    Answer::media("206", "the requested range", BYTES),
+    NOT_RUNNING,
+]);
+
+pub const SANDBOX_FILES_PUT: Operation = keyed(Operation::put(
+    path::SANDBOX_FILES,
+    "sandbox_files_put",
+    "upload a file to the sandbox",
+))
+.query(&[PATH])
+.body(Body::new("application/octet-stream", binary))
+.answers(&[
+    Answer::json("201", "written", schema::<UploadResult>),
+    NOT_RUNNING,
+]);
+
+// The viewer: the API key or the viewer cookie.
+
+pub const VNC_INDEX: Operation = keyed(Operation::get(
+    path::VNC_INDEX,
+    "sandbox_vnc_index",
+    "the noVNC page",
+))
+.security(VIEWER)
+.query(&[Param::query(
+    "t",
+    string,
+    "a one-time viewer token (sets the cookie)",
+)])
+.answers(&[Answer::empty("303", "to the page")]);
+
+pub const VNC_WS: Operation = keyed(Operation::get(
+    path::VNC_WS,
+    "sandbox_vnc_ws",
+    "noVNC's WebSocket",
+))
+.security(VIEWER)
+.answers(&[Answer::empty("101", "RFB over WebSocket")]);
+
+pub const VNC_FILE: Operation = keyed(Operation::get(
+    path::VNC_FILE,
+    "sandbox_vnc_file",
+    "noVNC's static files",
+))
+.security(VIEWER)
+.answers(&[Answer::media("200", "the file", ANY)]);
+
+pub const STREAM_MP4: Operation = keyed(Operation::get(
+    path::STREAM_MP4,
+    "sandbox_stream_mp4",
+    "the live screen as fragmented MP4",
+))
+.security(VIEWER)
+.answers(&[Answer::media("200", "the stream", MP4)]);
+
+pub const STREAM_WS: Operation = keyed(Operation::get(
+    path::STREAM,
+    "sandbox_stream_ws",
+    "the live screen over a WebSocket",
+))
+.security(VIEWER)
+.answers(&[Answer::empty("101", "fragmented MP4 in binary messages")]);
+
+// Relays: the sandbox's agent (its native API, the agent's token added here) and the preview
+// of a port inside the sandbox (the API key or that port's cookie); MCP.
+
+pub const SANDBOX_AGENT: Operation = Operation::relay(
+    path::SANDBOX_AGENT,
+    "sandbox_agent",
+    "the sandbox's agent /v1/{path} (see the agent's document)",
+)
+.security(KEY);
+
+const PREVIEW_SUMMARY: &str = "the preview of 127.0.0.1:{port} in the sandbox (HTTP, WebSocket)";
+
+pub const SANDBOX_PREVIEW: Operation =
+    Operation::relay(path::SANDBOX_PORT, "sandbox_preview", PREVIEW_SUMMARY).security(PREVIEW);
+
+pub const SANDBOX_PREVIEW_ROOT: Operation = Operation::relay(
+    path::SANDBOX_PORT_ROOT,
+    "sandbox_preview_root",
+    PREVIEW_SUMMARY,
+)
+.security(PREVIEW);
+
+/// It redirects to [`SANDBOX_PREVIEW_ROOT`].
+pub const SANDBOX_PREVIEW_BARE: Operation = Operation::relay(
+    path::SANDBOX_PORT_BARE,
+    "sandbox_preview_bare",
+    PREVIEW_SUMMARY,
+)
+.security(PREVIEW);
+
+pub const SANDBOX_MCP: Operation = Operation::mcp(
+    path::SANDBOX_MCP,
+    "sandbox_mcp",
+    "the sandbox's MCP server (its agent's /mcp, relayed)",
+)
+.security(KEY);
+
+pub const MCP: Operation = Operation::mcp(
+    path::MCP,
+    "controller_mcp",
+    "MCP (Streamable HTTP): sandbox and lease tools",
+)
+.security(KEY);
+
+pub const SANDBOX_PORT_URL: Operation = keyed(Operation::post(
+    path::SANDBOX_PORT_URL,
+    "sandbox_port_url",
+    "a browser URL for a port's preview",
+))
+.body(Body::json(schema::<PortUrlRequest>).optional())
+.answers(&[
+    Answer::json(
+        "201",
+        "the URL (it sets the port's cookie)",
+        schema::<PortUrl>,
+    ),
+    NOT_RUNNING,
+]);
+
+// The session view: minted with the API key, then the API key or the session cookie.
+
+pub const SANDBOX_SESSION: Operation = keyed(Operation::post(
+    path::SANDBOX_SESSION,
+    "sandbox_session",
+    "a one-time URL for the sandbox's session view",
+))
+.answers(&[Answer::json(
+    "200",
+    "the URL (it sets the session cookie once opened)",
+    schema::<SessionUrl>,
+)]);
+
+pub const SESSION_PAGE: Operation = keyed(Operation::get(
+    path::SESSION_INDEX,
+    "sandbox_session_page",
+    "the session view: desktop, terminal, files, timeline, artifacts, episode",
+))
+.security(SESSION)
+.query(&[Param::query(
+    "t",
+    string,
+    "a one-time session token (sets the cookie, then 303)",
+)])
+.answers(&[
+    Answer::media("200", "the page", &[("text/html", string)]),
+    Answer::empty("303", "to the page, the cookie set"),
+]);
+
+pub const SESSION_PATH: Operation = keyed(Operation::get(
+    path::SESSION_PATH,
+    "sandbox_session_path",
+    "the session view's assets and its api/… routes (info, events, artifacts, \
+     episode, and the agent's pty, fs/list, files and vnc/websockify)",
+))
+.security(SESSION)
+.answers(&[Answer::media("200", "the asset or answer", ANY)]);
+
+// Leases.
+
+pub const LEASE_ACQUIRE: Operation = keyed(Operation::post(
+    path::LEASES,
+    "lease_acquire",
+    "acquire a lease (idempotent per thread_id)",
+))
+.body(Body::json(schema::<AcquireLease>))
+.answers(&[
+    Answer::json("200", "the lease", schema::<Lease>),
+    Answer::json("422", "valid but impossible", ERROR),
+    Answer::json("503", "no capacity", ERROR),
+]);
+
+pub const LEASE_RENEW: Operation = keyed(Operation::post(
+    path::LEASE_RENEW,
+    "lease_renew",
+    "extend a lease",
+))
+.body(Body::json(schema::<RenewLease>))
+.answers(&[
+    Answer::json("200", "the lease", schema::<Lease>),
+    Answer::json("409", "released", ERROR),
+]);
+
+pub const LEASE_RELEASE: Operation = keyed(Operation::delete(
+    path::LEASE,
+    "lease_release",
+    "release a lease (destroys its sandbox)",
+))
+.answers(&[Answer::json("200", "released", |_| {
+    json!({"type": "object", "required": ["lease_id", "released"],
+           "properties": {"lease_id": {"type": "string"}, "released": {"type": "boolean"}}})
+})]);
+
+// Images, catalog, pools.
+
+pub const IMAGE_BUILD: Operation = keyed(Operation::post(
+    path::IMAGES_BUILD,
+    "image_build",
+    "build an image (a job)",
+))
+.body(Body::json(schema::<BuildImage>))
+.answers(&[
+    Answer::json("200", "built already", schema::<ImageJob>),
+    Answer::json("202", "building", schema::<ImageJob>),
+]);
+
+pub const IMAGE_JOB: Operation = keyed(Operation::get(path::IMAGE, "image_job", "an image job"))
+    .answers(&[Answer::json("200", "the job", schema::<ImageJob>)]);
+
+pub const CATALOG: Operation = keyed(Operation::get(path::CATALOG, "catalog", "the catalog"))
+    .query(&[Param::query(
+        "kind",
+        |_| json!({"type": "string", "enum": ["profile", "desktop_app", "desktop_app_bundle"]}),
+        "what to list (default profile)",
+    )])
+    .answers(&[Answer::json("200", "the entries", schema::<CatalogList>)]);
+
+pub const POOLS: Operation = keyed(Operation::get(path::POOLS, "pools", "the warm pools"))
+    .answers(&[Answer::json("200", "the pools", schema::<PoolList>)]);
+
+pub const POOL_ADJUST: Operation = keyed(Operation::put(
+    path::POOL,
+    "pool_adjust",
+    "pause or resize a warm pool",
+))
+.body(Body::json(schema::<AdjustPool>))
+.answers(&[Answer::json("200", "the pools", schema::<PoolList>)]);
+
+/// In the order the document lists them.
+pub const ALL: &[&Operation] = &[
+    &HEALTHZ,
+    &METRICS,
+    &OPENAPI,
+    &SANDBOX_CREATE,
+    &SANDBOX_LIST,
+    &SANDBOX_GET,
+    &SANDBOX_DELETE,
+    &SANDBOX_VIEWER,
+    &SANDBOX_EXEC,
+    &RUN_GET,
+    &RUN_OUTPUT,
+    &SANDBOX_EVENTS,
+    &SANDBOX_EPISODE,
+    &SANDBOX_ARTIFACT_PUBLISH,
+    &SANDBOX_ARTIFACT_LIST,
+    &ARTIFACT_LIST,
+    &ARTIFACT_GET,
+    &ARTIFACT_DELETE,
+    &SANDBOX_SCREENSHOT,
+    &SANDBOX_COMPUTER,
+    &SANDBOX_FILES_GET,
+    &SANDBOX_FILES_PUT,
+    &VNC_INDEX,
+    &VNC_WS,
+    &VNC_FILE,
+    &STREAM_MP4,
+    &STREAM_WS,
+    &SANDBOX_AGENT,
+    &SANDBOX_PREVIEW,
+    &SANDBOX_PREVIEW_ROOT,
+    &SANDBOX_PREVIEW_BARE,
+    &SANDBOX_MCP,
+    &MCP,
+    &SANDBOX_PORT_URL,
+    &SANDBOX_SESSION,
+    &SESSION_PAGE,
+    &SESSION_PATH,
+    &LEASE_ACQUIRE,
+    &LEASE_RENEW,
+    &LEASE_RELEASE,
+    &IMAGE_BUILD,
+    &IMAGE_JOB,
+    &CATALOG,
+    &POOLS,
+    &POOL_ADJUST,
+];
+
+pub fn security_schemes() -> Value {
+    json!({
+        "apiKey": {"type": "apiKey", "in": "header", "name": "X-Api-Key"},
+        "viewerCookie": {"type": "apiKey", "in": "cookie", "name": "berth_viewer"},
+        "previewCookie": {"type": "apiKey", "in": "cookie", "name": "berth_port",
+                          "description": "set by the URL of POST …/ports/{port}/url"},
+        "sessionCookie": {"type": "apiKey", "in": "cookie", "name": "berth_session",
+                          "description": "set by the URL of POST …/{id}/session"},
+    })
+}
