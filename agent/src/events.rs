@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use berth_protocol::sync::Locked;
-use berth_protocol::{Event, EventsPage};
+use berth_protocol::{Event, EventKind, EventsPage};
 use serde_json::{Map, Value};
 use tokio::sync::watch;
 
@@ -67,7 +67,7 @@ impl EventLog {
     }
 
     /// Appends one event. `data` must be a JSON object (its fields are flattened).
-    pub fn emit(&self, kind: &str, data: Value) {
+    pub fn emit(&self, kind: EventKind, data: Value) {
         let data = match data {
             Value::Object(m) => m,
             Value::Null => Map::new(),
@@ -81,7 +81,7 @@ impl EventLog {
         let event = Event {
             seq: inner.next_seq,
             at: crate::time::now_rfc3339(),
-            kind: kind.to_string(),
+            kind,
             data,
         };
         inner.next_seq += 1;
@@ -188,11 +188,14 @@ mod tests {
         let path = dir.path().join("events.log");
         {
             let log = EventLog::open(&path).unwrap();
-            log.emit("command.started", json!({"id": "a"}));
-            log.emit("command.exited", json!({"id": "a", "exit_code": 0}));
+            log.emit(EventKind::parse("command.started"), json!({"id": "a"}));
+            log.emit(
+                EventKind::parse("command.exited"),
+                json!({"id": "a", "exit_code": 0}),
+            );
         }
         let log = EventLog::open(&path).unwrap();
-        log.emit("pty.opened", json!({"id": "p"}));
+        log.emit(EventKind::parse("pty.opened"), json!({"id": "p"}));
         let page = log.page(0, 100);
         let seqs: Vec<u64> = page.events.iter().map(|e| e.seq).collect();
         assert_eq!(seqs, vec![0, 1, 2]);
@@ -211,7 +214,7 @@ mod tests {
         let path = dir.path().join("events.log");
         {
             let log = EventLog::open(&path).unwrap();
-            log.emit("command.started", json!({"id": "a"}));
+            log.emit(EventKind::parse("command.started"), json!({"id": "a"}));
         }
         std::fs::OpenOptions::new()
             .append(true)
@@ -221,7 +224,7 @@ mod tests {
             .unwrap();
         let log = EventLog::open(&path).unwrap();
         assert_eq!(log.next_seq(), 1);
-        log.emit("command.exited", json!({"id": "a"}));
+        log.emit(EventKind::parse("command.exited"), json!({"id": "a"}));
         drop(log);
         let log = EventLog::open(&path).unwrap();
         assert_eq!(log.next_seq(), 2);

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use berth_protocol::events::kinds;
+use berth_protocol::events::EventKind;
 use berth_protocol::sync::Locked;
 use berth_protocol::{PtyInfo, PtyRequest, PtyState};
 use nix::sys::signal::Signal;
@@ -328,13 +328,13 @@ impl PtyTable {
                 }
                 s.bump();
                 events.emit(
-                    kinds::PTY_CLOSED,
+                    EventKind::PtyClosed,
                     json!({"id": s.id, "exit_code": exit.exit_code()}),
                 );
             });
         }
         self.events.emit(
-            kinds::PTY_OPENED,
+            EventKind::PtyOpened,
             json!({"id": session.id, "cmd": session.cmd, "pid": pid}),
         );
         self.sessions

@@ -10,6 +10,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use berth_protocol::AgentClient;
+use berth_protocol::events::EventKind;
 use futures_util::future::BoxFuture;
 
 use crate::catalog::{Catalog, Profile};
@@ -198,10 +199,13 @@ impl Ctx {
     }
 
     /// Appends a controller event to a sandbox's timeline.
-    pub fn event(&self, sandbox_id: &str, kind: &str, data: serde_json::Value) {
+    pub fn event(&self, sandbox_id: &str, kind: EventKind, data: serde_json::Value) {
         let data = controller_event_data(data);
-        if let Err(e) = self.store.append_event(sandbox_id, now_ms(), kind, &data) {
-            tracing::error!(sandbox = sandbox_id, kind, error = %e, "cannot record an event");
+        if let Err(e) = self
+            .store
+            .append_event(sandbox_id, now_ms(), kind.as_str(), &data)
+        {
+            tracing::error!(sandbox = sandbox_id, kind = kind.as_str(), error = %e, "cannot record an event");
         }
     }
 

@@ -15,6 +15,7 @@ use std::time::Duration;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
 use berth_protocol::AgentClient;
+use berth_protocol::events::EventKind;
 use berth_protocol::routes::{fill, native};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
@@ -253,7 +254,7 @@ impl Episodes {
             );
             self.ctx.event(
                 &row.id,
-                "artifact.keep_timeout",
+                EventKind::ArtifactKeepTimeout,
                 json!({"timeout_secs": self.ctx.config.keep_work_timeout_secs}),
             );
         }

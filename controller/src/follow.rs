@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use berth_protocol::AgentClient;
 use berth_protocol::events::Event;
-use berth_protocol::events::kinds;
+use berth_protocol::events::EventKind;
 use berth_protocol::sync::Locked;
 use serde_json::Value;
 
@@ -150,14 +150,14 @@ impl Follower {
         let Some(id) = e.data.get("id").and_then(Value::as_str) else {
             return;
         };
-        match e.kind.as_str() {
+        match e.kind {
             // The runs are read now, not before the poll: a run started during it is found.
-            kinds::COMMAND_EXITED => {
+            EventKind::CommandExited => {
                 if let Some(run) = self.in_flight(&sandbox.id).iter().find(|r| r.id == id) {
                     let _ = self.runs.check_run(sandbox, run, false).await;
                 }
             }
-            kinds::RECORDING_STOPPED => {
+            EventKind::RecordingStopped => {
                 if let Err(err) = self.artifacts.publish_recording(sandbox, agent, id).await {
                     tracing::warn!(sandbox = %sandbox.id, recording = id, error = %err,
                         "publishing a recording");

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use berth_protocol::controller::{AcquireLease, Lease};
+use berth_protocol::events::EventKind;
 use serde_json::json;
 
 use crate::ctx::Ctx;
@@ -82,7 +83,7 @@ impl Leases {
             if let Some(old) = &current {
                 self.ctx.event(
                     &old.id,
-                    "lease.released",
+                    EventKind::LeaseReleased,
                     json!({"lease_id": lease.id, "reason": reason}),
                 );
                 // Not waited for: it goes on in its own task.
@@ -97,7 +98,7 @@ impl Leases {
             self.ctx.store.set_expiry(&row.id, Some(lease.expires_at))?;
             self.ctx.event(
                 &row.id,
-                "lease.acquired",
+                EventKind::LeaseAcquired,
                 json!({"lease_id": lease.id, "thread_id": lease.thread_id, "claim": how,
                        "reprovisioned": reason}),
             );
@@ -123,7 +124,7 @@ impl Leases {
         self.ctx.store.set_expiry(&row.id, Some(lease.expires_at))?;
         self.ctx.event(
             &row.id,
-            "lease.acquired",
+            EventKind::LeaseAcquired,
             json!({"lease_id": lease.id, "thread_id": lease.thread_id, "claim": how}),
         );
         let row = self.ctx.get_row(&row.id)?;
@@ -180,7 +181,7 @@ impl Leases {
             .set_expiry(&lease.sandbox_id, Some(lease.expires_at))?;
         self.ctx.event(
             &lease.sandbox_id,
-            "lease.renewed",
+            EventKind::LeaseRenewed,
             json!({"lease_id": lease.id, "expires_at": rfc3339(lease.expires_at)}),
         );
         let row = self.ctx.get_row(&lease.sandbox_id)?;
@@ -202,7 +203,7 @@ impl Leases {
         if self.ctx.store.end_lease(lease_id, status)? {
             self.ctx.event(
                 &lease.sandbox_id,
-                "lease.released",
+                EventKind::LeaseReleased,
                 json!({"lease_id": lease.id, "reason": reason}),
             );
         }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use berth_protocol::controller::{Command, Run, RunRequest};
+use berth_protocol::events::EventKind;
 use berth_protocol::{AgentClient, ClientError, CommandState, ExecRequest, OutputChunk, Stream};
 use serde_json::{Value, json};
 
@@ -120,7 +121,7 @@ impl Runs {
                 let names: Vec<&String> = req.secrets.keys().collect();
                 self.ctx.event(
                     &row.id,
-                    "secrets.injected",
+                    EventKind::SecretsInjected,
                     json!({"run_id": run_id, "names": names}),
                 );
             }
@@ -146,7 +147,7 @@ impl Runs {
                     .run_started(&run.sandbox_id, &run.id, now_ms())?;
                 self.ctx.event(
                     &run.sandbox_id,
-                    "run.started",
+                    EventKind::RunStarted,
                     json!({"run_id": run.id, "command": run.command}),
                 );
                 Ok(())
@@ -273,7 +274,7 @@ impl Runs {
                             self.ctx.metrics.run_adopted();
                             self.ctx.event(
                                 &run.sandbox_id,
-                                "run.adopted",
+                                EventKind::RunAdopted,
                                 json!({"run_id": run.id, "exit_code": info.exit_code}),
                             );
                         }
@@ -487,7 +488,7 @@ impl Runs {
         if wrote && status != RunStatus::Exited {
             self.ctx.event(
                 &run.sandbox_id,
-                "run.failed",
+                EventKind::RunFailed,
                 json!({"run_id": run.id, "status": status, "reason": error}),
             );
         }
@@ -549,7 +550,7 @@ impl Runs {
             };
             self.ctx.event(
                 &run.sandbox_id,
-                "run.reconciling",
+                EventKind::RunReconciling,
                 json!({"run_id": run.id, "status": run.status}),
             );
             if let Err(e) = self.check_run(&sandbox, &run, true).await {

@@ -53,7 +53,7 @@ impl Timeline {
                     let mut data = e.data.clone();
                     data.insert("source".into(), "agent".into());
                     data.insert("agent_seq".into(), e.seq.into());
-                    (at, e.kind.clone(), Value::Object(data))
+                    (at, e.kind.to_string(), Value::Object(data))
                 })
                 .collect();
             self.ctx

@@ -31,7 +31,7 @@ pub use client::{AgentClient, Auth, ClientError};
 pub use desktop::*;
 pub use display::*;
 pub use error::{ErrorBody, ErrorDetail};
-pub use events::{Event, EventsPage};
+pub use events::{Event, EventKind, EventsPage};
 pub use exec::*;
 pub use fs::*;
 pub use pty::*;

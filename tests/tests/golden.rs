@@ -446,7 +446,7 @@ fn events() {
             events: vec![Event {
                 seq: 7,
                 at: AT.into(),
-                kind: "command.exited".into(),
+                kind: berth_protocol::EventKind::CommandExited,
                 data,
             }],
             next_seq: 8,

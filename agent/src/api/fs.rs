@@ -11,7 +11,7 @@ use axum::extract::{Query, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use berth_protocol::events::kinds;
+use berth_protocol::events::EventKind;
 use berth_protocol::{MkdirRequest, MoveRequest, UploadResult, WatchMessage};
 use futures_util::{SinkExt, StreamExt};
 use serde::Deserialize;
@@ -101,9 +101,10 @@ pub async fn upload(State(agent): State<Arc<Agent>>, req: Request) -> Result<Res
         }
     };
     let shown = path.to_string_lossy().into_owned();
-    agent
-        .events
-        .emit(kinds::FILE_UPLOADED, json!({"path": shown, "bytes": bytes}));
+    agent.events.emit(
+        EventKind::FileUploaded,
+        json!({"path": shown, "bytes": bytes}),
+    );
     Ok((
         StatusCode::CREATED,
         Json(UploadResult { path: shown, bytes }),

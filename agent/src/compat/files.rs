@@ -11,7 +11,7 @@ use axum::extract::multipart::MultipartError;
 use axum::extract::{FromRequest, Multipart, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use berth_protocol::events::kinds;
+use berth_protocol::events::EventKind;
 use serde_json::{Value, json};
 
 use super::python::{self, truthy};
@@ -287,7 +287,7 @@ pub async fn upload(State(agent): State<Arc<Agent>>, req: Request) -> Response {
         return fail(msg);
     }
     agent.events.emit(
-        kinds::FILE_UPLOADED,
+        EventKind::FileUploaded,
         json!({"path": target.to_string_lossy(), "bytes": n}),
     );
     text(StatusCode::OK, format!("File Uploaded: {n} bytes"))

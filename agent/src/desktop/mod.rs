@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use berth_protocol::events::kinds;
+use berth_protocol::events::EventKind;
 use berth_protocol::sync::Locked;
 use serde_json::json;
 use tokio::sync::{Notify, watch};
@@ -955,7 +955,7 @@ impl Desktop {
                     }
                     self.set_group(name, Some((pid, start)));
                     self.events
-                        .emit(kinds::BROWSER_ADOPTED, json!({"pid": pid}));
+                        .emit(EventKind::BrowserAdopted, json!({"pid": pid}));
                     tracing::info!(pid, "adopted the browser the user started on the profile");
                     (pid, Self::watch_foreign(pid, start))
                 }
@@ -1003,7 +1003,7 @@ impl Desktop {
                             && let Some(cause) = cause
                         {
                             self.events.emit(
-                                kinds::BROWSER_RESTARTED,
+                                EventKind::BrowserRestarted,
                                 json!({"pid": pid, "cause": cause}),
                             );
                         }

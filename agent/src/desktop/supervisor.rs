@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use berth_protocol::events::kinds;
+use berth_protocol::events::EventKind;
 use berth_protocol::sync::Locked;
 use serde_json::json;
 use tokio::sync::{Notify, oneshot, watch};
@@ -212,7 +212,7 @@ impl Supervisor {
             s.pid = None;
         });
         self.events.emit(
-            kinds::COMPONENT_DOWN,
+            EventKind::ComponentDown,
             json!({"component": name, "reason": reason, "exit_code": null, "signal": null}),
         );
     }
@@ -245,7 +245,7 @@ impl Supervisor {
         });
         if !stopping {
             self.events.emit(
-                kinds::COMPONENT_DOWN,
+                EventKind::ComponentDown,
                 with_exit(
                     json!({"component": name, "pid": pid, "reason": reason}),
                     exit,
@@ -315,12 +315,12 @@ impl Supervisor {
             s.reason = up_reason;
         });
         self.events.emit(
-            kinds::COMPONENT_UP,
+            EventKind::ComponentUp,
             json!({"component": name, "pid": pid, "restarts": restarts}),
         );
         if let Some((cause, last_exit)) = previous {
             self.events.emit(
-                kinds::COMPONENT_RESTARTED,
+                EventKind::ComponentRestarted,
                 with_exit(
                     json!({"component": name, "pid": pid, "restarts": restarts, "cause": cause}),
                     last_exit,
@@ -384,7 +384,7 @@ impl Supervisor {
                 s.reason = reason.clone();
             });
             self.events.emit(
-                kinds::COMPONENT_GAVE_UP,
+                EventKind::ComponentGaveUp,
                 with_exit(
                     json!({"component": name, "crashes": max, "reason": reason,
                            "log": self.log_of(name)}),

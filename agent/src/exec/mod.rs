@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use berth_protocol::events::kinds;
+use berth_protocol::events::EventKind;
 use berth_protocol::sync::Locked;
 use berth_protocol::{CommandInfo, CommandState};
 use nix::sys::signal::Signal;
@@ -396,7 +396,7 @@ impl CommandTable {
 
     fn started_event(&self, cmd: &Command) {
         self.events.emit(
-            kinds::COMMAND_STARTED,
+            EventKind::CommandStarted,
             json!({
                 "id": cmd.id,
                 "argv": cmd.meta.argv,
@@ -473,7 +473,7 @@ impl CommandTable {
         self.unwatch_dir(&cmd.dir);
         let info = cmd.info();
         self.events.emit(
-            kinds::COMMAND_EXITED,
+            EventKind::CommandExited,
             json!({
                 "id": info.id,
                 "state": info.state,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use axum::http::request::Parts;
 use base64::Engine;
 use berth_protocol::desktop::A11yTree;
-use berth_protocol::events::kinds;
+use berth_protocol::events::EventKind;
 use berth_protocol::routes::{fill, native};
 use berth_protocol::{ComputerRequest, RecordingRequest};
 use bytes::Bytes;
@@ -439,7 +439,7 @@ impl BerthMcp {
                 let shown = path.to_string_lossy().into_owned();
                 self.agent
                     .events
-                    .emit(kinds::FILE_UPLOADED, json!({"path": shown, "bytes": n}));
+                    .emit(EventKind::FileUploaded, json!({"path": shown, "bytes": n}));
                 structured(berth_protocol::UploadResult {
                     path: shown,
                     bytes: n,

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant, SystemTime};
 
-use berth_protocol::events::kinds;
+use berth_protocol::events::EventKind;
 use berth_protocol::sync::Locked;
 use berth_protocol::{RecordingInfo, RecordingState};
 use serde::{Deserialize, Serialize};
@@ -289,7 +289,7 @@ impl Recording {
             tracing::warn!(id = %self.id, error = %e, "cannot save the recording's record");
         }
         self.events.emit(
-            kinds::RECORDING_STOPPED,
+            EventKind::RecordingStopped,
             json!({
                 "id": info.id,
                 "state": info.state,
@@ -378,7 +378,7 @@ impl Sink for Recording {
                 inner.first_frame_at = Some(crate::time::rfc3339(wall));
                 self.save_live(inner);
                 self.events.emit(
-                    kinds::RECORDING_STARTED,
+                    EventKind::RecordingStarted,
                     json!({
                         "id": self.id,
                         "width": self.settings.width,

@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use berth_protocol::events::EventKind;
 use berth_protocol::sync::Locked;
 use serde_json::json;
 
@@ -234,7 +235,8 @@ impl Artifacts {
         if let Some(s) = source {
             data["artifact_source"] = s.into();
         }
-        self.ctx.event(sandbox_id, "artifact.published", data);
+        self.ctx
+            .event(sandbox_id, EventKind::ArtifactPublished, data);
         Ok(row)
     }
 
@@ -258,11 +260,12 @@ impl Artifacts {
         let data = crate::ctx::controller_event_data(json!({
             "artifact_id": row.id, "name": row.name, "artifact_kind": row.kind.as_str(),
             "reason": reason}));
-        if !self
-            .ctx
-            .store
-            .delete_artifact(id, now_ms(), "artifact.deleted", &data)?
-        {
+        if !self.ctx.store.delete_artifact(
+            id,
+            now_ms(),
+            EventKind::ArtifactDeleted.as_str(),
+            &data,
+        )? {
             return Err(Error::NotFound(format!("no artifact {id}")));
         }
         if let Err(e) = self.blobs.delete(id).await {

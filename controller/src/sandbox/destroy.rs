@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use berth_protocol::events::EventKind;
 use berth_protocol::sync::Locked;
 use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, Shared};
@@ -68,7 +69,7 @@ impl Sandboxes {
                 if let Some(ep) = endpoint {
                     self.record_endpoint(id, SandboxStatus::Running, ep);
                 }
-                self.ctx.event(id, "sandbox.adopted", json!({}));
+                self.ctx.event(id, EventKind::SandboxAdopted, json!({}));
                 None
             }
             Action::Resume { endpoint } => {
@@ -88,7 +89,7 @@ impl Sandboxes {
             }
             Action::Destroy { expired } => {
                 if *expired && !self.destroys.under_way(id) {
-                    self.ctx.event(id, "sandbox.expired", json!({}));
+                    self.ctx.event(id, EventKind::SandboxExpired, json!({}));
                 }
                 Some(self.destroy(id))
             }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use berth_protocol::controller::{
     Endpoints, PortPreview, RESERVED_ENDPOINT_NAMES, Sandbox, Viewer,
 };
+use berth_protocol::events::EventKind;
 use berth_protocol::routes::controller as routes;
 use serde_json::json;
 
@@ -235,7 +236,7 @@ impl Sandboxes {
             .map_err(|e| e.to_string())?;
         if row.screen.is_some() {
             self.ctx
-                .event(&row.id, "sandbox.screen", json!({"screen": screen}));
+                .event(&row.id, EventKind::SandboxScreen, json!({"screen": screen}));
         }
         Ok(())
     }
@@ -271,7 +272,7 @@ impl Sandboxes {
             return;
         }
         self.ctx
-            .event(id, "sandbox.screen", json!({"screen": screen}));
+            .event(id, EventKind::SandboxScreen, json!({"screen": screen}));
     }
 
     /// A warm member claimed by a create asking another screen is resized to it.
@@ -290,7 +291,7 @@ impl Sandboxes {
             .set_screen(&row.id, &got)
             .map_err(|e| e.to_string())?;
         self.ctx
-            .event(&row.id, "sandbox.screen", json!({"screen": got}));
+            .event(&row.id, EventKind::SandboxScreen, json!({"screen": got}));
         Ok(SandboxRow {
             screen: Some(got),
             ..row
@@ -318,7 +319,7 @@ impl Sandboxes {
                 Ok(row) => {
                     self.ctx.event(
                         &row.id,
-                        "sandbox.claimed",
+                        EventKind::SandboxClaimed,
                         json!({"claim": "warm", "pool": key}),
                     );
                     return Ok(Some(row));
@@ -384,7 +385,7 @@ impl Sandboxes {
         self.ctx.store.insert_sandbox(&row)?;
         self.ctx.event(
             &row.id,
-            "sandbox.created",
+            EventKind::SandboxCreated,
             json!({"profile": row.profile, "image_ref": row.image_ref, "provider": row.provider,
                    "pool": pool}),
         );
@@ -519,7 +520,7 @@ impl Sandboxes {
                         )?;
                         self.ctx.event(
                             id,
-                            "sandbox.ready",
+                            EventKind::SandboxReady,
                             json!({"after_ms": now - row.created_at}),
                         );
                         if let Some(pool) = &row.pool {
@@ -629,7 +630,7 @@ impl Sandboxes {
         if changed {
             tracing::warn!(sandbox = id, reason, "sandbox failed");
             self.ctx
-                .event(id, "sandbox.failed", json!({"reason": reason}));
+                .event(id, EventKind::SandboxFailed, json!({"reason": reason}));
         }
     }
 
@@ -692,7 +693,7 @@ impl Sandboxes {
                     },
                 );
                 if row.status != SandboxStatus::Failed {
-                    self.ctx.event(id, "sandbox.deleted", json!({}));
+                    self.ctx.event(id, EventKind::SandboxDeleted, json!({}));
                 }
             }
             Err(e) => {
@@ -709,7 +710,7 @@ impl Sandboxes {
             self.ctx.store.end_lease(&lease.id, LeaseStatus::Released)?;
             self.ctx.event(
                 id,
-                "lease.released",
+                EventKind::LeaseReleased,
                 json!({"lease_id": lease.id, "reason": "sandbox deleted"}),
             );
         }
