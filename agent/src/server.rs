@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use axum::Router;
-use axum::routing::get;
+use berth_protocol::ops::{self, Routes};
+use berth_protocol::routes::native;
 use serde_json::json;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
@@ -278,18 +279,18 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Both surfaces, every operation of the agent's document bound once (checked here: a route
+/// left out or bound twice stops the agent at start-up).
 pub fn router(agent: Arc<Agent>) -> Router {
-    Router::new()
-        .route(berth_protocol::routes::native::HEALTHZ, get(healthz))
-        .route(berth_protocol::routes::native::OPENAPI, get(openapi))
-        .nest(
-            berth_protocol::routes::native::PREFIX,
-            api::router(agent.clone()),
-        )
-        .merge(crate::mcp::router(agent.clone()))
-        .merge(compat::router(agent.clone()))
+    Routes::new()
+        .bind(&ops::native::HEALTHZ, healthz)
+        .bind(&ops::native::OPENAPI, openapi)
+        .nest(native::PREFIX, api::routes(agent.clone()))
+        .merge(crate::mcp::routes(agent.clone()))
+        .merge(compat::routes(agent.clone()))
         .fallback(compat::not_found)
         .layer(axum::middleware::from_fn(compat::fill_empty_errors))
+        .finish(&ops::AGENT)
         .with_state(agent)
 }
 
@@ -419,4 +420,79 @@ fn write_helpers(state_dir: &Path) -> anyhow::Result<PathBuf> {
         std::fs::rename(&tmp, &python)?;
     }
     Ok(bin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An agent without a desktop, its state in `dir`.
+    fn agent(dir: &Path) -> Arc<Agent> {
+        let account = Account::current().unwrap();
+        let home = dir.join("home");
+        std::fs::create_dir_all(&home).unwrap();
+        let events = Arc::new(EventLog::open(&dir.join("events.log")).unwrap());
+        let reaper = Reaper::start().unwrap();
+        let env = ChildEnv::new(EnvInputs {
+            account: &account,
+            home: &home,
+            display: None,
+            xauthority: &home.join(".Xauthority"),
+            runtime_dir: dir,
+            helper_bin: None,
+            session_bus: None,
+            desktop_bin: None,
+            lang: crate::desktop::SessionKind::default().lang(),
+        });
+        let agent_exe = std::env::current_exe().unwrap();
+        let commands = CommandTable::start(
+            ExecConfig {
+                commands_dir: dir.join("commands"),
+                store_dir: dir.join("foreground"),
+                agent_exe: agent_exe.clone(),
+                account: account.clone(),
+                home: home.clone(),
+                env,
+                output_cap: 1 << 20,
+                ttl: Duration::from_secs(60),
+            },
+            events.clone(),
+            reaper.clone(),
+        )
+        .unwrap();
+        let display = crate::display::Display::new(None, None, Default::default());
+        let a11y = Arc::new(crate::a11y::A11y::new(None, None));
+        Arc::new(Agent {
+            token: "token".into(),
+            compat_auth: crate::CompatAuth::Token,
+            state_dir: dir.to_path_buf(),
+            home: home.clone(),
+            account_name: account.name.clone(),
+            ptys: PtyTable::new(events.clone(), reaper, agent_exe, Duration::from_secs(60)),
+            recorder: crate::record::Recorder::open(&display, dir, events.clone()).unwrap(),
+            events,
+            commands,
+            files: crate::fs::Files::new(home, account.uid, account.gid),
+            display,
+            episode: crate::episode::Episode::open(dir, crate::episode::Limits::default()).unwrap(),
+            viewers: crate::viewers::Viewers::default(),
+            desktop: None,
+            readiness: Readiness::new(None, None, a11y.clone()),
+            ide: None,
+            cdp_listen: None,
+            browser_toolset: Arc::new(crate::browser::toolset::BrowserToolset::new(&[]).unwrap()),
+            novnc_dir: dir.join("novnc"),
+            a11y,
+            shutdown: watch::channel(None).0,
+        })
+    }
+
+    /// The router is built from the operation table and checks, as it is built, that it
+    /// serves every operation of the agent's document exactly once at its path
+    /// (`Routes::finish`); a route cannot be added but by naming an operation.
+    #[tokio::test]
+    async fn the_router_serves_the_agents_document_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let _ = router(agent(dir.path()));
+    }
 }

@@ -17,97 +17,98 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
-use axum::Router;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{DefaultBodyLimit, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::MethodRouter;
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::watch;
 
-use berth_protocol::routes::native::nested;
+use berth_protocol::ops::{Routes, native as op};
 
 use crate::http::error::ApiError;
 use crate::http::require_token;
 use crate::{Agent, ShutdownKind};
 use follow::{Batch, Followable};
 
-pub fn router(agent: Arc<Agent>) -> Router<Arc<Agent>> {
-    let bearer = Router::new()
-        .route(nested::EXEC, post(exec::exec))
-        .route(nested::COMMANDS, get(exec::list))
-        .route(nested::COMMAND, get(exec::get).delete(exec::delete))
-        .route(nested::COMMAND_OUTPUT, get(exec::output))
-        .route(nested::COMMAND_STDIN, post(exec::stdin))
-        .route(nested::COMMAND_SIGNAL, post(exec::signal))
-        .route(nested::PTYS, post(pty::open).get(pty::list))
-        .route(nested::PTY, get(pty::get).delete(pty::kill))
-        .route(nested::PTY_ATTACH, get(pty::attach))
-        .route(nested::PTY_RESIZE, post(pty::resize))
-        .route(
-            nested::FILES,
-            get(fs::download)
-                .put(fs::upload)
-                .layer(DefaultBodyLimit::disable()),
-        )
-        .route(nested::FS, axum::routing::delete(fs::remove))
-        .route(nested::FS_LIST, get(fs::list))
-        .route(nested::FS_STAT, get(fs::stat))
-        .route(nested::FS_MKDIR, post(fs::mkdir))
-        .route(nested::FS_MOVE, post(fs::rename))
-        .route(nested::FS_WATCH, get(fs::watch))
-        .route(nested::SCREENSHOT, get(display::screenshot))
-        .route(nested::INPUT, post(display::input))
-        .route(nested::DISPLAY, get(display::info).put(display::resize))
-        .route(nested::WINDOWS, get(display::windows))
-        .route(
-            nested::CLIPBOARD,
-            get(display::clipboard_get).put(display::clipboard_put),
-        )
-        .route(nested::COMPUTER, post(computer::computer))
-        .route(
-            nested::TOOLSET_COMPUTER,
-            get(toolset::computer_info).post(toolset::computer_turn),
-        )
-        .route(
-            nested::TOOLSET_BROWSER,
-            get(toolset::browser_info).post(toolset::browser_turn),
-        )
-        .route(nested::RECORDINGS, post(record::start).get(record::list))
-        .route(nested::RECORDING, get(record::get).delete(record::delete))
-        .route(nested::RECORDING_STOP, post(record::stop))
-        .route(nested::RECORDING_FILE, get(record::file))
-        .route(nested::VIEWER_TOKENS, post(viewer::mint))
-        .route(nested::READY, get(desktop::ready))
-        .route(nested::A11Y, get(desktop::a11y))
-        .route(nested::DESKTOP_STATE, get(desktop::desktop_state))
-        .route(nested::BROWSER, get(desktop::browser_info))
-        .route(nested::BROWSER_RESTART, post(desktop::browser_restart))
-        .route(nested::BROWSER_CDP, get(desktop::browser_cdp))
-        .route(nested::BROWSER_CDP_TARGET, get(desktop::browser_cdp_target))
-        .route(nested::EVENTS, get(events))
-        .route(nested::EPISODE, axum::routing::delete(episode::clear))
-        .route(nested::EPISODE_ACTIONS, get(episode::actions))
-        .route(nested::EPISODE_SCREENSHOT, get(episode::screenshot))
-        .route(nested::SHUTDOWN, post(shutdown))
+/// The native routes, relative to their nest (`/v1`).
+pub fn routes(agent: Arc<Agent>) -> Routes<Arc<Agent>> {
+    let bearer = Routes::new()
+        .bind(&op::EXEC, exec::exec)
+        .bind(&op::COMMANDS_LIST, exec::list)
+        .bind(&op::COMMAND_GET, exec::get)
+        .bind(&op::COMMAND_DELETE, exec::delete)
+        .bind(&op::COMMAND_OUTPUT, exec::output)
+        .bind(&op::COMMAND_STDIN, exec::stdin)
+        .bind(&op::COMMAND_SIGNAL, exec::signal)
+        .bind(&op::PTY_OPEN, pty::open)
+        .bind(&op::PTY_LIST, pty::list)
+        .bind(&op::PTY_GET, pty::get)
+        .bind(&op::PTY_KILL, pty::kill)
+        .bind(&op::PTY_ATTACH, pty::attach)
+        .bind(&op::PTY_RESIZE, pty::resize)
+        .bind_with(&op::FILES_DOWNLOAD, fs::download, unlimited)
+        .bind_with(&op::FILES_UPLOAD, fs::upload, unlimited)
+        .bind(&op::FS_REMOVE, fs::remove)
+        .bind(&op::FS_LIST, fs::list)
+        .bind(&op::FS_STAT, fs::stat)
+        .bind(&op::FS_MKDIR, fs::mkdir)
+        .bind(&op::FS_MOVE, fs::rename)
+        .bind(&op::FS_WATCH, fs::watch)
+        .bind(&op::SCREENSHOT, display::screenshot)
+        .bind(&op::INPUT, display::input)
+        .bind(&op::DISPLAY, display::info)
+        .bind(&op::DISPLAY_RESIZE, display::resize)
+        .bind(&op::WINDOWS, display::windows)
+        .bind(&op::CLIPBOARD_GET, display::clipboard_get)
+        .bind(&op::CLIPBOARD_PUT, display::clipboard_put)
+        .bind(&op::COMPUTER, computer::computer)
+        .bind(&op::TOOLSET_COMPUTER_INFO, toolset::computer_info)
+        .bind(&op::TOOLSET_COMPUTER_TURN, toolset::computer_turn)
+        .bind(&op::TOOLSET_BROWSER_INFO, toolset::browser_info)
+        .bind(&op::TOOLSET_BROWSER_TURN, toolset::browser_turn)
+        .bind(&op::RECORDING_START, record::start)
+        .bind(&op::RECORDINGS_LIST, record::list)
+        .bind(&op::RECORDING_GET, record::get)
+        .bind(&op::RECORDING_DELETE, record::delete)
+        .bind(&op::RECORDING_STOP, record::stop)
+        .bind(&op::RECORDING_FILE, record::file)
+        .bind(&op::VIEWER_TOKEN, viewer::mint)
+        .bind(&op::READY, desktop::ready)
+        .bind(&op::A11Y, desktop::a11y)
+        .bind(&op::DESKTOP_STATE, desktop::desktop_state)
+        .bind(&op::BROWSER, desktop::browser_info)
+        .bind(&op::BROWSER_RESTART, desktop::browser_restart)
+        .bind(&op::BROWSER_CDP, desktop::browser_cdp)
+        .bind(&op::BROWSER_CDP_TARGET, desktop::browser_cdp_target)
+        .bind(&op::EVENTS, events)
+        .bind(&op::EPISODE_CLEAR, episode::clear)
+        .bind(&op::EPISODE_ACTIONS, episode::actions)
+        .bind(&op::EPISODE_SCREENSHOT, episode::screenshot)
+        .bind(&op::SHUTDOWN, shutdown)
         .merge(ports::routes())
         .fallback(not_found)
         .route_layer(middleware::from_fn_with_state(agent.clone(), require_token));
     // Browser-facing routes (API.md's "(V)"): the bearer token or a viewer cookie.
-    let browser = Router::new()
-        .route(nested::STREAM_MP4, get(record::stream_mp4))
-        .route(nested::STREAM, get(record::stream_ws))
-        .route(nested::VNC_INDEX, get(desktop::vnc_index))
-        .route(nested::VNC_WS, get(desktop::vnc_ws))
-        .route(nested::VNC_FILE, get(desktop::vnc_file))
+    let browser = Routes::new()
+        .bind(&op::STREAM_MP4, record::stream_mp4)
+        .bind(&op::STREAM_WS, record::stream_ws)
+        .bind(&op::VNC_INDEX, desktop::vnc_index)
+        .bind(&op::VNC_WS, desktop::vnc_ws)
+        .bind(&op::VNC_FILE, desktop::vnc_file)
         .route_layer(middleware::from_fn_with_state(
             agent,
             viewer::require_viewer,
         ));
     bearer.merge(browser)
+}
+
+/// Files stream: no body limit.
+fn unlimited(m: MethodRouter<Arc<Agent>>) -> MethodRouter<Arc<Agent>> {
+    m.layer(DefaultBodyLimit::disable())
 }
 
 async fn not_found(req: Request) -> ApiError {

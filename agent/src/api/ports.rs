@@ -6,12 +6,11 @@
 
 use std::sync::Arc;
 
-use axum::Router;
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::any;
+use berth_protocol::ops::{Routes, native as op};
 use berth_protocol::relay::{Relay, RelayError, Upstream};
 use berth_protocol::routes::native;
 
@@ -19,11 +18,11 @@ use crate::Agent;
 use crate::http::error::ApiError;
 
 /// The preview routes, relative to the native nest (`/v1`).
-pub fn routes() -> Router<Arc<Agent>> {
-    Router::new()
-        .route(native::nested::PORT, any(relay))
-        .route(native::nested::PORT_ROOT, any(relay))
-        .route(native::nested::PORT_ROOT.trim_end_matches('/'), any(relay))
+pub fn routes() -> Routes<Arc<Agent>> {
+    Routes::new()
+        .bind(&op::PREVIEW, relay)
+        .bind(&op::PREVIEW_ROOT, relay)
+        .bind(&op::PREVIEW_BARE, relay)
         .layer(DefaultBodyLimit::disable())
 }
 

@@ -13,16 +13,14 @@ pub mod record;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use axum::Router;
 use axum::extract::multipart::MultipartError;
 use axum::extract::{DefaultBodyLimit, FromRequest, Multipart, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use serde_json::{Map, Value, json};
 
-use berth_protocol::routes::compat;
+use berth_protocol::ops::{Routes, compat as op};
 use berth_protocol::serve::FrameworkError;
 
 use crate::{Agent, CompatAuth};
@@ -30,49 +28,39 @@ use crate::{Agent, CompatAuth};
 /// Compat JSON bodies may carry scripts and file contents; still bounded.
 pub const COMPAT_JSON_LIMIT: usize = 16 << 20;
 
-pub fn router(agent: Arc<Agent>) -> Router<Arc<Agent>> {
-    let mut r = Router::new()
-        .route(compat::EXECUTE, post(execute::execute))
-        .route(compat::SETUP_EXECUTE, post(execute::execute))
-        .route(
-            compat::EXECUTE_WITH_VERIFICATION,
-            post(execute::execute_with_verification),
+pub fn routes(agent: Arc<Agent>) -> Routes<Arc<Agent>> {
+    let mut r = Routes::new()
+        .bind(&op::EXECUTE, execute::execute)
+        .bind(&op::SETUP_EXECUTE, execute::execute)
+        .bind(&op::EXECUTE_VERIFY, execute::execute_with_verification)
+        .bind(
+            &op::SETUP_EXECUTE_VERIFY,
+            execute::execute_with_verification,
         )
-        .route(
-            compat::SETUP_EXECUTE_WITH_VERIFICATION,
-            post(execute::execute_with_verification),
-        )
-        .route(compat::SETUP_LAUNCH, post(execute::launch))
-        .route(compat::RUN_PYTHON, post(execute::run_python))
-        .route(compat::RUN_BASH_SCRIPT, post(execute::run_bash_script))
-        .route(compat::FILE, post(files::file))
-        .route(
-            compat::SETUP_UPLOAD,
-            post(files::upload).layer(DefaultBodyLimit::disable()),
-        )
-        .route(compat::LIST_DIRECTORY, post(files::list_directory))
-        .route(compat::DESKTOP_PATH, post(files::desktop_path))
-        .route(compat::SETUP_DOWNLOAD_FILE, post(files::download_file))
-        .route(compat::PLATFORM, get(platform))
-        .route(compat::SCREENSHOT, get(display::screenshot))
-        .route(compat::SCREEN_SIZE, post(display::screen_size))
-        .route(compat::CURSOR_POSITION, get(display::cursor_position))
-        .route(compat::WINDOW_SIZE, post(display::window_size))
-        .route(
-            compat::SETUP_ACTIVATE_WINDOW,
-            post(display::activate_window),
-        )
-        .route(compat::SETUP_CLOSE_WINDOW, post(display::close_window))
-        .route(compat::SETUP_OPEN_FILE, post(display::open_file))
-        .route(compat::WALLPAPER, post(display::wallpaper))
-        .route(
-            compat::SETUP_CHANGE_WALLPAPER,
-            post(display::change_wallpaper),
-        )
-        .route(compat::START_RECORDING, post(record::start_recording))
-        .route(compat::END_RECORDING, post(record::end_recording))
-        .route(compat::ACCESSIBILITY, get(a11y::accessibility))
-        .route(compat::TERMINAL, get(a11y::terminal))
+        .bind(&op::LAUNCH, execute::launch)
+        .bind(&op::RUN_PYTHON, execute::run_python)
+        .bind(&op::RUN_BASH, execute::run_bash_script)
+        .bind(&op::FILE, files::file)
+        .bind_with(&op::UPLOAD, files::upload, |m| {
+            m.layer(DefaultBodyLimit::disable())
+        })
+        .bind(&op::LIST_DIRECTORY, files::list_directory)
+        .bind(&op::DESKTOP_PATH, files::desktop_path)
+        .bind(&op::DOWNLOAD_FILE, files::download_file)
+        .bind(&op::PLATFORM, platform)
+        .bind(&op::SCREENSHOT, display::screenshot)
+        .bind(&op::SCREEN_SIZE, display::screen_size)
+        .bind(&op::CURSOR_POSITION, display::cursor_position)
+        .bind(&op::WINDOW_SIZE, display::window_size)
+        .bind(&op::ACTIVATE_WINDOW, display::activate_window)
+        .bind(&op::CLOSE_WINDOW, display::close_window)
+        .bind(&op::OPEN_FILE, display::open_file)
+        .bind(&op::WALLPAPER, display::wallpaper)
+        .bind(&op::CHANGE_WALLPAPER, display::change_wallpaper)
+        .bind(&op::START_RECORDING, record::start_recording)
+        .bind(&op::END_RECORDING, record::end_recording)
+        .bind(&op::ACCESSIBILITY, a11y::accessibility)
+        .bind(&op::TERMINAL, a11y::terminal)
         // Multipart forms (read by axum's extractor) get the compat limit too, not axum's
         // 2 MiB default; `/setup/upload` disables it on its own route, which wins.
         .layer(DefaultBodyLimit::max(COMPAT_JSON_LIMIT));

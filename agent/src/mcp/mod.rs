@@ -13,18 +13,18 @@ pub mod toolset;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
-use axum::routing::any;
 use rmcp::handler::server::tool::ToolRouter;
 use rmcp::transport::streamable_http_server::session::local::{LocalSessionManager, SessionConfig};
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
 use tokio::sync::Mutex;
+
+use berth_protocol::ops::Routes;
 
 use crate::Agent;
 use tools::BerthMcp;
@@ -38,16 +38,13 @@ pub const MAX_BODY: usize = 16 << 20;
 const SESSION_HEADER: &str = "mcp-session-id";
 
 /// The route, with the same bearer check as `/v1`.
-pub fn router(agent: Arc<Agent>) -> Router<Arc<Agent>> {
+pub fn routes(agent: Arc<Agent>) -> Routes<Arc<Agent>> {
     let mcp = Arc::new(Mcp::new(agent.clone()));
-    Router::new()
-        .route(
-            berth_protocol::routes::native::MCP,
-            any(move |req: Request| {
-                let mcp = mcp.clone();
-                async move { mcp.handle(req).await }
-            }),
-        )
+    Routes::new()
+        .bind(&berth_protocol::ops::native::MCP, move |req: Request| {
+            let mcp = mcp.clone();
+            async move { mcp.handle(req).await }
+        })
         .route_layer(middleware::from_fn_with_state(
             agent,
             crate::http::require_token,

@@ -335,6 +335,7 @@ pub const STREAM_MP4: Operation = v1(Operation::get(
     "stream_mp4",
     "the live screen as fragmented MP4 (V)",
 ))
+.security(VIEWER)
 .query(STREAM_QUERY)
 .answers(&[Answer::media("200", "the stream", MP4)]);
 
