@@ -17,12 +17,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::Method;
 use axum::response::IntoResponse;
 use berth_protocol::controller::{AcquireLease, CreateSandbox, Lease, Sandbox};
+use berth_protocol::ops::Routes;
 use berth_protocol::routes::{controller as route, fill};
 use futures_util::Stream;
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -50,7 +50,7 @@ pub const MAX_SESSIONS: usize = 256;
 pub const SESSION_IDLE: Duration = Duration::from_secs(600);
 
 /// `ANY /mcp` (mounted under the API key check).
-pub fn router<S: Clone + Send + Sync + 'static>(c: Arc<Controller>) -> Router<S> {
+pub fn router<S: Clone + Send + Sync + 'static>(c: Arc<Controller>) -> Routes<S> {
     let sessions = Arc::new(Bounded::new(MAX_SESSIONS, SESSION_IDLE));
     let config = StreamableHttpServerConfig::default()
         // The API key guards this route; the controller is reached by whatever name its
@@ -61,8 +61,8 @@ pub fn router<S: Clone + Send + Sync + 'static>(c: Arc<Controller>) -> Router<S>
         sessions.clone(),
         config,
     );
-    Router::new()
-        .route_service(route::MCP, service)
+    Routes::new()
+        .bind_service(&berth_protocol::ops::controller::MCP, service)
         .route_layer(axum::middleware::from_fn(
             move |req: Request, next: axum::middleware::Next| {
                 let sessions = sessions.clone();

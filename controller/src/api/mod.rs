@@ -12,6 +12,7 @@ use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use berth_protocol::ErrorBody;
+use berth_protocol::ops::Routes;
 use berth_protocol::routes::header::API_KEY as API_KEY_HEADER;
 use subtle::ConstantTimeEq;
 
@@ -53,7 +54,7 @@ pub fn router(state: ApiState) -> Router {
             state.clone(),
             require_key,
         ));
-    Router::new()
+    Routes::new()
         .merge(routes::open())
         .merge(proxy::viewer_routes())
         .merge(session::routes())
@@ -65,6 +66,7 @@ pub fn router(state: ApiState) -> Router {
         })
         .layer(axum::extract::DefaultBodyLimit::max(JSON_LIMIT))
         .layer(axum::middleware::from_fn(fill_errors))
+        .finish(&berth_protocol::ops::CONTROLLER)
         .with_state(state)
 }
 
@@ -90,4 +92,26 @@ async fn require_key(State(s): State<ApiState>, req: Request, next: Next) -> Res
         .into_response();
     }
     next.run(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::fake::FakeProvider;
+
+    /// `Routes::finish` refuses a router that serves an operation twice, at the wrong path, or
+    /// not at all: building the controller's proves it serves its document exactly.
+    #[tokio::test]
+    async fn the_router_serves_the_controllers_document_exactly() {
+        let d = tempfile::tempdir().unwrap();
+        let fake = FakeProvider::new("process");
+        let c = crate::controller::controller_on(d.path(), &fake, Default::default());
+        let served = berth_protocol::ops::CONTROLLER.operations().count();
+        let _router = router(ApiState {
+            c,
+            key_hashes: Arc::new(vec![hash("k")]),
+        });
+        println!("the controller's router serves its {served} documented operations");
+        assert!(served > 40, "{served} operations");
+    }
 }

@@ -14,15 +14,15 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::Body;
 use axum::extract::{FromRequest, Path, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, post};
+use axum::routing::MethodRouter;
 use berth_protocol::controller::{PortUrl, PortUrlRequest};
+use berth_protocol::ops::{Routes, controller as op};
 use berth_protocol::relay::{Relay, RelayError, Upstream};
-use berth_protocol::routes::{controller as route, header as wire};
+use berth_protocol::routes::header as wire;
 use serde::Deserialize;
 
 use super::ApiState;
@@ -34,41 +34,32 @@ use berth_protocol::routes::controller::sandbox_base;
 type Result<T> = std::result::Result<T, ApiError>;
 type Params = Path<HashMap<String, String>>;
 
-pub fn viewer_routes() -> Router<ApiState> {
-    Router::new()
-        .route(route::VNC_INDEX, get(vnc_index))
-        .route(route::VNC_WS, get(viewer))
-        .route(route::VNC_FILE, get(viewer))
-        .route(route::STREAM_MP4, get(viewer))
-        .route(route::STREAM, get(viewer))
+pub fn viewer_routes() -> Routes<ApiState> {
+    Routes::new()
+        .bind(&op::VNC_INDEX, vnc_index)
+        .bind(&op::VNC_WS, viewer)
+        .bind(&op::VNC_FILE, viewer)
+        .bind(&op::STREAM_MP4, viewer)
+        .bind(&op::STREAM_WS, viewer)
         // Preview checks its own credentials: the API key or the port's cookie, and the
         // bare `…/ports/{port}` (to which no cookie is sent) redirects without any.
-        .route(route::SANDBOX_PORT, any(preview))
+        .bind(&op::SANDBOX_PREVIEW, preview)
         // POST mints the one-time URL (in `preview`); other methods reach the app's `/url`.
-        .route(route::SANDBOX_PORT_URL, post(preview).fallback(preview))
-        .route(route::SANDBOX_PORT_ROOT, any(preview))
-        .route(route::SANDBOX_PORT_ROOT.trim_end_matches('/'), any(preview))
+        .bind_with(&op::SANDBOX_PORT_URL, preview, |m| m.fallback(preview))
+        .bind(&op::SANDBOX_PREVIEW_ROOT, preview)
+        .bind(&op::SANDBOX_PREVIEW_BARE, preview)
         .layer(axum::extract::DefaultBodyLimit::disable())
 }
 
-pub fn keyed_proxies() -> Router<ApiState> {
-    Router::new()
-        .route(route::SANDBOX_SCREENSHOT, get(screenshot))
-        .route(route::SANDBOX_COMPUTER, post(computer))
-        .route(
-            route::SANDBOX_FILES,
-            get(native)
-                .put(native)
-                .layer(axum::extract::DefaultBodyLimit::disable()),
-        )
-        .route(
-            route::SANDBOX_AGENT,
-            any(native).layer(axum::extract::DefaultBodyLimit::disable()),
-        )
-        .route(
-            route::SANDBOX_MCP,
-            any(mcp).layer(axum::extract::DefaultBodyLimit::disable()),
-        )
+pub fn keyed_proxies() -> Routes<ApiState> {
+    let unbounded = |m: MethodRouter<ApiState>| m.layer(axum::extract::DefaultBodyLimit::disable());
+    Routes::new()
+        .bind(&op::SANDBOX_SCREENSHOT, screenshot)
+        .bind(&op::SANDBOX_COMPUTER, computer)
+        .bind_with(&op::SANDBOX_FILES_GET, native, unbounded)
+        .bind_with(&op::SANDBOX_FILES_PUT, native, unbounded)
+        .bind_with(&op::SANDBOX_AGENT, native, unbounded)
+        .bind_with(&op::SANDBOX_MCP, mcp, unbounded)
 }
 
 /// The values of cookie `name` in the request's `Cookie` headers.

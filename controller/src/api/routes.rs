@@ -1,10 +1,8 @@
 //! The JSON routes: sandboxes, runs, leases, catalog, pools, health and metrics.
 
-use axum::Router;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use berth_protocol::controller::{
     AcquireLease, AdjustPool, BuildImage, CatalogList, CreateQuery, CreateSandbox, PoolList,
     RenewLease, RunRequest, SandboxList, ViewerUrl,
@@ -12,7 +10,7 @@ use berth_protocol::controller::{
 use serde::Deserialize;
 use serde_json::json;
 
-use berth_protocol::routes::controller as route;
+use berth_protocol::ops::{Routes, controller as op};
 
 use super::ApiState;
 use crate::error::Error;
@@ -21,48 +19,43 @@ use crate::sandbox::Request;
 
 type Result<T> = std::result::Result<T, ApiError>;
 
-pub fn open() -> Router<ApiState> {
-    Router::new()
-        .route(
-            route::HEALTHZ,
-            get(|| async { axum::Json(json!({"ok": true})) }),
-        )
-        .route(route::METRICS, get(metrics))
-        .route(
-            berth_protocol::routes::controller::OPENAPI,
-            get(|| async {
-                (
-                    [(header::CONTENT_TYPE, "application/json")],
-                    berth_protocol::openapi::controller_json(),
-                )
-            }),
-        )
+pub fn open() -> Routes<ApiState> {
+    Routes::new()
+        .bind(&op::HEALTHZ, || async { axum::Json(json!({"ok": true})) })
+        .bind(&op::METRICS, metrics)
+        .bind(&op::OPENAPI, || async {
+            (
+                [(header::CONTENT_TYPE, "application/json")],
+                berth_protocol::openapi::controller_json(),
+            )
+        })
 }
 
-pub fn keyed() -> Router<ApiState> {
-    Router::new()
-        .route(route::SANDBOXES, post(create).get(list))
-        .route(route::SANDBOX, get(show).delete(delete))
-        .route(route::SANDBOX_VIEWER, post(viewer))
-        .route(route::SANDBOX_EXEC, post(exec))
-        .route(route::RUN, get(run))
-        .route(route::RUN_OUTPUT, get(run_output))
-        .route(route::SANDBOX_EVENTS, get(events))
-        .route(route::LEASES, post(acquire))
-        .route(route::LEASE_RENEW, post(renew))
-        .route(route::LEASE, axum::routing::delete(release))
-        .route(route::IMAGES_BUILD, post(build_image))
-        .route(route::IMAGE, get(image_job))
-        .route(route::CATALOG, get(catalog))
-        .route(route::POOLS, get(pools))
-        .route(route::POOL, axum::routing::put(adjust_pool))
-        .route(
-            route::SANDBOX_ARTIFACTS,
-            post(publish_artifact).get(sandbox_artifacts),
-        )
-        .route(route::ARTIFACTS, get(list_artifacts))
-        .route(route::SANDBOX_EPISODE, get(episode))
-        .route(route::ARTIFACT, get(get_artifact).delete(delete_artifact))
+pub fn keyed() -> Routes<ApiState> {
+    Routes::new()
+        .bind(&op::SANDBOX_CREATE, create)
+        .bind(&op::SANDBOX_LIST, list)
+        .bind(&op::SANDBOX_GET, show)
+        .bind(&op::SANDBOX_DELETE, delete)
+        .bind(&op::SANDBOX_VIEWER, viewer)
+        .bind(&op::SANDBOX_EXEC, exec)
+        .bind(&op::RUN_GET, run)
+        .bind(&op::RUN_OUTPUT, run_output)
+        .bind(&op::SANDBOX_EVENTS, events)
+        .bind(&op::LEASE_ACQUIRE, acquire)
+        .bind(&op::LEASE_RENEW, renew)
+        .bind(&op::LEASE_RELEASE, release)
+        .bind(&op::IMAGE_BUILD, build_image)
+        .bind(&op::IMAGE_JOB, image_job)
+        .bind(&op::CATALOG, catalog)
+        .bind(&op::POOLS, pools)
+        .bind(&op::POOL_ADJUST, adjust_pool)
+        .bind(&op::SANDBOX_ARTIFACT_PUBLISH, publish_artifact)
+        .bind(&op::SANDBOX_ARTIFACT_LIST, sandbox_artifacts)
+        .bind(&op::ARTIFACT_LIST, list_artifacts)
+        .bind(&op::SANDBOX_EPISODE, episode)
+        .bind(&op::ARTIFACT_GET, get_artifact)
+        .bind(&op::ARTIFACT_DELETE, delete_artifact)
         .merge(super::proxy::keyed_proxies())
 }
 

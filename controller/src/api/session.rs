@@ -8,15 +8,14 @@ use std::collections::HashMap;
 use std::path::Path as FsPath;
 use std::sync::OnceLock;
 
-use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, post};
 use berth_protocol::controller::SessionUrl;
+use berth_protocol::ops::{Routes, controller as op};
 use berth_protocol::relay::{Relay, RelayError, Upstream};
-use berth_protocol::routes::{controller as route, header as wire};
+use berth_protocol::routes::header as wire;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -28,14 +27,15 @@ use crate::viewer::{COOKIE as VIEWER_COOKIE, PORT_COOKIE, SESSION_TTL_MS};
 
 type Result<T> = std::result::Result<T, ApiError>;
 
-pub fn routes() -> Router<ApiState> {
-    Router::new()
-        .route(route::SANDBOX_SESSION, post(mint))
-        .route(route::SESSION_INDEX, get(index))
-        .route(
-            route::SESSION_PATH,
-            any(path).layer(axum::extract::DefaultBodyLimit::disable()),
-        )
+pub fn routes() -> Routes<ApiState> {
+    Routes::new()
+        .bind(&op::SANDBOX_SESSION, mint)
+        .bind(&op::SESSION_PAGE, index)
+        // Every method reaches `path` (the page's `api/…` calls), documented as its GET.
+        .bind_with(&op::SESSION_PATH, path, |m| {
+            m.fallback(path)
+                .layer(axum::extract::DefaultBodyLimit::disable())
+        })
 }
 
 fn cookie_values<'a>(headers: &'a HeaderMap) -> impl Iterator<Item = &'a str> + 'a {
