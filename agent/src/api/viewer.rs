@@ -9,6 +9,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use berth_protocol::routes::native;
 use berth_protocol::{ViewerToken, ViewerTokenRequest};
 
 use crate::Agent;
@@ -22,7 +23,7 @@ const DEFAULT_TOKEN_TTL: u64 = 60;
 const MAX_TOKEN_TTL: u64 = 3600;
 
 /// Paths a viewer URL may open (the browser-facing routes).
-pub const VIEWER_PATHS: &[&str] = &["/v1/vnc/", "/v1/stream.mp4", "/v1/stream"];
+pub const VIEWER_PATHS: &[&str] = &[native::VNC_INDEX, native::STREAM_MP4, native::STREAM];
 
 fn cookie_value(headers: &HeaderMap) -> Option<String> {
     headers

@@ -228,7 +228,8 @@ async fn run_checks(
 }
 
 async fn novnc_page(lb: &Loopback) -> probe::Probe {
-    let url = format!("http://{}/v1/vnc/vnc.html", lb.listen);
+    let page = format!("{}vnc.html", berth_protocol::routes::native::VNC_INDEX);
+    let url = format!("http://{}{page}", lb.listen);
     let r = crate::browser::cdp::http()
         .get(&url)
         .bearer_auth(&lb.token)
@@ -236,13 +237,13 @@ async fn novnc_page(lb: &Loopback) -> probe::Probe {
         .await
         .map_err(|e| e.to_string())?;
     if !r.status().is_success() {
-        return Err(format!("GET /v1/vnc/vnc.html: HTTP {}", r.status()));
+        return Err(format!("GET {page}: HTTP {}", r.status()));
     }
     let body = r.text().await.map_err(|e| e.to_string())?;
     if body.contains("noVNC") {
         Ok(())
     } else {
-        Err("/v1/vnc/vnc.html is not noVNC's page".into())
+        Err(format!("{page} is not noVNC's page"))
     }
 }
 
@@ -261,9 +262,10 @@ fn ws_request(
 }
 
 async fn rfb_through_relay(lb: &Loopback) -> probe::Probe {
-    let (mut ws, _) = tokio_tungstenite::connect_async(ws_request(lb, "/v1/vnc/websockify")?)
-        .await
-        .map_err(|e| format!("the VNC relay refused: {e}"))?;
+    let (mut ws, _) =
+        tokio_tungstenite::connect_async(ws_request(lb, berth_protocol::routes::native::VNC_WS)?)
+            .await
+            .map_err(|e| format!("the VNC relay refused: {e}"))?;
     let mut got = Vec::new();
     while got.len() < 12 {
         match ws.next().await {
@@ -370,9 +372,12 @@ async fn ws_relay_round_trip(desktop: &Arc<Desktop>, lb: &Loopback) -> probe::Pr
         return Ok(());
     }
     browser_known(desktop)?;
-    let mut cdp = crate::browser::cdp::Cdp::connect(ws_request(lb, "/v1/browser/cdp")?)
-        .await
-        .map_err(|e| format!("the CDP relay: {e}"))?;
+    let mut cdp = crate::browser::cdp::Cdp::connect(ws_request(
+        lb,
+        berth_protocol::routes::native::BROWSER_CDP,
+    )?)
+    .await
+    .map_err(|e| format!("the CDP relay: {e}"))?;
     let v = cdp
         .call("Browser.getVersion", serde_json::json!({}), None)
         .await;
