@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::Response;
-use berth_protocol::AgentClient;
 use berth_protocol::events::EventKind;
 use berth_protocol::routes::{fill, native};
+use berth_protocol::{AgentClient, RecordingInfo};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
@@ -204,6 +204,107 @@ async fn agent_actions(agent: &AgentClient) -> Result<Vec<Value>> {
     Ok(out)
 }
 
+/// What the agent says of recording `r`.
+async fn recording_info(agent: &AgentClient, r: &str) -> Result<RecordingInfo> {
+    tokio::time::timeout(AGENT_CALL, agent.recording(r))
+        .await
+        .map_err(|_| Error::Agent("asking for the recording timed out".into()))?
+        .map_err(|e| match e.status() {
+            Some(404) => Error::NotFound(format!("no recording {r} in the sandbox")),
+            _ => Error::Agent(format!("recording {r}: {e}")),
+        })
+}
+
+/// The screenshots the agent still keeps of `actions`, into `dir`, within `max` bytes in all.
+async fn bundle_screenshots(
+    agent: &AgentClient,
+    actions: &[Value],
+    dir: &Path,
+    max: u64,
+) -> Result<Vec<(String, PathBuf)>> {
+    let mut screenshots = Vec::new();
+    let mut shot_bytes = 0u64;
+    for e in actions {
+        let Some(name) = e["screenshot"].as_str() else {
+            continue;
+        };
+        if e["screenshot_dropped"].as_bool() == Some(true) {
+            continue;
+        }
+        let dest = dir.join(format!("shot-{name}"));
+        match agent_get(agent, &fill(native::EPISODE_SCREENSHOT, &[name])).await {
+            Ok(resp) => {
+                shot_bytes += body_to_file(resp, &dest, max.saturating_sub(shot_bytes)).await?;
+                screenshots.push((name.to_string(), dest));
+            }
+            Err(Error::NotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(screenshots)
+}
+
+/// The bundle's `episode.json`: what it holds and where it comes from.
+fn bundle_meta(
+    row: &SandboxRow,
+    rec: Option<&RecordingInfo>,
+    parts: &Parts,
+    first: u64,
+    last: u64,
+) -> Value {
+    let in_recording = parts
+        .actions
+        .iter()
+        .filter(|l| l.get("media_ms").is_some())
+        .count();
+    json!({
+        "sandbox": row.id,
+        "profile": row.profile,
+        "image": row.image_ref,
+        "screen": row.screen,
+        "recording": rec.map(|i| json!({
+            "id": i.id,
+            "state": i.state,
+            "duration_ms": i.duration_ms,
+            "fps": i.fps,
+            "width": i.width,
+            "height": i.height,
+            "bytes": i.bytes,
+            "started_at": i.started_at,
+            "in_bundle": parts.recording.is_some(),
+        })),
+        "actions": parts.actions.len(),
+        "actions_in_recording": in_recording,
+        "screenshots": parts.screenshots.len(),
+        "timeline_events": parts.timeline.len(),
+        "first_seq": first,
+        "last_seq": last,
+        "created_at": crate::util::rfc3339(now_ms()),
+    })
+}
+
+/// The bundle's action lines: each action with the recording's media times, marked
+/// `screenshot_dropped` when its screenshot is not in the bundle.
+fn bundle_lines(
+    actions: &[Value],
+    rec_id: Option<&str>,
+    shots: &[(String, PathBuf)],
+) -> Vec<Value> {
+    let kept: std::collections::HashSet<&str> = shots.iter().map(|(n, _)| n.as_str()).collect();
+    actions
+        .iter()
+        .map(|e| {
+            let mut l = bundle_line(e, rec_id);
+            if let Some(n) = e["screenshot"].as_str()
+                && !kept.contains(n)
+            {
+                l["screenshot_dropped"] = json!(true);
+            }
+            l
+        })
+        .collect()
+}
+
 /// Removes a scratch directory when dropped.
 struct Scratch(PathBuf);
 
@@ -366,15 +467,7 @@ impl Episodes {
         let actions = agent_actions(&agent).await?;
         let rec_id = choose_recording(&actions, asked);
         let rec_info = match &rec_id {
-            Some(r) => Some(
-                tokio::time::timeout(AGENT_CALL, agent.recording(r))
-                    .await
-                    .map_err(|_| Error::Agent("asking for the recording timed out".into()))?
-                    .map_err(|e| match e.status() {
-                        Some(404) => Error::NotFound(format!("no recording {r} in the sandbox")),
-                        _ => Error::Agent(format!("recording {r}: {e}")),
-                    })?,
-            ),
+            Some(r) => Some(recording_info(&agent, r).await?),
             None => None,
         };
         let first = actions.first().and_then(|e| e["seq"].as_u64()).unwrap_or(0);
@@ -396,77 +489,79 @@ impl Episodes {
         let dir = self.artifacts.artifact_scratch()?;
         std::fs::create_dir_all(&dir).map_err(|e| Error::Internal(format!("scratch: {e}")))?;
         let guard = Scratch(dir.clone());
-        // The recording: the published artifact when there is one, else its complete part
-        // from the agent.
-        let mut recording = None;
-        if let (Some(r), Some(info)) = (&rec_id, &rec_info)
-            && info.bytes > 0
-        {
-            let dest = dir.join("recording.mp4");
-            match self
-                .ctx
-                .store
-                .artifact_from(&row.id, ArtifactKind::Recording, r)?
-            {
-                Some(a) => {
-                    let (mut s, _) = self
-                        .artifacts
-                        .blobs
-                        .open(&a.id, None)
-                        .await
-                        .map_err(|e| Error::Internal(format!("artifact {}: {e}", a.id)))?;
-                    let mut f = tokio::fs::File::create(&dest)
-                        .await
-                        .map_err(|e| Error::Internal(e.to_string()))?;
-                    while let Some(chunk) = s.next().await {
-                        let chunk = chunk.map_err(|e| Error::Internal(e.to_string()))?;
-                        tokio::io::AsyncWriteExt::write_all(&mut f, &chunk)
-                            .await
-                            .map_err(|e| Error::Internal(e.to_string()))?;
-                    }
-                }
-                None => {
-                    let resp = agent_get(&agent, &fill(native::RECORDING_FILE, &[r])).await?;
-                    body_to_file(resp, &dest, max).await?;
-                }
+        let recording = match (&rec_id, &rec_info) {
+            (Some(r), Some(info)) if info.bytes > 0 => {
+                let dest = dir.join("recording.mp4");
+                self.bundle_recording(row, &agent, r, &dest).await?;
+                Some(dest)
             }
-            recording = Some(dest);
+            _ => None,
+        };
+        let screenshots = bundle_screenshots(&agent, &actions, &dir, max).await?;
+        let lines = bundle_lines(&actions, rec_id.as_deref(), &screenshots);
+        let timeline = self.whole_timeline(row).await?;
+        let mut parts = Parts {
+            actions: lines,
+            screenshots,
+            recording,
+            timeline,
+            meta: Value::Null,
+        };
+        parts.meta = bundle_meta(row, rec_info.as_ref(), &parts, first, last);
+        let zip = self.zip(parts, max).await;
+        drop(guard);
+        let name = format!("episode-{}.zip", row.id);
+        self.artifacts
+            .publish_file(
+                &row.id,
+                None,
+                &name,
+                "application/zip",
+                ArtifactKind::Episode,
+                Some(&source),
+                &zip?,
+            )
+            .await
+    }
+
+    /// The recording `r` into `dest`: the published artifact when there is one, else its
+    /// complete part from the agent.
+    async fn bundle_recording(
+        &self,
+        row: &SandboxRow,
+        agent: &AgentClient,
+        r: &str,
+        dest: &Path,
+    ) -> Result<()> {
+        let Some(a) = self
+            .ctx
+            .store
+            .artifact_from(&row.id, ArtifactKind::Recording, r)?
+        else {
+            let resp = agent_get(agent, &fill(native::RECORDING_FILE, &[r])).await?;
+            let max = self.ctx.config.artifact_max_file_bytes;
+            return body_to_file(resp, dest, max).await.map(|_| ());
+        };
+        let (mut s, _) = self
+            .artifacts
+            .blobs
+            .open(&a.id, None)
+            .await
+            .map_err(|e| Error::Internal(format!("artifact {}: {e}", a.id)))?;
+        let mut f = tokio::fs::File::create(dest)
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        while let Some(chunk) = s.next().await {
+            let chunk = chunk.map_err(|e| Error::Internal(e.to_string()))?;
+            tokio::io::AsyncWriteExt::write_all(&mut f, &chunk)
+                .await
+                .map_err(|e| Error::Internal(e.to_string()))?;
         }
-        // The screenshots the agent still keeps.
-        let mut screenshots = Vec::new();
-        let mut shot_bytes = 0u64;
-        for e in &actions {
-            let Some(name) = e["screenshot"].as_str() else {
-                continue;
-            };
-            if e["screenshot_dropped"].as_bool() == Some(true) {
-                continue;
-            }
-            let dest = dir.join(format!("shot-{name}"));
-            match agent_get(&agent, &fill(native::EPISODE_SCREENSHOT, &[name])).await {
-                Ok(resp) => {
-                    shot_bytes += body_to_file(resp, &dest, max.saturating_sub(shot_bytes)).await?;
-                    screenshots.push((name.to_string(), dest));
-                }
-                Err(Error::NotFound(_)) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        let kept: std::collections::HashSet<&str> =
-            screenshots.iter().map(|(n, _)| n.as_str()).collect();
-        let lines: Vec<Value> = actions
-            .iter()
-            .map(|e| {
-                let mut l = bundle_line(e, rec_id.as_deref());
-                if let Some(n) = e["screenshot"].as_str()
-                    && !kept.contains(n)
-                {
-                    l["screenshot_dropped"] = json!(true);
-                }
-                l
-            })
-            .collect();
-        // The controller's timeline, brought up to date first.
+        Ok(())
+    }
+
+    /// The sandbox's controller timeline, brought up to date first, up to `MAX_EVENTS`.
+    async fn whole_timeline(&self, row: &SandboxRow) -> Result<Vec<Value>> {
         if let Err(e) = self.timeline.import_agent_events(row).await {
             tracing::debug!(sandbox = %row.id, error = %e, "agent events not imported");
         }
@@ -482,67 +577,29 @@ impl Episodes {
                 .unwrap_or(from);
             timeline.extend(page);
             if n < 10_000 || timeline.len() >= MAX_EVENTS {
-                break;
+                return Ok(timeline);
             }
         }
-        let in_recording = lines.iter().filter(|l| l.get("media_ms").is_some()).count();
-        let meta = json!({
-            "sandbox": row.id,
-            "profile": row.profile,
-            "image": row.image_ref,
-            "screen": row.screen,
-            "recording": rec_info.as_ref().map(|i| json!({
-                "id": i.id,
-                "state": i.state,
-                "duration_ms": i.duration_ms,
-                "fps": i.fps,
-                "width": i.width,
-                "height": i.height,
-                "bytes": i.bytes,
-                "started_at": i.started_at,
-                "in_bundle": recording.is_some(),
-            })),
-            "actions": lines.len(),
-            "actions_in_recording": in_recording,
-            "screenshots": screenshots.len(),
-            "timeline_events": timeline.len(),
-            "first_seq": first,
-            "last_seq": last,
-            "created_at": crate::util::rfc3339(now_ms()),
-        });
-        let parts = Parts {
-            actions: lines,
-            screenshots,
-            recording,
-            timeline,
-            meta,
-        };
+    }
+
+    /// The bundle's zip, written to a scratch file (removed again when it fails).
+    async fn zip(&self, parts: Parts, max: u64) -> Result<PathBuf> {
         let zip_path = self.artifacts.artifact_scratch()?;
         let zp = zip_path.clone();
         let written = tokio::task::spawn_blocking(move || write_zip(&zp, &parts, max))
             .await
             .map_err(|e| Error::Internal(e.to_string()))?;
-        drop(guard);
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&zip_path);
-            return Err(if e.kind() == std::io::ErrorKind::FileTooLarge {
-                Error::TooLarge(e.to_string())
-            } else {
-                Error::Internal(format!("writing the episode bundle: {e}"))
-            });
+        match written {
+            Ok(_) => Ok(zip_path),
+            Err(e) => {
+                let _ = std::fs::remove_file(&zip_path);
+                Err(if e.kind() == std::io::ErrorKind::FileTooLarge {
+                    Error::TooLarge(e.to_string())
+                } else {
+                    Error::Internal(format!("writing the episode bundle: {e}"))
+                })
+            }
         }
-        let name = format!("episode-{}.zip", row.id);
-        self.artifacts
-            .publish_file(
-                &row.id,
-                None,
-                &name,
-                "application/zip",
-                ArtifactKind::Episode,
-                Some(&source),
-                &zip_path,
-            )
-            .await
     }
 }
 

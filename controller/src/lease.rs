@@ -59,56 +59,77 @@ impl Leases {
             image_ref: Some(image.clone()),
             labels: req.labels.clone(),
             ttl_seconds: req.ttl_seconds,
-            screen: screen.clone(),
+            screen,
         };
-        if let Some(lease) = self.ctx.store.active_lease_for_thread(&req.thread_id)? {
-            let current = self.ctx.store.sandbox(&lease.sandbox_id)?;
-            let stale = match &current {
-                Some(row) => self.staleness(row, req, &image).await,
-                None => Some("its sandbox is unknown".to_string()),
-            };
-            let reason = match stale {
-                // Reused, at the screen asked (resized when it has another).
-                None => {
-                    let row = current.clone().expect("checked above");
-                    match self.sandboxes.claim_screen(row, screen.as_deref()).await {
-                        Ok(row) => return Ok(self.lease_wire(&lease, &row, "reused")),
-                        Err(e) => format!("its sandbox could not take the screen: {e}"),
-                    }
-                }
-                Some(reason) => reason,
-            };
-            // Re-provision under the same lease; the old sandbox goes.
-            tracing::info!(lease = %lease.id, %reason, "lease re-provisions");
-            if let Some(old) = &current {
-                self.ctx.event(
-                    &old.id,
-                    EventKind::LeaseReleased,
-                    json!({"lease_id": lease.id, "reason": reason}),
-                );
-                // Not waited for: it goes on in its own task.
-                drop(self.sandboxes.destroy(&old.id));
-            }
-            let want = Request {
-                ttl_seconds: Some(((lease.expires_at - now_ms()).max(1000) / 1000) as u64),
-                ..want
-            };
-            let (row, how) = self.sandboxes.provision(&want).await?;
-            self.ctx.store.set_lease_sandbox(&lease.id, &row.id)?;
-            self.ctx.store.set_expiry(&row.id, Some(lease.expires_at))?;
-            self.ctx.event(
-                &row.id,
-                EventKind::LeaseAcquired,
-                json!({"lease_id": lease.id, "thread_id": lease.thread_id, "claim": how,
-                       "reprovisioned": reason}),
-            );
-            let lease = LeaseRow {
-                sandbox_id: row.id.clone(),
-                ..lease
-            };
-            let row = self.ctx.get_row(&row.id)?;
-            return Ok(self.lease_wire(&lease, &row, how));
+        match self.ctx.store.active_lease_for_thread(&req.thread_id)? {
+            Some(lease) => self.renew_or_replace(lease, req, want, &image).await,
+            None => self.open_lease(req, want).await,
         }
+    }
+
+    /// A thread's active lease: its sandbox reused when it still serves `req` (at the screen
+    /// asked), else a new one provisioned under the same lease while the old one goes.
+    async fn renew_or_replace(
+        self: &Arc<Self>,
+        lease: LeaseRow,
+        req: &AcquireLease,
+        want: Request,
+        image: &str,
+    ) -> Result<Lease> {
+        let current = self.ctx.store.sandbox(&lease.sandbox_id)?;
+        let stale = match &current {
+            Some(row) => self.staleness(row, req, image).await,
+            None => Some("its sandbox is unknown".to_string()),
+        };
+        let reason = match (stale, &current) {
+            // Reused, at the screen asked (resized when it has another).
+            (None, Some(row)) => {
+                match self
+                    .sandboxes
+                    .claim_screen(row.clone(), want.screen.as_deref())
+                    .await
+                {
+                    Ok(row) => return Ok(self.lease_wire(&lease, &row, "reused")),
+                    Err(e) => format!("its sandbox could not take the screen: {e}"),
+                }
+            }
+            (Some(reason), _) => reason,
+            (None, None) => "its sandbox is unknown".to_string(),
+        };
+        // Re-provision under the same lease; the old sandbox goes.
+        tracing::info!(lease = %lease.id, %reason, "lease re-provisions");
+        if let Some(old) = &current {
+            self.ctx.event(
+                &old.id,
+                EventKind::LeaseReleased,
+                json!({"lease_id": lease.id, "reason": reason}),
+            );
+            // Not waited for: it goes on in its own task.
+            drop(self.sandboxes.destroy(&old.id));
+        }
+        let want = Request {
+            ttl_seconds: Some(((lease.expires_at - now_ms()).max(1000) / 1000) as u64),
+            ..want
+        };
+        let (row, how) = self.sandboxes.provision(&want).await?;
+        self.ctx.store.set_lease_sandbox(&lease.id, &row.id)?;
+        self.ctx.store.set_expiry(&row.id, Some(lease.expires_at))?;
+        self.ctx.event(
+            &row.id,
+            EventKind::LeaseAcquired,
+            json!({"lease_id": lease.id, "thread_id": lease.thread_id, "claim": how,
+                   "reprovisioned": reason}),
+        );
+        let lease = LeaseRow {
+            sandbox_id: row.id.clone(),
+            ..lease
+        };
+        let row = self.ctx.get_row(&row.id)?;
+        Ok(self.lease_wire(&lease, &row, how))
+    }
+
+    /// A new lease for the thread, on a sandbox provisioned for it.
+    async fn open_lease(&self, req: &AcquireLease, want: Request) -> Result<Lease> {
         let (row, how) = self.sandboxes.provision(&want).await?;
         let now = now_ms();
         let lease = LeaseRow {

@@ -111,6 +111,14 @@ impl Metrics {
             let n = by_state.get(state).copied().unwrap_or(0);
             let _ = writeln!(o, "berth_sandboxes{{state=\"{state}\"}} {n}");
         }
+        self.render_claims(&mut o);
+        self.render_counters(&mut o);
+        render_pools(&mut o, pools);
+        o
+    }
+
+    /// The claim latency histograms, warm and cold.
+    fn render_claims(&self, o: &mut String) {
         let _ = writeln!(
             o,
             "# HELP berth_claim_latency_seconds Time to hand out a ready sandbox, by warm (pool) or cold (created)."
@@ -143,7 +151,10 @@ impl Metrics {
                 h.count
             );
         }
-        drop(claims);
+    }
+
+    /// The counters and the gauges kept here.
+    fn render_counters(&self, o: &mut String) {
         let counters = [
             (
                 "berth_provider_errors_total",
@@ -199,28 +210,31 @@ impl Metrics {
             let _ = writeln!(o, "# TYPE {name} gauge");
             let _ = writeln!(o, "{name} {}", v.load(Ordering::Relaxed));
         }
+    }
+}
+
+/// The warm pools' members, targets and whether their refill is failing.
+fn render_pools(o: &mut String, pools: &[(String, usize, usize, usize, bool)]) {
+    let _ = writeln!(
+        o,
+        "# HELP berth_pool_members Warm pool members by state, and whether refill is failing."
+    );
+    let _ = writeln!(o, "# TYPE berth_pool_members gauge");
+    for (pool, target, ready, starting, failing) in pools {
         let _ = writeln!(
             o,
-            "# HELP berth_pool_members Warm pool members by state, and whether refill is failing."
+            "berth_pool_members{{pool=\"{pool}\",state=\"ready\"}} {ready}"
         );
-        let _ = writeln!(o, "# TYPE berth_pool_members gauge");
-        for (pool, target, ready, starting, failing) in pools {
-            let _ = writeln!(
-                o,
-                "berth_pool_members{{pool=\"{pool}\",state=\"ready\"}} {ready}"
-            );
-            let _ = writeln!(
-                o,
-                "berth_pool_members{{pool=\"{pool}\",state=\"starting\"}} {starting}"
-            );
-            let _ = writeln!(o, "berth_pool_target{{pool=\"{pool}\"}} {target}");
-            let _ = writeln!(
-                o,
-                "berth_pool_refill_failing{{pool=\"{pool}\"}} {}",
-                *failing as u8
-            );
-        }
-        o
+        let _ = writeln!(
+            o,
+            "berth_pool_members{{pool=\"{pool}\",state=\"starting\"}} {starting}"
+        );
+        let _ = writeln!(o, "berth_pool_target{{pool=\"{pool}\"}} {target}");
+        let _ = writeln!(
+            o,
+            "berth_pool_refill_failing{{pool=\"{pool}\"}} {}",
+            *failing as u8
+        );
     }
 }
 

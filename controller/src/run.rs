@@ -47,44 +47,7 @@ impl Runs {
             Some(id) => id.clone(),
             None => new_id("run"),
         };
-        let (argv, shell) = match (&req.command, req.shell) {
-            (Command::Argv(a), Some(true)) => (None, Some(shell_join(a))),
-            (Command::Argv(a), _) => (Some(a.clone()), None),
-            (Command::Line(l), Some(false)) => (Some(vec![l.clone()]), None),
-            (Command::Line(l), _) => (None, Some(l.clone())),
-        };
-        if argv
-            .as_ref()
-            .is_some_and(|a| a.is_empty() || a[0].is_empty())
-            || shell.as_ref().is_some_and(|s| s.trim().is_empty())
-        {
-            return Err(Error::BadRequest("command is empty".into()));
-        }
-        for k in req.env.keys().chain(req.secrets.keys()) {
-            if k.is_empty() || k.contains('=') || k.contains('\0') {
-                return Err(Error::BadRequest(format!(
-                    "environment name {k:?} is not valid"
-                )));
-            }
-        }
-        let command = match (&argv, &shell) {
-            (Some(a), _) => json!({"argv": a}),
-            (_, Some(s)) => json!({"shell": s}),
-            _ => Value::Null,
-        };
-        // Secrets join the environment of this run only; the timeline gets their names.
-        let mut env = req.env.clone();
-        env.extend(req.secrets.clone());
-        let exec = ExecRequest {
-            argv,
-            shell,
-            cwd: req.cwd.clone(),
-            env: (!env.is_empty()).then_some(env),
-            timeout_ms: req.timeout_ms,
-            background: Some(true),
-            id: Some(run_id.clone()),
-            ..Default::default()
-        };
+        let (exec, command) = agent_request(&req, &run_id)?;
         let fresh = RunRow {
             sandbox_id: row.id.clone(),
             id: run_id.clone(),
@@ -249,107 +212,94 @@ impl Runs {
         };
         let adopting = adopting || run.created_at < self.ctx.started_ms;
         match tokio::time::timeout(AGENT_CALL, agent.command(&run.id)).await {
-            Ok(Ok(info)) => {
-                self.ctx
-                    .store
-                    .run_unreachable(&run.sandbox_id, &run.id, None)?;
-                if run.status == RunStatus::Pending {
-                    self.ctx
-                        .store
-                        .run_started(&run.sandbox_id, &run.id, now_ms())?;
-                }
-                match info.state {
-                    CommandState::Running => Ok(()),
-                    CommandState::Exited | CommandState::Lost => {
-                        let fetched = self.fetch_output(&agent, run).await?;
-                        let status = match info.state {
-                            CommandState::Lost => RunStatus::Lost,
-                            _ => RunStatus::Exited,
-                        };
-                        let error = (status == RunStatus::Lost)
-                            .then(|| "the agent lost track of the command's end".to_string());
-                        let wrote =
-                            self.end_run(run, status, info.exit_code, Some(fetched), error)?;
-                        if wrote && adopting {
-                            self.ctx.metrics.run_adopted();
-                            self.ctx.event(
-                                &run.sandbox_id,
-                                EventKind::RunAdopted,
-                                json!({"run_id": run.id, "exit_code": info.exit_code}),
-                            );
-                        }
-                        Ok(())
-                    }
-                }
-            }
-            Ok(Err(e)) if e.status() == Some(404) => {
-                let request = run
-                    .start_request
-                    .as_deref()
-                    .and_then(|q| serde_json::from_str::<ExecRequest>(q).ok());
-                match (run.status, request) {
-                    // Its start never reached the agent, or is still on the way: deliver it.
-                    // The agent keys commands by the run id (a start it is still creating is
-                    // the same command), so a second delivery never runs it twice.
-                    (RunStatus::Pending, Some(req))
-                        if now_ms() - run.created_at < REDELIVER_WITHIN_MS =>
-                    {
-                        tracing::info!(run = %run.id, "delivering a run the agent has no record of");
-                        match self.start_run(&agent, run, &req).await {
-                            Err(Error::BadRequest(_)) => Ok(()), // recorded as failed
-                            other => other,
-                        }
-                    }
-                    (RunStatus::Pending, _) => self
-                        .end_run(
-                            run,
-                            RunStatus::Failed,
-                            None,
-                            None,
-                            Some(
-                                "never started: the controller stopped before the agent had it, \
-                                 and its request is no longer kept"
-                                    .into(),
-                            ),
-                        )
-                        .map(|_| ()),
-                    _ => self
-                        .end_run(
-                            run,
-                            RunStatus::Lost,
-                            None,
-                            None,
-                            Some("the agent no longer has a record of it".into()),
-                        )
-                        .map(|_| ()),
-                }
-            }
-            other => {
-                let e = match other {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => "timed out".into(),
-                };
-                let since = run.unreachable_since.unwrap_or_else(now_ms);
-                self.ctx
-                    .store
-                    .run_unreachable(&run.sandbox_id, &run.id, Some(since))?;
-                if now_ms() - since >= self.ctx.config.run_lost_after_secs as i64 * 1000 {
-                    return self
-                        .end_run(
-                            run,
-                            RunStatus::Failed,
-                            None,
-                            None,
-                            Some(format!(
-                                "the agent stayed unreachable for {} s: {e}",
-                                self.ctx.config.run_lost_after_secs
-                            )),
-                        )
-                        .map(|_| ());
-                }
-                Ok(())
-            }
+            Ok(Ok(info)) => self.agent_knows(&agent, run, &info, adopting).await,
+            Ok(Err(e)) if e.status() == Some(404) => self.agent_forgot(&agent, run).await,
+            Ok(Err(e)) => self.agent_unreachable(run, &e.to_string()),
+            Err(_) => self.agent_unreachable(run, "timed out"),
         }
+    }
+
+    /// The agent answered about the run: it runs, or it ended and its end is recorded.
+    async fn agent_knows(
+        &self,
+        agent: &AgentClient,
+        run: &RunRow,
+        info: &berth_protocol::CommandInfo,
+        adopting: bool,
+    ) -> Result<()> {
+        self.ctx
+            .store
+            .run_unreachable(&run.sandbox_id, &run.id, None)?;
+        if run.status == RunStatus::Pending {
+            self.ctx
+                .store
+                .run_started(&run.sandbox_id, &run.id, now_ms())?;
+        }
+        let status = match info.state {
+            CommandState::Running => return Ok(()),
+            CommandState::Lost => RunStatus::Lost,
+            CommandState::Exited => RunStatus::Exited,
+        };
+        let fetched = self.fetch_output(agent, run).await?;
+        let error = (status == RunStatus::Lost)
+            .then(|| "the agent lost track of the command's end".to_string());
+        let wrote = self.end_run(run, status, info.exit_code, Some(fetched), error)?;
+        if wrote && adopting {
+            self.ctx.metrics.run_adopted();
+            self.ctx.event(
+                &run.sandbox_id,
+                EventKind::RunAdopted,
+                json!({"run_id": run.id, "exit_code": info.exit_code}),
+            );
+        }
+        Ok(())
+    }
+
+    /// The agent has no record of the run: its start is delivered again while that is safe,
+    /// else the run ends failed (never started) or lost.
+    async fn agent_forgot(&self, agent: &AgentClient, run: &RunRow) -> Result<()> {
+        let request = run
+            .start_request
+            .as_deref()
+            .and_then(|q| serde_json::from_str::<ExecRequest>(q).ok());
+        let why = match (run.status, request) {
+            // Its start never reached the agent, or is still on the way: deliver it.
+            // The agent keys commands by the run id (a start it is still creating is
+            // the same command), so a second delivery never runs it twice.
+            (RunStatus::Pending, Some(req)) if now_ms() - run.created_at < REDELIVER_WITHIN_MS => {
+                tracing::info!(run = %run.id, "delivering a run the agent has no record of");
+                return match self.start_run(agent, run, &req).await {
+                    Err(Error::BadRequest(_)) => Ok(()), // recorded as failed
+                    other => other,
+                };
+            }
+            (RunStatus::Pending, _) => (
+                RunStatus::Failed,
+                "never started: the controller stopped before the agent had it, \
+                 and its request is no longer kept",
+            ),
+            _ => (RunStatus::Lost, "the agent no longer has a record of it"),
+        };
+        self.end_run(run, why.0, None, None, Some(why.1.into()))
+            .map(|_| ())
+    }
+
+    /// The agent could not be asked (`e`): the run ends failed once that has lasted
+    /// `run_lost_after_secs`.
+    fn agent_unreachable(&self, run: &RunRow, e: &str) -> Result<()> {
+        let since = run.unreachable_since.unwrap_or_else(now_ms);
+        self.ctx
+            .store
+            .run_unreachable(&run.sandbox_id, &run.id, Some(since))?;
+        if now_ms() - since < self.ctx.config.run_lost_after_secs as i64 * 1000 {
+            return Ok(());
+        }
+        let why = format!(
+            "the agent stayed unreachable for {} s: {e}",
+            self.ctx.config.run_lost_after_secs
+        );
+        self.end_run(run, RunStatus::Failed, None, None, Some(why))
+            .map(|_| ())
     }
 
     /// The whole combined output. Up to `run_output_inline_bytes` it is kept in the run's
@@ -385,24 +335,13 @@ impl Runs {
                 let data = c.bytes();
                 let len = data.len() as u64;
                 if spill.is_none() && bytes + len > inline as u64 {
-                    let path = self.artifacts.artifact_scratch()?;
-                    let mut f = std::fs::File::create(&path)
-                        .map_err(|e| Error::Internal(format!("run output: {e}")))?;
-                    // The preview's chunks are the artifact's first bytes.
-                    let mut off = 0;
-                    for p in &out.chunks {
-                        let b = p.bytes();
-                        write_all(&mut f, &b)?;
-                        span(&mut out.spans, p.seq, off, b.len() as u64, p.stream);
-                        off += b.len() as u64;
-                    }
+                    spill = Some(self.spill(&mut out)?);
                     // The preview ends with as much of this chunk as fits.
                     let room = (inline as u64).saturating_sub(bytes) as usize;
                     let head = utf8_prefix(&data, room);
                     if !head.is_empty() {
                         preview_tail = Some(chunk_of(c.seq, c.stream, head));
                     }
-                    spill = Some((path, f));
                 }
                 match &mut spill {
                     None => {
@@ -430,21 +369,42 @@ impl Runs {
                 .map_err(|e| Error::Internal(format!("run output: {e}")))?;
             drop(f);
             out.chunks.extend(preview_tail);
-            let a = self
-                .artifacts
-                .publish_file(
-                    &run.sandbox_id,
-                    Some(&run.id),
-                    &format!("{}.log", run.id),
-                    "text/plain; charset=utf-8",
-                    crate::artifact::ArtifactKind::Output,
-                    Some(&run.id),
-                    &path,
-                )
-                .await?;
-            out.artifact = Some(a.id);
+            out.artifact = Some(self.publish_output(run, &path).await?);
         }
         Ok(out)
+    }
+
+    /// Starts the output's artifact in a scratch file: the chunks kept so far (the preview)
+    /// are its first bytes, with their spans.
+    fn spill(&self, out: &mut Fetched) -> Result<(std::path::PathBuf, std::fs::File)> {
+        let path = self.artifacts.artifact_scratch()?;
+        let mut f = std::fs::File::create(&path)
+            .map_err(|e| Error::Internal(format!("run output: {e}")))?;
+        let mut off = 0;
+        for p in &out.chunks {
+            let b = p.bytes();
+            write_all(&mut f, &b)?;
+            span(&mut out.spans, p.seq, off, b.len() as u64, p.stream);
+            off += b.len() as u64;
+        }
+        Ok((path, f))
+    }
+
+    /// Publishes a run's whole output (`path`) as its `output` artifact; its id.
+    async fn publish_output(&self, run: &RunRow, path: &std::path::Path) -> Result<String> {
+        let a = self
+            .artifacts
+            .publish_file(
+                &run.sandbox_id,
+                Some(&run.id),
+                &format!("{}.log", run.id),
+                "text/plain; charset=utf-8",
+                crate::artifact::ArtifactKind::Output,
+                Some(&run.id),
+                path,
+            )
+            .await?;
+        Ok(a.id)
     }
 
     /// Records a run's end once; true for the caller that wrote it.
@@ -571,6 +531,50 @@ struct Fetched {
     truncated: bool,
     artifact: Option<String>,
     spans: Vec<StreamSpan>,
+}
+
+/// The agent's background command for a run (`id` its run id) and the command as the run's
+/// record shows it; refused (400) when the command or an environment name is empty or bad.
+/// Secrets join the environment of this run only.
+fn agent_request(req: &RunRequest, run_id: &str) -> Result<(ExecRequest, Value)> {
+    let (argv, shell) = match (&req.command, req.shell) {
+        (Command::Argv(a), Some(true)) => (None, Some(shell_join(a))),
+        (Command::Argv(a), _) => (Some(a.clone()), None),
+        (Command::Line(l), Some(false)) => (Some(vec![l.clone()]), None),
+        (Command::Line(l), _) => (None, Some(l.clone())),
+    };
+    if argv
+        .as_ref()
+        .is_some_and(|a| a.is_empty() || a[0].is_empty())
+        || shell.as_ref().is_some_and(|s| s.trim().is_empty())
+    {
+        return Err(Error::BadRequest("command is empty".into()));
+    }
+    for k in req.env.keys().chain(req.secrets.keys()) {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(Error::BadRequest(format!(
+                "environment name {k:?} is not valid"
+            )));
+        }
+    }
+    let command = match (&argv, &shell) {
+        (Some(a), _) => json!({"argv": a}),
+        (_, Some(s)) => json!({"shell": s}),
+        _ => Value::Null,
+    };
+    let mut env = req.env.clone();
+    env.extend(req.secrets.clone());
+    let exec = ExecRequest {
+        argv,
+        shell,
+        cwd: req.cwd.clone(),
+        env: (!env.is_empty()).then_some(env),
+        timeout_ms: req.timeout_ms,
+        background: Some(true),
+        id: Some(run_id.to_string()),
+        ..Default::default()
+    };
+    Ok((exec, command))
 }
 
 /// Adds `len` bytes of `stream` from `seq` at `offset`, joined to the last span when they
@@ -707,6 +711,46 @@ fn shell_join(argv: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_request_becomes_the_agents_background_command_or_a_clear_400() {
+        let req = |command: Command, shell: Option<bool>| RunRequest {
+            command,
+            shell,
+            env: [("A".to_string(), "1".to_string())].into(),
+            secrets: [("TOKEN".to_string(), "s".to_string())].into(),
+            ..Default::default()
+        };
+        let argv = Command::Argv(vec!["echo".into(), "a b".into()]);
+        let (exec, shown) = agent_request(&req(argv.clone(), None), "r1").unwrap();
+        assert_eq!(exec.argv, Some(vec!["echo".to_string(), "a b".to_string()]));
+        assert_eq!(exec.id.as_deref(), Some("r1"));
+        assert_eq!(exec.background, Some(true));
+        let env = exec.env.unwrap();
+        assert_eq!((env["A"].as_str(), env["TOKEN"].as_str()), ("1", "s"));
+        assert_eq!(shown, json!({"argv": ["echo", "a b"]}));
+        // The record shows the command, never the secrets.
+        assert!(!shown.to_string().contains("TOKEN"));
+        let (exec, shown) = agent_request(&req(argv, Some(true)), "r2").unwrap();
+        assert_eq!(
+            (exec.argv, exec.shell.as_deref()),
+            (None, Some("'echo' 'a b'"))
+        );
+        assert_eq!(shown, json!({"shell": "'echo' 'a b'"}));
+        for bad in [
+            req(Command::Argv(vec![]), None),
+            req(Command::Line("  ".into()), None),
+            RunRequest {
+                env: [("A=B".to_string(), String::new())].into(),
+                ..req(Command::Line("true".into()), None)
+            },
+        ] {
+            assert!(matches!(
+                agent_request(&bad, "r"),
+                Err(Error::BadRequest(_))
+            ));
+        }
+    }
 
     #[test]
     fn spans_join_what_follows_on_and_pages_cut_them() {

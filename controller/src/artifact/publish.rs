@@ -203,27 +203,8 @@ impl Artifacts {
             .clone()
             .unwrap_or_else(|| format!("{}.zip", base_name(&req.path)));
         check_name(&name)?;
-        let list = tokio::time::timeout(AGENT_CALL, agent.list(&req.path, MAX_DEPTH))
-            .await
-            .map_err(|_| Error::Agent("the agent's listing timed out".into()))?
-            .map_err(|e| agent_error(&req.path, e))?;
-        let max_entries = self.ctx.config.artifact_max_entries;
-        if list.entries.len() > max_entries {
-            return Err(Error::TooLarge(format!(
-                "{} holds more than artifact_max_entries ({max_entries}) entries",
-                req.path
-            )));
-        }
+        let list = self.listing(agent, &req.path).await?;
         let max = self.ctx.config.artifact_max_file_bytes;
-        let total: u64 = list
-            .entries
-            .iter()
-            .filter(|e| e.kind == EntryType::File)
-            .map(|e| e.size)
-            .sum();
-        if total > max {
-            return Err(too_large(max));
-        }
         let root = list.path.trim_end_matches('/').to_string();
         let zip_path = Scratch(Some(self.artifact_scratch()?));
         let part = Scratch(Some(self.artifact_scratch()?));
@@ -243,42 +224,15 @@ impl Artifacts {
             }
             let mode = e.mode & 0o7777;
             match e.kind {
-                EntryType::Dir => {
-                    let z = zip.clone();
-                    blocking(move || {
-                        let opts = zip::write::SimpleFileOptions::default().unix_permissions(mode);
-                        with_zip(&z, |w| w.add_directory(format!("{rel}/"), opts))
-                    })
-                    .await?;
-                }
+                EntryType::Dir => zip_dir(&zip, rel, mode).await?,
                 EntryType::File => {
-                    let resp = match tokio::time::timeout(AGENT_CALL, agent.download(&e.path)).await
-                    {
-                        Ok(Ok(r)) => r,
-                        // Gone or unreadable since the listing: left out.
-                        Ok(Err(err)) if matches!(err.status(), Some(403 | 404)) => continue,
-                        Ok(Err(err)) => return Err(agent_error(&e.path, err)),
-                        Err(_) => {
-                            return Err(Error::Agent("the agent's download timed out".into()));
-                        }
+                    // Gone or unreadable since the listing: left out.
+                    let Some(resp) = download(agent, &e.path).await? else {
+                        continue;
                     };
                     let n = body_to_file(resp, part.path(), max - written).await?;
                     written += n;
-                    let z = zip.clone();
-                    let src = part.path().to_path_buf();
-                    blocking(move || {
-                        let opts = zip::write::SimpleFileOptions::default()
-                            .compression_method(zip::CompressionMethod::Deflated)
-                            .unix_permissions(mode)
-                            .large_file(n >= u32::MAX as u64);
-                        let mut f = std::fs::File::open(&src)?;
-                        with_zip(&z, |w| {
-                            w.start_file(rel, opts)?;
-                            std::io::copy(&mut f, w)?;
-                            Ok(())
-                        })
-                    })
-                    .await?;
+                    zip_entry(&zip, part.path(), rel, mode, n).await?;
                 }
                 // Links and special files are not followed (no loops, nothing outside).
                 EntryType::Symlink | EntryType::Other => {}
@@ -306,6 +260,77 @@ impl Artifacts {
             &file,
         )
         .await
+    }
+
+    /// The agent's listing of directory `path` for a publish, refused (413) past
+    /// `artifact_max_entries` entries or `artifact_max_file_bytes` of files.
+    async fn listing(
+        &self,
+        agent: &AgentClient,
+        path: &str,
+    ) -> Result<berth_protocol::ListResponse> {
+        let list = tokio::time::timeout(AGENT_CALL, agent.list(path, MAX_DEPTH))
+            .await
+            .map_err(|_| Error::Agent("the agent's listing timed out".into()))?
+            .map_err(|e| agent_error(path, e))?;
+        let max_entries = self.ctx.config.artifact_max_entries;
+        if list.entries.len() > max_entries {
+            return Err(Error::TooLarge(format!(
+                "{path} holds more than artifact_max_entries ({max_entries}) entries"
+            )));
+        }
+        let max = self.ctx.config.artifact_max_file_bytes;
+        let total: u64 = list
+            .entries
+            .iter()
+            .filter(|e| e.kind == EntryType::File)
+            .map(|e| e.size)
+            .sum();
+        if total > max {
+            return Err(too_large(max));
+        }
+        Ok(list)
+    }
+}
+
+type SharedZip = Arc<std::sync::Mutex<Option<zip::ZipWriter<std::fs::File>>>>;
+
+/// Adds directory `rel` to the zip.
+async fn zip_dir(zip: &SharedZip, rel: String, mode: u32) -> Result<()> {
+    let z = zip.clone();
+    blocking(move || {
+        let opts = zip::write::SimpleFileOptions::default().unix_permissions(mode);
+        with_zip(&z, |w| w.add_directory(format!("{rel}/"), opts))
+    })
+    .await
+}
+
+/// Adds the `n` bytes of `src` to the zip as file `rel`, deflated.
+async fn zip_entry(zip: &SharedZip, src: &Path, rel: String, mode: u32, n: u64) -> Result<()> {
+    let z = zip.clone();
+    let src = src.to_path_buf();
+    blocking(move || {
+        let opts = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Deflated)
+            .unix_permissions(mode)
+            .large_file(n >= u32::MAX as u64);
+        let mut f = std::fs::File::open(&src)?;
+        with_zip(&z, |w| {
+            w.start_file(rel, opts)?;
+            std::io::copy(&mut f, w)?;
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// A file's bytes from the agent; `None` when it is gone or unreadable (403, 404).
+async fn download(agent: &AgentClient, path: &str) -> Result<Option<reqwest::Response>> {
+    match tokio::time::timeout(AGENT_CALL, agent.download(path)).await {
+        Ok(Ok(r)) => Ok(Some(r)),
+        Ok(Err(err)) if matches!(err.status(), Some(403 | 404)) => Ok(None),
+        Ok(Err(err)) => Err(agent_error(path, err)),
+        Err(_) => Err(Error::Agent("the agent's download timed out".into())),
     }
 }
 

@@ -495,37 +495,7 @@ impl Sandboxes {
                         last = "it became ready only after its deadline".into();
                     }
                     Ok(()) => {
-                        // A desktop has the screen it was asked (its pool's or its create's)
-                        // before it counts as ready: one path for cold creates and pools.
-                        if self
-                            .ctx
-                            .catalog
-                            .profile(&row.profile)
-                            .is_some_and(|p| p.desktop)
-                            && let Err(reason) = self.settle_screen(&row).await
-                        {
-                            self.fail_and_destroy(id, &reason).await;
-                            return Err(Error::Unavailable(format!(
-                                "sandbox {id} failed: {reason}"
-                            )));
-                        }
-                        let now = now_ms();
-                        self.ctx.store.set_status(
-                            id,
-                            SandboxStatus::Running,
-                            SandboxUpdate {
-                                ready_at: Some(now),
-                                ..Default::default()
-                            },
-                        )?;
-                        self.ctx.event(
-                            id,
-                            EventKind::SandboxReady,
-                            json!({"after_ms": now - row.created_at}),
-                        );
-                        if let Some(pool) = &row.pool {
-                            self.warm.member_ready(pool);
-                        }
+                        self.mark_ready(&row).await?;
                         continue;
                     }
                     Err(reason) => last = reason.to_string(),
@@ -533,6 +503,41 @@ impl Sandboxes {
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
+    }
+
+    /// A sandbox whose agent answered ready: a desktop has the screen it was asked (its
+    /// pool's or its create's) before it counts as ready — one path for cold creates and
+    /// pools — and one that cannot take it fails. Then it is `running`.
+    async fn mark_ready(self: &Arc<Self>, row: &SandboxRow) -> Result<()> {
+        let id = row.id.as_str();
+        if self
+            .ctx
+            .catalog
+            .profile(&row.profile)
+            .is_some_and(|p| p.desktop)
+            && let Err(reason) = self.settle_screen(row).await
+        {
+            self.fail_and_destroy(id, &reason).await;
+            return Err(Error::Unavailable(format!("sandbox {id} failed: {reason}")));
+        }
+        let now = now_ms();
+        self.ctx.store.set_status(
+            id,
+            SandboxStatus::Running,
+            SandboxUpdate {
+                ready_at: Some(now),
+                ..Default::default()
+            },
+        )?;
+        self.ctx.event(
+            id,
+            EventKind::SandboxReady,
+            json!({"after_ms": now - row.created_at}),
+        );
+        if let Some(pool) = &row.pool {
+            self.warm.member_ready(pool);
+        }
+        Ok(())
     }
 
     /// Readiness as the profile defines it: the agent's strict `/v1/ready` for desktops,
