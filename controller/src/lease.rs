@@ -77,24 +77,20 @@ impl Leases {
         image: &str,
     ) -> Result<Lease> {
         let current = self.ctx.store.sandbox(&lease.sandbox_id)?;
-        let stale = match &current {
-            Some(row) => self.staleness(row, req, image).await,
-            None => Some("its sandbox is unknown".to_string()),
-        };
-        let reason = match (stale, &current) {
-            // Reused, at the screen asked (resized when it has another).
-            (None, Some(row)) => {
-                match self
+        let reason = match &current {
+            None => "its sandbox is unknown".to_string(),
+            Some(row) => match self.staleness(row, req, image).await {
+                Some(reason) => reason,
+                // Reused, at the screen asked (resized when it has another).
+                None => match self
                     .sandboxes
                     .claim_screen(row.clone(), want.screen.as_deref())
                     .await
                 {
                     Ok(row) => return Ok(self.lease_wire(&lease, &row, "reused")),
                     Err(e) => format!("its sandbox could not take the screen: {e}"),
-                }
-            }
-            (Some(reason), _) => reason,
-            (None, None) => "its sandbox is unknown".to_string(),
+                },
+            },
         };
         // Re-provision under the same lease; the old sandbox goes.
         tracing::info!(lease = %lease.id, %reason, "lease re-provisions");

@@ -12,11 +12,10 @@ use futures_util::future::{BoxFuture, Shared};
 use serde_json::json;
 use tokio::sync::Semaphore;
 
-use super::Sandboxes;
+use super::{Sandboxes, endpoint_update};
 use crate::lifecycle::SandboxStatus;
 use crate::provider::Endpoint;
 use crate::reconcile::Action;
-use crate::store::SandboxUpdate;
 
 /// How many destroys run at once; more wait their turn.
 pub const MAX_CONCURRENT_DESTROYS: usize = 16;
@@ -99,17 +98,7 @@ impl Sandboxes {
 
     /// Records the endpoint a provider reports for `id`, keeping it at `status`.
     fn record_endpoint(&self, id: &str, status: SandboxStatus, ep: &Endpoint) {
-        let _ = self.ctx.store.set_status(
-            id,
-            status,
-            SandboxUpdate {
-                agent_url: Some(&ep.agent_url),
-                compat_url: Some(&ep.compat_url),
-                cdp_url: ep.cdp_url.as_deref(),
-                ports: Some(&ep.ports),
-                ..Default::default()
-            },
-        );
+        let _ = self.ctx.store.set_status(id, status, endpoint_update(ep));
     }
 
     /// Stops and removes a stored sandbox in its own task; the row ends `stopped` (or keeps

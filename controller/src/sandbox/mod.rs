@@ -18,7 +18,7 @@ use serde_json::json;
 use crate::ctx::Ctx;
 use crate::error::{Error, Result};
 use crate::lifecycle::{LeaseStatus, SandboxStatus};
-use crate::provider::{Identity, Spec};
+use crate::provider::{Endpoint, Identity, Spec};
 use crate::reconcile::Action;
 use crate::store::{SandboxRow, SandboxUpdate};
 use crate::timeline::Timeline;
@@ -123,14 +123,10 @@ impl Sandboxes {
     /// Answers with how it was obtained (`warm` or `cold`).
     pub async fn provision(self: &Arc<Self>, req: &Request) -> Result<(SandboxRow, &'static str)> {
         let started = Instant::now();
-        validate_labels(&req.labels)?;
-        let req = &self.checked(req)?;
-        let (image, key) = self.resolve(&req.profile, req.image_ref.as_deref())?;
-        if let Some(row) = self.claim_warm(&key, req).await? {
-            self.ctx.metrics.claim("warm", started.elapsed());
+        let (row, warm) = self.claim_or_start(req, started).await?;
+        if warm {
             return Ok((row, "warm"));
         }
-        let row = self.start_cold(req, &image).await?;
         let row = self.clone().await_ready(row.id.clone()).await?;
         self.ctx.metrics.claim("cold", started.elapsed());
         Ok((row, "cold"))
@@ -140,22 +136,34 @@ impl Sandboxes {
     /// readiness continues in the background to the same deadline.
     pub async fn provision_nowait(self: &Arc<Self>, req: &Request) -> Result<SandboxRow> {
         let started = Instant::now();
+        let (row, warm) = self.claim_or_start(req, started).await?;
+        if !warm {
+            let me = self.clone();
+            let id = row.id.clone();
+            tokio::spawn(async move {
+                if me.clone().await_ready(id).await.is_ok() {
+                    me.ctx.metrics.claim("cold", started.elapsed());
+                }
+            });
+        }
+        Ok(row)
+    }
+
+    /// A warm member for `req` (true, its claim timed from `started`), else a cold sandbox
+    /// started for it (false), not yet ready.
+    async fn claim_or_start(
+        self: &Arc<Self>,
+        req: &Request,
+        started: Instant,
+    ) -> Result<(SandboxRow, bool)> {
         validate_labels(&req.labels)?;
         let req = &self.checked(req)?;
         let (image, key) = self.resolve(&req.profile, req.image_ref.as_deref())?;
         if let Some(row) = self.claim_warm(&key, req).await? {
             self.ctx.metrics.claim("warm", started.elapsed());
-            return Ok(row);
+            return Ok((row, true));
         }
-        let row = self.start_cold(req, &image).await?;
-        let me = self.clone();
-        let id = row.id.clone();
-        tokio::spawn(async move {
-            if me.clone().await_ready(id).await.is_ok() {
-                me.ctx.metrics.claim("cold", started.elapsed());
-            }
-        });
-        Ok(row)
+        Ok((self.start_cold(req, &image).await?, false))
     }
 
     /// `req` with its screen checked and written `WxH`.
@@ -417,17 +425,9 @@ impl Sandboxes {
         let made = tokio::spawn(async move {
             match provider.create(&spec).await {
                 Ok(ep) => {
-                    me.ctx.store.set_status(
-                        &id,
-                        SandboxStatus::Starting,
-                        SandboxUpdate {
-                            agent_url: Some(&ep.agent_url),
-                            compat_url: Some(&ep.compat_url),
-                            cdp_url: ep.cdp_url.as_deref(),
-                            ports: Some(&ep.ports),
-                            ..Default::default()
-                        },
-                    )?;
+                    me.ctx
+                        .store
+                        .set_status(&id, SandboxStatus::Starting, endpoint_update(&ep))?;
                     Ok(())
                 }
                 Err(e) => {
@@ -825,6 +825,17 @@ impl Sandboxes {
             .filter(|r| labels.iter().all(|(k, v)| r.labels.get(k) == Some(v)))
             .map(|r| self.to_wire(r))
             .collect())
+    }
+}
+
+/// What a status change records of the endpoint a provider reports.
+fn endpoint_update(ep: &Endpoint) -> SandboxUpdate<'_> {
+    SandboxUpdate {
+        agent_url: Some(&ep.agent_url),
+        compat_url: Some(&ep.compat_url),
+        cdp_url: ep.cdp_url.as_deref(),
+        ports: Some(&ep.ports),
+        ..Default::default()
     }
 }
 

@@ -94,16 +94,8 @@ pub const COMMAND_OUTPUT: Operation = v1(Operation::get(
         "WebSocket, SSE or long-poll until the command ends",
     ),
     Param::query("max_bytes", int, "at most this many bytes"),
-    Param::query(
-        "timeout_ms",
-        int,
-        "long-poll: answer after this long even when empty",
-    ),
-    Param::query(
-        "stall_ms",
-        int,
-        "drop a follower that reads nothing this long",
-    ),
+    LONG_POLL_TIMEOUT,
+    STALL_FOLLOWER,
 ])
 .answers(&[
     Answer::json("200", "chunks from from_seq", schema::<OutputPage>),
@@ -184,6 +176,18 @@ pub const PTY_RESIZE: Operation = v1(Operation::post(
 ))
 .body(Body::json(schema::<PtySize>))
 .answers(&[Answer::json("200", "the session", schema::<PtyInfo>)]);
+
+/// A follow's long-poll bound and its stall bound (command output, events).
+const LONG_POLL_TIMEOUT: Param = Param::query(
+    "timeout_ms",
+    int,
+    "long-poll: answer after this long even when empty",
+);
+const STALL_FOLLOWER: Param = Param::query(
+    "stall_ms",
+    int,
+    "drop a follower that reads nothing this long",
+);
 
 const STALL_CLIENT: Param = Param::query(
     "stall_ms",
@@ -301,16 +305,8 @@ pub const EVENTS: Operation = v1(Operation::get(
     Param::query("from_seq", int, "first seq"),
     Param::query("follow", boolean, "WebSocket, SSE or long-poll"),
     Param::query("limit", int, "at most this many events (1..10000)"),
-    Param::query(
-        "timeout_ms",
-        int,
-        "long-poll: answer after this long even when empty",
-    ),
-    Param::query(
-        "stall_ms",
-        int,
-        "drop a follower that reads nothing this long",
-    ),
+    LONG_POLL_TIMEOUT,
+    STALL_FOLLOWER,
 ])
 .answers(&[
     Answer::json("200", "a page of events", schema::<EventsPage>),
