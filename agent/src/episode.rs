@@ -326,76 +326,65 @@ impl State {
         Ok(())
     }
 
-    fn append(&mut self, limits: &Limits, a: Action, dropped_before: u64) -> std::io::Result<()> {
+    fn append(
+        &mut self,
+        limits: &Limits,
+        mut a: Action,
+        dropped_before: u64,
+    ) -> std::io::Result<()> {
         let seq = self.next_seq;
         self.next_seq += 1;
-        let at = SystemTime::now() - a.started.elapsed();
-        let mut e = Map::new();
-        e.insert("seq".into(), json!(seq));
-        e.insert("at".into(), json!(crate::time::rfc3339(at)));
-        let at_ms = at
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
-        e.insert("at_ms".into(), json!(at_ms));
-        e.insert("source".into(), json!(a.source.as_str()));
-        if let Some(d) = a.dialect {
-            e.insert("dialect".into(), json!(d));
-        }
-        e.insert("action".into(), a.action);
-        if let Some((i, n)) = a.batch {
-            e.insert("batch".into(), json!({"index": i, "size": n}));
-        }
-        e.insert("duration_ms".into(), json!(a.duration.as_millis() as u64));
-        if let Some((waited, timed_out)) = a.settled {
-            e.insert("settled_ms".into(), json!(waited.as_millis() as u64));
-            e.insert("settle_timed_out".into(), json!(timed_out));
-        }
-        if let Some(err) = a.error {
-            e.insert("error".into(), json!(err));
-        }
-        if let Some((x, y)) = a.cursor {
-            e.insert("cursor".into(), json!([x, y]));
-        }
-        if dropped_before > 0 {
-            e.insert("dropped_before".into(), json!(dropped_before));
-        }
-        if !a.media.is_empty() {
-            let recs: Vec<Value> = a
-                .media
-                .iter()
-                .map(|(id, m, s)| {
-                    let mut r = json!({"id": id, "media_ms": m});
-                    if let Some(s) = s {
-                        r["screenshot_media_ms"] = json!(s);
-                    }
-                    r
-                })
-                .collect();
-            e.insert("recordings".into(), Value::Array(recs));
-        }
-        if let Some((shot, _)) = &a.screenshot {
-            let name = format!("{seq:06}.{}", extension(shot.mime));
-            e.insert("screenshot".into(), json!(name));
-            e.insert("screenshot_size".into(), json!([shot.width, shot.height]));
-            let len = shot.bytes.len() as u64;
-            if len <= limits.max_screenshot_bytes {
-                let path = self.shots_dir().join(&name);
-                let mut f = open_private(&path, false)?;
-                f.write_all(&shot.bytes)?;
-                self.shots.push_back(Kept {
-                    seq,
-                    name,
-                    bytes: len,
-                });
-                self.shot_bytes += len;
-            } else {
-                e.insert("screenshot_dropped".into(), json!(true));
-            }
+        let screenshot = a.screenshot.take();
+        let mut e = entry(seq, a, dropped_before);
+        if let Some((shot, _)) = &screenshot {
+            self.keep_screenshot(limits, &mut e, seq, shot)?;
         }
         let v = Value::Object(e);
         let line = format!("{v}\n");
         self.entries.push_back(v);
+        let rewrite = self.enforce_limits(limits);
+        if rewrite {
+            self.rewrite()
+        } else {
+            match self.file.as_mut() {
+                Some(f) => f.write_all(line.as_bytes()),
+                None => self.rewrite(),
+            }
+        }
+    }
+
+    /// Names the entry's screenshot and writes it to the screenshots dir, or marks it dropped
+    /// when it alone is over the byte limit.
+    fn keep_screenshot(
+        &mut self,
+        limits: &Limits,
+        e: &mut Map<String, Value>,
+        seq: u64,
+        shot: &Shot,
+    ) -> std::io::Result<()> {
+        let name = format!("{seq:06}.{}", extension(shot.mime));
+        e.insert("screenshot".into(), json!(name));
+        e.insert("screenshot_size".into(), json!([shot.width, shot.height]));
+        let len = shot.bytes.len() as u64;
+        if len <= limits.max_screenshot_bytes {
+            let path = self.shots_dir().join(&name);
+            let mut f = open_private(&path, false)?;
+            f.write_all(&shot.bytes)?;
+            self.shots.push_back(Kept {
+                seq,
+                name,
+                bytes: len,
+            });
+            self.shot_bytes += len;
+        } else {
+            e.insert("screenshot_dropped".into(), json!(true));
+        }
+        Ok(())
+    }
+
+    /// Drops the oldest entries (a tenth more than the excess) and screenshots over the
+    /// limits; says whether the log must be rewritten (entries went).
+    fn enforce_limits(&mut self, limits: &Limits) -> bool {
         let mut rewrite = false;
         if self.entries.len() > limits.max_entries {
             // A tenth at a time, so the rewrite is rare.
@@ -415,14 +404,7 @@ impl State {
         while self.shot_bytes > limits.max_screenshot_bytes && self.shots.len() > 1 {
             self.drop_oldest_shot();
         }
-        if rewrite {
-            self.rewrite()
-        } else {
-            match self.file.as_mut() {
-                Some(f) => f.write_all(line.as_bytes()),
-                None => self.rewrite(),
-            }
-        }
+        rewrite
     }
 
     fn drop_oldest_shot(&mut self) {
@@ -456,6 +438,61 @@ impl State {
         self.rewrite()?;
         Ok(n)
     }
+}
+
+/// An action's log entry but for its screenshot: `seq`, when it started, what it was and
+/// how it went.
+fn entry(seq: u64, a: Action, dropped_before: u64) -> Map<String, Value> {
+    let at = SystemTime::now() - a.started.elapsed();
+    let mut e = Map::new();
+    e.insert("seq".into(), json!(seq));
+    e.insert("at".into(), json!(crate::time::rfc3339(at)));
+    let at_ms = at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    e.insert("at_ms".into(), json!(at_ms));
+    e.insert("source".into(), json!(a.source.as_str()));
+    if let Some(d) = a.dialect {
+        e.insert("dialect".into(), json!(d));
+    }
+    e.insert("action".into(), a.action);
+    if let Some((i, n)) = a.batch {
+        e.insert("batch".into(), json!({"index": i, "size": n}));
+    }
+    e.insert("duration_ms".into(), json!(a.duration.as_millis() as u64));
+    if let Some((waited, timed_out)) = a.settled {
+        e.insert("settled_ms".into(), json!(waited.as_millis() as u64));
+        e.insert("settle_timed_out".into(), json!(timed_out));
+    }
+    if let Some(err) = a.error {
+        e.insert("error".into(), json!(err));
+    }
+    if let Some((x, y)) = a.cursor {
+        e.insert("cursor".into(), json!([x, y]));
+    }
+    if dropped_before > 0 {
+        e.insert("dropped_before".into(), json!(dropped_before));
+    }
+    if !a.media.is_empty() {
+        e.insert("recordings".into(), recordings(&a.media));
+    }
+    e
+}
+
+/// The live recordings' media times of an action: at its start and at its screenshot.
+fn recordings(media: &[(String, u64, Option<u64>)]) -> Value {
+    let recs: Vec<Value> = media
+        .iter()
+        .map(|(id, m, s)| {
+            let mut r = json!({"id": id, "media_ms": m});
+            if let Some(s) = s {
+                r["screenshot_media_ms"] = json!(s);
+            }
+            r
+        })
+        .collect();
+    Value::Array(recs)
 }
 
 /// A page of the log.

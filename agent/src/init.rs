@@ -35,34 +35,9 @@ pub fn main(args: &[String]) -> i32 {
     };
     let stopping = Arc::new(AtomicBool::new(false));
     let agent = Arc::new(AtomicI32::new(0));
-    {
-        let (stopping, agent) = (stopping.clone(), agent.clone());
-        let mut signals = match signal_hook::iterator::Signals::new([
-            signal_hook::consts::SIGTERM,
-            signal_hook::consts::SIGINT,
-        ]) {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("berth-agent init: signal handlers: {e}");
-                return 1;
-            }
-        };
-        std::thread::spawn(move || {
-            for _ in signals.forever() {
-                stopping.store(true, Ordering::SeqCst);
-                let pid = agent.load(Ordering::SeqCst);
-                if pid > 0 {
-                    let _ = kill(Pid::from_raw(pid), Signal::SIGINT);
-                }
-                // A hung shutdown must not keep the container up for ever.
-                std::thread::spawn(|| {
-                    std::thread::sleep(SHUTDOWN_GRACE);
-                    eprintln!("berth-agent init: shutdown took too long; killing what is left");
-                    let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
-                    std::process::exit(1);
-                });
-            }
-        });
+    if let Err(e) = watch_signals(stopping.clone(), agent.clone()) {
+        eprintln!("berth-agent init: signal handlers: {e}");
+        return 1;
     }
     let mut delay = BACKOFF_FIRST;
     loop {
@@ -86,35 +61,12 @@ pub fn main(args: &[String]) -> i32 {
             let _ = kill(Pid::from_raw(pid), Signal::SIGINT);
         }
         // Reap everything; the agent's end decides what happens next.
-        let status = loop {
-            match waitpid(Pid::from_raw(-1), None) {
-                Ok(WaitStatus::Exited(p, code)) if p.as_raw() == pid => {
-                    break format!("exit code {code}");
-                }
-                Ok(WaitStatus::Signaled(p, sig, _)) if p.as_raw() == pid => {
-                    break format!("signal {sig}");
-                }
-                Ok(_) => continue,
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(nix::errno::Errno::ECHILD) => break "gone".to_string(),
-                Err(e) => {
-                    eprintln!("berth-agent init: waitpid: {e}");
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-            }
-        };
+        let status = reap_until_agent_ends(pid);
         agent.store(0, Ordering::SeqCst);
         drop(child);
         if stopping.load(Ordering::SeqCst) {
             // The full shutdown has run; collect what it left and leave.
-            while let Ok(s) = waitpid(
-                Pid::from_raw(-1),
-                Some(nix::sys::wait::WaitPidFlag::WNOHANG),
-            ) {
-                if s == WaitStatus::StillAlive {
-                    break;
-                }
-            }
+            reap_leftovers();
             return 0;
         }
         if started.elapsed() >= STABLE {
@@ -123,5 +75,65 @@ pub fn main(args: &[String]) -> i32 {
         eprintln!("berth-agent init: the agent ended ({status}); starting it again in {delay:?}");
         std::thread::sleep(delay);
         delay = (delay * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// Installs the SIGTERM and SIGINT handlers: on either, init is `stopping`, the running
+/// `agent` (its pid, 0 for none) gets SIGINT, and whatever is left is killed after
+/// [`SHUTDOWN_GRACE`].
+fn watch_signals(stopping: Arc<AtomicBool>, agent: Arc<AtomicI32>) -> std::io::Result<()> {
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ])?;
+    std::thread::spawn(move || {
+        for _ in signals.forever() {
+            stopping.store(true, Ordering::SeqCst);
+            let pid = agent.load(Ordering::SeqCst);
+            if pid > 0 {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGINT);
+            }
+            // A hung shutdown must not keep the container up for ever.
+            std::thread::spawn(|| {
+                std::thread::sleep(SHUTDOWN_GRACE);
+                eprintln!("berth-agent init: shutdown took too long; killing what is left");
+                let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
+                std::process::exit(1);
+            });
+        }
+    });
+    Ok(())
+}
+
+/// Reaps every child that ends until the agent (`pid`) does; says how it ended.
+fn reap_until_agent_ends(pid: i32) -> String {
+    loop {
+        match waitpid(Pid::from_raw(-1), None) {
+            Ok(WaitStatus::Exited(p, code)) if p.as_raw() == pid => {
+                break format!("exit code {code}");
+            }
+            Ok(WaitStatus::Signaled(p, sig, _)) if p.as_raw() == pid => {
+                break format!("signal {sig}");
+            }
+            Ok(_) => continue,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(nix::errno::Errno::ECHILD) => break "gone".to_string(),
+            Err(e) => {
+                eprintln!("berth-agent init: waitpid: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+/// Reaps the children that have already ended, without waiting for the others.
+fn reap_leftovers() {
+    while let Ok(s) = waitpid(
+        Pid::from_raw(-1),
+        Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+    ) {
+        if s == WaitStatus::StillAlive {
+            break;
+        }
     }
 }

@@ -92,6 +92,35 @@ pub struct PtySession {
 }
 
 impl PtySession {
+    /// A session just started: `p.program` as `pid` on a `cols`×`rows` terminal, its output
+    /// empty, its input sent to `input`.
+    fn new(
+        p: &Prepared,
+        pid: Option<u32>,
+        (cols, rows): (u16, u16),
+        master: Box<dyn MasterPty + Send>,
+        input: mpsc::Sender<Input>,
+    ) -> Arc<PtySession> {
+        Arc::new(PtySession {
+            id: new_pty_id(),
+            cmd: p.program.clone(),
+            pid,
+            started_at: crate::time::now_rfc3339(),
+            status: Mutex::new(Status {
+                cols,
+                rows,
+                exit: None,
+                ended_at: None,
+                closed: false,
+            }),
+            ring: Mutex::new(Ring::new(SCROLLBACK)),
+            master: Mutex::new(master),
+            input,
+            changed: watch::channel(0).0,
+            attached: AtomicUsize::new(0),
+        })
+    }
+
     fn status(&self) -> std::sync::MutexGuard<'_, Status> {
         self.status.locked()
     }
@@ -238,7 +267,51 @@ impl PtyTable {
                 pixel_height: 0,
             })
             .map_err(|e| ExecError::Internal(format!("openpty: {e}")))?;
-        // portable-pty cannot switch users itself: hop through `berth-agent exec-as`.
+        let builder = self.command(&p);
+        let child = pair.slave.spawn_command(builder).map_err(|e| {
+            let errno = e
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.raw_os_error())
+                .unwrap_or(libc::ENOENT);
+            ExecError::Spawn(crate::exec::spawn::SpawnFailure {
+                errno,
+                subject: p.program[0].clone(),
+            })
+        })?;
+        drop(pair.slave);
+        let pid = child.process_id();
+        // The reaper owns waiting; the handle is only kept to not kill on drop.
+        drop(child);
+        let reader = pair
+            .master
+            .try_clone_reader()
+            .map_err(|e| ExecError::Internal(format!("pty reader: {e}")))?;
+        let writer = pair
+            .master
+            .take_writer()
+            .map_err(|e| ExecError::Internal(format!("pty writer: {e}")))?;
+        let (input_tx, input_rx) = mpsc::channel(INPUT_QUEUE);
+        let session = PtySession::new(&p, pid, (cols, rows), pair.master, input_tx);
+        let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
+        spawn_reader(session.clone(), reader, drained_tx);
+        spawn_writer(writer, input_rx);
+        if let Some(pid) = pid {
+            self.report_exit(&session, pid, drained_rx);
+        }
+        self.events.emit(
+            EventKind::PtyOpened,
+            json!({"id": session.id, "cmd": session.cmd, "pid": pid}),
+        );
+        self.sessions
+            .locked()
+            .insert(session.id.clone(), session.clone());
+        Ok(session)
+    }
+
+    /// The command that runs `p.program` in its directory and environment (`TERM` set when
+    /// it has none), as `p.account`: portable-pty cannot switch users itself, so through
+    /// `berth-agent exec-as`.
+    fn command(&self, p: &Prepared) -> CommandBuilder {
         let mut argv: Vec<String> = Vec::new();
         if p.account.needs_switch() {
             let groups: Vec<String> = p.account.groups.iter().map(|g| g.to_string()).collect();
@@ -264,83 +337,40 @@ impl PtyTable {
         if !has_term {
             builder.env("TERM", "xterm-256color");
         }
-        let child = pair.slave.spawn_command(builder).map_err(|e| {
-            let errno = e
-                .downcast_ref::<std::io::Error>()
-                .and_then(|io| io.raw_os_error())
-                .unwrap_or(libc::ENOENT);
-            ExecError::Spawn(crate::exec::spawn::SpawnFailure {
-                errno,
-                subject: p.program[0].clone(),
-            })
-        })?;
-        drop(pair.slave);
-        let pid = child.process_id();
-        // The reaper owns waiting; the handle is only kept to not kill on drop.
-        drop(child);
-        let reader = pair
-            .master
-            .try_clone_reader()
-            .map_err(|e| ExecError::Internal(format!("pty reader: {e}")))?;
-        let writer = pair
-            .master
-            .take_writer()
-            .map_err(|e| ExecError::Internal(format!("pty writer: {e}")))?;
-        let (input_tx, input_rx) = mpsc::channel(INPUT_QUEUE);
-        let session = Arc::new(PtySession {
-            id: new_pty_id(),
-            cmd: p.program.clone(),
-            pid,
-            started_at: crate::time::now_rfc3339(),
-            status: Mutex::new(Status {
-                cols,
-                rows,
-                exit: None,
-                ended_at: None,
-                closed: false,
-            }),
-            ring: Mutex::new(Ring::new(SCROLLBACK)),
-            master: Mutex::new(pair.master),
-            input: input_tx,
-            changed: watch::channel(0).0,
-            attached: AtomicUsize::new(0),
-        });
-        let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
-        spawn_reader(session.clone(), reader, drained_tx);
-        spawn_writer(writer, input_rx);
-        if let Some(pid) = pid {
-            let exited = self.reaper.watch(pid);
-            let s = session.clone();
-            let events = self.events.clone();
-            tokio::spawn(async move {
-                let exit = exited.await.unwrap_or(Exit {
-                    code: None,
-                    signal: Some(libc::SIGKILL),
-                });
-                // A process the program left behind may keep the terminal open: do not wait
-                // for it longer than the drain grace.
-                let _ = tokio::time::timeout(crate::exec::shim::DRAIN_GRACE, drained_rx).await;
-                {
-                    let mut st = s.status();
-                    st.exit = Some(exit);
-                    st.ended_at = Some(crate::time::now_rfc3339());
-                    st.closed = true;
-                }
-                s.bump();
-                events.emit(
-                    EventKind::PtyClosed,
-                    json!({"id": s.id, "exit_code": exit.exit_code()}),
-                );
+        builder
+    }
+
+    /// When the terminal's program (`pid`) exits and its output is drained (or the drain
+    /// grace is up): marks the session closed with the exit and emits `pty.closed`.
+    fn report_exit(
+        &self,
+        session: &Arc<PtySession>,
+        pid: u32,
+        drained_rx: tokio::sync::oneshot::Receiver<()>,
+    ) {
+        let exited = self.reaper.watch(pid);
+        let s = session.clone();
+        let events = self.events.clone();
+        tokio::spawn(async move {
+            let exit = exited.await.unwrap_or(Exit {
+                code: None,
+                signal: Some(libc::SIGKILL),
             });
-        }
-        self.events.emit(
-            EventKind::PtyOpened,
-            json!({"id": session.id, "cmd": session.cmd, "pid": pid}),
-        );
-        self.sessions
-            .locked()
-            .insert(session.id.clone(), session.clone());
-        Ok(session)
+            // A process the program left behind may keep the terminal open: do not wait
+            // for it longer than the drain grace.
+            let _ = tokio::time::timeout(crate::exec::shim::DRAIN_GRACE, drained_rx).await;
+            {
+                let mut st = s.status();
+                st.exit = Some(exit);
+                st.ended_at = Some(crate::time::now_rfc3339());
+                st.closed = true;
+            }
+            s.bump();
+            events.emit(
+                EventKind::PtyClosed,
+                json!({"id": s.id, "exit_code": exit.exit_code()}),
+            );
+        });
     }
 
     /// Kills the terminal's program (its whole process group) and forgets the session.

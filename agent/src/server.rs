@@ -1,5 +1,6 @@
 //! Start-up, the one HTTP listener, and the lifecycle (restart vs full shutdown).
 
+use std::net::SocketAddr;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use tokio::sync::watch;
 
 use crate::account::{Account, ChildEnv, EnvInputs};
 use crate::cli::AgentArgs;
+use crate::desktop::ide::{Ide, IdeConfig};
 use crate::desktop::ready::{Loopback, Readiness};
 use crate::desktop::{Desktop, DesktopConfig};
 use crate::events::EventLog;
@@ -27,9 +29,82 @@ use crate::{Agent, ShutdownKind, api, compat};
 pub const ENDPOINTS_FILE: &str = "endpoints.json";
 
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
+    let base = prepare_base(&args)?;
+
+    if let Err(e) = crate::proc::become_subreaper() {
+        tracing::warn!(error = %e, "cannot become a subreaper; orphans may escape to init");
+    }
+    let reaper = Reaper::start().context("SIGCHLD handler")?;
+    let events = Arc::new(EventLog::open(&base.state_dir.join("events.log")).context("event log")?);
+
+    // The listeners bind before the desktop starts (clients may connect and wait for ready).
+    let listeners = bind_listeners(&args).await?;
+    let desktop = start_desktop(&args, &base, &events, &reaper).await?;
+    let display_name = match &desktop {
+        Some(d) => Some(d.display.clone()),
+        None => args.display.clone(),
+    };
+    let env = child_env(&base, display_name.as_deref(), desktop.as_deref());
+    if let Some(d) = &desktop {
+        link_session_bus(&base.runtime_dir, &d.session_bus, &base.account);
+        d.run(env.with(None));
+    }
+    let ide = start_ide(&args, &base, &events, &reaper, &env)?;
+    let session_bus = env
+        .get("DBUS_SESSION_BUS_ADDRESS")
+        .and_then(|a| a.strip_prefix("unix:path="))
+        .map(PathBuf::from);
+    let (commands, agent_exe) = start_commands(&args, &base, env, &events, &reaper)?;
+    let ptys = PtyTable::new(events.clone(), reaper.clone(), agent_exe, args.command_ttl);
+    spawn_pty_expiry(&ptys, args.command_ttl);
+    let (shutdown_tx, mut shutdown_rx) = watch::channel(None);
+    let started = Started {
+        events,
+        commands,
+        ptys,
+        desktop: desktop.clone(),
+        ide,
+        display_name: display_name.clone(),
+        session_bus,
+        cdp_bound: listeners.cdp_bound,
+    };
+    let agent = assemble_agent(&args, &base, started, shutdown_tx)?;
+    if let (Some(d), Some(l), Some(cdp)) = (&desktop, listeners.cdp, listeners.cdp_bound) {
+        crate::browser::relay::serve_relay(l, d.clone());
+        agent.readiness.start(Loopback {
+            listen: listeners.bound,
+            token: agent.token.clone(),
+            cdp_listen: cdp,
+        });
+    }
+
+    let app = router(agent.clone());
+    announce(&base, listeners.bound, listeners.cdp_bound, display_name)?;
+
+    let kind = serve_until_shutdown(&args, listeners.api, app, &mut shutdown_rx).await?;
+    shut_down(kind, &agent, &reaper).await;
+    let _ = std::fs::remove_file(base.state_dir.join(ENDPOINTS_FILE));
+    Ok(())
+}
+
+/// Where the agent keeps its state, whom commands run as and what their home needs: the
+/// first phase of start-up, before anything runs.
+struct Base {
+    state_dir: PathBuf,
+    token: String,
+    account: Account,
+    home: PathBuf,
+    runtime_dir: PathBuf,
+    xauthority: PathBuf,
+    helper_bin: PathBuf,
+}
+
+/// Creates the state dir, loads the token, picks the account and prepares its home, runtime
+/// dir and helper commands.
+fn prepare_base(args: &AgentArgs) -> anyhow::Result<Base> {
     let state_dir = args.state_dir.clone();
     make_dir(&state_dir, 0o711)?;
-    let token = load_token(&args)?;
+    let token = load_token(args)?;
 
     let account = match &args.user {
         Some(name) => Account::by_name(name)?,
@@ -41,38 +116,66 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let xauthority = home.join(".Xauthority");
     prepare_home(&home, &xauthority, &account);
     let helper_bin = write_helpers(&state_dir)?;
+    Ok(Base {
+        state_dir,
+        token,
+        account,
+        home,
+        runtime_dir,
+        xauthority,
+        helper_bin,
+    })
+}
 
-    if let Err(e) = crate::proc::become_subreaper() {
-        tracing::warn!(error = %e, "cannot become a subreaper; orphans may escape to init");
-    }
-    let reaper = Reaper::start().context("SIGCHLD handler")?;
-    let events = Arc::new(EventLog::open(&state_dir.join("events.log")).context("event log")?);
+/// The bound listeners: the HTTP one and, with a desktop, the CDP relay's.
+struct Listeners {
+    api: tokio::net::TcpListener,
+    bound: SocketAddr,
+    cdp: Option<tokio::net::TcpListener>,
+    cdp_bound: Option<SocketAddr>,
+}
 
-    // The listeners bind before the desktop starts (clients may connect and wait for ready).
-    let listener = tokio::net::TcpListener::bind(args.listen)
+/// Binds the HTTP listener and, with `--desktop`, the CDP relay's.
+async fn bind_listeners(args: &AgentArgs) -> anyhow::Result<Listeners> {
+    let api = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
-    let bound = listener.local_addr()?;
-    let cdp_listener = match args.desktop {
+    let bound = api.local_addr()?;
+    let cdp = match args.desktop {
         true => Some(crate::browser::relay::bind_relay(args.cdp_listen).await?),
         false => None,
     };
-    let cdp_bound = match &cdp_listener {
+    let cdp_bound = match &cdp {
         Some(l) => Some(l.local_addr()?),
         None => None,
     };
+    Ok(Listeners {
+        api,
+        bound,
+        cdp,
+        cdp_bound,
+    })
+}
+
+/// Starts the desktop's X server and session bus with `--desktop`; none without.
+async fn start_desktop(
+    args: &AgentArgs,
+    base: &Base,
+    events: &Arc<EventLog>,
+    reaper: &Arc<Reaper>,
+) -> anyhow::Result<Option<Arc<Desktop>>> {
     let desktop = match args.desktop {
         true => Some(
             Desktop::start(
                 DesktopConfig {
                     session: args.session,
-                    state_dir: state_dir.clone(),
-                    home: home.clone(),
-                    account: account.clone(),
+                    state_dir: base.state_dir.clone(),
+                    home: base.home.clone(),
+                    account: base.account.clone(),
                     screen: args.screen,
                     display: args.display.clone(),
                     chromium: args.chromium.clone(),
-                    xauthority: xauthority.clone(),
+                    xauthority: base.xauthority.clone(),
                 },
                 events.clone(),
                 reaper.clone(),
@@ -82,38 +185,45 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         ),
         false => None,
     };
-    let display_name = match &desktop {
-        Some(d) => Some(d.display.clone()),
-        None => args.display.clone(),
-    };
-    let env = ChildEnv::new(EnvInputs {
-        account: &account,
-        home: &home,
-        display: display_name.as_deref(),
-        xauthority: &xauthority,
-        runtime_dir: &runtime_dir,
-        helper_bin: Some(&helper_bin),
-        session_bus: desktop.as_ref().map(|d| d.session_bus.as_path()),
-        desktop_bin: desktop.as_ref().map(|d| d.bin_dir.as_path()),
-        lang: match &desktop {
+    Ok(desktop)
+}
+
+/// The environment every child of the agent starts with.
+fn child_env(base: &Base, display_name: Option<&str>, desktop: Option<&Desktop>) -> ChildEnv {
+    ChildEnv::new(EnvInputs {
+        account: &base.account,
+        home: &base.home,
+        display: display_name,
+        xauthority: &base.xauthority,
+        runtime_dir: &base.runtime_dir,
+        helper_bin: Some(&base.helper_bin),
+        session_bus: desktop.map(|d| d.session_bus.as_path()),
+        desktop_bin: desktop.map(|d| d.bin_dir.as_path()),
+        lang: match desktop {
             Some(d) => d.session().lang(),
             None => crate::desktop::SessionKind::default().lang(),
         },
-    });
-    if let Some(d) = &desktop {
-        link_session_bus(&runtime_dir, &d.session_bus, &account);
-        d.run(env.with(None));
-    }
+    })
+}
+
+/// Builds and runs the browser IDE with `--ide`; none without.
+fn start_ide(
+    args: &AgentArgs,
+    base: &Base,
+    events: &Arc<EventLog>,
+    reaper: &Arc<Reaper>,
+    env: &ChildEnv,
+) -> anyhow::Result<Option<Arc<Ide>>> {
     let ide = match args.ide {
         Some(kind) => {
-            let ide = crate::desktop::ide::Ide::new(
-                crate::desktop::ide::IdeConfig {
+            let ide = Ide::new(
+                IdeConfig {
                     kind,
                     program: args.jupyter_lab.clone(),
                     ports_prefix: args.ports_prefix.clone(),
-                    state_dir: state_dir.clone(),
-                    home: home.clone(),
-                    account: account.clone(),
+                    state_dir: base.state_dir.clone(),
+                    home: base.home.clone(),
+                    account: base.account.clone(),
                 },
                 events.clone(),
                 reaper.clone(),
@@ -124,20 +234,28 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let session_bus = env
-        .get("DBUS_SESSION_BUS_ADDRESS")
-        .and_then(|a| a.strip_prefix("unix:path="))
-        .map(PathBuf::from);
-    let commands_dir = state_dir.join("commands");
+    Ok(ide)
+}
+
+/// Starts the command table (its directory made first); also gives the agent binary's path,
+/// which command and terminal shims run from.
+fn start_commands(
+    args: &AgentArgs,
+    base: &Base,
+    env: ChildEnv,
+    events: &Arc<EventLog>,
+    reaper: &Arc<Reaper>,
+) -> anyhow::Result<(Arc<CommandTable>, PathBuf)> {
+    let commands_dir = base.state_dir.join("commands");
     make_dir(&commands_dir, 0o700)?;
     let agent_exe = std::env::current_exe().context("locating the agent binary")?;
     let commands = CommandTable::start(
         ExecConfig {
             commands_dir,
-            store_dir: state_dir.join("foreground"),
+            store_dir: base.state_dir.join("foreground"),
             agent_exe: agent_exe.clone(),
-            account: account.clone(),
-            home: home.clone(),
+            account: base.account.clone(),
+            home: base.home.clone(),
             env,
             output_cap: args.output_cap,
             ttl: args.command_ttl,
@@ -146,31 +264,55 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         reaper.clone(),
     )
     .context("command table")?;
-    let ptys = PtyTable::new(events.clone(), reaper.clone(), agent_exe, args.command_ttl);
-    {
-        let ptys = Arc::downgrade(&ptys);
-        let every = (args.command_ttl / 2).clamp(Duration::from_secs(1), Duration::from_secs(60));
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            loop {
-                tick.tick().await;
-                let Some(ptys) = ptys.upgrade() else { break };
-                ptys.expire();
-            }
-        });
-    }
-    let (shutdown_tx, mut shutdown_rx) = watch::channel(None);
+    Ok((commands, agent_exe))
+}
+
+/// Expires idle terminals every half TTL (1 s to 60 s) for as long as the table lives.
+fn spawn_pty_expiry(ptys: &Arc<PtyTable>, ttl: Duration) {
+    let ptys = Arc::downgrade(ptys);
+    let every = (ttl / 2).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tick.tick().await;
+            let Some(ptys) = ptys.upgrade() else { break };
+            ptys.expire();
+        }
+    });
+}
+
+/// What start-up has running by the time the agent's shared state is put together.
+struct Started {
+    events: Arc<EventLog>,
+    commands: Arc<CommandTable>,
+    ptys: Arc<PtyTable>,
+    desktop: Option<Arc<Desktop>>,
+    ide: Option<Arc<Ide>>,
+    display_name: Option<String>,
+    session_bus: Option<PathBuf>,
+    cdp_bound: Option<SocketAddr>,
+}
+
+/// Opens the display, recordings, episode log, accessibility tree and browser toolset, and
+/// puts them with what has `started` into the agent's shared state.
+fn assemble_agent(
+    args: &AgentArgs,
+    base: &Base,
+    started: Started,
+    shutdown: watch::Sender<Option<ShutdownKind>>,
+) -> anyhow::Result<Arc<Agent>> {
+    let desktop = started.desktop;
     let display = crate::display::Display::new(
-        display_name.clone(),
+        started.display_name,
         desktop.as_ref().map(|d| d.x_cookie),
         args.settle,
     );
-    let recorder = crate::record::Recorder::open(&display, &state_dir, events.clone())
+    let recorder = crate::record::Recorder::open(&display, &base.state_dir, started.events.clone())
         .context("recordings directory")?;
-    let episode = crate::episode::Episode::open(&state_dir, crate::episode::Limits::default())
+    let episode = crate::episode::Episode::open(&base.state_dir, crate::episode::Limits::default())
         .context("episode log")?;
     let a11y = Arc::new(crate::a11y::A11y::new(
-        session_bus,
+        started.session_bus,
         desktop.as_ref().map(|d| d.x_target()),
     ));
     let browser_toolset = Arc::new(
@@ -178,41 +320,41 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             .map_err(anyhow::Error::msg)
             .context("--browser-toolset-enable")?,
     );
-    let agent = Arc::new(Agent {
-        token,
+    Ok(Arc::new(Agent {
+        token: base.token.clone(),
         compat_auth: args.compat_auth,
-        state_dir: state_dir.clone(),
-        home: home.clone(),
-        account_name: account.name.clone(),
-        events,
-        commands: commands.clone(),
-        ptys: ptys.clone(),
-        files: crate::fs::Files::new(home.clone(), account.uid, account.gid),
+        state_dir: base.state_dir.clone(),
+        home: base.home.clone(),
+        account_name: base.account.name.clone(),
+        events: started.events,
+        commands: started.commands,
+        ptys: started.ptys,
+        files: crate::fs::Files::new(base.home.clone(), base.account.uid, base.account.gid),
         display,
-        recorder: recorder.clone(),
-        episode: episode.clone(),
+        recorder,
+        episode,
         viewers: crate::viewers::Viewers::default(),
         desktop: desktop.clone(),
-        readiness: Readiness::new(desktop.clone(), ide.clone(), a11y.clone()),
-        ide: ide.clone(),
-        cdp_listen: cdp_bound,
+        readiness: Readiness::new(desktop, started.ide.clone(), a11y.clone()),
+        ide: started.ide,
+        cdp_listen: started.cdp_bound,
         browser_toolset,
         novnc_dir: args.novnc_dir.clone(),
         a11y,
-        shutdown: shutdown_tx,
-    });
-    if let (Some(d), Some(l), Some(cdp)) = (&desktop, cdp_listener, cdp_bound) {
-        crate::browser::relay::serve_relay(l, d.clone());
-        agent.readiness.start(Loopback {
-            listen: bound,
-            token: agent.token.clone(),
-            cdp_listen: cdp,
-        });
-    }
+        shutdown,
+    }))
+}
 
-    let app = router(agent.clone());
+/// Tells the launcher which addresses the agent bound (the endpoints file) and logs that it
+/// is ready.
+fn announce(
+    base: &Base,
+    bound: SocketAddr,
+    cdp_bound: Option<SocketAddr>,
+    display_name: Option<String>,
+) -> anyhow::Result<()> {
     crate::exec::record::write_json(
-        &state_dir,
+        &base.state_dir,
         ENDPOINTS_FILE,
         &json!({
             "listen": bound.to_string(),
@@ -223,12 +365,22 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     )?;
     tracing::info!(
         listen = %bound,
-        user = %account.name,
-        home = %home.display(),
-        state_dir = %state_dir.display(),
+        user = %base.account.name,
+        home = %base.home.display(),
+        state_dir = %base.state_dir.display(),
         "berth-agent ready"
     );
+    Ok(())
+}
 
+/// Serves until the server ends, a signal comes (SIGTERM: restart, SIGINT: full) or the API
+/// asks for a shutdown; says which kind of shutdown follows.
+async fn serve_until_shutdown(
+    args: &AgentArgs,
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown_rx: &mut watch::Receiver<Option<ShutdownKind>>,
+) -> anyhow::Result<ShutdownKind> {
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
     let limits = berth_protocol::serve::Limits {
@@ -243,29 +395,36 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         _ = sigint.recv() => ShutdownKind::Full,
         _ = shutdown_rx.wait_for(Option::is_some) => ShutdownKind::Full,
     };
+    Ok(kind)
+}
+
+/// Flushes the episode log, ends recordings and desktop components, then ends commands:
+/// a restart keeps background commands running, a full shutdown ends every command tree.
+async fn shut_down(kind: ShutdownKind, agent: &Agent, reaper: &Reaper) {
     // What the episode log has queued is written before the agent goes.
-    episode.flush(Duration::from_secs(2)).await;
+    agent.episode.flush(Duration::from_secs(2)).await;
     // Recordings end properly either way: their files are complete and say how long they are.
+    let recorder = agent.recorder.clone();
     tokio::task::spawn_blocking(move || recorder.shutdown())
         .await
         .ok();
     // Desktop components stop with the agent on any exit; the next agent starts them afresh.
-    if let Some(d) = &desktop {
+    if let Some(d) = &agent.desktop {
         d.shutdown().await;
     }
-    if let Some(i) = &ide {
+    if let Some(i) = &agent.ide {
         i.shutdown().await;
     }
     match kind {
         ShutdownKind::Restart => {
             tracing::info!("SIGTERM: restarting; background commands keep running");
-            commands.kill_foreground();
-            ptys.kill_all();
+            agent.commands.kill_foreground();
+            agent.ptys.kill_all();
         }
         ShutdownKind::Full => {
             tracing::info!("full shutdown: ending every command tree");
-            commands.kill_all().await;
-            ptys.kill_all();
+            agent.commands.kill_all().await;
+            agent.ptys.kill_all();
             let me = std::process::id();
             tokio::task::spawn_blocking(move || {
                 crate::proc::kill_descendants(me, Duration::from_secs(3))
@@ -275,8 +434,6 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             reaper.reap_all();
         }
     }
-    let _ = std::fs::remove_file(state_dir.join(ENDPOINTS_FILE));
-    Ok(())
 }
 
 /// Both surfaces, every operation of the agent's document bound once (checked here: a route

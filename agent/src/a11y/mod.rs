@@ -362,126 +362,15 @@ fn node<'a>(
     depth: usize,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<Node>> + Send + 'a>> {
     Box::pin(async move {
-        let (role, name, state, attrs, ifaces) = tokio::join!(
-            call::<_, String>(conn, r, ACCESSIBLE, "GetRoleName", &()),
-            property(conn, r, ACCESSIBLE, "Name"),
-            call::<_, Vec<u32>>(conn, r, ACCESSIBLE, "GetState", &()),
-            call::<_, std::collections::HashMap<String, String>>(
-                conn,
-                r,
-                ACCESSIBLE,
-                "GetAttributes",
-                &()
-            ),
-            call::<_, Vec<String>>(conn, r, ACCESSIBLE, "GetInterfaces", &()),
+        let (mut n, ifaces) = bare_node(conn, r).await?;
+        let shown = n.has_state("visible") && n.has_state("showing");
+        let (geometry, text, value, actions, kids) = tokio::join!(
+            extents(conn, r, &ifaces, shown),
+            text_of(conn, r, &ifaces),
+            value_of(conn, r, &ifaces),
+            actions_of(conn, r, &ifaces),
+            child_nodes(conn, r, depth),
         );
-        let role = role.ok()?;
-        let role = match role.trim() {
-            "" => "unknown".to_string(),
-            r => r.replace(' ', "-"),
-        };
-        let name = name
-            .ok()
-            .and_then(|v| String::try_from(v).ok())
-            .unwrap_or_default();
-        let bits = state.unwrap_or_default();
-        let states: Vec<String> = STATES
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| bits.get(i / 32).is_some_and(|w| w & (1 << (i % 32)) != 0))
-            .map(|(_, n)| n.to_string())
-            .collect();
-        let ifaces = ifaces.unwrap_or_default();
-        let has = |i: &str| ifaces.iter().any(|x| x == i);
-        let mut n = Node {
-            role,
-            name,
-            attributes: attrs.unwrap_or_default().into_iter().collect(),
-            image: has("org.a11y.atspi.Image"),
-            selection: has("org.a11y.atspi.Selection"),
-            ..Default::default()
-        };
-        n.states = states;
-        let geometry = async {
-            if has("org.a11y.atspi.Component") && n.has_state("visible") && n.has_state("showing") {
-                call::<_, (i32, i32, i32, i32)>(
-                    conn,
-                    r,
-                    "org.a11y.atspi.Component",
-                    "GetExtents",
-                    &(0u32,),
-                )
-                .await
-                .ok()
-            } else {
-                None
-            }
-        };
-        let text = async {
-            if has("org.a11y.atspi.Text") {
-                call::<_, String>(conn, r, "org.a11y.atspi.Text", "GetText", &(0i32, -1i32))
-                    .await
-                    .ok()
-                    .map(|t| t.replace(['\u{fffc}', '\u{fffd}'], ""))
-            } else {
-                None
-            }
-        };
-        let value = async {
-            if has("org.a11y.atspi.Value") {
-                let iface = "org.a11y.atspi.Value";
-                let (c, lo, hi, step) = tokio::join!(
-                    property(conn, r, iface, "CurrentValue"),
-                    property(conn, r, iface, "MinimumValue"),
-                    property(conn, r, iface, "MaximumValue"),
-                    property(conn, r, iface, "MinimumIncrement"),
-                );
-                Some(Value {
-                    current: f64_of(c),
-                    min: f64_of(lo),
-                    max: f64_of(hi),
-                    step: f64_of(step),
-                })
-            } else {
-                None
-            }
-        };
-        let actions = async {
-            if has("org.a11y.atspi.Action") {
-                call::<_, Vec<(String, String, String)>>(
-                    conn,
-                    r,
-                    "org.a11y.atspi.Action",
-                    "GetActions",
-                    &(),
-                )
-                .await
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(name, description, keybinding)| Action {
-                    name,
-                    description,
-                    keybinding,
-                })
-                .collect()
-            } else {
-                Vec::new()
-            }
-        };
-        let kids = async {
-            if depth >= MAX_DEPTH {
-                return Vec::new();
-            }
-            let mut refs = children(conn, r).await.unwrap_or_default();
-            refs.truncate(MAX_CHILDREN);
-            join_all(refs.iter().map(|c| node(conn, c, depth + 1)))
-                .await
-                .into_iter()
-                .flatten()
-                .collect()
-        };
-        let (geometry, text, value, actions, kids) =
-            tokio::join!(geometry, text, value, actions, kids);
         if let Some((x, y, w, h)) = geometry {
             n.screencoord = Some((x, y));
             n.size = Some((w, h));
@@ -492,6 +381,149 @@ fn node<'a>(
         n.children = kids;
         Some(n)
     })
+}
+
+/// A node's role, name, states and attributes (asked at once), and the interfaces it offers;
+/// `None` when it does not tell its role.
+async fn bare_node(conn: &zbus::Connection, r: &Ref) -> Option<(Node, Vec<String>)> {
+    let (role, name, state, attrs, ifaces) = tokio::join!(
+        call::<_, String>(conn, r, ACCESSIBLE, "GetRoleName", &()),
+        property(conn, r, ACCESSIBLE, "Name"),
+        call::<_, Vec<u32>>(conn, r, ACCESSIBLE, "GetState", &()),
+        call::<_, std::collections::HashMap<String, String>>(
+            conn,
+            r,
+            ACCESSIBLE,
+            "GetAttributes",
+            &()
+        ),
+        call::<_, Vec<String>>(conn, r, ACCESSIBLE, "GetInterfaces", &()),
+    );
+    let role = role.ok()?;
+    let role = match role.trim() {
+        "" => "unknown".to_string(),
+        r => r.replace(' ', "-"),
+    };
+    let name = name
+        .ok()
+        .and_then(|v| String::try_from(v).ok())
+        .unwrap_or_default();
+    let bits = state.unwrap_or_default();
+    let states = state_names(&bits);
+    let ifaces = ifaces.unwrap_or_default();
+    let mut n = Node {
+        role,
+        name,
+        attributes: attrs.unwrap_or_default().into_iter().collect(),
+        image: offers(&ifaces, "org.a11y.atspi.Image"),
+        selection: offers(&ifaces, "org.a11y.atspi.Selection"),
+        ..Default::default()
+    };
+    n.states = states;
+    Some((n, ifaces))
+}
+
+/// The names of the states set in an AT-SPI state bit set.
+fn state_names(bits: &[u32]) -> Vec<String> {
+    STATES
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| bits.get(i / 32).is_some_and(|w| w & (1 << (i % 32)) != 0))
+        .map(|(_, n)| n.to_string())
+        .collect()
+}
+
+/// Whether `ifaces` holds the interface `iface`.
+fn offers(ifaces: &[String], iface: &str) -> bool {
+    ifaces.iter().any(|x| x == iface)
+}
+
+/// Where a shown component is on screen (x, y, width, height); `None` for anything else.
+async fn extents(
+    conn: &zbus::Connection,
+    r: &Ref,
+    ifaces: &[String],
+    shown: bool,
+) -> Option<(i32, i32, i32, i32)> {
+    if offers(ifaces, "org.a11y.atspi.Component") && shown {
+        call::<_, (i32, i32, i32, i32)>(conn, r, "org.a11y.atspi.Component", "GetExtents", &(0u32,))
+            .await
+            .ok()
+    } else {
+        None
+    }
+}
+
+/// A text object's text, without the object-replacement and replacement characters.
+async fn text_of(conn: &zbus::Connection, r: &Ref, ifaces: &[String]) -> Option<String> {
+    if offers(ifaces, "org.a11y.atspi.Text") {
+        call::<_, String>(conn, r, "org.a11y.atspi.Text", "GetText", &(0i32, -1i32))
+            .await
+            .ok()
+            .map(|t| t.replace(['\u{fffc}', '\u{fffd}'], ""))
+    } else {
+        None
+    }
+}
+
+/// A value object's current value and range (its four properties asked at once).
+async fn value_of(conn: &zbus::Connection, r: &Ref, ifaces: &[String]) -> Option<Value> {
+    if offers(ifaces, "org.a11y.atspi.Value") {
+        let iface = "org.a11y.atspi.Value";
+        let (c, lo, hi, step) = tokio::join!(
+            property(conn, r, iface, "CurrentValue"),
+            property(conn, r, iface, "MinimumValue"),
+            property(conn, r, iface, "MaximumValue"),
+            property(conn, r, iface, "MinimumIncrement"),
+        );
+        Some(Value {
+            current: f64_of(c),
+            min: f64_of(lo),
+            max: f64_of(hi),
+            step: f64_of(step),
+        })
+    } else {
+        None
+    }
+}
+
+/// An action object's actions; none for anything else or when it does not answer.
+async fn actions_of(conn: &zbus::Connection, r: &Ref, ifaces: &[String]) -> Vec<Action> {
+    if offers(ifaces, "org.a11y.atspi.Action") {
+        call::<_, Vec<(String, String, String)>>(
+            conn,
+            r,
+            "org.a11y.atspi.Action",
+            "GetActions",
+            &(),
+        )
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(name, description, keybinding)| Action {
+            name,
+            description,
+            keybinding,
+        })
+        .collect()
+    } else {
+        Vec::new()
+    }
+}
+
+/// The subtrees of the first [`MAX_CHILDREN`] children (asked at once), the children that
+/// went away left out; none at [`MAX_DEPTH`].
+async fn child_nodes(conn: &zbus::Connection, r: &Ref, depth: usize) -> Vec<Node> {
+    if depth >= MAX_DEPTH {
+        return Vec::new();
+    }
+    let mut refs = children(conn, r).await.unwrap_or_default();
+    refs.truncate(MAX_CHILDREN);
+    join_all(refs.iter().map(|c| node(conn, c, depth + 1)))
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
 /// `/terminal`: the text of the focused terminal in an active window, right-trimmed; `None`

@@ -240,7 +240,6 @@ impl Client {
 
 /// Folds one event into what is kept. Pure but for its target.
 fn record_event(s: &mut Shared, method: &str, session: &str, p: &Value) {
-    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
     match method {
         "Page.javascriptDialogOpening" => {
             push_bounded(
@@ -261,89 +260,14 @@ fn record_event(s: &mut Shared, method: &str, session: &str, p: &Value) {
         "Page.loadEventFired" => {
             s.pages.entry(session.into()).or_default().loads += 1;
         }
-        "Runtime.consoleAPICalled" => {
-            let args: Vec<String> = p["args"]
-                .as_array()
-                .map(|a| a.iter().map(remote_text).collect())
-                .unwrap_or_default();
-            let line = format!("[{}] {}", text(&p["type"]), args.join(" "));
-            let log = s.pages.entry(session.into()).or_default();
-            if push_bounded(&mut log.console, line, MAX_ENTRIES) {
-                log.console_dropped += 1;
-            }
-        }
-        "Runtime.exceptionThrown" => {
-            let d = &p["exceptionDetails"];
-            let what = d["exception"]["description"]
-                .as_str()
-                .or(d["text"].as_str())
-                .unwrap_or("exception");
-            let line = format!("[exception] {what}");
-            let log = s.pages.entry(session.into()).or_default();
-            if push_bounded(&mut log.console, line, MAX_ENTRIES) {
-                log.console_dropped += 1;
-            }
-        }
-        "Network.requestWillBeSent" => {
-            let r = Request {
-                id: text(&p["requestId"]),
-                method: text(&p["request"]["method"]),
-                url: text(&p["request"]["url"]),
-                started: p["timestamp"].as_f64().unwrap_or_default(),
-                ..Default::default()
-            };
-            let log = s.pages.entry(session.into()).or_default();
-            if push_bounded(&mut log.network, r, MAX_ENTRIES) {
-                log.network_dropped += 1;
-            }
-        }
+        "Runtime.consoleAPICalled" => push_console(s, session, console_call_line(p)),
+        "Runtime.exceptionThrown" => push_console(s, session, exception_line(p)),
+        "Network.requestWillBeSent" => record_request(s, session, p),
         "Network.responseReceived" | "Network.loadingFinished" | "Network.loadingFailed" => {
-            let id = p["requestId"].as_str().unwrap_or_default();
-            let log = s.pages.entry(session.into()).or_default();
-            if let Some(r) = log.network.iter_mut().rev().find(|r| r.id == id) {
-                match method {
-                    "Network.responseReceived" => {
-                        r.status = p["response"]["status"].as_i64();
-                        r.mime = text(&p["response"]["mimeType"]);
-                    }
-                    "Network.loadingFinished" => r.finished = p["timestamp"].as_f64(),
-                    _ => {
-                        r.finished = p["timestamp"].as_f64();
-                        r.failed = Some(text(&p["errorText"]));
-                    }
-                }
-            }
+            record_request_outcome(s, method, session, p)
         }
-        "Browser.downloadWillBegin" => {
-            let guid = text(&p["guid"]);
-            let url = text(&p["url"]);
-            if s.download_urls.len() < MAX_NOTICES {
-                s.download_urls.insert(guid.clone(), url.clone());
-            }
-            push_bounded(
-                &mut s.downloads,
-                json!({"type": "download_started", "download_id": guid, "url": url}),
-                MAX_NOTICES,
-            );
-        }
-        "Browser.downloadProgress" => {
-            let guid = text(&p["guid"]);
-            let change = match p["state"].as_str() {
-                Some("completed") => json!({"type": "download_completed", "download_id": guid,
-                    "size_bytes": p["receivedBytes"].as_u64()}),
-                Some("canceled") => json!({"type": "download_failed", "download_id": guid,
-                    "error": "canceled"}),
-                _ => return,
-            };
-            let mut change = change;
-            change["url"] = s.download_urls.remove(&guid).unwrap_or_default().into();
-            if change["size_bytes"].is_null()
-                && let Some(o) = change.as_object_mut()
-            {
-                o.remove("size_bytes");
-            }
-            push_bounded(&mut s.downloads, change, MAX_NOTICES);
-        }
+        "Browser.downloadWillBegin" => record_download_start(s, p),
+        "Browser.downloadProgress" => record_download_progress(s, p),
         "Target.detachedFromTarget" => {
             if let Some(id) = p["sessionId"].as_str() {
                 s.pages.remove(id);
@@ -351,6 +275,107 @@ fn record_event(s: &mut Shared, method: &str, session: &str, p: &Value) {
         }
         _ => {}
     }
+}
+
+/// A string field of an event, empty when absent.
+fn text(v: &Value) -> String {
+    v.as_str().unwrap_or_default().to_string()
+}
+
+/// A `console.*` call as one line: `[type] args…`.
+fn console_call_line(p: &Value) -> String {
+    let args: Vec<String> = p["args"]
+        .as_array()
+        .map(|a| a.iter().map(remote_text).collect())
+        .unwrap_or_default();
+    format!("[{}] {}", text(&p["type"]), args.join(" "))
+}
+
+/// An uncaught exception as one console line.
+fn exception_line(p: &Value) -> String {
+    let d = &p["exceptionDetails"];
+    let what = d["exception"]["description"]
+        .as_str()
+        .or(d["text"].as_str())
+        .unwrap_or("exception");
+    format!("[exception] {what}")
+}
+
+/// Keeps a console line in the page's log (the oldest dropped, and counted, when full).
+fn push_console(s: &mut Shared, session: &str, line: String) {
+    let log = s.pages.entry(session.into()).or_default();
+    if push_bounded(&mut log.console, line, MAX_ENTRIES) {
+        log.console_dropped += 1;
+    }
+}
+
+/// Keeps a request the page is about to send (the oldest dropped, and counted, when full).
+fn record_request(s: &mut Shared, session: &str, p: &Value) {
+    let r = Request {
+        id: text(&p["requestId"]),
+        method: text(&p["request"]["method"]),
+        url: text(&p["request"]["url"]),
+        started: p["timestamp"].as_f64().unwrap_or_default(),
+        ..Default::default()
+    };
+    let log = s.pages.entry(session.into()).or_default();
+    if push_bounded(&mut log.network, r, MAX_ENTRIES) {
+        log.network_dropped += 1;
+    }
+}
+
+/// Notes a kept request's response, finish or failure.
+fn record_request_outcome(s: &mut Shared, method: &str, session: &str, p: &Value) {
+    let id = p["requestId"].as_str().unwrap_or_default();
+    let log = s.pages.entry(session.into()).or_default();
+    if let Some(r) = log.network.iter_mut().rev().find(|r| r.id == id) {
+        match method {
+            "Network.responseReceived" => {
+                r.status = p["response"]["status"].as_i64();
+                r.mime = text(&p["response"]["mimeType"]);
+            }
+            "Network.loadingFinished" => r.finished = p["timestamp"].as_f64(),
+            _ => {
+                r.finished = p["timestamp"].as_f64();
+                r.failed = Some(text(&p["errorText"]));
+            }
+        }
+    }
+}
+
+/// A download began: its URL kept for the progress events (which lack it), the change noted.
+fn record_download_start(s: &mut Shared, p: &Value) {
+    let guid = text(&p["guid"]);
+    let url = text(&p["url"]);
+    if s.download_urls.len() < MAX_NOTICES {
+        s.download_urls.insert(guid.clone(), url.clone());
+    }
+    push_bounded(
+        &mut s.downloads,
+        json!({"type": "download_started", "download_id": guid, "url": url}),
+        MAX_NOTICES,
+    );
+}
+
+/// A download completed or was cancelled: the change noted with its URL (other progress is
+/// not kept).
+fn record_download_progress(s: &mut Shared, p: &Value) {
+    let guid = text(&p["guid"]);
+    let change = match p["state"].as_str() {
+        Some("completed") => json!({"type": "download_completed", "download_id": guid,
+            "size_bytes": p["receivedBytes"].as_u64()}),
+        Some("canceled") => json!({"type": "download_failed", "download_id": guid,
+            "error": "canceled"}),
+        _ => return,
+    };
+    let mut change = change;
+    change["url"] = s.download_urls.remove(&guid).unwrap_or_default().into();
+    if change["size_bytes"].is_null()
+        && let Some(o) = change.as_object_mut()
+    {
+        o.remove("size_bytes");
+    }
+    push_bounded(&mut s.downloads, change, MAX_NOTICES);
 }
 
 /// A console argument as text: its value, or its description for an object.

@@ -106,20 +106,10 @@ async fn relay_one(mut conn: TcpStream, desktop: &Desktop) -> std::io::Result<()
         )
         .await;
     };
-    let mut upstream = tokio::time::timeout(
-        Duration::from_secs(3),
-        TcpStream::connect(("127.0.0.1", dt.port)),
-    )
-    .await
-    .map_err(|_| {
-        std::io::Error::new(std::io::ErrorKind::TimedOut, "connecting to the browser")
-    })??;
-    let _ = upstream.set_nodelay(true);
+    let mut upstream = connect_browser(dt.port).await?;
     let Some(head_len) = head_len else {
         // Not HTTP as far as we can tell: relay the bytes as they are.
-        upstream.write_all(&buf).await?;
-        tokio::io::copy_bidirectional(&mut conn, &mut upstream).await?;
-        return Ok(());
+        return relay_as_is(&mut conn, &mut upstream, &buf).await;
     };
     let mut headers = [httparse::EMPTY_HEADER; 64];
     let mut req = httparse::Request::new(&mut headers);
@@ -132,16 +122,78 @@ async fn relay_one(mut conn: TcpStream, desktop: &Desktop) -> std::io::Result<()
         .map(str::to_string);
     let rewrite = parsed.is_some() && host.as_deref().is_some_and(|h| !host_accepted(h));
     if !rewrite {
-        upstream.write_all(&buf).await?;
-        tokio::io::copy_bidirectional(&mut conn, &mut upstream).await?;
-        return Ok(());
+        return relay_as_is(&mut conn, &mut upstream, &buf).await;
     }
     let host = host.unwrap_or_default();
     let path = req.path.unwrap_or("/").to_string();
     let is_json = path.starts_with("/json");
     let loopback = format!("127.0.0.1:{}", dt.port);
-    let mut head = format!("{} {} HTTP/1.1\r\n", req.method.unwrap_or("GET"), path).into_bytes();
-    for h in req.headers.iter() {
+    let head = loopback_head(
+        req.method.unwrap_or("GET"),
+        &path,
+        req.headers,
+        is_json,
+        &loopback,
+        &buf[head_len..],
+    );
+    upstream.write_all(&head).await?;
+    if !is_json {
+        tokio::io::copy_bidirectional(&mut conn, &mut upstream).await?;
+        return Ok(());
+    }
+    // One /json answer (Chromium keeps the connection open: read by its Content-Length), its
+    // URLs pointed back at the name the client used.
+    let resp = read_json_answer(&mut upstream).await?;
+    let Some(split) = find(&resp, b"\r\n\r\n").map(|p| p + 4) else {
+        return plain_answer(
+            &mut conn,
+            "502 Bad Gateway",
+            "the browser's answer was cut short",
+        )
+        .await;
+    };
+    let out = json_answer_for_client(&resp, split, &loopback, &host, dt.port);
+    conn.write_all(&out).await?;
+    conn.shutdown().await
+}
+
+/// Sends the bytes `read` from the client on, then relays both ways as they come.
+async fn relay_as_is(
+    conn: &mut TcpStream,
+    upstream: &mut TcpStream,
+    read: &[u8],
+) -> std::io::Result<()> {
+    upstream.write_all(read).await?;
+    tokio::io::copy_bidirectional(conn, upstream).await?;
+    Ok(())
+}
+
+/// Connects to the browser's DevTools port on loopback (at most 3 s).
+async fn connect_browser(port: u16) -> std::io::Result<TcpStream> {
+    let upstream = tokio::time::timeout(
+        Duration::from_secs(3),
+        TcpStream::connect(("127.0.0.1", port)),
+    )
+    .await
+    .map_err(|_| {
+        std::io::Error::new(std::io::ErrorKind::TimedOut, "connecting to the browser")
+    })??;
+    let _ = upstream.set_nodelay(true);
+    Ok(upstream)
+}
+
+/// The request head sent on to the browser: `Host` set to `loopback`, and for a `/json`
+/// request `Connection: close`; then the bytes read past the client's head.
+fn loopback_head(
+    method: &str,
+    path: &str,
+    headers: &[httparse::Header<'_>],
+    is_json: bool,
+    loopback: &str,
+    rest: &[u8],
+) -> Vec<u8> {
+    let mut head = format!("{method} {path} HTTP/1.1\r\n").into_bytes();
+    for h in headers.iter() {
         let skip = h.name.eq_ignore_ascii_case("host")
             || (is_json && h.name.eq_ignore_ascii_case("connection"));
         if !skip {
@@ -156,36 +208,19 @@ async fn relay_one(mut conn: TcpStream, desktop: &Desktop) -> std::io::Result<()
         head.extend_from_slice(b"Connection: close\r\n");
     }
     head.extend_from_slice(b"\r\n");
-    head.extend_from_slice(&buf[head_len..]);
-    upstream.write_all(&head).await?;
-    if !is_json {
-        tokio::io::copy_bidirectional(&mut conn, &mut upstream).await?;
-        return Ok(());
-    }
-    // One /json answer (Chromium keeps the connection open: read by its Content-Length), its
-    // URLs pointed back at the name the client used.
+    head.extend_from_slice(rest);
+    head
+}
+
+/// Reads the browser's `/json` answer: to its Content-Length, EOF or [`JSON_LIMIT`], within
+/// [`IO_TIMEOUT`].
+async fn read_json_answer(upstream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
     let mut resp = Vec::new();
     let read = async {
         let mut chunk = [0u8; 16 * 1024];
         loop {
-            if let Some(split) = find(&resp, b"\r\n\r\n").map(|p| p + 4) {
-                let mut headers = [httparse::EMPTY_HEADER; 64];
-                let mut r = httparse::Response::new(&mut headers);
-                let _ = r.parse(&resp[..split]);
-                let len = r
-                    .headers
-                    .iter()
-                    .find(|h| h.name.eq_ignore_ascii_case("content-length"))
-                    .and_then(|h| {
-                        std::str::from_utf8(h.value)
-                            .ok()?
-                            .trim()
-                            .parse::<usize>()
-                            .ok()
-                    });
-                if len.is_some_and(|n| resp.len() >= split + n) {
-                    return std::io::Result::Ok(());
-                }
+            if json_answer_complete(&resp) {
+                return std::io::Result::Ok(());
             }
             let n = upstream.read(&mut chunk).await?;
             if n == 0 || resp.len() > JSON_LIMIT {
@@ -197,17 +232,43 @@ async fn relay_one(mut conn: TcpStream, desktop: &Desktop) -> std::io::Result<()
     tokio::time::timeout(IO_TIMEOUT, read)
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "browser answer"))??;
-    let Some(split) = find(&resp, b"\r\n\r\n").map(|p| p + 4) else {
-        return plain_answer(
-            &mut conn,
-            "502 Bad Gateway",
-            "the browser's answer was cut short",
-        )
-        .await;
+    Ok(resp)
+}
+
+/// Whether `resp` holds a whole head and as many body bytes as its Content-Length says.
+fn json_answer_complete(resp: &[u8]) -> bool {
+    let Some(split) = find(resp, b"\r\n\r\n").map(|p| p + 4) else {
+        return false;
     };
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut r = httparse::Response::new(&mut headers);
+    let _ = r.parse(&resp[..split]);
+    let len = r
+        .headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+        .and_then(|h| {
+            std::str::from_utf8(h.value)
+                .ok()?
+                .trim()
+                .parse::<usize>()
+                .ok()
+        });
+    len.is_some_and(|n| resp.len() >= split + n)
+}
+
+/// The browser's `/json` answer (its head `split` bytes long) as the client gets it: the
+/// loopback URLs in the body pointed at `host`, its length restated, the connection closed.
+fn json_answer_for_client(
+    resp: &[u8],
+    split: usize,
+    loopback: &str,
+    host: &str,
+    port: u16,
+) -> Vec<u8> {
     let body = String::from_utf8_lossy(&resp[split..])
-        .replace(&loopback, &host)
-        .replace(&format!("localhost:{}", dt.port), &host);
+        .replace(loopback, host)
+        .replace(&format!("localhost:{port}"), host);
     let mut out = Vec::new();
     for line in String::from_utf8_lossy(&resp[..split - 4]).split("\r\n") {
         let lower = line.to_ascii_lowercase();
@@ -225,8 +286,7 @@ async fn relay_one(mut conn: TcpStream, desktop: &Desktop) -> std::io::Result<()
         .as_bytes(),
     );
     out.extend_from_slice(body.as_bytes());
-    conn.write_all(&out).await?;
-    conn.shutdown().await
+    out
 }
 
 /// Binds the relay's listener (before the desktop starts, as API.md asks).

@@ -162,25 +162,7 @@ pub async fn open_file(State(agent): State<Arc<Agent>>, CompatJson(data): Compat
     if raw.contains('\0') {
         return error(StatusCode::BAD_REQUEST, "path contains a NUL byte");
     }
-    let expanded = python::expandvars(
-        &python::expanduser(raw, &agent.home, &agent.account_name),
-        &|k| agent.commands.config().env.get(k).map(str::to_string),
-    );
-    let path = PathBuf::from(&expanded);
-    let (program, name) = if path.exists() {
-        let stem = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        (vec!["xdg-open".to_string(), expanded.clone()], stem)
-    } else if crate::account::find_in_path(
-        agent.commands.config().env.get("PATH").unwrap_or_default(),
-        raw,
-    )
-    .is_some()
-    {
-        (vec![raw.clone()], raw.clone())
-    } else {
+    let Some((program, name)) = open_target(&agent, raw) else {
         return text(
             StatusCode::NOT_FOUND,
             format!("Application/file not found: {raw}"),
@@ -205,18 +187,50 @@ pub async fn open_file(State(agent): State<Arc<Agent>>, CompatJson(data): Compat
             format!("Failed to open {raw}. Error: {e}"),
         );
     }
-    // Wait for a window whose title names the file (with or without its extension).
-    let stem = Path::new(&name)
+    activate_window_named(&agent, &name).await
+}
+
+/// What opens `raw` and the name its window's title should show: `xdg-open` and the file's
+/// name for an existing file (after `~` and `$VAR` expansion), else the program itself when
+/// it is on the PATH. `None` when it is neither.
+fn open_target(agent: &Agent, raw: &str) -> Option<(Vec<String>, String)> {
+    let expanded = python::expandvars(
+        &python::expanduser(raw, &agent.home, &agent.account_name),
+        &|k| agent.commands.config().env.get(k).map(str::to_string),
+    );
+    let path = PathBuf::from(&expanded);
+    if path.exists() {
+        let stem = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Some((vec!["xdg-open".to_string(), expanded.clone()], stem))
+    } else if crate::account::find_in_path(
+        agent.commands.config().env.get("PATH").unwrap_or_default(),
+        raw,
+    )
+    .is_some()
+    {
+        Some((vec![raw.to_string()], raw.to_string()))
+    } else {
+        None
+    }
+}
+
+/// Waits for a window whose title names the file (with or without its extension) and
+/// activates it; a 500 when none comes within OPEN_FILE_TIMEOUT.
+async fn activate_window_named(agent: &Agent, name: &str) -> Response {
+    let stem = Path::new(name)
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| name.clone());
+        .unwrap_or_else(|| name.to_string());
     let deadline = Instant::now() + OPEN_FILE_TIMEOUT;
     while Instant::now() < deadline {
         let d = agent.display.clone();
         if let Ok(list) = blocking(move || d.windows()).await
             && let Some(w) = list
                 .iter()
-                .find(|w| w.title.contains(&name) || w.title.contains(&stem))
+                .find(|w| w.title.contains(name) || w.title.contains(&stem))
         {
             let (d, id) = (agent.display.clone(), w.id);
             let _ = blocking(move || d.activate_id(id)).await;
@@ -336,28 +350,34 @@ pub async fn change_wallpaper(
         );
     }
     let abs = abs.to_string_lossy().into_owned();
+    let mut changed = set_xfce_wallpaper(&agent, &abs).await;
+    changed |= set_gnome_wallpaper(&agent, &abs).await;
+    if changed {
+        text(StatusCode::OK, "Wallpaper changed successfully")
+    } else {
+        text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "Failed to change wallpaper. Error: neither xfconf-query nor gsettings could set it",
+        )
+    }
+}
+
+/// XFCE: sets every monitor's first workspace backdrop (creating monitor 0's when none could
+/// be set). Answers whether any was set; false without xfconf.
+async fn set_xfce_wallpaper(agent: &Agent, abs: &str) -> bool {
     let mut changed = false;
-    // XFCE: every monitor's first workspace backdrop.
-    if let Some(list) = helper(&agent, &["xfconf-query", "-c", "xfce4-desktop", "-l"]).await {
+    if let Some(list) = helper(agent, &["xfconf-query", "-c", "xfce4-desktop", "-l"]).await {
         for prop in list.lines().filter(|l| l.ends_with("/last-image")) {
             changed |= helper(
-                &agent,
-                &[
-                    "xfconf-query",
-                    "-c",
-                    "xfce4-desktop",
-                    "-p",
-                    prop,
-                    "-s",
-                    &abs,
-                ],
+                agent,
+                &["xfconf-query", "-c", "xfce4-desktop", "-p", prop, "-s", abs],
             )
             .await
             .is_some();
         }
         if !changed {
             changed = helper(
-                &agent,
+                agent,
                 &[
                     "xfconf-query",
                     "-c",
@@ -368,16 +388,21 @@ pub async fn change_wallpaper(
                     "-t",
                     "string",
                     "-s",
-                    &abs,
+                    abs,
                 ],
             )
             .await
             .is_some();
         }
     }
+    changed
+}
+
+/// GNOME: sets the background's picture-uri. Answers whether gsettings did.
+async fn set_gnome_wallpaper(agent: &Agent, abs: &str) -> bool {
     let uri = format!("file://{abs}");
-    changed |= helper(
-        &agent,
+    helper(
+        agent,
         &[
             "gsettings",
             "set",
@@ -387,13 +412,5 @@ pub async fn change_wallpaper(
         ],
     )
     .await
-    .is_some();
-    if changed {
-        text(StatusCode::OK, "Wallpaper changed successfully")
-    } else {
-        text(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "Failed to change wallpaper. Error: neither xfconf-query nor gsettings could set it",
-        )
-    }
+    .is_some()
 }

@@ -236,41 +236,9 @@ pub async fn execute_with_verification(
         Ok(c) => c,
         Err(r) => return r.into_response(),
     };
-    let verification = match data.get("verification") {
-        None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(m)) => m.clone(),
-        Some(other) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "verification must be an object, not {}",
-                    python::type_name(other)
-                ),
-            );
-        }
-    };
-    let max_wait_value = data
-        .get("max_wait_time")
-        .cloned()
-        .unwrap_or(Value::Number(Number::from(10)));
-    let max_wait = match max_wait_value.as_f64() {
-        Some(f) if f >= 0.0 && f.is_finite() && f < 1e7 => Duration::from_secs_f64(f),
-        _ => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "max_wait_time must be a number of seconds",
-            );
-        }
-    };
-    let interval = match data.get("check_interval").map(Value::as_f64) {
-        None => Duration::from_secs(1),
-        Some(Some(f)) if f >= 0.0 && f.is_finite() && f < 1e7 => Duration::from_secs_f64(f),
-        Some(_) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "check_interval must be a number of seconds",
-            );
-        }
+    let plan = match verification_plan(&data) {
+        Ok(p) => p,
+        Err(r) => return r.into_response(),
     };
     let timeout = Duration::from_secs(DEFAULT_TIMEOUT_S);
     let outcome = match run(&agent, cmd.program, None, timeout, false).await {
@@ -285,29 +253,99 @@ pub async fn execute_with_verification(
         Err(RunFailure::Response(r)) => return r.into_response(),
     };
     let mut body = outcome_json(&outcome);
-    if verification.is_empty() {
+    if plan.checks.is_empty() {
         return flask(StatusCode::OK, &Value::Object(body));
     }
-    let started = Instant::now();
-    while started.elapsed() < max_wait {
-        let mut passed = true;
-        if let Some(title) = verification.get("window_exists") {
-            passed &= window_exists(&agent, title).await;
+    if verify(&agent, &plan, &mut body).await {
+        return flask(StatusCode::OK, &Value::Object(body));
+    }
+    body.insert("status".into(), json!("verification_failed"));
+    body.insert("verification".into(), json!("failed"));
+    body.insert("wait_time".into(), plan.max_wait_value);
+    flask(StatusCode::INTERNAL_SERVER_ERROR, &Value::Object(body))
+}
+
+/// What `/execute_with_verification` checks once the command ran, and for how long.
+struct VerificationPlan {
+    /// `window_exists` and `command_success`, when given.
+    checks: Map<String, Value>,
+    /// `max_wait_time` as sent: a failed verification echoes it as its `wait_time`.
+    max_wait_value: Value,
+    max_wait: Duration,
+    /// Between two rounds of checks.
+    interval: Duration,
+}
+
+/// Reads `verification`, `max_wait_time` and `check_interval`; a 400 for a bad one.
+fn verification_plan(data: &Map<String, Value>) -> Result<VerificationPlan, Reject> {
+    let checks = match data.get("verification") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(m)) => m.clone(),
+        Some(other) => {
+            return Err(Reject(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "verification must be an object, not {}",
+                    python::type_name(other)
+                ),
+            ));
         }
-        if let Some(check) = verification.get("command_success") {
-            passed &= command_succeeds(&agent, check).await;
+    };
+    let max_wait_value = data
+        .get("max_wait_time")
+        .cloned()
+        .unwrap_or(Value::Number(Number::from(10)));
+    let max_wait = match max_wait_value.as_f64() {
+        Some(f) if f >= 0.0 && f.is_finite() && f < 1e7 => Duration::from_secs_f64(f),
+        _ => {
+            return Err(Reject(
+                StatusCode::BAD_REQUEST,
+                "max_wait_time must be a number of seconds".into(),
+            ));
+        }
+    };
+    let interval = match data.get("check_interval").map(Value::as_f64) {
+        None => Duration::from_secs(1),
+        Some(Some(f)) if f >= 0.0 && f.is_finite() && f < 1e7 => Duration::from_secs_f64(f),
+        Some(_) => {
+            return Err(Reject(
+                StatusCode::BAD_REQUEST,
+                "check_interval must be a number of seconds".into(),
+            ));
+        }
+    };
+    Ok(VerificationPlan {
+        checks,
+        max_wait_value,
+        max_wait,
+        interval,
+    })
+}
+
+/// Runs the checks every interval until they all pass (then notes that and the time it took
+/// in `body` and answers true) or the wait is over.
+async fn verify(agent: &Agent, plan: &VerificationPlan, body: &mut Map<String, Value>) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < plan.max_wait {
+        let mut passed = true;
+        if let Some(title) = plan.checks.get("window_exists") {
+            passed &= window_exists(agent, title).await;
+        }
+        if let Some(check) = plan.checks.get("command_success") {
+            passed &= command_succeeds(agent, check).await;
         }
         if passed {
             body.insert("verification".into(), json!("passed"));
             body.insert("wait_time".into(), json!(started.elapsed().as_secs_f64()));
-            return flask(StatusCode::OK, &Value::Object(body));
+            return true;
         }
-        tokio::time::sleep(interval.min(max_wait.saturating_sub(started.elapsed()))).await;
+        tokio::time::sleep(
+            plan.interval
+                .min(plan.max_wait.saturating_sub(started.elapsed())),
+        )
+        .await;
     }
-    body.insert("status".into(), json!("verification_failed"));
-    body.insert("verification".into(), json!("failed"));
-    body.insert("wait_time".into(), max_wait_value);
-    flask(StatusCode::INTERNAL_SERVER_ERROR, &Value::Object(body))
+    false
 }
 
 async fn window_exists(agent: &Agent, title: &Value) -> bool {
@@ -442,44 +480,17 @@ pub async fn run_bash_script(
     State(agent): State<Arc<Agent>>,
     CompatJson(data): CompatJson,
 ) -> Response {
-    let failure = |status: StatusCode, output: String| {
-        flask(
-            status,
-            &json!({"status": "error", "output": output, "error": "", "returncode": -1}),
-        )
-    };
-    let script = match data.get("script") {
-        Some(Value::String(s)) if !s.is_empty() => s.clone(),
-        Some(v) if truthy(v) => {
-            return failure(
-                StatusCode::BAD_REQUEST,
-                format!("script must be a string, not {}", python::type_name(v)),
-            );
-        }
-        _ => return failure(StatusCode::BAD_REQUEST, "Script not supplied!".into()),
+    let script = match script_param(&data) {
+        Ok(s) => s,
+        Err(r) => return r.into_response(),
     };
     let (timeout, shown_timeout) = match seconds(&data, "timeout", 100) {
         Ok(t) => t,
         Err(r) => return r.into_response(),
     };
-    let cwd = match data.get("working_dir") {
-        Some(Value::String(d)) if !d.is_empty() => {
-            let expanded = python::expanduser(d, &agent.home, &agent.account_name);
-            if !std::path::Path::new(&expanded).is_dir() {
-                return failure(
-                    StatusCode::BAD_REQUEST,
-                    format!("Working directory does not exist: {expanded}"),
-                );
-            }
-            Some(std::path::PathBuf::from(expanded))
-        }
-        Some(v) if truthy(v) => {
-            return failure(
-                StatusCode::BAD_REQUEST,
-                format!("working_dir must be a string, not {}", python::type_name(v)),
-            );
-        }
-        _ => None,
+    let cwd = match working_dir_param(&agent, &data) {
+        Ok(d) => d,
+        Err(r) => return r.into_response(),
     };
     let content = if script.contains("#!/bin/bash") {
         script
@@ -488,10 +499,11 @@ pub async fn run_bash_script(
     };
     let path = std::path::PathBuf::from(format!("/tmp/tmp{}.sh", temp_name()));
     if let Err(e) = write_script(&agent, &path, content.as_bytes(), 0o755) {
-        return failure(
+        return BashFailure(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("Failed to execute script: {e}"),
-        );
+        )
+        .into_response();
     }
     let shell = if std::path::Path::new("/bin/bash").exists() {
         "/bin/bash"
@@ -507,6 +519,66 @@ pub async fn run_bash_script(
     )
     .await;
     let _ = std::fs::remove_file(&path);
+    bash_script_answer(result, &shown_timeout)
+}
+
+/// A `/run_bash_script` error answer:
+/// `{"status": "error", "output", "error": "", "returncode": -1}`.
+struct BashFailure(StatusCode, String);
+
+impl IntoResponse for BashFailure {
+    fn into_response(self) -> Response {
+        flask(
+            self.0,
+            &json!({"status": "error", "output": self.1, "error": "", "returncode": -1}),
+        )
+    }
+}
+
+/// The `script` field: a non-empty string.
+fn script_param(data: &Map<String, Value>) -> Result<String, BashFailure> {
+    match data.get("script") {
+        Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+        Some(v) if truthy(v) => Err(BashFailure(
+            StatusCode::BAD_REQUEST,
+            format!("script must be a string, not {}", python::type_name(v)),
+        )),
+        _ => Err(BashFailure(
+            StatusCode::BAD_REQUEST,
+            "Script not supplied!".into(),
+        )),
+    }
+}
+
+/// The `working_dir` field, `~` expanded; it must be an existing directory.
+fn working_dir_param(
+    agent: &Agent,
+    data: &Map<String, Value>,
+) -> Result<Option<std::path::PathBuf>, BashFailure> {
+    match data.get("working_dir") {
+        Some(Value::String(d)) if !d.is_empty() => {
+            let expanded = python::expanduser(d, &agent.home, &agent.account_name);
+            if !std::path::Path::new(&expanded).is_dir() {
+                return Err(BashFailure(
+                    StatusCode::BAD_REQUEST,
+                    format!("Working directory does not exist: {expanded}"),
+                ));
+            }
+            Ok(Some(std::path::PathBuf::from(expanded)))
+        }
+        Some(v) if truthy(v) => Err(BashFailure(
+            StatusCode::BAD_REQUEST,
+            format!("working_dir must be a string, not {}", python::type_name(v)),
+        )),
+        _ => Ok(None),
+    }
+}
+
+/// `/run_bash_script`'s answer for how the script's run ended.
+fn bash_script_answer(
+    result: Result<ForegroundOutcome, RunFailure>,
+    shown_timeout: &str,
+) -> Response {
     match result {
         Ok(o) => {
             let rc = o.exit.python_returncode();
@@ -520,14 +592,16 @@ pub async fn run_bash_script(
                 }),
             )
         }
-        Err(RunFailure::Timeout) => failure(
+        Err(RunFailure::Timeout) => BashFailure(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("Script execution timed out after {shown_timeout} seconds"),
-        ),
-        Err(RunFailure::Message(m)) => failure(
+        )
+        .into_response(),
+        Err(RunFailure::Message(m)) => BashFailure(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("Failed to execute script: {m}"),
-        ),
+        )
+        .into_response(),
         Err(RunFailure::Response(r)) => r.into_response(),
     }
 }

@@ -152,111 +152,35 @@ pub fn content_disposition(kind: &str, name: &str) -> String {
 /// Streams the multipart `file_data` part into place; `file_path` may come before or after
 /// it. Nothing is held in memory whole.
 pub async fn upload(State(agent): State<Arc<Agent>>, req: Request) -> Response {
-    let required = || {
-        flask(
-            StatusCode::BAD_REQUEST,
-            &json!({"error": "file_path and file_data are required"}),
-        )
-    };
     let is_multipart = req
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.to_ascii_lowercase().starts_with("multipart/form-data"));
     if !is_multipart {
-        return required();
+        return upload_fields_required();
     }
     let mut mp = match Multipart::from_request(req, &()).await {
         Ok(m) => m,
-        Err(_) => return required(),
+        Err(_) => return upload_fields_required(),
     };
-    let mut target: Option<PathBuf> = None;
-    // Where the data went: (temp file, bytes). The temp file goes when `staged` is dropped,
-    // also when the client resets the request mid-body and this future is dropped.
-    let mut staged: Option<(crate::fs::TempFile, u64)> = None;
-    // A NUL in file_path: the rest of the body is read and dropped, then a 400 (the client is
-    // still sending; answering mid-body would reset its connection).
-    let mut nul_path = false;
-    let staging_dir = agent.state_dir.join("uploads");
-    let fail = |msg: String| {
-        flask(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            &json!({"error": format!("Failed to upload file: {msg}")}),
-        )
-    };
-    // A body that ends early or does not parse is the client's fault: a 400 (413 kept), as
-    // Werkzeug's form parser answers it, in the compat error shape.
-    let malformed = |e: MultipartError| error(multipart_status(&e), e.body_text());
-    let read: Result<(), Response> = async {
-        loop {
-            let field = match mp.next_field().await {
-                Ok(Some(f)) => f,
-                Ok(None) => return Ok(()),
-                Err(e) => return Err(malformed(e)),
-            };
-            match field.name() {
-                Some("file_path") if target.is_none() => {
-                    let raw = match field.text().await {
-                        Ok(raw) => raw,
-                        Err(e) => return Err(malformed(e)),
-                    };
-                    if raw.is_empty() {
-                        continue;
-                    }
-                    if raw.contains('\0') {
-                        nul_path = true;
-                        continue;
-                    }
-                    target = Some(PathBuf::from(expand(&agent, &raw)));
-                }
-                Some("file_data")
-                    if staged.is_none() && !nul_path && field.file_name().is_some() =>
-                {
-                    // Stage beside the target when it is known (rename stays atomic), else in the
-                    // state dir until file_path arrives.
-                    let tmp = match &target {
-                        Some(t) => {
-                            if let Err(e) = agent.files.create_parents(t) {
-                                return Err(fail(e.to_string()));
-                            }
-                            crate::fs::TempFile::beside(t)
-                        }
-                        None => {
-                            let _ = std::fs::create_dir_all(&staging_dir);
-                            crate::fs::TempFile::beside(&staging_dir.join("upload"))
-                        }
-                    };
-                    match write_stream(tmp.path(), field).await {
-                        Ok(n) => staged = Some((tmp, n)),
-                        Err(e) => {
-                            return Err(match e {
-                                StreamError::Read(e) => malformed(e),
-                                StreamError::Write(m) => fail(m),
-                            });
-                        }
-                    }
-                }
-                _ => {} // other fields are ignored, as the reference server does
-            }
-        }
-    }
-    .await;
-    if let Err(resp) = read {
+    let mut form = UploadForm::default();
+    if let Err(resp) = read_upload_form(&agent, &mut mp, &mut form).await {
         // The client may still be sending: read the rest (bounded) so it gets the answer.
         discard_rest(&mut mp).await;
         return resp;
     }
-    if nul_path {
+    if form.nul_path {
         return flask(
             StatusCode::BAD_REQUEST,
             &json!({"error": "file_path contains a NUL byte"}),
         );
     }
-    let (Some(target), Some((tmp, n))) = (target, staged) else {
-        return required();
+    let (Some(target), Some((tmp, n))) = (form.target, form.staged) else {
+        return upload_fields_required();
     };
     if let Err(e) = agent.files.create_parents(&target) {
-        return fail(e.to_string());
+        return upload_failed(e.to_string());
     }
     agent.files.chown(tmp.path());
     let moved = match std::fs::rename(tmp.path(), &target) {
@@ -266,17 +190,7 @@ pub async fn upload(State(agent): State<Arc<Agent>>, req: Request) -> Response {
         }
         // Staged in the state dir on another file system: copied beside the target first, so
         // the target is still replaced whole or not at all.
-        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
-            let beside = crate::fs::TempFile::beside(&target);
-            let copied = std::fs::copy(tmp.path(), beside.path()).and_then(|_| {
-                agent.files.chown(beside.path());
-                std::fs::rename(beside.path(), &target)
-            });
-            if copied.is_ok() {
-                beside.keep();
-            }
-            copied
-        }
+        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => copy_into_place(&agent, &tmp, &target),
         Err(e) => Err(e),
     };
     if let Err(e) = moved {
@@ -284,13 +198,129 @@ pub async fn upload(State(agent): State<Arc<Agent>>, req: Request) -> Response {
             Some(errno) => py_os_error(errno, &target.to_string_lossy()),
             None => e.to_string(),
         };
-        return fail(msg);
+        return upload_failed(msg);
     }
     agent.events.emit(
         EventKind::FileUploaded,
         json!({"path": target.to_string_lossy(), "bytes": n}),
     );
     text(StatusCode::OK, format!("File Uploaded: {n} bytes"))
+}
+
+/// What an upload's multipart form brought.
+#[derive(Default)]
+struct UploadForm {
+    target: Option<PathBuf>,
+    /// Where the data went: (temp file, bytes). The temp file goes when `staged` is dropped,
+    /// also when the client resets the request mid-body and the handler's future is dropped.
+    staged: Option<(crate::fs::TempFile, u64)>,
+    /// A NUL in file_path: the rest of the body is read and dropped, then a 400 (the client is
+    /// still sending; answering mid-body would reset its connection).
+    nul_path: bool,
+}
+
+/// `/setup/upload`'s answer when a field is missing (or the body is not a form).
+fn upload_fields_required() -> Response {
+    flask(
+        StatusCode::BAD_REQUEST,
+        &json!({"error": "file_path and file_data are required"}),
+    )
+}
+
+/// `/setup/upload`'s answer when the data cannot be written or put in place.
+fn upload_failed(msg: String) -> Response {
+    flask(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        &json!({"error": format!("Failed to upload file: {msg}")}),
+    )
+}
+
+/// A body that ends early or does not parse is the client's fault: a 400 (413 kept), as
+/// Werkzeug's form parser answers it, in the compat error shape.
+fn upload_malformed(e: MultipartError) -> Response {
+    error(multipart_status(&e), e.body_text())
+}
+
+/// Reads the form's fields into `form`, staging the first `file_data` part in a temp file;
+/// stops at the body's end or at the first error (answered with its response).
+async fn read_upload_form(
+    agent: &Agent,
+    mp: &mut Multipart,
+    form: &mut UploadForm,
+) -> Result<(), Response> {
+    loop {
+        let field = match mp.next_field().await {
+            Ok(Some(f)) => f,
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(upload_malformed(e)),
+        };
+        match field.name() {
+            Some("file_path") if form.target.is_none() => {
+                let raw = match field.text().await {
+                    Ok(raw) => raw,
+                    Err(e) => return Err(upload_malformed(e)),
+                };
+                if raw.is_empty() {
+                    continue;
+                }
+                if raw.contains('\0') {
+                    form.nul_path = true;
+                    continue;
+                }
+                form.target = Some(PathBuf::from(expand(agent, &raw)));
+            }
+            Some("file_data")
+                if form.staged.is_none() && !form.nul_path && field.file_name().is_some() =>
+            {
+                form.staged = Some(stage_file_data(agent, form.target.as_deref(), field).await?);
+            }
+            _ => {} // other fields are ignored, as the reference server does
+        }
+    }
+}
+
+/// Streams the `file_data` part into a temp file and answers it with its size.
+async fn stage_file_data(
+    agent: &Agent,
+    target: Option<&Path>,
+    field: axum::extract::multipart::Field<'_>,
+) -> Result<(crate::fs::TempFile, u64), Response> {
+    // Stage beside the target when it is known (rename stays atomic), else in the
+    // state dir until file_path arrives.
+    let tmp = match target {
+        Some(t) => {
+            if let Err(e) = agent.files.create_parents(t) {
+                return Err(upload_failed(e.to_string()));
+            }
+            crate::fs::TempFile::beside(t)
+        }
+        None => {
+            let staging_dir = agent.state_dir.join("uploads");
+            let _ = std::fs::create_dir_all(&staging_dir);
+            crate::fs::TempFile::beside(&staging_dir.join("upload"))
+        }
+    };
+    match write_stream(tmp.path(), field).await {
+        Ok(n) => Ok((tmp, n)),
+        Err(e) => Err(match e {
+            StreamError::Read(e) => upload_malformed(e),
+            StreamError::Write(m) => upload_failed(m),
+        }),
+    }
+}
+
+/// Copies the staged file beside the target, then renames the copy onto it, so the target
+/// is replaced whole or not at all.
+fn copy_into_place(agent: &Agent, tmp: &crate::fs::TempFile, target: &Path) -> std::io::Result<()> {
+    let beside = crate::fs::TempFile::beside(target);
+    let copied = std::fs::copy(tmp.path(), beside.path()).and_then(|_| {
+        agent.files.chown(beside.path());
+        std::fs::rename(beside.path(), target)
+    });
+    if copied.is_ok() {
+        beside.keep();
+    }
+    copied
 }
 
 /// Reads and drops what remains of a rejected multipart body, for at most 10 s.

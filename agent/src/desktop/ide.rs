@@ -20,7 +20,7 @@ use super::spawn::{Launch, Spawner};
 use super::supervisor::{Ended, Policy, Supervisor};
 use crate::account::Account;
 use crate::events::EventLog;
-use crate::reaper::Reaper;
+use crate::reaper::{Exit, Reaper};
 
 /// The port the IDE listens on inside the sandbox (loopback only).
 pub const PORT: u16 = 8888;
@@ -269,42 +269,14 @@ impl Ide {
                 return;
             }
             let Some(program) = self.program() else {
-                let reason = format!(
-                    "{} is not installed here (not found on the sandbox user's PATH): this \
-                     sandbox has no IDE server",
-                    self.cfg.program
-                );
-                if missing_reported {
-                    self.set(|s| s.reason = reason.clone());
-                } else {
-                    sup.start_failed(name, reason.clone());
-                    tracing::warn!(component = name, "{reason}");
-                    missing_reported = true;
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep(MISSING_RECHECK) => {}
-                    _ = sup.restart_requested(name) => {}
-                    _ = sup.stopped() => return,
+                if !self.wait_for_install(&mut missing_reported).await {
+                    return;
                 }
                 continue;
             };
             missing_reported = false;
             let started = Instant::now();
-            let argv = match self.cfg.kind {
-                IdeKind::Jupyterlab => {
-                    jupyterlab_argv(&program.to_string_lossy(), &self.base_url, &self.cfg.home)
-                }
-            };
-            let a = &self.cfg.account;
-            let launch = Launch {
-                argv,
-                env: self.env(),
-                cwd: self.cfg.home.clone(),
-                identity: a.needs_switch().then(|| (a.uid, a.gid, a.groups.clone())),
-                log: sup.log_of(name),
-                pass_fd: None,
-            };
-            let (pid, mut exit) = match self.spawner.spawn(launch).await {
+            let (pid, mut exit) = match self.spawner.spawn(self.launch(&program)).await {
                 Ok(pid) => (pid, self.reaper.watch(pid)),
                 Err(e) => {
                     sup.start_failed(name, format!("cannot start: {e}"));
@@ -315,37 +287,8 @@ impl Ide {
                     continue;
                 }
             };
-            let start = crate::proc::start_time(pid).unwrap_or(u64::MAX);
-            *self.pid.locked() = Some((pid, start));
-            sup.started(name, pid, restarts);
-            let mut ended = sup
-                .until_ended(
-                    name,
-                    pid,
-                    &mut exit,
-                    std::future::pending(),
-                    restarts,
-                    previous,
-                    format!("serving on 127.0.0.1:{PORT} under {}", self.base_url),
-                    || self.probe(),
-                    || {},
-                )
-                .await;
-            if sup.is_stopping() {
-                ended = Ended::Stopping;
-            }
-            // What it forked into its group (kernels, terminals' shells) goes with it.
-            if let Some((pgid, start)) = self.pid.locked().take() {
-                crate::proc::kill_group_since(pgid, start);
-            }
-            let reason = match &ended {
-                Ended::Exited(e) => super::describe(e),
-                Ended::Unready => "did not answer in time".to_string(),
-                Ended::Gone => "what it depends on went away".to_string(),
-                Ended::Requested => "restart requested".to_string(),
-                Ended::Stopping => "the agent is stopping".to_string(),
-            };
-            sup.ended(name, pid, &ended, &reason, ended.exit());
+            let ended = self.watch_run(pid, &mut exit, restarts, previous).await;
+            self.report_end(pid, &ended);
             if matches!(ended, Ended::Stopping) {
                 return;
             }
@@ -361,6 +304,99 @@ impl Ide {
                 return;
             }
         }
+    }
+
+    /// Reports the IDE's program missing (in full once, then only as the status's reason)
+    /// and waits a while, or for a restart request. Answers false when the agent stops.
+    async fn wait_for_install(&self, missing_reported: &mut bool) -> bool {
+        let name = self.name();
+        let sup = &self.sup;
+        let reason = format!(
+            "{} is not installed here (not found on the sandbox user's PATH): this \
+             sandbox has no IDE server",
+            self.cfg.program
+        );
+        if *missing_reported {
+            self.set(|s| s.reason = reason.clone());
+        } else {
+            sup.start_failed(name, reason.clone());
+            tracing::warn!(component = name, "{reason}");
+            *missing_reported = true;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(MISSING_RECHECK) => {}
+            _ = sup.restart_requested(name) => {}
+            _ = sup.stopped() => return false,
+        }
+        true
+    }
+
+    /// How to start the IDE server: as the sandbox user, in their home, logging to the
+    /// component's log.
+    fn launch(&self, program: &Path) -> Launch {
+        let argv = match self.cfg.kind {
+            IdeKind::Jupyterlab => {
+                jupyterlab_argv(&program.to_string_lossy(), &self.base_url, &self.cfg.home)
+            }
+        };
+        let a = &self.cfg.account;
+        Launch {
+            argv,
+            env: self.env(),
+            cwd: self.cfg.home.clone(),
+            identity: a.needs_switch().then(|| (a.uid, a.gid, a.groups.clone())),
+            log: self.sup.log_of(self.name()),
+            pass_fd: None,
+        }
+    }
+
+    /// Reports the IDE started and watches it until the run ends.
+    async fn watch_run(
+        &self,
+        pid: u32,
+        exit: &mut tokio::sync::oneshot::Receiver<Exit>,
+        restarts: u32,
+        previous: Option<(&'static str, Option<Exit>)>,
+    ) -> Ended {
+        let name = self.name();
+        let sup = &self.sup;
+        let start = crate::proc::start_time(pid).unwrap_or(u64::MAX);
+        *self.pid.locked() = Some((pid, start));
+        sup.started(name, pid, restarts);
+        let mut ended = sup
+            .until_ended(
+                name,
+                pid,
+                exit,
+                std::future::pending(),
+                restarts,
+                previous,
+                format!("serving on 127.0.0.1:{PORT} under {}", self.base_url),
+                || self.probe(),
+                || {},
+            )
+            .await;
+        if sup.is_stopping() {
+            ended = Ended::Stopping;
+        }
+        ended
+    }
+
+    /// Kills what the IDE left in its process group and reports it down.
+    fn report_end(&self, pid: u32, ended: &Ended) {
+        // What it forked into its group (kernels, terminals' shells) goes with it.
+        if let Some((pgid, start)) = self.pid.locked().take() {
+            crate::proc::kill_group_since(pgid, start);
+        }
+        let reason = match ended {
+            Ended::Exited(e) => super::describe(e),
+            Ended::Unready => "did not answer in time".to_string(),
+            Ended::Gone => "what it depends on went away".to_string(),
+            Ended::Requested => "restart requested".to_string(),
+            Ended::Stopping => "the agent is stopping".to_string(),
+        };
+        self.sup
+            .ended(self.name(), pid, ended, &reason, ended.exit());
     }
 
     /// Whether the IDE answers its API under its base URL.

@@ -896,26 +896,10 @@ impl Desktop {
         let name = component.name();
         let on_demand = component == Component::Browser
             && self.cfg.session.browser_start() == BrowserStart::OnDemand;
-        // An on-demand browser asked for again at once (a restart request), not left idle.
-        let mut start_now = false;
-        let mut crashes = 0u32;
-        let mut restarts = 0u32;
-        let mut cause: Option<&'static str> = None;
-        // What ended the previous run, for the restart and give-up events.
-        let mut last_exit: Option<Exit> = None;
-        // A browser the user started on the profile, to be supervised instead of a new one.
-        let mut adopt: Option<(u32, u64)> = None;
+        let mut history = RunHistory::default();
         loop {
-            if self.sup.is_stopping() {
+            if !self.wait_for_turn(component).await {
                 return;
-            }
-            if component.needs_x() {
-                self.wait_for_x().await;
-                // After an X restart the dependents come back one by one, in start order.
-                self.wait_for_predecessor(component).await;
-                if self.sup.is_stopping() {
-                    return;
-                }
             }
             let mut x_epoch = self.x_epoch.subscribe();
             x_epoch.mark_unchanged();
@@ -927,174 +911,290 @@ impl Desktop {
             } else {
                 None
             };
-            if component == Component::Browser && first.is_none() && adopt.is_none() {
-                adopt = self.foreign_browser(None);
-                if on_demand && adopt.is_none() && !std::mem::take(&mut start_now) {
-                    match self.idle_browser().await {
-                        Some(found) => {
-                            start_now = found.is_none();
-                            adopt = found;
-                        }
-                        None => return,
-                    }
-                    // The X server may have gone while the browser idled.
-                    continue;
+            if component == Component::Browser && first.is_none() && history.adopt.is_none() {
+                match self.look_for_browser(on_demand, &mut history).await {
+                    Next::Proceed => {}
+                    Next::Repeat => continue,
+                    Next::Quit => return,
                 }
             }
-            let adopted = adopt.take();
+            let adopted = history.adopt.take();
             let (pid, mut exit) = match (first, adopted) {
                 (Some(p), _) => p,
-                (None, Some((pid, start))) => {
-                    let port = std::fs::read(format!("/proc/{pid}/cmdline"))
-                        .ok()
-                        .and_then(|c| debugging_port(&c));
-                    *self.adopted_port.locked() = port;
-                    // The file is the ended browser's, or the adopted one's own (port 0).
-                    if port.is_some() {
-                        let _ = std::fs::remove_file(self.profile.join("DevToolsActivePort"));
-                    }
-                    self.set_group(name, Some((pid, start)));
-                    self.events
-                        .emit(EventKind::BrowserAdopted, json!({"pid": pid}));
-                    tracing::info!(pid, "adopted the browser the user started on the profile");
-                    (pid, Self::watch_foreign(pid, start))
-                }
-                (None, None) => {
-                    self.clean_before_start(component);
-                    match self
-                        .spawn_component(component, self.argv(component), None)
-                        .await
-                    {
-                        Ok(pid) => (pid, self.reaper.watch(pid)),
-                        Err(e) => {
-                            self.sup.start_failed(name, format!("cannot start: {e}"));
-                            last_exit = None;
-                            crashes += 1;
-                            if !self.sup.back_off(name, &mut crashes, last_exit).await {
-                                return;
-                            }
-                            continue;
-                        }
-                    }
-                }
+                (None, Some((pid, start))) => self.take_over_browser(name, pid, start),
+                (None, None) => match self.start_component(component, &mut history).await {
+                    Ok(p) => p,
+                    Err(Next::Quit) => return,
+                    Err(_) => continue,
+                },
             };
-            self.sup.started(name, pid, restarts);
-            let needs_x = component.needs_x();
-            let x_gone = async move {
-                if needs_x {
-                    let _ = x_epoch.changed().await;
-                } else {
-                    std::future::pending::<()>().await;
-                }
+            let run = Run {
+                pid,
+                adopted: adopted.is_some(),
+                started,
             };
-            let mut ended = self
-                .sup
-                .until_ended(
-                    name,
-                    pid,
-                    &mut exit,
-                    x_gone,
-                    restarts,
-                    cause.map(|c| (c, last_exit)),
-                    "running".into(),
-                    || self.probe(component),
-                    || {
-                        if component == Component::Browser
-                            && let Some(cause) = cause
-                        {
-                            self.events.emit(
-                                EventKind::BrowserRestarted,
-                                json!({"pid": pid, "cause": cause}),
-                            );
-                        }
-                    },
-                )
+            let ended = self
+                .watch_run(component, pid, &mut exit, x_epoch, &history)
                 .await;
-            if self.sup.is_stopping() {
-                ended = Ended::Stopping;
-            }
-            // A client of the X server often notices its death first and exits on its own:
-            // that is the X server's failure, not this component's.
-            if matches!(ended, Ended::Exited(_)) && component.needs_x() {
-                let epoch_moved = *self.x_epoch.borrow() != epoch_at_start;
-                if epoch_moved || !self.x_reachable().await {
-                    ended = Ended::Gone;
-                    if !epoch_moved {
-                        let mut rx = self.x_epoch.subscribe();
-                        let _ = tokio::time::timeout(
-                            Duration::from_secs(5),
-                            rx.wait_for(|e| *e != epoch_at_start),
-                        )
-                        .await;
-                    }
-                }
-            }
-            // Whatever the component forked into its group outlives it (the AT-SPI launcher's
-            // bus daemon, say) unless killed here; the next start makes its own.
-            if let Some((pgid, start)) = self.set_group(name, None) {
-                crate::proc::kill_group_since(pgid, start);
-            }
-            if component == Component::Browser {
-                *self.devtools.locked() = None;
-            }
-            let reason = match &ended {
-                Ended::Exited(_) if adopted.is_some() => "the adopted browser exited".to_string(),
-                Ended::Exited(e) => describe(e),
-                Ended::Unready => "did not become ready in time".to_string(),
-                Ended::Gone => "the X server went away".to_string(),
-                Ended::Requested => "restart requested".to_string(),
-                Ended::Stopping => "the agent is stopping".to_string(),
-            };
-            // An adopted browser is not the agent's child: how it ended is not known.
-            let down_exit = if adopted.is_some() {
-                None
-            } else {
-                ended.exit()
-            };
-            self.sup.ended(name, pid, &ended, &reason, down_exit);
-            // Only once X reads as down: a dependent that sees the epoch move must not find
-            // the old server's "up" and start again before the new one is ready.
-            if component == Component::X {
-                self.x_epoch.send_modify(|n| *n += 1);
-            }
+            let ended = self.settle_end(component, ended, epoch_at_start).await;
+            let down_exit = self.report_end(component, &run, &ended);
             if matches!(ended, Ended::Stopping) {
                 return;
             }
-            last_exit = down_exit;
-            restarts += 1;
-            cause = Some(ended.cause());
-            if on_demand {
-                // Closed or crashed, the browser stays away until it is asked for again (or
-                // the user starts one); a restart request or the X server's return brings it
-                // back at once.
-                start_now = matches!(ended, Ended::Requested | Ended::Gone);
-                continue;
-            }
-            if component == Component::Browser
-                && let Ended::Exited(e) = &ended
-            {
-                let grace = if adopted.is_some() || quit_on_request(e) {
-                    ADOPT_GRACE
-                } else {
-                    Duration::ZERO
-                };
-                adopt = self.wait_for_foreign(Some(pid), grace).await;
-                if adopt.is_some() {
-                    cause = Some("adopted");
-                    continue;
-                }
-            }
-            if matches!(ended, Ended::Requested) {
-                crashes = 0;
-            } else if ended.crashed()
-                && !self
-                    .sup
-                    .after_crash(name, &mut crashes, started.elapsed(), last_exit)
-                    .await
+            history.last_exit = down_exit;
+            history.restarts += 1;
+            history.cause = Some(ended.cause());
+            if !self
+                .after_run(component, on_demand, &run, &ended, &mut history)
+                .await
             {
                 return;
             }
         }
+    }
+
+    /// Before a browser start: finds one the user started on the profile, and leaves an
+    /// on-demand browser idle until it is asked for (or the user starts one).
+    async fn look_for_browser(&self, on_demand: bool, history: &mut RunHistory) -> Next {
+        history.adopt = self.foreign_browser(None);
+        if on_demand && history.adopt.is_none() && !std::mem::take(&mut history.start_now) {
+            match self.idle_browser().await {
+                Some(found) => {
+                    history.start_now = found.is_none();
+                    history.adopt = found;
+                }
+                None => return Next::Quit,
+            }
+            // The X server may have gone while the browser idled.
+            return Next::Repeat;
+        }
+        Next::Proceed
+    }
+
+    /// Supervises the browser the user started on the profile instead of starting one: takes
+    /// its DevTools port and its process, and announces the adoption.
+    fn take_over_browser(
+        &self,
+        name: &'static str,
+        pid: u32,
+        start: u64,
+    ) -> (u32, tokio::sync::oneshot::Receiver<Exit>) {
+        let port = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .ok()
+            .and_then(|c| debugging_port(&c));
+        *self.adopted_port.locked() = port;
+        // The file is the ended browser's, or the adopted one's own (port 0).
+        if port.is_some() {
+            let _ = std::fs::remove_file(self.profile.join("DevToolsActivePort"));
+        }
+        self.set_group(name, Some((pid, start)));
+        self.events
+            .emit(EventKind::BrowserAdopted, json!({"pid": pid}));
+        tracing::info!(pid, "adopted the browser the user started on the profile");
+        (pid, Self::watch_foreign(pid, start))
+    }
+
+    /// Waits until the component may start: once its X server is up and the component
+    /// before it settled. Answers false when the agent is stopping.
+    async fn wait_for_turn(&self, component: Component) -> bool {
+        if self.sup.is_stopping() {
+            return false;
+        }
+        if component.needs_x() {
+            self.wait_for_x().await;
+            // After an X restart the dependents come back one by one, in start order.
+            self.wait_for_predecessor(component).await;
+            if self.sup.is_stopping() {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Starts the component afresh. When it cannot start, reports that, counts it as a crash
+    /// and backs off: answers `Repeat` to try again, `Quit` once it is given up.
+    async fn start_component(
+        &self,
+        component: Component,
+        history: &mut RunHistory,
+    ) -> Result<(u32, tokio::sync::oneshot::Receiver<Exit>), Next> {
+        let name = component.name();
+        self.clean_before_start(component);
+        match self
+            .spawn_component(component, self.argv(component), None)
+            .await
+        {
+            Ok(pid) => Ok((pid, self.reaper.watch(pid))),
+            Err(e) => {
+                self.sup.start_failed(name, format!("cannot start: {e}"));
+                history.last_exit = None;
+                history.crashes += 1;
+                if !self
+                    .sup
+                    .back_off(name, &mut history.crashes, history.last_exit)
+                    .await
+                {
+                    return Err(Next::Quit);
+                }
+                Err(Next::Repeat)
+            }
+        }
+    }
+
+    /// Reports the component started and watches it until the run ends: it exits, does not
+    /// become ready, its X server goes, or a restart is asked for.
+    async fn watch_run(
+        &self,
+        component: Component,
+        pid: u32,
+        exit: &mut tokio::sync::oneshot::Receiver<Exit>,
+        mut x_epoch: watch::Receiver<u64>,
+        history: &RunHistory,
+    ) -> Ended {
+        let name = component.name();
+        let (restarts, cause, last_exit) = (history.restarts, history.cause, history.last_exit);
+        self.sup.started(name, pid, restarts);
+        let needs_x = component.needs_x();
+        let x_gone = async move {
+            if needs_x {
+                let _ = x_epoch.changed().await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        self.sup
+            .until_ended(
+                name,
+                pid,
+                exit,
+                x_gone,
+                restarts,
+                cause.map(|c| (c, last_exit)),
+                "running".into(),
+                || self.probe(component),
+                || {
+                    if component == Component::Browser
+                        && let Some(cause) = cause
+                    {
+                        self.events.emit(
+                            EventKind::BrowserRestarted,
+                            json!({"pid": pid, "cause": cause}),
+                        );
+                    }
+                },
+            )
+            .await
+    }
+
+    /// Corrects how a run ended: any end while the agent stops is `Stopping`, and a client
+    /// that exited because its X server died ended with the server (`Gone`).
+    async fn settle_end(
+        &self,
+        component: Component,
+        mut ended: Ended,
+        epoch_at_start: u64,
+    ) -> Ended {
+        if self.sup.is_stopping() {
+            ended = Ended::Stopping;
+        }
+        // A client of the X server often notices its death first and exits on its own:
+        // that is the X server's failure, not this component's.
+        if matches!(ended, Ended::Exited(_)) && component.needs_x() {
+            let epoch_moved = *self.x_epoch.borrow() != epoch_at_start;
+            if epoch_moved || !self.x_reachable().await {
+                ended = Ended::Gone;
+                if !epoch_moved {
+                    let mut rx = self.x_epoch.subscribe();
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(5),
+                        rx.wait_for(|e| *e != epoch_at_start),
+                    )
+                    .await;
+                }
+            }
+        }
+        ended
+    }
+
+    /// Cleans up after a run (what it left in its process group, the browser's DevTools)
+    /// and reports the component down; answers its exit when it is known.
+    fn report_end(&self, component: Component, run: &Run, ended: &Ended) -> Option<Exit> {
+        let name = component.name();
+        // Whatever the component forked into its group outlives it (the AT-SPI launcher's
+        // bus daemon, say) unless killed here; the next start makes its own.
+        if let Some((pgid, start)) = self.set_group(name, None) {
+            crate::proc::kill_group_since(pgid, start);
+        }
+        if component == Component::Browser {
+            *self.devtools.locked() = None;
+        }
+        let reason = match ended {
+            Ended::Exited(_) if run.adopted => "the adopted browser exited".to_string(),
+            Ended::Exited(e) => describe(e),
+            Ended::Unready => "did not become ready in time".to_string(),
+            Ended::Gone => "the X server went away".to_string(),
+            Ended::Requested => "restart requested".to_string(),
+            Ended::Stopping => "the agent is stopping".to_string(),
+        };
+        // An adopted browser is not the agent's child: how it ended is not known.
+        let down_exit = if run.adopted { None } else { ended.exit() };
+        self.sup.ended(name, run.pid, ended, &reason, down_exit);
+        // Only once X reads as down: a dependent that sees the epoch move must not find
+        // the old server's "up" and start again before the new one is ready.
+        if component == Component::X {
+            self.x_epoch.send_modify(|n| *n += 1);
+        }
+        down_exit
+    }
+
+    /// After a run that ended (not by the agent stopping), readies the next one: an
+    /// on-demand browser waits to be asked for, a browser the user started is adopted, a
+    /// crash backs off. Answers false once the component is given up.
+    async fn after_run(
+        &self,
+        component: Component,
+        on_demand: bool,
+        run: &Run,
+        ended: &Ended,
+        history: &mut RunHistory,
+    ) -> bool {
+        if on_demand {
+            // Closed or crashed, the browser stays away until it is asked for again (or
+            // the user starts one); a restart request or the X server's return brings it
+            // back at once.
+            history.start_now = matches!(ended, Ended::Requested | Ended::Gone);
+            return true;
+        }
+        if component == Component::Browser
+            && let Ended::Exited(e) = ended
+        {
+            let grace = if run.adopted || quit_on_request(e) {
+                ADOPT_GRACE
+            } else {
+                Duration::ZERO
+            };
+            history.adopt = self.wait_for_foreign(Some(run.pid), grace).await;
+            if history.adopt.is_some() {
+                history.cause = Some("adopted");
+                return true;
+            }
+        }
+        if matches!(ended, Ended::Requested) {
+            history.crashes = 0;
+        } else if ended.crashed()
+            && !self
+                .sup
+                .after_crash(
+                    component.name(),
+                    &mut history.crashes,
+                    run.started.elapsed(),
+                    history.last_exit,
+                )
+                .await
+        {
+            return false;
+        }
+        true
     }
 
     /// Resolves once the agent is stopping (at once if it already is).
@@ -1147,6 +1247,38 @@ impl Desktop {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+}
+
+/// What a component's supervision carries from one run to the next.
+#[derive(Default)]
+struct RunHistory {
+    /// An on-demand browser asked for again at once (a restart request), not left idle.
+    start_now: bool,
+    crashes: u32,
+    restarts: u32,
+    cause: Option<&'static str>,
+    /// What ended the previous run, for the restart and give-up events.
+    last_exit: Option<Exit>,
+    /// A browser the user started on the profile, to be supervised instead of a new one.
+    adopt: Option<(u32, u64)>,
+}
+
+/// One run of a component.
+struct Run {
+    pid: u32,
+    /// A browser the user started, not the agent's child.
+    adopted: bool,
+    started: Instant,
+}
+
+/// What the supervision loop does after a step.
+enum Next {
+    /// Go on with this run.
+    Proceed,
+    /// Start over at the top of the loop.
+    Repeat,
+    /// Stop supervising the component.
+    Quit,
 }
 
 /// The last `--remote-debugging-port=N` of a command line (NUL- or space-separated, as

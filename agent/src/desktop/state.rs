@@ -175,9 +175,25 @@ fn first_run(
     gnome: bool,
     settings: &BTreeMap<String, String>,
 ) -> BTreeMap<String, FirstRun> {
-    let read = |p: &str| std::fs::read_to_string(home.join(p)).unwrap_or_default();
     let mut out = BTreeMap::new();
-    let vlcrc = read(".config/vlc/vlcrc");
+    out.insert("vlc".into(), vlc_first_run(home));
+    out.insert("libreoffice".into(), libreoffice_first_run(home));
+    out.insert("chrome".into(), chrome_first_run(home));
+    if gnome {
+        out.insert("gnome".into(), gnome_first_run(home, settings));
+    }
+    out
+}
+
+/// A file under the home as text; empty when it cannot be read.
+fn read_home(home: &Path, p: &str) -> String {
+    std::fs::read_to_string(home.join(p)).unwrap_or_default()
+}
+
+/// VLC is set up once its privacy question is answered (vlcrc); the detail also says
+/// whether its HTTP interface is on.
+fn vlc_first_run(home: &Path) -> FirstRun {
+    let vlcrc = read_home(home, ".config/vlc/vlcrc");
     let line = |key: &str| {
         vlcrc
             .lines()
@@ -187,33 +203,35 @@ fn first_run(
     let answered = line("qt-privacy-ask") == Some("0");
     let http = line("extraintf").is_some_and(|v| v.split(':').any(|i| i == "http"))
         && line("http-password").is_some_and(|v| !v.is_empty());
-    out.insert(
-        "vlc".into(),
-        FirstRun {
-            done: answered,
-            detail: match (vlcrc.is_empty(), answered, http) {
-                (true, _, _) => "no ~/.config/vlc/vlcrc".into(),
-                (false, false, _) => "the privacy question is not answered".into(),
-                (false, true, true) => "privacy question answered; HTTP interface on".into(),
-                (false, true, false) => "privacy question answered; HTTP interface off".into(),
-            },
+    FirstRun {
+        done: answered,
+        detail: match (vlcrc.is_empty(), answered, http) {
+            (true, _, _) => "no ~/.config/vlc/vlcrc".into(),
+            (false, false, _) => "the privacy question is not answered".into(),
+            (false, true, true) => "privacy question answered; HTTP interface on".into(),
+            (false, true, false) => "privacy question answered; HTTP interface off".into(),
         },
-    );
-    let xcu = read(".config/libreoffice/4/user/registrymodifications.xcu");
+    }
+}
+
+/// LibreOffice is set up once its tip of the day is turned off.
+fn libreoffice_first_run(home: &Path) -> FirstRun {
+    let xcu = read_home(home, ".config/libreoffice/4/user/registrymodifications.xcu");
     let no_tips = xcu
         .lines()
         .any(|l| l.contains("\"ShowTipOfTheDay\"") && l.contains("<value>false</value>"));
-    out.insert(
-        "libreoffice".into(),
-        FirstRun {
-            done: no_tips,
-            detail: if no_tips {
-                "no tip of the day".into()
-            } else {
-                "shows the tip of the day".into()
-            },
+    FirstRun {
+        done: no_tips,
+        detail: if no_tips {
+            "no tip of the day".into()
+        } else {
+            "shows the tip of the day".into()
         },
-    );
+    }
+}
+
+/// Chrome is set up once its profile has the files a used profile has.
+fn chrome_first_run(home: &Path) -> FirstRun {
     let chrome = ".config/google-chrome";
     let missing: Vec<&str> = [
         "Local State",
@@ -224,38 +242,33 @@ fn first_run(
     .into_iter()
     .filter(|f| !home.join(chrome).join(f).exists())
     .collect();
-    out.insert(
-        "chrome".into(),
-        FirstRun {
-            done: missing.is_empty(),
-            detail: if missing.is_empty() {
-                "a used profile (Local State, Preferences, Bookmarks)".into()
-            } else {
-                format!("the profile has no {}", missing.join(", "))
-            },
+    FirstRun {
+        done: missing.is_empty(),
+        detail: if missing.is_empty() {
+            "a used profile (Local State, Preferences, Bookmarks)".into()
+        } else {
+            format!("the profile has no {}", missing.join(", "))
         },
-    );
-    if gnome {
-        let tour = settings
-            .get("org.gnome.shell welcome-dialog-last-shown-version")
-            .map(|v| unquote(v))
-            .unwrap_or_default();
-        let warned = home
-            .join(".local/share/gnome-shell/lock-warning-shown")
-            .exists();
-        out.insert(
-            "gnome".into(),
-            FirstRun {
-                done: !tour.is_empty() && warned,
-                detail: format!(
-                    "welcome tour {}; lock-screen notice {}",
-                    if tour.is_empty() { "pending" } else { "done" },
-                    if warned { "shown" } else { "pending" }
-                ),
-            },
-        );
     }
-    out
+}
+
+/// GNOME is set up once its welcome tour was shown and its lock-screen notice was seen.
+fn gnome_first_run(home: &Path, settings: &BTreeMap<String, String>) -> FirstRun {
+    let tour = settings
+        .get("org.gnome.shell welcome-dialog-last-shown-version")
+        .map(|v| unquote(v))
+        .unwrap_or_default();
+    let warned = home
+        .join(".local/share/gnome-shell/lock-warning-shown")
+        .exists();
+    FirstRun {
+        done: !tour.is_empty() && warned,
+        detail: format!(
+            "welcome tour {}; lock-screen notice {}",
+            if tour.is_empty() { "pending" } else { "done" },
+            if warned { "shown" } else { "pending" }
+        ),
+    }
 }
 
 /// The expected state the image states, if any.

@@ -261,47 +261,13 @@ impl Display {
     /// Takes a screenshot, or answers from the cache when nothing on screen (cursor
     /// included) changed since the same request.
     pub fn screenshot(&self, req: &ShotRequest) -> Result<Shot, DisplayError> {
-        if req
-            .size
-            .is_some_and(|(w, h)| w == 0 || h == 0 || w > 16384 || h > 16384)
-        {
-            return Err(DisplayError::Invalid(
-                "the output size must be 1-16384 pixels a side".into(),
-            ));
-        }
-        if let Some(s) = req.scale
-            && !(s > 0.0 && s <= 1.0)
-        {
-            return Err(DisplayError::Invalid(format!(
-                "scale must be in (0, 1], not {s}"
-            )));
-        }
+        check_shot_request(req)?;
         let watch = self.watch.clone();
         self.with_capture(|s| {
             let generation = watch.as_ref().and_then(|w| w.watched_generation());
             let (sw, sh) = s.x.screen_size()?;
             let screen = (sw as u32, sh as u32);
-            let rect = match req.region {
-                None => (0, 0, screen.0, screen.1),
-                Some((x, y, w, h)) => {
-                    if w == 0 || h == 0 {
-                        return Err(DisplayError::Invalid(format!(
-                            "region {x},{y},{w},{h} is empty"
-                        )));
-                    }
-                    if x < 0
-                        || y < 0
-                        || x as u64 + w as u64 > screen.0 as u64
-                        || y as u64 + h as u64 > screen.1 as u64
-                    {
-                        return Err(DisplayError::Invalid(format!(
-                            "region {x},{y},{w},{h} is outside the {}x{} screen",
-                            screen.0, screen.1
-                        )));
-                    }
-                    (x, y, w, h)
-                }
-            };
+            let rect = shot_rect(req.region, screen)?;
             let cursor = if req.cursor {
                 Some(capture::cursor(&s.x)?)
             } else {
@@ -321,49 +287,7 @@ impl Display {
                 shot.cached = true;
                 return Ok(shot);
             }
-            s.shm.capture(
-                &s.x,
-                (rect.0 as i16, rect.1 as i16, rect.2 as u16, rect.3 as u16),
-                &mut s.buf,
-            )?;
-            let mut frame = Frame {
-                width: rect.2,
-                height: rect.3,
-                bgrx: std::mem::take(&mut s.buf),
-            };
-            if let Some(c) = &cursor {
-                capture::composite_cursor(&mut frame, (rect.0, rect.1), c);
-            }
-            let scale = req.scale.unwrap_or(1.0);
-            let target = match req.size {
-                Some((w, h)) => Some((w.max(1), h.max(1))),
-                None if scale < 1.0 => Some((
-                    ((frame.width as f64 * scale).round() as u32).max(1),
-                    ((frame.height as f64 * scale).round() as u32).max(1),
-                )),
-                None => None,
-            };
-            let resized = target.is_some_and(|t| t != (frame.width, frame.height));
-            let frame = if let (true, Some((w, h))) = (resized, target) {
-                let scaled = encode::scale(&frame, w, h)?;
-                s.buf = frame.bgrx;
-                scaled
-            } else {
-                frame
-            };
-            let bytes = s.encoder.encode(&frame, req.encoding)?;
-            let shot = Shot {
-                bytes: Arc::new(bytes),
-                mime: req.encoding.format.mime(),
-                width: frame.width,
-                height: frame.height,
-                screen,
-                scale: frame.width as f64 / rect.2 as f64,
-                cached: false,
-            };
-            if !resized {
-                s.buf = frame.bgrx;
-            }
+            let shot = s.capture_shot(req, screen, rect, cursor.as_ref())?;
             s.cache = Some((key, shot.clone()));
             Ok(shot)
         })
@@ -512,6 +436,118 @@ impl Display {
     }
 }
 
+/// Refuses an output size or scale out of range, before the screen is touched.
+fn check_shot_request(req: &ShotRequest) -> Result<(), DisplayError> {
+    if req
+        .size
+        .is_some_and(|(w, h)| w == 0 || h == 0 || w > 16384 || h > 16384)
+    {
+        return Err(DisplayError::Invalid(
+            "the output size must be 1-16384 pixels a side".into(),
+        ));
+    }
+    if let Some(s) = req.scale
+        && !(s > 0.0 && s <= 1.0)
+    {
+        return Err(DisplayError::Invalid(format!(
+            "scale must be in (0, 1], not {s}"
+        )));
+    }
+    Ok(())
+}
+
+/// The rectangle (x, y, width, height) to capture: the requested region, checked to be
+/// non-empty and inside the screen, or the whole screen.
+fn shot_rect(
+    region: Option<(i32, i32, u32, u32)>,
+    screen: (u32, u32),
+) -> Result<(i32, i32, u32, u32), DisplayError> {
+    Ok(match region {
+        None => (0, 0, screen.0, screen.1),
+        Some((x, y, w, h)) => {
+            if w == 0 || h == 0 {
+                return Err(DisplayError::Invalid(format!(
+                    "region {x},{y},{w},{h} is empty"
+                )));
+            }
+            if x < 0
+                || y < 0
+                || x as u64 + w as u64 > screen.0 as u64
+                || y as u64 + h as u64 > screen.1 as u64
+            {
+                return Err(DisplayError::Invalid(format!(
+                    "region {x},{y},{w},{h} is outside the {}x{} screen",
+                    screen.0, screen.1
+                )));
+            }
+            (x, y, w, h)
+        }
+    })
+}
+
+/// The size a captured frame is scaled to: the exact requested size, or the frame scaled
+/// by `scale` when below 1; `None` keeps the frame as captured.
+fn shot_output_size(req: &ShotRequest, frame: &Frame) -> Option<(u32, u32)> {
+    let scale = req.scale.unwrap_or(1.0);
+    match req.size {
+        Some((w, h)) => Some((w.max(1), h.max(1))),
+        None if scale < 1.0 => Some((
+            ((frame.width as f64 * scale).round() as u32).max(1),
+            ((frame.height as f64 * scale).round() as u32).max(1),
+        )),
+        None => None,
+    }
+}
+
+impl CaptureSession {
+    /// Captures `rect` of a `screen`-sized screen, draws `cursor` in, scales and encodes it
+    /// as `req` asks. The pixel buffer goes back to `self.buf` for the next capture.
+    fn capture_shot(
+        &mut self,
+        req: &ShotRequest,
+        screen: (u32, u32),
+        rect: (i32, i32, u32, u32),
+        cursor: Option<&capture::Cursor>,
+    ) -> Result<Shot, DisplayError> {
+        self.shm.capture(
+            &self.x,
+            (rect.0 as i16, rect.1 as i16, rect.2 as u16, rect.3 as u16),
+            &mut self.buf,
+        )?;
+        let mut frame = Frame {
+            width: rect.2,
+            height: rect.3,
+            bgrx: std::mem::take(&mut self.buf),
+        };
+        if let Some(c) = cursor {
+            capture::composite_cursor(&mut frame, (rect.0, rect.1), c);
+        }
+        let target = shot_output_size(req, &frame);
+        let resized = target.is_some_and(|t| t != (frame.width, frame.height));
+        let frame = if let (true, Some((w, h))) = (resized, target) {
+            let scaled = encode::scale(&frame, w, h)?;
+            self.buf = frame.bgrx;
+            scaled
+        } else {
+            frame
+        };
+        let bytes = self.encoder.encode(&frame, req.encoding)?;
+        let shot = Shot {
+            bytes: Arc::new(bytes),
+            mime: req.encoding.format.mime(),
+            width: frame.width,
+            height: frame.height,
+            screen,
+            scale: frame.width as f64 / rect.2 as f64,
+            cached: false,
+        };
+        if !resized {
+            self.buf = frame.bgrx;
+        }
+        Ok(shot)
+    }
+}
+
 /// Input actions with every name resolved.
 /// How long modifiers held for a click stay down waiting for its button events to be processed.
 const BUTTONS_PROCESSED_WAIT: Duration = Duration::from_millis(500);
@@ -573,146 +609,190 @@ fn point(x: Option<i32>, y: Option<i32>) -> Result<Option<(i32, i32)>, DisplayEr
 
 fn plan(actions: &[InputAction]) -> Result<Vec<Step>, DisplayError> {
     let mut steps = Vec::new();
-    let held =
-        |mods: &[String], steps: &mut Vec<Step>, inner: Vec<Step>| -> Result<(), DisplayError> {
-            let m = key_list(mods)?;
-            if !m.is_empty() {
-                steps.push(Step::Keys(m.clone(), KeyMode::Down));
-            }
-            let buttons = inner.iter().any(|s| matches!(s, Step::Button(..)));
-            steps.extend(inner);
-            if !m.is_empty() {
-                if buttons {
-                    steps.push(Step::ButtonsProcessed);
-                }
-                steps.push(Step::Keys(m, KeyMode::Up));
-            }
-            Ok(())
-        };
     for a in actions {
-        match a {
-            InputAction::Move { x, y } => steps.push(Step::Move(*x, *y)),
-            InputAction::Click {
-                x,
-                y,
-                button: b,
-                count,
-                modifiers,
-            } => {
-                let b = button(b)?;
-                let count = count.unwrap_or(1);
-                if !(1..=10).contains(&count) {
-                    return Err(DisplayError::Invalid("count must be 1-10".into()));
-                }
-                let mut inner = Vec::new();
-                if let Some((x, y)) = point(*x, *y)? {
-                    inner.push(Step::Move(x, y));
-                }
-                for _ in 0..count {
-                    inner.push(Step::Button(b, true));
-                    inner.push(Step::Button(b, false));
-                }
-                held(modifiers, &mut steps, inner)?;
-            }
-            InputAction::ButtonDown { button: b } => steps.push(Step::Button(button(b)?, true)),
-            InputAction::ButtonUp { button: b } => steps.push(Step::Button(button(b)?, false)),
-            InputAction::Drag {
-                path,
-                button: b,
-                modifiers,
-            } => {
-                if path.len() < 2 {
-                    return Err(DisplayError::Invalid(
-                        "a drag needs at least two points".into(),
-                    ));
-                }
-                let b = button(b)?;
-                let mut inner = vec![Step::Move(path[0][0], path[0][1]), Step::Button(b, true)];
-                for p in &path[1..] {
-                    inner.push(Step::Move(p[0], p[1]));
-                }
-                inner.push(Step::Button(b, false));
-                held(modifiers, &mut steps, inner)?;
-            }
-            InputAction::Scroll {
-                x,
-                y,
-                direction,
-                amount,
-                modifiers,
-            } => {
-                let b = match direction.to_ascii_lowercase().as_str() {
-                    "up" => 4,
-                    "down" => 5,
-                    "left" => 6,
-                    "right" => 7,
-                    other => {
-                        return Err(DisplayError::Invalid(format!(
-                            "unknown scroll direction {other:?} (up, down, left, right)"
-                        )));
-                    }
-                };
-                let amount = amount.unwrap_or(1);
-                if !(1..=100).contains(&amount) {
-                    return Err(DisplayError::Invalid("amount must be 1-100".into()));
-                }
-                let mut inner = Vec::new();
-                if let Some((x, y)) = point(*x, *y)? {
-                    inner.push(Step::Move(x, y));
-                }
-                for _ in 0..amount {
-                    inner.push(Step::Button(b, true));
-                    inner.push(Step::Button(b, false));
-                }
-                held(modifiers, &mut steps, inner)?;
-            }
-            InputAction::Key { keys: k, repeat } => {
-                let syms = keys::chord(k).map_err(DisplayError::Invalid)?;
-                let n = repeat.unwrap_or(1);
-                if !(1..=1000).contains(&n) {
-                    return Err(DisplayError::Invalid("repeat must be 1-1000".into()));
-                }
-                for _ in 0..n {
-                    steps.push(Step::Keys(syms.clone(), KeyMode::Tap));
-                }
-            }
-            InputAction::KeyDown { key } => steps.push(Step::Keys(
-                keys::chord(key).map_err(DisplayError::Invalid)?,
-                KeyMode::Down,
-            )),
-            InputAction::KeyUp { key } => steps.push(Step::Keys(
-                keys::chord(key).map_err(DisplayError::Invalid)?,
-                KeyMode::Up,
-            )),
-            InputAction::Hold {
-                keys: k,
-                duration_ms,
-            } => {
-                let syms = keys::chord(k).map_err(DisplayError::Invalid)?;
-                let d = Duration::from_millis(*duration_ms);
-                if d > MAX_WAIT {
-                    return Err(DisplayError::Invalid("duration_ms is at most 60000".into()));
-                }
-                steps.push(Step::Keys(syms.clone(), KeyMode::Down));
-                steps.push(Step::Sleep(d));
-                steps.push(Step::Keys(syms, KeyMode::Up));
-            }
-            InputAction::Type { text } => {
-                if text.len() > 1 << 20 {
-                    return Err(DisplayError::Invalid("text is at most 1 MiB".into()));
-                }
-                steps.push(Step::Type(text.clone()));
-            }
-            InputAction::Wait { ms } => {
-                let d = Duration::from_millis(*ms);
-                if d > MAX_WAIT {
-                    return Err(DisplayError::Invalid("ms is at most 60000".into()));
-                }
-                steps.push(Step::Sleep(d));
-            }
-        }
+        plan_action(a, &mut steps)?;
     }
     Ok(steps)
+}
+
+/// Appends the steps of one input action to `steps`.
+fn plan_action(a: &InputAction, steps: &mut Vec<Step>) -> Result<(), DisplayError> {
+    match a {
+        InputAction::Move { x, y } => steps.push(Step::Move(*x, *y)),
+        InputAction::Click {
+            x,
+            y,
+            button: b,
+            count,
+            modifiers,
+        } => plan_click((*x, *y), b, *count, modifiers, steps)?,
+        InputAction::ButtonDown { button: b } => steps.push(Step::Button(button(b)?, true)),
+        InputAction::ButtonUp { button: b } => steps.push(Step::Button(button(b)?, false)),
+        InputAction::Drag {
+            path,
+            button: b,
+            modifiers,
+        } => plan_drag(path, b, modifiers, steps)?,
+        InputAction::Scroll {
+            x,
+            y,
+            direction,
+            amount,
+            modifiers,
+        } => plan_scroll((*x, *y), direction, *amount, modifiers, steps)?,
+        InputAction::Key { keys: k, repeat } => plan_key(k, *repeat, steps)?,
+        InputAction::KeyDown { key } => steps.push(Step::Keys(
+            keys::chord(key).map_err(DisplayError::Invalid)?,
+            KeyMode::Down,
+        )),
+        InputAction::KeyUp { key } => steps.push(Step::Keys(
+            keys::chord(key).map_err(DisplayError::Invalid)?,
+            KeyMode::Up,
+        )),
+        InputAction::Hold {
+            keys: k,
+            duration_ms,
+        } => plan_hold(k, *duration_ms, steps)?,
+        InputAction::Type { text } => {
+            if text.len() > 1 << 20 {
+                return Err(DisplayError::Invalid("text is at most 1 MiB".into()));
+            }
+            steps.push(Step::Type(text.clone()));
+        }
+        InputAction::Wait { ms } => {
+            let d = Duration::from_millis(*ms);
+            if d > MAX_WAIT {
+                return Err(DisplayError::Invalid("ms is at most 60000".into()));
+            }
+            steps.push(Step::Sleep(d));
+        }
+    }
+    Ok(())
+}
+
+/// Appends `inner` to `steps` with the modifier keys `mods` held around it; when `inner`
+/// presses buttons, the modifiers stay down until those button events are processed.
+fn push_held(mods: &[String], steps: &mut Vec<Step>, inner: Vec<Step>) -> Result<(), DisplayError> {
+    let m = key_list(mods)?;
+    if !m.is_empty() {
+        steps.push(Step::Keys(m.clone(), KeyMode::Down));
+    }
+    let buttons = inner.iter().any(|s| matches!(s, Step::Button(..)));
+    steps.extend(inner);
+    if !m.is_empty() {
+        if buttons {
+            steps.push(Step::ButtonsProcessed);
+        }
+        steps.push(Step::Keys(m, KeyMode::Up));
+    }
+    Ok(())
+}
+
+/// A click: an optional move to `at`, then `count` presses of button `b`, under `modifiers`.
+fn plan_click(
+    at: (Option<i32>, Option<i32>),
+    b: &Button,
+    count: Option<u32>,
+    modifiers: &[String],
+    steps: &mut Vec<Step>,
+) -> Result<(), DisplayError> {
+    let b = button(b)?;
+    let count = count.unwrap_or(1);
+    if !(1..=10).contains(&count) {
+        return Err(DisplayError::Invalid("count must be 1-10".into()));
+    }
+    let mut inner = Vec::new();
+    if let Some((x, y)) = point(at.0, at.1)? {
+        inner.push(Step::Move(x, y));
+    }
+    for _ in 0..count {
+        inner.push(Step::Button(b, true));
+        inner.push(Step::Button(b, false));
+    }
+    push_held(modifiers, steps, inner)
+}
+
+/// A drag: button `b` pressed at the first point of `path`, moved through the rest and
+/// released at the last, under `modifiers`.
+fn plan_drag(
+    path: &[[i32; 2]],
+    b: &Button,
+    modifiers: &[String],
+    steps: &mut Vec<Step>,
+) -> Result<(), DisplayError> {
+    if path.len() < 2 {
+        return Err(DisplayError::Invalid(
+            "a drag needs at least two points".into(),
+        ));
+    }
+    let b = button(b)?;
+    let mut inner = vec![Step::Move(path[0][0], path[0][1]), Step::Button(b, true)];
+    for p in &path[1..] {
+        inner.push(Step::Move(p[0], p[1]));
+    }
+    inner.push(Step::Button(b, false));
+    push_held(modifiers, steps, inner)
+}
+
+/// A scroll: an optional move to `at`, then `amount` clicks of the wheel button for
+/// `direction`, under `modifiers`.
+fn plan_scroll(
+    at: (Option<i32>, Option<i32>),
+    direction: &str,
+    amount: Option<u32>,
+    modifiers: &[String],
+    steps: &mut Vec<Step>,
+) -> Result<(), DisplayError> {
+    let b = match direction.to_ascii_lowercase().as_str() {
+        "up" => 4,
+        "down" => 5,
+        "left" => 6,
+        "right" => 7,
+        other => {
+            return Err(DisplayError::Invalid(format!(
+                "unknown scroll direction {other:?} (up, down, left, right)"
+            )));
+        }
+    };
+    let amount = amount.unwrap_or(1);
+    if !(1..=100).contains(&amount) {
+        return Err(DisplayError::Invalid("amount must be 1-100".into()));
+    }
+    let mut inner = Vec::new();
+    if let Some((x, y)) = point(at.0, at.1)? {
+        inner.push(Step::Move(x, y));
+    }
+    for _ in 0..amount {
+        inner.push(Step::Button(b, true));
+        inner.push(Step::Button(b, false));
+    }
+    push_held(modifiers, steps, inner)
+}
+
+/// A key chord tapped `repeat` times.
+fn plan_key(k: &str, repeat: Option<u32>, steps: &mut Vec<Step>) -> Result<(), DisplayError> {
+    let syms = keys::chord(k).map_err(DisplayError::Invalid)?;
+    let n = repeat.unwrap_or(1);
+    if !(1..=1000).contains(&n) {
+        return Err(DisplayError::Invalid("repeat must be 1-1000".into()));
+    }
+    for _ in 0..n {
+        steps.push(Step::Keys(syms.clone(), KeyMode::Tap));
+    }
+    Ok(())
+}
+
+/// A key chord held down for `duration_ms`, then released.
+fn plan_hold(k: &str, duration_ms: u64, steps: &mut Vec<Step>) -> Result<(), DisplayError> {
+    let syms = keys::chord(k).map_err(DisplayError::Invalid)?;
+    let d = Duration::from_millis(duration_ms);
+    if d > MAX_WAIT {
+        return Err(DisplayError::Invalid("duration_ms is at most 60000".into()));
+    }
+    steps.push(Step::Keys(syms.clone(), KeyMode::Down));
+    steps.push(Step::Sleep(d));
+    steps.push(Step::Keys(syms, KeyMode::Up));
+    Ok(())
 }
 
 fn execute(i: &mut Input, steps: &[Step]) -> Result<(), DisplayError> {

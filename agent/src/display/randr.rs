@@ -134,8 +134,32 @@ pub fn resize(x: &XConn, want: (u32, u32)) -> Result<(), DisplayError> {
     let (w, h) = (want.0 as u16, want.1 as u16);
     let res = x.conn.randr_get_screen_resources_current(x.root)?.reply()?;
 
-    // The output to drive: the first connected one showing a picture, else the first
-    // connected one.
+    let (output, info) = choose_output(x, &res)?;
+    let crtc = match info.crtc {
+        0 => *info
+            .crtcs
+            .first()
+            .ok_or_else(|| DisplayError::NoRandr("the screen's output can use no CRTC".into()))?,
+        c => c,
+    };
+    let mode = mode_for(x, &res, output, &info, (w, h))?;
+
+    let crtc_info = x
+        .conn
+        .randr_get_crtc_info(crtc, res.config_timestamp)?
+        .reply()?;
+    // Other CRTCs that would hang off the smaller screen are switched off first.
+    switch_off_outside(x, &res, crtc, (w, h))?;
+    apply_plan(x, &res, want, crtc, &crtc_info, mode, output)?;
+    wait_for_size(x, want)
+}
+
+/// The output to drive: the first connected one showing a picture, else the first
+/// connected one.
+fn choose_output(
+    x: &XConn,
+    res: &randr::GetScreenResourcesCurrentReply,
+) -> Result<(randr::Output, randr::GetOutputInfoReply), DisplayError> {
     let mut chosen = None;
     for &output in &res.outputs {
         let info = x
@@ -153,25 +177,26 @@ pub fn resize(x: &XConn, want: (u32, u32)) -> Result<(), DisplayError> {
             break;
         }
     }
-    let (output, info) = chosen.ok_or_else(|| {
-        DisplayError::NoRandr("RandR reports no connected output to resize".into())
-    })?;
-    let crtc = match info.crtc {
-        0 => *info
-            .crtcs
-            .first()
-            .ok_or_else(|| DisplayError::NoRandr("the screen's output can use no CRTC".into()))?,
-        c => c,
-    };
+    chosen
+        .ok_or_else(|| DisplayError::NoRandr("RandR reports no connected output to resize".into()))
+}
 
-    // The mode: one of the output's own of that size, else any the server knows, else new.
+/// The mode of size `w`x`h` for `output`: one of the output's own of that size, else any the
+/// server knows, else new; a mode not yet the output's is added to it.
+fn mode_for(
+    x: &XConn,
+    res: &randr::GetScreenResourcesCurrentReply,
+    output: randr::Output,
+    info: &randr::GetOutputInfoReply,
+    (w, h): (u16, u16),
+) -> Result<randr::Mode, DisplayError> {
     let of_size = |m: &&ModeInfo| m.width == w && m.height == h;
     let on_output = res
         .modes
         .iter()
         .filter(of_size)
         .find(|m| info.modes.contains(&m.id));
-    let mode = match on_output {
+    Ok(match on_output {
         Some(m) => m.id,
         None => {
             let id = match res.modes.iter().find(of_size) {
@@ -187,13 +212,16 @@ pub fn resize(x: &XConn, want: (u32, u32)) -> Result<(), DisplayError> {
             x.conn.randr_add_output_mode(output, id)?.check()?;
             id
         }
-    };
+    })
+}
 
-    let crtc_info = x
-        .conn
-        .randr_get_crtc_info(crtc, res.config_timestamp)?
-        .reply()?;
-    // Other CRTCs that would hang off the smaller screen are switched off first.
+/// Switches off the CRTCs other than `crtc` that would hang off a `w`x`h` screen.
+fn switch_off_outside(
+    x: &XConn,
+    res: &randr::GetScreenResourcesCurrentReply,
+    crtc: randr::Crtc,
+    (w, h): (u16, u16),
+) -> Result<(), DisplayError> {
     for &other in res.crtcs.iter().filter(|&&c| c != crtc) {
         let o = x
             .conn
@@ -205,6 +233,20 @@ pub fn resize(x: &XConn, want: (u32, u32)) -> Result<(), DisplayError> {
             set_crtc(x, other, res.config_timestamp, (0, 0), 0, o.rotation, &[])?;
         }
     }
+    Ok(())
+}
+
+/// Takes the screen from its size now to `want` in the order [`plan`] gives, the CRTC
+/// `crtc` taking `mode` on `output` on the way.
+fn apply_plan(
+    x: &XConn,
+    res: &randr::GetScreenResourcesCurrentReply,
+    want: (u32, u32),
+    crtc: randr::Crtc,
+    crtc_info: &randr::GetCrtcInfoReply,
+    mode: randr::Mode,
+    output: randr::Output,
+) -> Result<(), DisplayError> {
     let (cur_w, cur_h) = x.screen_size()?;
     for step in plan((cur_w as u32, cur_h as u32), want) {
         match step {
@@ -237,6 +279,11 @@ pub fn resize(x: &XConn, want: (u32, u32)) -> Result<(), DisplayError> {
             }
         }
     }
+    Ok(())
+}
+
+/// Polls the root window until it is `want` in size, at most [`SETTLE`].
+fn wait_for_size(x: &XConn, want: (u32, u32)) -> Result<(), DisplayError> {
     let deadline = Instant::now() + SETTLE;
     loop {
         let now = x.screen_size()?;

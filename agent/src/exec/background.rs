@@ -1,6 +1,7 @@
 //! Background commands: each under its own shim, so it outlives the agent; stdin, signals
 //! and kills reach it through the shim and its process group.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -9,12 +10,13 @@ use berth_protocol::sync::Locked;
 use nix::sys::signal::Signal;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
-use super::record::{self, ProcInfo, StdinMode};
+use super::record::{self, Meta, ProcInfo, StdinMode};
 use super::spawn::{self, SpawnFailure};
 use super::{
     Background, Command, CommandTable, ExecError, Prepared, SHIM_HANDSHAKE_TIMEOUT,
     STDIN_WRITE_TIMEOUT, new_id, shim, validate_id,
 };
+use crate::reaper::Exit;
 
 /// Ends an id's creation (even one whose task panicked): the id leaves `creating` only after
 /// its command, if it started, is in the table.
@@ -110,26 +112,52 @@ impl CommandTable {
             StdinMode::Null
         };
         let meta = self.new_meta(id, &p, stdin_mode, bg.merge_stderr, bg.timeout, true);
-        let cleanup = |e: ExecError| {
-            let _ = std::fs::remove_dir_all(&dir);
-            e
-        };
-        record::write_json(&dir, record::META, &meta).map_err(|e| cleanup(e.into()))?;
-        if wants_stdin {
-            nix::unistd::mkfifo(
-                &dir.join(record::STDIN),
-                nix::sys::stat::Mode::from_bits_truncate(0o600),
-            )
-            .map_err(|e| cleanup(ExecError::Internal(format!("stdin fifo: {e}"))))?;
-        }
+        write_shim_inputs(&dir, &meta, wants_stdin)?;
         // Watch before the shim starts so no write is missed.
         self.watch_dir(&dir);
 
+        let mut shim = self.start_shim_process(&dir, &p)?;
+        let shim_pid = shim.id();
+        let shim_exited = self.reaper.watch(shim_pid);
+        let out = shim.stdout.take();
+        drop(shim);
+        let hs = match read_handshake(out).await {
+            Some(hs) if hs.ok => hs,
+            other => return Err(self.abandon_shim(shim_pid, &dir, other)),
+        };
+        let info = record::read_json::<ProcInfo>(&dir, record::PROC).unwrap_or(ProcInfo {
+            supervisor_pid: shim_pid,
+            supervisor_start: crate::proc::start_time(shim_pid).unwrap_or(0),
+            pid: hs.pid.unwrap_or(0),
+        });
+        let command = Arc::new(Command::new(dir.clone(), meta));
+        *command.proc.locked() = Some(info);
+        command.stdin_open.store(wants_stdin, Ordering::SeqCst);
+        self.insert(command.clone());
+        self.started_event(&command);
+        self.settle_when_shim_ends(&command, shim_exited);
+
+        if let Some(data) = bg.stdin {
+            self.write_stdin(&command, &data).await?;
+            if !bg.stdin_open {
+                self.close_stdin(&command)?;
+            }
+        }
+        Ok(command)
+    }
+
+    /// Starts `berth-agent shim <dir>` in a session of its own, its stderr going to
+    /// `shim.log` and its stdout piped for the handshake.
+    fn start_shim_process(
+        &self,
+        dir: &Path,
+        p: &Prepared,
+    ) -> Result<std::process::Child, ExecError> {
         let shim_log =
-            std::fs::File::create(dir.join("shim.log")).map_err(|e| cleanup(e.into()))?;
+            std::fs::File::create(dir.join("shim.log")).map_err(|e| removing_dir(dir, e.into()))?;
         let mut cmd = std::process::Command::new(&self.cfg.agent_exe);
         cmd.arg("shim")
-            .arg(&dir)
+            .arg(dir)
             .env_clear()
             .envs(p.env.iter().map(|(k, v)| (k, v)))
             .current_dir("/")
@@ -145,57 +173,44 @@ impl CommandTable {
                 Ok(())
             });
         }
-        let mut shim = cmd
-            .spawn()
-            .map_err(|e| cleanup(ExecError::Internal(format!("cannot start the shim: {e}"))))?;
+        let shim = cmd.spawn().map_err(|e| {
+            removing_dir(
+                dir,
+                ExecError::Internal(format!("cannot start the shim: {e}")),
+            )
+        })?;
         drop(cmd);
-        let shim_pid = shim.id();
-        let shim_exited = self.reaper.watch(shim_pid);
-        let out = shim.stdout.take();
-        drop(shim);
-        let line = async {
-            let rx = tokio::net::unix::pipe::Receiver::from_owned_fd(out?.into()).ok()?;
-            let mut line = String::new();
-            tokio::io::BufReader::new(rx)
-                .read_line(&mut line)
-                .await
-                .ok()?;
-            Some(line)
-        };
-        let line = tokio::time::timeout(SHIM_HANDSHAKE_TIMEOUT, line).await;
-        let hs: Option<shim::Handshake> = match line {
-            Ok(Some(l)) => serde_json::from_str(&l).ok(),
-            _ => None,
-        };
-        let hs = match hs {
-            Some(hs) if hs.ok => hs,
-            other => {
-                crate::proc::signal_group(shim_pid, Signal::SIGKILL);
-                self.unwatch_dir(&dir);
-                let _ = std::fs::remove_dir_all(&dir);
-                return Err(match other {
-                    Some(shim::Handshake {
-                        errno: Some(errno),
-                        subject: Some(subject),
-                        ..
-                    }) => ExecError::Spawn(SpawnFailure { errno, subject }),
-                    Some(hs) => ExecError::Internal(hs.message.unwrap_or_default()),
-                    None => ExecError::Internal("the shim did not report".into()),
-                });
-            }
-        };
-        let info = record::read_json::<ProcInfo>(&dir, record::PROC).unwrap_or(ProcInfo {
-            supervisor_pid: shim_pid,
-            supervisor_start: crate::proc::start_time(shim_pid).unwrap_or(0),
-            pid: hs.pid.unwrap_or(0),
-        });
-        let command = Arc::new(Command::new(dir.clone(), meta));
-        *command.proc.locked() = Some(info);
-        command.stdin_open.store(wants_stdin, Ordering::SeqCst);
-        self.insert(command.clone());
-        self.started_event(&command);
+        Ok(shim)
+    }
 
-        // When the shim ends, the exit record is final (or missing: lost).
+    /// Kills a shim that did not report a running command, forgets its directory, and
+    /// answers the error its handshake (or its silence) means.
+    fn abandon_shim(
+        &self,
+        shim_pid: u32,
+        dir: &Path,
+        handshake: Option<shim::Handshake>,
+    ) -> ExecError {
+        crate::proc::signal_group(shim_pid, Signal::SIGKILL);
+        self.unwatch_dir(dir);
+        let _ = std::fs::remove_dir_all(dir);
+        match handshake {
+            Some(shim::Handshake {
+                errno: Some(errno),
+                subject: Some(subject),
+                ..
+            }) => ExecError::Spawn(SpawnFailure { errno, subject }),
+            Some(hs) => ExecError::Internal(hs.message.unwrap_or_default()),
+            None => ExecError::Internal("the shim did not report".into()),
+        }
+    }
+
+    /// When the shim ends, the exit record is final (or missing: lost).
+    fn settle_when_shim_ends(
+        self: &Arc<Self>,
+        command: &Arc<Command>,
+        shim_exited: tokio::sync::oneshot::Receiver<Exit>,
+    ) {
         let t = Arc::downgrade(self);
         let c = command.clone();
         tokio::spawn(async move {
@@ -207,14 +222,6 @@ impl CommandTable {
                 }
             }
         });
-
-        if let Some(data) = bg.stdin {
-            self.write_stdin(&command, &data).await?;
-            if !bg.stdin_open {
-                self.close_stdin(&command)?;
-            }
-        }
-        Ok(command)
     }
 
     pub async fn write_stdin(&self, cmd: &Command, data: &[u8]) -> Result<(), ExecError> {
@@ -321,5 +328,44 @@ impl CommandTable {
         self.kill(&cmd).await;
         self.forget(&cmd);
         Ok(())
+    }
+}
+
+/// Removes a command directory whose creation failed, passing the error on.
+fn removing_dir(dir: &Path, e: ExecError) -> ExecError {
+    let _ = std::fs::remove_dir_all(dir);
+    e
+}
+
+/// Writes what the shim reads on start: `meta.json`, and the stdin FIFO when the command
+/// takes stdin. On failure the directory is removed.
+fn write_shim_inputs(dir: &Path, meta: &Meta, wants_stdin: bool) -> Result<(), ExecError> {
+    record::write_json(dir, record::META, meta).map_err(|e| removing_dir(dir, e.into()))?;
+    if wants_stdin {
+        nix::unistd::mkfifo(
+            &dir.join(record::STDIN),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .map_err(|e| removing_dir(dir, ExecError::Internal(format!("stdin fifo: {e}"))))?;
+    }
+    Ok(())
+}
+
+/// Reads the shim's one handshake line, waiting at most SHIM_HANDSHAKE_TIMEOUT; `None` when
+/// it did not come or does not parse.
+async fn read_handshake(out: Option<std::process::ChildStdout>) -> Option<shim::Handshake> {
+    let line = async {
+        let rx = tokio::net::unix::pipe::Receiver::from_owned_fd(out?.into()).ok()?;
+        let mut line = String::new();
+        tokio::io::BufReader::new(rx)
+            .read_line(&mut line)
+            .await
+            .ok()?;
+        Some(line)
+    };
+    let line = tokio::time::timeout(SHIM_HANDSHAKE_TIMEOUT, line).await;
+    match line {
+        Ok(Some(l)) => serde_json::from_str(&l).ok(),
+        _ => None,
     }
 }

@@ -1,5 +1,7 @@
 //! Foreground commands: run by the agent itself, answered when they end.
 
+use std::os::fd::OwnedFd;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -14,6 +16,7 @@ use super::{
     Command, CommandTable, DEFAULT_FOREGROUND_TIMEOUT, ExecError, FOREGROUND_KEEP, Foreground,
     ForegroundOutcome, Prepared, new_id, shim,
 };
+use crate::reaper::Exit;
 
 impl CommandTable {
     /// Runs `program` as the sandbox user, in their home and environment, for the agent's own
@@ -102,37 +105,10 @@ impl CommandTable {
         let timeout = fg.timeout.unwrap_or(DEFAULT_FOREGROUND_TIMEOUT);
         let meta = self.new_meta(&id, &p, stdin_mode, fg.merge_stderr, Some(timeout), false);
 
-        let launch = Launch {
-            program: &p.program,
-            cwd: &p.cwd,
-            env: &p.env,
-            identity: p.identity(),
-            group: Group::NewSession,
-        };
-        let mut cmd = spawn::command(&launch).map_err(ExecError::Spawn)?;
-        cmd.stdin(if fg.stdin.is_some() {
-            std::process::Stdio::piped()
-        } else {
-            std::process::Stdio::null()
-        });
-        let merged_read = if fg.merge_stderr {
-            let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-                .map_err(|e| ExecError::Internal(e.to_string()))?;
-            let w2 = w.try_clone()?;
-            cmd.stdout(w).stderr(w2);
-            Some(r)
-        } else {
-            cmd.stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped());
-            None
-        };
-        let started = Instant::now();
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| ExecError::Spawn(SpawnFailure::from_io(&e, &p.program[0])))?;
-        drop(cmd);
+        let (mut child, merged_read, started) =
+            spawn_foreground(&p, fg.stdin.is_some(), fg.merge_stderr)?;
         let pid = child.id();
-        let mut exited = self.reaper.watch(pid);
+        let exited = self.reaper.watch(pid);
 
         // No directory and no file on the way in: a foreground command's output stays in
         // memory until it grows (then it spills to its directory) and its record goes to the
@@ -148,43 +124,7 @@ impl CommandTable {
         self.insert(command.clone());
         self.started_event(&command);
 
-        // Readers keep up to FOREGROUND_KEEP bytes of each stream for the answer; everything
-        // goes to the log.
-        let mut readers = Vec::new();
-        let mut sources: Vec<(std::os::fd::OwnedFd, Stream)> = Vec::new();
-        if let Some(r) = merged_read {
-            sources.push((r, Stream::Stdout));
-        } else {
-            if let Some(o) = child.stdout.take() {
-                sources.push((o.into(), Stream::Stdout));
-            }
-            if let Some(e) = child.stderr.take() {
-                sources.push((e.into(), Stream::Stderr));
-            }
-        }
-        for (fd, stream) in sources {
-            let c = command.clone();
-            readers.push(tokio::spawn(async move {
-                let mut kept = Vec::new();
-                let mut truncated = false;
-                let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
-                    return (stream, kept, truncated);
-                };
-                let mut buf = vec![0u8; 64 * 1024];
-                loop {
-                    match rx.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => {
-                            c.append(stream, &buf[..n]);
-                            let room = FOREGROUND_KEEP.saturating_sub(kept.len());
-                            kept.extend_from_slice(&buf[..n.min(room)]);
-                            truncated |= n > room;
-                        }
-                    }
-                }
-                (stream, kept, truncated)
-            }));
-        }
+        let readers = spawn_readers(&command, &mut child, merged_read);
         if let (Some(data), Some(stdin)) = (fg.stdin, child.stdin.take()) {
             tokio::spawn(async move {
                 if let Ok(mut tx) = tokio::net::unix::pipe::Sender::from_owned_fd(stdin.into()) {
@@ -194,34 +134,32 @@ impl CommandTable {
         }
         drop(child);
 
-        let mut timed_out = false;
-        let lost = || ExecError::Internal("child status lost".into());
-        let exit = tokio::select! {
-            r = &mut exited => r.map_err(|_| lost())?,
-            _ = tokio::time::sleep(timeout) => {
-                timed_out = true;
-                crate::proc::signal_group(pid, Signal::SIGKILL);
-                exited.await.map_err(|_| lost())?
-            }
-        };
-        // Give the pipes a moment to drain; a process left holding them does not stall us.
-        let deadline = tokio::time::Instant::now() + shim::DRAIN_GRACE;
-        let mut stdout = Vec::new();
-        let mut stderr = Vec::new();
-        let mut truncated = false;
-        for r in readers {
-            let abort = r.abort_handle();
-            match tokio::time::timeout_at(deadline, r).await {
-                Ok(Ok((stream, kept, t))) => {
-                    truncated |= t;
-                    match stream {
-                        Stream::Stdout => stdout = kept,
-                        Stream::Stderr => stderr = kept,
-                    }
-                }
-                _ => abort.abort(),
-            }
-        }
+        let (exit, timed_out) = wait_or_kill(pid, exited, timeout).await?;
+        let (stdout, stderr, truncated) = collect_output(readers).await;
+        self.finish_foreground(&id, &dir, &command, exit, timed_out);
+        self.emit_exit(&command);
+        command.bump();
+        Ok(ForegroundOutcome {
+            id,
+            exit,
+            timed_out,
+            stdout,
+            stderr,
+            truncated,
+            duration: started.elapsed(),
+        })
+    }
+
+    /// Records how a foreground command ended: in its directory when its output spilled
+    /// there, otherwise in the foreground store (unless it was deleted while it ran).
+    fn finish_foreground(
+        &self,
+        id: &str,
+        dir: &Path,
+        command: &Command,
+        exit: Exit,
+        timed_out: bool,
+    ) {
         // A spilled log's writer is closed (a record lives for a day, its descriptors must
         // not) after reading whether it failed.
         let spilled = command.writer.locked().take().map(|mut w| {
@@ -237,39 +175,163 @@ impl CommandTable {
             output_error: spilled.clone().flatten(),
             reported: true,
         };
-        {
-            let mut view = command.view();
-            view.set_exit(rec.clone());
-            match spilled {
-                Some(_) => {
-                    if let Err(e) = record::write_json(&dir, record::EXIT, &rec) {
-                        tracing::warn!(dir = %dir.display(), error = %e, "cannot write an exit record");
-                    }
+        let mut view = command.view();
+        view.set_exit(rec.clone());
+        match spilled {
+            Some(_) => {
+                if let Err(e) = record::write_json(dir, record::EXIT, &rec) {
+                    tracing::warn!(dir = %dir.display(), error = %e, "cannot write an exit record");
                 }
-                // Deleted while it ran: nothing to keep.
-                None if self.get(&id).is_none() => {}
-                None => {
-                    let bytes = view.memory_bytes().unwrap_or_default();
-                    match self.store.put(&command.meta, &rec, bytes, view.index()) {
-                        Ok((path, offset)) => view.moved_to_store(path, offset),
-                        // Kept in memory until it expires; only a restart would lose it.
-                        Err(e) => {
-                            tracing::warn!(id = %id, error = %e, "cannot store a foreground record")
-                        }
+            }
+            // Deleted while it ran: nothing to keep.
+            None if self.get(id).is_none() => {}
+            None => {
+                let bytes = view.memory_bytes().unwrap_or_default();
+                match self.store.put(&command.meta, &rec, bytes, view.index()) {
+                    Ok((path, offset)) => view.moved_to_store(path, offset),
+                    // Kept in memory until it expires; only a restart would lose it.
+                    Err(e) => {
+                        tracing::warn!(id = %id, error = %e, "cannot store a foreground record")
                     }
                 }
             }
         }
-        self.emit_exit(&command);
-        command.bump();
-        Ok(ForegroundOutcome {
-            id,
-            exit,
-            timed_out,
-            stdout,
-            stderr,
-            truncated,
-            duration: started.elapsed(),
-        })
     }
+}
+
+/// What one output reader hands back: its stream, the bytes kept for the answer, and whether
+/// more arrived than were kept.
+type ReaderResult = (Stream, Vec<u8>, bool);
+
+/// Starts a foreground command in a new session with its stdin and output pipes; answers the
+/// child, the read end of the merged stdout+stderr pipe when they are merged, and when it
+/// started.
+fn spawn_foreground(
+    p: &Prepared,
+    has_stdin: bool,
+    merge_stderr: bool,
+) -> Result<(std::process::Child, Option<OwnedFd>, Instant), ExecError> {
+    let launch = Launch {
+        program: &p.program,
+        cwd: &p.cwd,
+        env: &p.env,
+        identity: p.identity(),
+        group: Group::NewSession,
+    };
+    let mut cmd = spawn::command(&launch).map_err(ExecError::Spawn)?;
+    cmd.stdin(if has_stdin {
+        std::process::Stdio::piped()
+    } else {
+        std::process::Stdio::null()
+    });
+    let merged_read = if merge_stderr {
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| ExecError::Internal(e.to_string()))?;
+        let w2 = w.try_clone()?;
+        cmd.stdout(w).stderr(w2);
+        Some(r)
+    } else {
+        cmd.stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        None
+    };
+    let started = Instant::now();
+    let child = cmd
+        .spawn()
+        .map_err(|e| ExecError::Spawn(SpawnFailure::from_io(&e, &p.program[0])))?;
+    drop(cmd);
+    Ok((child, merged_read, started))
+}
+
+/// Starts one reader task per output pipe. Readers keep up to FOREGROUND_KEEP bytes of each
+/// stream for the answer; everything goes to the log.
+fn spawn_readers(
+    command: &Arc<Command>,
+    child: &mut std::process::Child,
+    merged_read: Option<OwnedFd>,
+) -> Vec<tokio::task::JoinHandle<ReaderResult>> {
+    let mut readers = Vec::new();
+    let mut sources: Vec<(OwnedFd, Stream)> = Vec::new();
+    if let Some(r) = merged_read {
+        sources.push((r, Stream::Stdout));
+    } else {
+        if let Some(o) = child.stdout.take() {
+            sources.push((o.into(), Stream::Stdout));
+        }
+        if let Some(e) = child.stderr.take() {
+            sources.push((e.into(), Stream::Stderr));
+        }
+    }
+    for (fd, stream) in sources {
+        readers.push(tokio::spawn(read_stream(command.clone(), fd, stream)));
+    }
+    readers
+}
+
+/// Copies one output pipe into the command's log until end-of-file, keeping the first
+/// FOREGROUND_KEEP bytes.
+async fn read_stream(c: Arc<Command>, fd: OwnedFd, stream: Stream) -> ReaderResult {
+    let mut kept = Vec::new();
+    let mut truncated = false;
+    let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
+        return (stream, kept, truncated);
+    };
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match rx.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                c.append(stream, &buf[..n]);
+                let room = FOREGROUND_KEEP.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+                truncated |= n > room;
+            }
+        }
+    }
+    (stream, kept, truncated)
+}
+
+/// Waits for the command to exit; past `timeout` kills its group and waits for that. Answers
+/// the exit and whether it timed out.
+async fn wait_or_kill(
+    pid: u32,
+    mut exited: tokio::sync::oneshot::Receiver<Exit>,
+    timeout: std::time::Duration,
+) -> Result<(Exit, bool), ExecError> {
+    let mut timed_out = false;
+    let lost = || ExecError::Internal("child status lost".into());
+    let exit = tokio::select! {
+        r = &mut exited => r.map_err(|_| lost())?,
+        _ = tokio::time::sleep(timeout) => {
+            timed_out = true;
+            crate::proc::signal_group(pid, Signal::SIGKILL);
+            exited.await.map_err(|_| lost())?
+        }
+    };
+    Ok((exit, timed_out))
+}
+
+/// Gathers what the readers kept: stdout, stderr, and whether either was cut short.
+async fn collect_output(
+    readers: Vec<tokio::task::JoinHandle<ReaderResult>>,
+) -> (Vec<u8>, Vec<u8>, bool) {
+    // Give the pipes a moment to drain; a process left holding them does not stall us.
+    let deadline = tokio::time::Instant::now() + shim::DRAIN_GRACE;
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    let mut truncated = false;
+    for r in readers {
+        let abort = r.abort_handle();
+        match tokio::time::timeout_at(deadline, r).await {
+            Ok(Ok((stream, kept, t))) => {
+                truncated |= t;
+                match stream {
+                    Stream::Stdout => stdout = kept,
+                    Stream::Stderr => stderr = kept,
+                }
+            }
+            _ => abort.abort(),
+        }
+    }
+    (stdout, stderr, truncated)
 }

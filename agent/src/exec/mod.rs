@@ -163,7 +163,23 @@ impl CommandTable {
             spares: spare::SpareDirs::start(&cfg_commands_dir),
             store,
         });
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<PathBuf>(4096);
+        let rx = table.start_watcher();
+        table.adopt_existing();
+        for (record, path) in stored {
+            if table.get(&record.meta.id).is_none() {
+                let dir = table.cfg.commands_dir.join(&record.meta.id);
+                table.insert(Arc::new(Command::stored(dir, record, path)));
+            }
+        }
+
+        table.spawn_refresher(rx);
+        table.spawn_upkeep();
+        Ok(table)
+    }
+
+    /// Watches the file system for writes and answers the channel the changed paths arrive on.
+    fn start_watcher(&self) -> tokio::sync::mpsc::Receiver<PathBuf> {
+        let (tx, rx) = tokio::sync::mpsc::channel::<PathBuf>(4096);
         let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
             // Only writes matter. Opens and reads must not count: refreshing a record opens
             // its files, which would otherwise notify again, forever.
@@ -180,20 +196,17 @@ impl CommandTable {
         // machine running many agents as one user runs out) records are refreshed by the tick
         // alone, as a directory that cannot be watched is; the agent still starts.
         match watcher {
-            Ok(w) => *table.watcher.locked() = Some(w),
+            Ok(w) => *self.watcher.locked() = Some(w),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot watch command dirs; polling them");
             }
         }
-        table.adopt_existing();
-        for (record, path) in stored {
-            if table.get(&record.meta.id).is_none() {
-                let dir = table.cfg.commands_dir.join(&record.meta.id);
-                table.insert(Arc::new(Command::stored(dir, record, path)));
-            }
-        }
+        rx
+    }
 
-        let t = table.clone();
+    /// Refreshes the commands whose files changed, a batch of pending changes at a time.
+    fn spawn_refresher(self: &Arc<Self>, mut rx: tokio::sync::mpsc::Receiver<PathBuf>) {
+        let t = self.clone();
         tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
                 let mut ids = HashSet::new();
@@ -217,9 +230,14 @@ impl CommandTable {
                 }
             }
         });
+    }
+
+    /// Checks every second that running commands still run, and expires old records; ends
+    /// with the table.
+    fn spawn_upkeep(self: &Arc<Self>) {
         // Expiry runs every minute, or more often for short TTLs.
-        let expire_every = (table.cfg.ttl.as_secs() / 2).clamp(1, 60);
-        let t = Arc::downgrade(&table);
+        let expire_every = (self.cfg.ttl.as_secs() / 2).clamp(1, 60);
+        let t = Arc::downgrade(self);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             let mut n: u64 = 0;
@@ -233,7 +251,6 @@ impl CommandTable {
                 }
             }
         });
-        Ok(table)
     }
 
     pub fn config(&self) -> &ExecConfig {

@@ -80,26 +80,67 @@ fn run(dir: &Path, handshake: &mut std::io::Stdout) -> Result<(), String> {
     crate::proc::become_subreaper().map_err(|e| format!("subreaper: {e}"))?;
 
     let (tx, rx) = mpsc::channel::<Ev>();
-    let mut signals =
-        signal_hook::iterator::Signals::new([SIGCHLD, SIGTERM, SIGUSR1, SIGINT, SIGHUP])
-            .map_err(|e| format!("signals: {e}"))?;
-    {
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            for s in signals.forever() {
-                if tx.send(Ev::Signal(s)).is_err() {
-                    break;
-                }
-            }
-        });
-    }
+    forward_signals(tx.clone())?;
 
     let writer = Arc::new(Mutex::new(
         LogWriter::create(dir, meta.output_cap).map_err(|e| format!("output log: {e}"))?,
     ));
 
-    // Stdin: the child gets the FIFO's read end; the shim holds a write end so the child sees
-    // end-of-file only when asked (SIGUSR1), not whenever no agent happens to be writing.
+    let (child_stdin, stdin_keeper) = open_stdin(dir, &meta)?;
+    let Some(Started {
+        mut child,
+        merged_output,
+    }) = spawn_command(&meta, child_stdin, handshake)?
+    else {
+        return Ok(());
+    };
+    let pid = child.id();
+
+    let me = std::process::id();
+    announce_started(dir, pid, me, handshake)?;
+
+    let readers = spawn_readers(&mut child, merged_output, &writer, &tx);
+    drop(tx);
+
+    let deadline = meta
+        .timeout_ms
+        .map(|ms| Instant::now() + Duration::from_millis(ms));
+    let mut supervision = Supervision {
+        dir,
+        pid,
+        me,
+        deadline,
+        writer,
+        stdin_keeper,
+        readers,
+        timed_out: false,
+        child_exit: None,
+        exit_written: false,
+    };
+    supervision.run(&rx);
+    Ok(())
+}
+
+/// Forwards the signals the shim handles to the supervision loop from a thread of their own.
+fn forward_signals(tx: mpsc::Sender<Ev>) -> Result<(), String> {
+    let mut signals =
+        signal_hook::iterator::Signals::new([SIGCHLD, SIGTERM, SIGUSR1, SIGINT, SIGHUP])
+            .map_err(|e| format!("signals: {e}"))?;
+    std::thread::spawn(move || {
+        for s in signals.forever() {
+            if tx.send(Ev::Signal(s)).is_err() {
+                break;
+            }
+        }
+    });
+    Ok(())
+}
+
+/// The command's stdin, and the shim's write end of the FIFO when stdin is one.
+///
+/// The child gets the FIFO's read end; the shim holds a write end so the child sees
+/// end-of-file only when asked (SIGUSR1), not whenever no agent happens to be writing.
+fn open_stdin(dir: &Path, meta: &Meta) -> Result<(Stdio, Option<std::fs::File>), String> {
     let mut stdin_keeper: Option<std::fs::File> = None;
     let child_stdin = match meta.stdin {
         StdinMode::Fifo => {
@@ -120,7 +161,22 @@ fn run(dir: &Path, handshake: &mut std::io::Stdout) -> Result<(), String> {
         }
         _ => Stdio::null(),
     };
+    Ok((child_stdin, stdin_keeper))
+}
 
+/// A started command and, when stderr is merged into stdout, the read end of their one pipe.
+struct Started {
+    child: std::process::Child,
+    merged_output: Option<OwnedFd>,
+}
+
+/// Starts the command in its own process group with its stdin and output pipes. `Ok(None)`
+/// means it could not start and that failure is already reported on the handshake.
+fn spawn_command(
+    meta: &Meta,
+    child_stdin: Stdio,
+    handshake: &mut std::io::Stdout,
+) -> Result<Option<Started>, String> {
     let env: Vec<(String, String)> = std::env::vars().collect();
     let identity = meta
         .switch_identity
@@ -135,37 +191,48 @@ fn run(dir: &Path, handshake: &mut std::io::Stdout) -> Result<(), String> {
     };
     if let Err(f) = spawn::precheck(&meta.program, cwd) {
         report_failure(handshake, &f);
-        return Ok(());
+        return Ok(None);
     }
     let mut cmd = match spawn::command(&launch) {
         Ok(c) => c,
         Err(f) => {
             report_failure(handshake, &f);
-            return Ok(());
+            return Ok(None);
         }
     };
     cmd.stdin(child_stdin);
-    let (out_read, err_read) = if meta.merge_stderr {
+    let merged_output = if meta.merge_stderr {
         let (r, w) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
         let w2 = w.try_clone().map_err(|e| format!("pipe: {e}"))?;
         cmd.stdout(Stdio::from(w)).stderr(Stdio::from(w2));
-        (Some(r), None)
+        Some(r)
     } else {
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-        (None, None::<OwnedFd>)
+        None
     };
-    let mut child = match cmd.spawn() {
+    let child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
             report_failure(handshake, &SpawnFailure::from_io(&e, &meta.program[0]));
-            return Ok(());
+            return Ok(None);
         }
     };
     drop(cmd); // closes our copies of the merged pipe's write ends
-    let pid = child.id();
+    Ok(Some(Started {
+        child,
+        merged_output,
+    }))
+}
 
-    let me = std::process::id();
+/// Records who supervises the command (`proc.json`), then writes the success handshake and
+/// lets go of stdout.
+fn announce_started(
+    dir: &Path,
+    pid: u32,
+    me: u32,
+    handshake: &mut std::io::Stdout,
+) -> Result<(), String> {
     let info = ProcInfo {
         supervisor_pid: me,
         supervisor_start: crate::proc::start_time(me).unwrap_or(0),
@@ -186,7 +253,17 @@ fn run(dir: &Path, handshake: &mut std::io::Stdout) -> Result<(), String> {
     );
     let _ = handshake.flush();
     detach_stdout();
+    Ok(())
+}
 
+/// Starts one thread per output pipe that copies it into the log and says when it is done;
+/// returns how many were started.
+fn spawn_readers(
+    child: &mut std::process::Child,
+    merged_output: Option<OwnedFd>,
+    writer: &Arc<Mutex<LogWriter>>,
+    tx: &mpsc::Sender<Ev>,
+) -> i32 {
     let mut readers = 0;
     let mut spawn_reader = |fd: OwnedFd, stream: Stream| {
         readers += 1;
@@ -197,7 +274,7 @@ fn run(dir: &Path, handshake: &mut std::io::Stdout) -> Result<(), String> {
             let _ = tx.send(Ev::ReaderDone);
         });
     };
-    if let Some(r) = out_read {
+    if let Some(r) = merged_output {
         spawn_reader(r, Stream::Stdout);
     } else {
         if let Some(o) = child.stdout.take() {
@@ -207,92 +284,139 @@ fn run(dir: &Path, handshake: &mut std::io::Stdout) -> Result<(), String> {
             spawn_reader(OwnedFd::from(e), Stream::Stderr);
         }
     }
-    let _ = err_read;
-    drop(tx);
+    readers
+}
 
-    let deadline = meta
-        .timeout_ms
-        .map(|ms| Instant::now() + Duration::from_millis(ms));
-    let mut timed_out = false;
-    let mut child_exit: Option<(Exit, Instant)> = None;
-    let mut exit_written = false;
-    loop {
+/// The supervision loop's state: the running command, its deadline, its output readers and
+/// whether its exit is known and recorded.
+struct Supervision<'a> {
+    dir: &'a Path,
+    /// The command's pid, which is also its process group.
+    pid: u32,
+    /// The shim's own pid: the root of the tree it reaps and kills.
+    me: u32,
+    deadline: Option<Instant>,
+    writer: Arc<Mutex<LogWriter>>,
+    /// The shim's write end of the stdin FIFO; dropping it gives the command end-of-file.
+    stdin_keeper: Option<std::fs::File>,
+    /// Output readers still running.
+    readers: i32,
+    timed_out: bool,
+    child_exit: Option<(Exit, Instant)>,
+    exit_written: bool,
+}
+
+impl Supervision<'_> {
+    /// Waits for signals and readers, reaps, enforces the timeout and records the exit, until
+    /// the exit is written, all output is read and the command's whole tree is gone.
+    fn run(&mut self, rx: &mpsc::Receiver<Ev>) {
+        loop {
+            let wait = self.next_wait();
+            self.handle(rx.recv_timeout(wait));
+            self.reap();
+            self.enforce_deadline();
+            self.record_exit_when_drained();
+            // Processes the command left behind (daemons) stay our children: we are their
+            // reaper, and a kill of this command still reaches them.
+            if self.exit_written
+                && self.readers == 0
+                && crate::proc::descendants(self.me).is_empty()
+            {
+                break;
+            }
+        }
+    }
+
+    /// How long to wait for the next event: at most a second, and no later than the deadline
+    /// or the end of the drain grace.
+    fn next_wait(&self) -> Duration {
         let now = Instant::now();
         let mut wait = Duration::from_secs(1);
-        if let Some(d) = deadline
-            && child_exit.is_none()
+        if let Some(d) = self.deadline
+            && self.child_exit.is_none()
         {
             wait = wait.min(d.saturating_duration_since(now));
         }
-        if let Some((_, at)) = child_exit
-            && !exit_written
+        if let Some((_, at)) = self.child_exit
+            && !self.exit_written
         {
             wait = wait.min((at + DRAIN_GRACE).saturating_duration_since(now));
         }
-        match rx.recv_timeout(wait) {
+        wait
+    }
+
+    /// Acts on one event (or on none, after a timeout).
+    fn handle(&mut self, event: Result<Ev, mpsc::RecvTimeoutError>) {
+        match event {
             Ok(Ev::Signal(SIGCHLD)) => {}
             Ok(Ev::Signal(SIGTERM)) => {
-                crate::proc::signal_group(pid, Signal::SIGKILL);
-                crate::proc::kill_descendants(me, Duration::from_secs(2));
+                crate::proc::signal_group(self.pid, Signal::SIGKILL);
+                crate::proc::kill_descendants(self.me, Duration::from_secs(2));
             }
             Ok(Ev::Signal(SIGUSR1)) => {
-                stdin_keeper = None;
+                self.stdin_keeper = None;
             }
             Ok(Ev::Signal(_)) => {} // SIGINT / SIGHUP: we are not a terminal's job
-            Ok(Ev::ReaderDone) => readers -= 1,
+            Ok(Ev::ReaderDone) => self.readers -= 1,
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 // Every reader finished and the signal thread ended: nothing more can arrive.
             }
         }
-        // Reap everything: the command, and orphans of its tree that were re-parented to us.
+    }
+
+    /// Reaps everything: the command, and orphans of its tree that were re-parented to us.
+    fn reap(&mut self) {
         loop {
             match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::StillAlive) | Err(_) => break,
                 Ok(status) => {
                     if let Some((p, exit)) = Exit::from_wait(status)
-                        && p == pid as i32
+                        && p == self.pid as i32
                     {
-                        child_exit = Some((exit, Instant::now()));
+                        self.child_exit = Some((exit, Instant::now()));
                     }
                 }
             }
         }
-        if let Some(d) = deadline
-            && child_exit.is_none()
-            && !timed_out
+    }
+
+    /// Kills the command's tree once, when it is still running at its deadline.
+    fn enforce_deadline(&mut self) {
+        if let Some(d) = self.deadline
+            && self.child_exit.is_none()
+            && !self.timed_out
             && Instant::now() >= d
         {
-            timed_out = true;
-            crate::proc::signal_group(pid, Signal::SIGKILL);
-            crate::proc::kill_descendants(me, Duration::from_secs(2));
+            self.timed_out = true;
+            crate::proc::signal_group(self.pid, Signal::SIGKILL);
+            crate::proc::kill_descendants(self.me, Duration::from_secs(2));
         }
-        if let Some((exit, at)) = child_exit
-            && !exit_written
-            && (readers == 0 || Instant::now() >= at + DRAIN_GRACE)
+    }
+
+    /// Writes the exit record once the command has exited and its output is read (or the
+    /// drain grace is over), then closes the stdin FIFO's write end.
+    fn record_exit_when_drained(&mut self) {
+        if let Some((exit, at)) = self.child_exit
+            && !self.exit_written
+            && (self.readers == 0 || Instant::now() >= at + DRAIN_GRACE)
         {
-            let output_error = writer.lock().ok().and_then(|w| w.error.clone());
+            let output_error = self.writer.lock().ok().and_then(|w| w.error.clone());
             let rec = ExitRecord {
                 exit_code: exit.exit_code(),
                 signal: exit.signal,
-                timed_out,
+                timed_out: self.timed_out,
                 ended_at: crate::time::now_rfc3339(),
                 output_error,
                 reported: false,
             };
-            if let Err(e) = record::write_json(dir, EXIT, &rec) {
+            if let Err(e) = record::write_json(self.dir, EXIT, &rec) {
                 eprintln!("berth-agent shim: cannot write the exit record: {e}");
             }
-            exit_written = true;
-            drop(stdin_keeper.take());
-        }
-        // Processes the command left behind (daemons) stay our children: we are their
-        // reaper, and a kill of this command still reaches them.
-        if exit_written && readers == 0 && crate::proc::descendants(me).is_empty() {
-            break;
+            self.exit_written = true;
+            drop(self.stdin_keeper.take());
         }
     }
-    Ok(())
 }
 
 fn report_failure(out: &mut std::io::Stdout, f: &SpawnFailure) {

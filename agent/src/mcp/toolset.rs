@@ -22,13 +22,44 @@ pub fn tool_name(member: &str) -> String {
 /// A member's description and input schema (the SDK's input types, coordinates in the
 /// toolset's screenshot pixels: `GET /v1/toolsets/computer` gives their size).
 fn member_tool(member: &str) -> Tool {
-    let point = |what: &str| {
-        json!({"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2,
-               "description": format!("{what}: [x, y] in screenshot pixels")})
+    let (description, properties, required) = keyboard_member(member)
+        .or_else(|| screen_member(member))
+        .unwrap_or_else(|| pointer_member(member));
+    let required: &[&str] = if member == "zoom" {
+        &["region"]
+    } else {
+        required
     };
-    let held = json!({"type": "string",
-        "description": "Keys held during the action (\"shift\", \"ctrl+shift\")"});
-    let (description, properties, required): (&str, Value, &[&str]) = match member {
+    tool(
+        tool_name(member),
+        format!("Anthropic's computer toolset, member `{member}`: {description}"),
+        properties,
+        required,
+    )
+}
+
+/// A member's description, input properties and required fields.
+type MemberSpec = (&'static str, Value, &'static [&'static str]);
+
+/// The MCP tool of a member: its name, description and an object schema of `properties`.
+fn tool(name: String, description: String, properties: Value, required: &[&str]) -> Tool {
+    let schema = json!({"type": "object", "properties": properties, "required": required});
+    let schema: JsonObject = match schema {
+        Value::Object(m) => m,
+        _ => JsonObject::new(),
+    };
+    Tool::new(name, description, Arc::new(schema))
+}
+
+/// A point property of the computer toolset: `[x, y]` in screenshot pixels.
+fn point(what: &str) -> Value {
+    json!({"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2,
+           "description": format!("{what}: [x, y] in screenshot pixels")})
+}
+
+/// The computer toolset's keyboard members.
+fn keyboard_member(member: &str) -> Option<MemberSpec> {
+    Some(match member {
         "key" => (
             "Press a key or key combination (\"ctrl+s\", \"alt+Tab\", \"Return\").",
             json!({"text": {"type": "string"},
@@ -46,6 +77,39 @@ fn member_tool(member: &str) -> Tool {
             json!({"text": {"type": "string"}}),
             &["text"],
         ),
+        _ => return None,
+    })
+}
+
+/// The computer toolset's members that wait or look at the screen.
+fn screen_member(member: &str) -> Option<MemberSpec> {
+    Some(match member {
+        "wait" => (
+            "Wait `duration` seconds.",
+            json!({"duration": {"type": "integer", "minimum": 0, "maximum": 60}}),
+            &["duration"],
+        ),
+        "screenshot" => (
+            "The screen, fitted to the model's image limits (PNG).",
+            json!({}),
+            &[],
+        ),
+        "zoom" => (
+            "A region of the screen captured at display resolution and scaled up to fill the \
+             image budget.",
+            json!({"region": {"type": "array", "items": {"type": "integer"}, "minItems": 4,
+                   "maxItems": 4, "description": "[x0, y0, x1, y1] in screenshot pixels"}}),
+            &[],
+        ),
+        _ => return None,
+    })
+}
+
+/// The computer toolset's pointer members; any other name is a click.
+fn pointer_member(member: &str) -> MemberSpec {
+    let held = json!({"type": "string",
+        "description": "Keys held during the action (\"shift\", \"ctrl+shift\")"});
+    match member {
         "cursor_position" => (
             "The cursor's position in screenshot pixels (X=..,Y=..).",
             json!({}),
@@ -74,45 +138,13 @@ fn member_tool(member: &str) -> Tool {
                    "coordinate": point("Where"), "text": held}),
             &["scroll_direction", "scroll_amount"],
         ),
-        "wait" => (
-            "Wait `duration` seconds.",
-            json!({"duration": {"type": "integer", "minimum": 0, "maximum": 60}}),
-            &["duration"],
-        ),
-        "screenshot" => (
-            "The screen, fitted to the model's image limits (PNG).",
-            json!({}),
-            &[],
-        ),
-        "zoom" => (
-            "A region of the screen captured at display resolution and scaled up to fill the \
-             image budget.",
-            json!({"region": {"type": "array", "items": {"type": "integer"}, "minItems": 4,
-                   "maxItems": 4, "description": "[x0, y0, x1, y1] in screenshot pixels"}}),
-            &[],
-        ),
         // The clicks.
         _ => (
             "Click at a point (or where the cursor is).",
             json!({"coordinate": point("Where"), "text": held}),
             &[],
         ),
-    };
-    let required: &[&str] = if member == "zoom" {
-        &["region"]
-    } else {
-        required
-    };
-    let schema = json!({"type": "object", "properties": properties, "required": required});
-    let schema: JsonObject = match schema {
-        Value::Object(m) => m,
-        _ => JsonObject::new(),
-    };
-    Tool::new(
-        tool_name(member),
-        format!("Anthropic's computer toolset, member `{member}`: {description}"),
-        Arc::new(schema),
-    )
+    }
 }
 
 /// One route per member.
@@ -153,33 +185,53 @@ pub fn routes() -> Vec<ToolRoute<BerthMcp>> {
 /// A browser member's description and input schema (coordinates in the toolset's screenshot
 /// pixels: `GET /v1/toolsets/browser` gives their size; `ref` from `read_page` or `find`).
 fn browser_tool(member: &str) -> Tool {
-    let tab =
-        json!({"type": "string", "description": "The tab to act in (default: the active tab)"});
-    let coordinate = json!({"type": "object", "description": "A point in screenshot pixels",
+    let (description, properties, required) = browser_pointer_member(member)
+        .or_else(|| browser_input_member(member))
+        .or_else(|| browser_reading_member(member))
+        .or_else(|| browser_tab_member(member))
+        .unwrap_or(("", json!({}), &[]));
+    tool(
+        format!("{BROWSER_FAMILY}_{member}"),
+        format!("Anthropic's browser toolset, member `{member}`: {description}"),
+        properties,
+        required,
+    )
+}
+
+/// The `tab_id` property every browser member but the tab ones takes.
+fn tab_field() -> Value {
+    json!({"type": "string", "description": "The tab to act in (default: the active tab)"})
+}
+
+/// A point target in screenshot pixels.
+fn coordinate_field() -> Value {
+    json!({"type": "object", "description": "A point in screenshot pixels",
         "properties": {"type": {"const": "coordinate"}, "x": {"type": "integer"},
                        "y": {"type": "integer"}},
-        "required": ["type", "x", "y"]});
-    let reference = json!({"type": "object", "description": "An element by its reference (ref_<n>)",
+        "required": ["type", "x", "y"]})
+}
+
+/// An element target by its reference (`ref_<n>`).
+fn reference_field() -> Value {
+    json!({"type": "object", "description": "An element by its reference (ref_<n>)",
         "properties": {"type": {"const": "ref"}, "ref": {"type": "string"}},
-        "required": ["type", "ref"]});
+        "required": ["type", "ref"]})
+}
+
+/// A duration in seconds, at most a minute.
+fn seconds_field() -> Value {
+    json!({"type": "number", "minimum": 0, "maximum": 60})
+}
+
+/// The browser toolset's pointer members: clicks, hover, drags, presses and scrolls.
+fn browser_pointer_member(member: &str) -> Option<MemberSpec> {
+    let tab = tab_field();
+    let coordinate = coordinate_field();
+    let reference = reference_field();
     let either = json!({"oneOf": [coordinate.clone(), reference.clone()]});
     let modifiers =
         json!({"type": "string", "description": "Keys held (\"shift\", \"ctrl+shift\")"});
-    let seconds = json!({"type": "number", "minimum": 0, "maximum": 60});
-    let (description, properties, required): (&str, Value, &[&str]) = match member {
-        "navigate" => (
-            "Go to a URL (https:// when no scheme is given), or `back`, `forward`, `reload`.",
-            json!({"url": {"type": "string"}, "tab_id": tab}),
-            &["url"],
-        ),
-        "screenshot" => ("The tab's viewport (PNG).", json!({"tab_id": tab}), &[]),
-        "zoom" => (
-            "A region of the viewport, scaled up.",
-            json!({"region": {"type": "array", "items": {"type": "integer"}, "minItems": 4,
-                   "maxItems": 4, "description": "[x0, y0, x1, y1] in screenshot pixels"},
-                   "tab_id": tab}),
-            &["region"],
-        ),
+    Some(match member {
         "left_click" | "right_click" | "middle_click" | "double_click" | "triple_click" => (
             "Click a point or an element.",
             json!({"target": either, "modifiers": modifiers, "tab_id": tab}),
@@ -212,6 +264,15 @@ fn browser_tool(member: &str) -> Tool {
             json!({"target": reference, "tab_id": tab}),
             &["target"],
         ),
+        _ => return None,
+    })
+}
+
+/// The browser toolset's keyboard and form members.
+fn browser_input_member(member: &str) -> Option<MemberSpec> {
+    let tab = tab_field();
+    let reference = reference_field();
+    Some(match member {
         "type" => (
             "Type text where the focus is.",
             json!({"text": {"type": "string"}, "tab_id": tab}),
@@ -225,7 +286,7 @@ fn browser_tool(member: &str) -> Tool {
         ),
         "hold_key" => (
             "Hold keys for `duration` seconds.",
-            json!({"text": {"type": "string"}, "duration": seconds, "tab_id": tab}),
+            json!({"text": {"type": "string"}, "duration": seconds_field(), "tab_id": tab}),
             &["text", "duration"],
         ),
         "form_input" => (
@@ -235,6 +296,20 @@ fn browser_tool(member: &str) -> Tool {
                    "tab_id": tab}),
             &["target", "value"],
         ),
+        "file_upload" => (
+            "Set a file input's files (absolute paths in the sandbox).",
+            json!({"target": reference, "paths": {"type": "array", "items": {"type": "string"}},
+                   "tab_id": tab}),
+            &["target", "paths"],
+        ),
+        _ => return None,
+    })
+}
+
+/// The browser toolset's members that read the page: its tree, text, logs, a script's value.
+fn browser_reading_member(member: &str) -> Option<MemberSpec> {
+    let tab = tab_field();
+    Some(match member {
         "read_page" => (
             "The page's accessibility tree, one element a line with its reference.",
             json!({"depth": {"type": "integer", "minimum": 1},
@@ -248,17 +323,6 @@ fn browser_tool(member: &str) -> Tool {
             &["query"],
         ),
         "get_page_text" => ("The page's visible text.", json!({"tab_id": tab}), &[]),
-        "wait" => (
-            "Wait `duration` seconds.",
-            json!({"duration": seconds, "tab_id": tab}),
-            &["duration"],
-        ),
-        "file_upload" => (
-            "Set a file input's files (absolute paths in the sandbox).",
-            json!({"target": reference, "paths": {"type": "array", "items": {"type": "string"}},
-                   "tab_id": tab}),
-            &["target", "paths"],
-        ),
         "read_console" => (
             "Console entries since the last read.",
             json!({"tab_id": tab}),
@@ -270,6 +334,32 @@ fn browser_tool(member: &str) -> Tool {
             json!({"text": {"type": "string"}, "tab_id": tab}),
             &["text"],
         ),
+        _ => return None,
+    })
+}
+
+/// The browser toolset's navigation, capture, wait and tab members.
+fn browser_tab_member(member: &str) -> Option<MemberSpec> {
+    let tab = tab_field();
+    Some(match member {
+        "navigate" => (
+            "Go to a URL (https:// when no scheme is given), or `back`, `forward`, `reload`.",
+            json!({"url": {"type": "string"}, "tab_id": tab}),
+            &["url"],
+        ),
+        "screenshot" => ("The tab's viewport (PNG).", json!({"tab_id": tab}), &[]),
+        "zoom" => (
+            "A region of the viewport, scaled up.",
+            json!({"region": {"type": "array", "items": {"type": "integer"}, "minItems": 4,
+                   "maxItems": 4, "description": "[x0, y0, x1, y1] in screenshot pixels"},
+                   "tab_id": tab}),
+            &["region"],
+        ),
+        "wait" => (
+            "Wait `duration` seconds.",
+            json!({"duration": seconds_field(), "tab_id": tab}),
+            &["duration"],
+        ),
         "new_tab" => ("Open a blank tab and make it active.", json!({}), &[]),
         "list_tabs" => ("The open tabs.", json!({}), &[]),
         "switch_tab" | "close_tab" => (
@@ -277,18 +367,8 @@ fn browser_tool(member: &str) -> Tool {
             json!({"tab_id": {"type": "string"}}),
             &["tab_id"],
         ),
-        _ => ("", json!({}), &[]),
-    };
-    let schema = json!({"type": "object", "properties": properties, "required": required});
-    let schema: JsonObject = match schema {
-        Value::Object(m) => m,
-        _ => JsonObject::new(),
-    };
-    Tool::new(
-        format!("{BROWSER_FAMILY}_{member}"),
-        format!("Anthropic's browser toolset, member `{member}`: {description}"),
-        Arc::new(schema),
-    )
+        _ => return None,
+    })
 }
 
 /// One route per browser member served.

@@ -320,6 +320,64 @@ impl Recording {
         self.ended(inner);
     }
 
+    /// Writes the init segment and the first picture, as a fragment of one frame interval
+    /// whose duration is patched once the next picture comes.
+    fn write_first(&self, w: &mut Writer, pic: &Picture<'_>) -> std::io::Result<()> {
+        let init = mp4::init_segment(pic.track, true);
+        let interval = TIMESCALE / self.settings.fps.max(1);
+        let first = mp4::fragment(
+            w.sequence,
+            0,
+            &[Sample {
+                data: pic.data.to_vec(),
+                duration: interval,
+                sync: pic.sync,
+            }],
+        );
+        let head = [init.bytes.as_slice(), first.as_slice()].concat();
+        (&*w.file).write_all(&head)?;
+        w.committed = head.len() as u64;
+        w.mehd_at = init.mehd_duration_offset;
+        w.provisional = Some((init.bytes.len() + mp4::FIRST_SAMPLE_DURATION_AT) as u64);
+        w.sequence += 1;
+        w.decode = interval as u64;
+        w.last_flush = Instant::now();
+        w.sync_soon();
+        Ok(())
+    }
+
+    /// The first picture, `committed` bytes into the file, is in: counts it, stamps the
+    /// start, saves the record and tells the waiters and the event log the recording started.
+    fn note_started(&self, inner: &mut Inner, committed: u64, pic: &Picture<'_>) {
+        inner.bytes = committed;
+        inner.counts.encoded += 1;
+        if pic.sync {
+            inner.counts.keyframes += 1;
+        }
+        inner.t0 = Some(pic.at);
+        let wall = SystemTime::now() - pic.at.elapsed();
+        inner.first_frame_at = Some(crate::time::rfc3339(wall));
+        self.save_live(inner);
+        self.events.emit(
+            EventKind::RecordingStarted,
+            json!({
+                "id": self.id,
+                "width": self.settings.width,
+                "height": self.settings.height,
+                "fps": self.settings.fps,
+                "compat": self.compat,
+            }),
+        );
+        self.started.send_replace(Some(Ok(())));
+    }
+
+    /// Writing the file failed with `e`: the recording ends with that error.
+    fn write_failed(&self, inner: &mut Inner, e: std::io::Error) -> Verdict {
+        let msg = format!("writing {}: {e}", self.path.display());
+        self.failed(inner, msg);
+        Verdict::Done
+    }
+
     pub fn delete_files(&self) {
         let _ = std::fs::remove_file(&self.path);
         let _ = std::fs::remove_file(&self.record_path);
@@ -344,73 +402,18 @@ impl Sink for Recording {
                 // fragment of its own lasting one frame interval until the next picture
                 // tells its true duration (patched in place, so the file is valid at every
                 // moment).
-                let init = mp4::init_segment(pic.track, true);
-                let interval = TIMESCALE / self.settings.fps.max(1);
-                let first = mp4::fragment(
-                    w.sequence,
-                    0,
-                    &[Sample {
-                        data: pic.data.to_vec(),
-                        duration: interval,
-                        sync: pic.sync,
-                    }],
-                );
-                let head = [init.bytes.as_slice(), first.as_slice()].concat();
-                if let Err(e) = (&*w.file).write_all(&head) {
-                    let msg = format!("writing {}: {e}", self.path.display());
-                    self.failed(inner, msg);
-                    return Verdict::Done;
+                if let Err(e) = self.write_first(w, pic) {
+                    return self.write_failed(inner, e);
                 }
-                w.committed = head.len() as u64;
-                w.mehd_at = init.mehd_duration_offset;
-                w.provisional = Some((init.bytes.len() + mp4::FIRST_SAMPLE_DURATION_AT) as u64);
-                w.sequence += 1;
-                w.decode = interval as u64;
-                w.last_flush = Instant::now();
-                w.sync_soon();
-                inner.bytes = w.committed;
-                inner.counts.encoded += 1;
-                if pic.sync {
-                    inner.counts.keyframes += 1;
-                }
-                inner.t0 = Some(pic.at);
-                let wall = SystemTime::now() - pic.at.elapsed();
-                inner.first_frame_at = Some(crate::time::rfc3339(wall));
-                self.save_live(inner);
-                self.events.emit(
-                    EventKind::RecordingStarted,
-                    json!({
-                        "id": self.id,
-                        "width": self.settings.width,
-                        "height": self.settings.height,
-                        "fps": self.settings.fps,
-                        "compat": self.compat,
-                    }),
-                );
-                self.started.send_replace(Some(Ok(())));
+                let committed = w.committed;
+                self.note_started(inner, committed, pic);
                 return Verdict::Keep;
             }
         };
-        let mut pts = ticks(pic.at.saturating_duration_since(t0));
-        if w.provisional.is_some() {
-            pts = pts.max(1);
-            if let Err(e) = settle_first(w, pts) {
-                let msg = format!("writing {}: {e}", self.path.display());
-                self.failed(inner, msg);
-                return Verdict::Done;
-            }
-        }
-        if let Some((prev, data, sync)) = w.pending.take() {
-            pts = pts.max(prev + 1);
-            w.buffered_bytes += data.len();
-            w.buffered.push(Sample {
-                data,
-                duration: (pts - prev).min(u32::MAX as u64) as u32,
-                sync,
-            });
-        }
-        w.pending = Some((pts, pic.data.to_vec(), pic.sync));
-        let due = w.last_flush.elapsed() >= FRAGMENT_EVERY || w.buffered_bytes >= FRAGMENT_BYTES;
+        let due = match queue_picture(w, t0, pic) {
+            Ok(due) => due,
+            Err(e) => return self.write_failed(inner, e),
+        };
         let result = if due { flush(w) } else { Ok(()) };
         inner.bytes = w.committed;
         inner.counts.encoded += 1;
@@ -418,9 +421,7 @@ impl Sink for Recording {
             inner.counts.keyframes += 1;
         }
         if let Err(e) = result {
-            let msg = format!("writing {}: {e}", self.path.display());
-            self.failed(inner, msg);
-            return Verdict::Done;
+            return self.write_failed(inner, e);
         }
         if due {
             self.save_live(inner);
@@ -469,6 +470,28 @@ impl Sink for Recording {
             self.failed(&mut inner, error.to_string());
         }
     }
+}
+
+/// Holds `pic` back until the next picture tells its duration, moving the one held before
+/// into the fragment being buffered; the first picture's provisional duration is settled on
+/// the way. Whether the buffered fragment is due to be flushed.
+fn queue_picture(w: &mut Writer, t0: Instant, pic: &Picture<'_>) -> std::io::Result<bool> {
+    let mut pts = ticks(pic.at.saturating_duration_since(t0));
+    if w.provisional.is_some() {
+        pts = pts.max(1);
+        settle_first(w, pts)?;
+    }
+    if let Some((prev, data, sync)) = w.pending.take() {
+        pts = pts.max(prev + 1);
+        w.buffered_bytes += data.len();
+        w.buffered.push(Sample {
+            data,
+            duration: (pts - prev).min(u32::MAX as u64) as u32,
+            sync,
+        });
+    }
+    w.pending = Some((pts, pic.data.to_vec(), pic.sync));
+    Ok(w.last_flush.elapsed() >= FRAGMENT_EVERY || w.buffered_bytes >= FRAGMENT_BYTES)
 }
 
 /// Writes the buffered pictures as one fragment.

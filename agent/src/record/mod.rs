@@ -113,6 +113,17 @@ impl Drop for StreamGuard {
     }
 }
 
+/// The id a recording request asks for, checked, or a new one.
+fn recording_id(id: Option<String>) -> Result<String, RecordError> {
+    match id {
+        Some(id) if !valid_id(&id) => Err(RecordError::Invalid(format!(
+            "id {id:?} must be 1-128 characters of A-Z a-z 0-9 _ - . (not starting with .)"
+        ))),
+        Some(id) => Ok(id),
+        None => Ok(new_id()),
+    }
+}
+
 fn valid_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 128
@@ -276,15 +287,7 @@ impl Recorder {
         req: RecordingRequest,
         compat: bool,
     ) -> Result<Arc<Recording>, RecordError> {
-        let id = match req.id {
-            Some(id) if !valid_id(&id) => {
-                return Err(RecordError::Invalid(format!(
-                    "id {id:?} must be 1-128 characters of A-Z a-z 0-9 _ - . (not starting with .)"
-                )));
-            }
-            Some(id) => id,
-            None => new_id(),
-        };
+        let id = recording_id(req.id)?;
         if req.max_duration_ms == Some(0) {
             return Err(RecordError::Invalid(
                 "max_duration_ms must be above 0".into(),
@@ -299,53 +302,9 @@ impl Recorder {
                 req.cursor,
             )
             .await?;
-        let rec = {
-            let mut inner = self.lock();
-            if inner.recordings.contains_key(&id) || inner.past.contains_key(&id) {
-                return Err(RecordError::Conflict(format!("recording {id} exists")));
-            }
-            let live = inner.recordings.values().filter(|r| r.is_live()).count();
-            if live >= MAX_LIVE_RECORDINGS {
-                return Err(RecordError::Busy(format!(
-                    "{MAX_LIVE_RECORDINGS} recordings are running already"
-                )));
-            }
-            let rec = Recording::create(
-                &self.dir,
-                id.clone(),
-                compat,
-                settings,
-                req.max_duration_ms.map(Duration::from_millis),
-                self.events.clone(),
-            )
-            .map_err(|e| RecordError::io("creating the recording file", e))?;
-            inner.recordings.insert(id.clone(), rec.clone());
-            rec
-        };
-        let mut started = rec.started();
-        let outcome = match self.attach(settings, rec.clone()) {
-            Err(e) => Err(e),
-            Ok(()) => {
-                match tokio::time::timeout(FIRST_FRAME_WAIT, started.wait_for(Option::is_some))
-                    .await
-                {
-                    Ok(Ok(r)) => match r.clone() {
-                        Some(Ok(())) => Ok(()),
-                        Some(Err(e)) if e.contains("No space left") => {
-                            Err(RecordError::DiskFull(e))
-                        }
-                        Some(Err(e)) => Err(RecordError::Failed(e)),
-                        None => unreachable!("waited for Some"),
-                    },
-                    Ok(Err(_)) => Err(RecordError::Failed("the recorder went away".into())),
-                    Err(_) => Err(RecordError::Failed(format!(
-                        "no frame was encoded within {}s",
-                        FIRST_FRAME_WAIT.as_secs()
-                    ))),
-                }
-            }
-        };
-        if let Err(e) = outcome {
+        let max_duration = req.max_duration_ms.map(Duration::from_millis);
+        let rec = self.register(&id, compat, settings, max_duration)?;
+        if let Err(e) = self.attach_until_started(settings, &rec).await {
             // A start that failed leaves nothing behind.
             let rec2 = rec.clone();
             let _ = tokio::task::spawn_blocking(move || {
@@ -357,6 +316,62 @@ impl Recorder {
             return Err(e);
         }
         Ok(rec)
+    }
+
+    /// Creates the recording `id` and its file and lists it, unless the id is taken or
+    /// [`MAX_LIVE_RECORDINGS`] run already.
+    fn register(
+        &self,
+        id: &str,
+        compat: bool,
+        settings: Settings,
+        max_duration: Option<Duration>,
+    ) -> Result<Arc<Recording>, RecordError> {
+        let mut inner = self.lock();
+        if inner.recordings.contains_key(id) || inner.past.contains_key(id) {
+            return Err(RecordError::Conflict(format!("recording {id} exists")));
+        }
+        let live = inner.recordings.values().filter(|r| r.is_live()).count();
+        if live >= MAX_LIVE_RECORDINGS {
+            return Err(RecordError::Busy(format!(
+                "{MAX_LIVE_RECORDINGS} recordings are running already"
+            )));
+        }
+        let rec = Recording::create(
+            &self.dir,
+            id.to_string(),
+            compat,
+            settings,
+            max_duration,
+            self.events.clone(),
+        )
+        .map_err(|e| RecordError::io("creating the recording file", e))?;
+        inner.recordings.insert(id.to_string(), rec.clone());
+        Ok(rec)
+    }
+
+    /// Attaches `rec` to a pipeline and waits, at most [`FIRST_FRAME_WAIT`], until its first
+    /// picture is in the file or it failed.
+    async fn attach_until_started(
+        &self,
+        settings: Settings,
+        rec: &Arc<Recording>,
+    ) -> Result<(), RecordError> {
+        let mut started = rec.started();
+        self.attach(settings, rec.clone())?;
+        match tokio::time::timeout(FIRST_FRAME_WAIT, started.wait_for(Option::is_some)).await {
+            Ok(Ok(r)) => match r.clone() {
+                Some(Ok(())) => Ok(()),
+                Some(Err(e)) if e.contains("No space left") => Err(RecordError::DiskFull(e)),
+                Some(Err(e)) => Err(RecordError::Failed(e)),
+                None => unreachable!("waited for Some"),
+            },
+            Ok(Err(_)) => Err(RecordError::Failed("the recorder went away".into())),
+            Err(_) => Err(RecordError::Failed(format!(
+                "no frame was encoded within {}s",
+                FIRST_FRAME_WAIT.as_secs()
+            ))),
+        }
     }
 
     pub fn list(&self) -> Vec<RecordingInfo> {

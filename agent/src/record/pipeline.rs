@@ -2,6 +2,7 @@
 //! shared capture for the screen, converts and encodes it only when it changed, and hands the
 //! picture to every sink (recording files, live streams) that uses the same settings.
 
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -10,7 +11,7 @@ use berth_protocol::sync::Locked;
 use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 
-use super::h264::{H264, I420};
+use super::h264::{Encoded, H264, I420};
 use super::mp4::TrackInfo;
 use super::source::FrameSource;
 use crate::display::capture::Frame;
@@ -251,6 +252,43 @@ impl Pipeline {
     fn step(&self, st: &mut Loop, source: &FrameSource, want_keyframe: bool) -> bool {
         let s = self.settings;
         let now = Instant::now();
+        self.advance_schedule(st, now);
+        let changed = match self.look(st, source, s.cursor, now) {
+            ControlFlow::Continue(changed) => changed,
+            ControlFlow::Break(()) => return false,
+        };
+        let refresh_due = now - st.last_encode >= REFRESH;
+        if !st.have_picture || !(changed || want_keyframe || refresh_due) {
+            self.tick_all(now, Tick::Skipped);
+            return true;
+        }
+        if !changed {
+            st.last_at = now.max(st.last_at + Duration::from_micros(100));
+        }
+        let keyframe = want_keyframe
+            || st.encode_errors > 0
+            || st
+                .last_keyframe
+                .is_none_or(|k| changed && now - k >= st.keyframe_every);
+        match st.encoder.encode(&st.picture, keyframe) {
+            Ok(Some(enc)) => return self.hand_over(st, &enc, now),
+            Ok(None) => self.tick_all(now, Tick::Skipped),
+            Err(e) => {
+                // One bad picture is skipped (the next is a keyframe); a run of them ends it.
+                st.encode_errors += 1;
+                tracing::warn!(error = %e, errors = st.encode_errors, "recording: a picture failed to encode");
+                if st.encode_errors >= MAX_ENCODE_ERRORS {
+                    self.fail_all(&e);
+                    return false;
+                }
+                self.tick_all(now, Tick::Dropped(1));
+            }
+        }
+        true
+    }
+
+    /// Moves the next tick past `now`, telling the consumers about the ticks missed.
+    fn advance_schedule(&self, st: &mut Loop, now: Instant) {
         if now >= st.next {
             let behind = now - st.next;
             let dropped = (behind.as_nanos() / st.interval.as_nanos()) as u64;
@@ -259,8 +297,20 @@ impl Pipeline {
                 self.tick_all(now, Tick::Dropped(dropped));
             }
         }
+    }
+
+    /// Takes the screen's latest frame into the picture when it is new: whether it changed,
+    /// or `Break` when capture kept failing before there was a first picture (the consumers
+    /// were told).
+    fn look(
+        &self,
+        st: &mut Loop,
+        source: &FrameSource,
+        cursor: bool,
+        now: Instant,
+    ) -> ControlFlow<(), bool> {
         let mut changed = false;
-        match source.latest(s.cursor) {
+        match source.latest(cursor) {
             Ok(c) => {
                 st.capture_failing_since = None;
                 if st.last_frame != Some(c.id) {
@@ -280,59 +330,37 @@ impl Pipeline {
                 }
                 if !st.have_picture && now - since > FIRST_FRAME_PATIENCE {
                     self.fail_all(&format!("cannot capture the screen: {e}"));
-                    return false;
+                    return ControlFlow::Break(());
                 }
             }
         }
-        let refresh_due = now - st.last_encode >= REFRESH;
-        if !st.have_picture || !(changed || want_keyframe || refresh_due) {
-            self.tick_all(now, Tick::Skipped);
-            return true;
+        ControlFlow::Continue(changed)
+    }
+
+    /// Hands an encoded picture to the consumers, asking for a keyframe (at most every
+    /// [`RESYNC_GAP`]) when one fell behind. False when the encoder gave no parameter sets.
+    fn hand_over(&self, st: &mut Loop, enc: &Encoded, now: Instant) -> bool {
+        st.encode_errors = 0;
+        st.last_encode = now;
+        if enc.sync {
+            st.last_keyframe = Some(now);
         }
-        if !changed {
-            st.last_at = now.max(st.last_at + Duration::from_micros(100));
+        let Some(track) = st.encoder.track().cloned() else {
+            self.fail_all("the encoder produced no parameter sets");
+            return false;
+        };
+        let pic = Picture {
+            data: &enc.avcc,
+            sync: enc.sync,
+            at: st.last_at,
+            track: &track,
+        };
+        let resync = self.deliver(&pic);
+        if resync && now - st.last_resync >= RESYNC_GAP {
+            st.last_resync = now;
+            self.ctl().want_keyframe = true;
         }
-        let keyframe = want_keyframe
-            || st.encode_errors > 0
-            || st
-                .last_keyframe
-                .is_none_or(|k| changed && now - k >= st.keyframe_every);
-        match st.encoder.encode(&st.picture, keyframe) {
-            Ok(Some(enc)) => {
-                st.encode_errors = 0;
-                st.last_encode = now;
-                if enc.sync {
-                    st.last_keyframe = Some(now);
-                }
-                let Some(track) = st.encoder.track().cloned() else {
-                    self.fail_all("the encoder produced no parameter sets");
-                    return false;
-                };
-                let pic = Picture {
-                    data: &enc.avcc,
-                    sync: enc.sync,
-                    at: st.last_at,
-                    track: &track,
-                };
-                let resync = self.deliver(&pic);
-                if resync && now - st.last_resync >= RESYNC_GAP {
-                    st.last_resync = now;
-                    self.ctl().want_keyframe = true;
-                }
-                self.tick_all(now, Tick::Encoded);
-            }
-            Ok(None) => self.tick_all(now, Tick::Skipped),
-            Err(e) => {
-                // One bad picture is skipped (the next is a keyframe); a run of them ends it.
-                st.encode_errors += 1;
-                tracing::warn!(error = %e, errors = st.encode_errors, "recording: a picture failed to encode");
-                if st.encode_errors >= MAX_ENCODE_ERRORS {
-                    self.fail_all(&e);
-                    return false;
-                }
-                self.tick_all(now, Tick::Dropped(1));
-            }
-        }
+        self.tick_all(now, Tick::Encoded);
         true
     }
 

@@ -16,9 +16,11 @@
 //!   window covers it.
 //! - Error texts are fixed phrases; the only page text in them is a script's own exception.
 
+mod input;
 pub mod keys;
 pub mod page;
 pub mod plan;
+mod read;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -798,233 +800,22 @@ impl PageCtl<'_> {
                     .capture(Some((origin.0 + x, origin.1 + y, w, h, ow as f64 / w)))
                     .await;
             }
-            Op::Click {
-                target,
-                button,
-                count,
-                modifiers,
-            } => {
-                let at = self.resolve(&target).await?;
-                self.mouse("mouseMoved", at, "none", 0, 0, modifiers)
-                    .await?;
-                let bit = match button {
-                    "left" => 1,
-                    "right" => 2,
-                    _ => 4,
-                };
-                for n in 1..=count {
-                    self.mouse("mousePressed", at, button, bit, n, modifiers)
-                        .await?;
-                    self.mouse("mouseReleased", at, button, 0, n, modifiers)
-                        .await?;
-                }
-                true
-            }
-            Op::Hover(target) => {
-                let at = self.resolve(&target).await?;
-                self.mouse("mouseMoved", at, "none", 0, 0, 0).await?;
-                true
-            }
-            Op::Drag(from, to) => {
-                self.mouse("mouseMoved", from, "none", 0, 0, 0).await?;
-                self.mouse("mousePressed", from, "left", 1, 1, 0).await?;
-                for i in 1..=8 {
-                    let t = i as f64 / 8.0;
-                    let at = (from.0 + (to.0 - from.0) * t, from.1 + (to.1 - from.1) * t);
-                    self.mouse("mouseMoved", at, "left", 1, 0, 0).await?;
-                }
-                self.mouse("mouseReleased", to, "left", 0, 1, 0).await?;
-                true
-            }
-            Op::Down(at) => {
-                self.mouse("mouseMoved", at, "none", 0, 0, 0).await?;
-                self.mouse("mousePressed", at, "left", 1, 1, 0).await?;
-                true
-            }
-            Op::Up(at) => {
-                self.mouse("mouseMoved", at, "left", 1, 0, 0).await?;
-                self.mouse("mouseReleased", at, "left", 0, 1, 0).await?;
-                true
-            }
-            Op::Scroll { at, dx, dy } => {
-                self.mouse("mouseMoved", at, "none", 0, 0, 0).await?;
-                self.cdp(
-                    "Input.dispatchMouseEvent",
-                    json!({"type": "mouseWheel", "x": at.0, "y": at.1, "deltaX": dx, "deltaY": dy}),
-                )
-                .await?;
-                true
-            }
-            Op::ScrollTo(id) => {
-                self.c
-                    .call(
-                        "DOM.scrollIntoViewIfNeeded",
-                        json!({"backendNodeId": id}),
-                        Some(self.s),
-                    )
-                    .await
-                    .map_err(|_| stale(id))?;
-                true
-            }
-            Op::Type(text) => {
-                let enter = keys::chord("Return").map_err(|_| failed(self.name))?;
-                for (i, line) in text.split('\n').enumerate() {
-                    if i > 0 {
-                        self.chord_down(&enter).await?;
-                        self.chord_up(&enter).await?;
-                    }
-                    if !line.is_empty() {
-                        self.cdp("Input.insertText", json!({"text": line})).await?;
-                    }
-                }
-                true
-            }
-            Op::Key(chords, repeat) => {
-                for _ in 0..repeat {
-                    for ch in &chords {
-                        self.chord_down(ch).await?;
-                        self.chord_up(ch).await?;
-                    }
-                }
-                true
-            }
-            Op::HoldKey(ch, secs) => {
-                self.chord_down(&ch).await?;
-                tokio::time::sleep(Duration::from_secs_f64(secs)).await;
-                self.chord_up(&ch).await?;
-                true
-            }
-            Op::FormInput(id, value) => {
-                let obj = self.object(id).await?;
-                let v = self
-                    .cdp(
-                        "Runtime.callFunctionOn",
-                        json!({"objectId": obj, "functionDeclaration": SET_VALUE,
-                               "arguments": [{"value": value}], "returnByValue": true}),
-                    )
-                    .await?;
-                match v["result"]["value"].as_str() {
-                    Some("") => {}
-                    Some(problem) => return Err(format!("ref_{id}: {problem}.")),
-                    None => return Err(failed(self.name)),
-                }
-                true
-            }
-            Op::ReadPage {
-                depth,
-                filter,
-                root,
-            } => {
-                let (ax, boxes, viewport) = self.page_tree(origin, view).await?;
-                let p = page::Page::new(&ax, boxes, viewport);
-                let text = p.read(filter, depth, root).ok_or_else(|| match root {
-                    Some(id) => stale(id),
-                    None => failed(self.name),
-                })?;
-                return Ok(Outcome::Text(text));
-            }
-            Op::Find(query) => {
-                let (ax, boxes, viewport) = self.page_tree(origin, view).await?;
-                let p = page::Page::new(&ax, boxes, viewport);
-                return Ok(Outcome::Text(p.find(&query)));
-            }
-            Op::PageText => {
-                let v = self.eval(PAGE_TEXT).await?;
-                let text: String = v
-                    .as_str()
-                    .unwrap_or_default()
-                    .chars()
-                    .take(MAX_TEXT_ANSWER)
-                    .collect();
-                return Ok(Outcome::Text(text));
-            }
+            Op::ReadPage { .. }
+            | Op::Find(_)
+            | Op::PageText
+            | Op::ReadConsole
+            | Op::ReadNetwork
+            | Op::Javascript(_) => return self.read(op, view, origin).await.map(Outcome::Text),
             Op::Wait(secs) => {
                 tokio::time::sleep(Duration::from_secs_f64(secs)).await;
                 false
             }
-            Op::FileUpload(id, paths) => {
-                if paths.iter().any(|p| !std::path::Path::new(p).is_file()) {
-                    return Err("paths: a file to upload does not exist.".into());
-                }
-                self.c
-                    .call(
-                        "DOM.setFileInputFiles",
-                        json!({"files": paths, "backendNodeId": id}),
-                        Some(self.s),
-                    )
-                    .await
-                    .map_err(|_| format!("ref_{id} is not a file input."))?;
-                true
-            }
-            Op::ReadConsole => {
-                let (lines, dropped) = self.c.page(self.s, |l| {
-                    let d = std::mem::take(&mut l.console_dropped);
-                    (l.console.drain(..).collect::<Vec<_>>(), d)
-                });
-                return Ok(Outcome::Text(entries(lines, dropped)));
-            }
-            Op::ReadNetwork => {
-                // Every request is listed; a finished one only once, one still loading again
-                // on the next read (with its outcome then).
-                let (reqs, dropped) = self.c.page(self.s, |l| {
-                    let d = std::mem::take(&mut l.network_dropped);
-                    let all: Vec<_> = l.network.iter().cloned().collect();
-                    l.network.retain(|r| r.finished.is_none());
-                    (all, d)
-                });
-                let lines = reqs
-                    .iter()
-                    .map(|r| {
-                        let status = match (&r.failed, r.status) {
-                            (Some(e), _) => format!("failed {e}"),
-                            (None, Some(s)) => s.to_string(),
-                            (None, None) => "pending".into(),
-                        };
-                        let ms = r
-                            .finished
-                            .map(|f| format!(" {:.0} ms", (f - r.started) * 1000.0))
-                            .unwrap_or_default();
-                        let mime = if r.mime.is_empty() {
-                            String::new()
-                        } else {
-                            format!(" {}", r.mime)
-                        };
-                        one_line(&format!("{} {} {status}{mime}{ms}", r.method, r.url))
-                    })
-                    .collect();
-                return Ok(Outcome::Text(entries(lines, dropped)));
-            }
-            Op::Javascript(code) => {
-                let v = self
-                    .c
-                    .call_within(
-                        "Runtime.evaluate",
-                        json!({"expression": code, "awaitPromise": true, "returnByValue": true,
-                               "userGesture": true, "replMode": true}),
-                        Some(self.s),
-                        LOAD_TIMEOUT,
-                    )
-                    .await
-                    .map_err(|_| "The script did not finish within 30 s.".to_string())?;
-                if let Some(d) = v.get("exceptionDetails") {
-                    let what = d["exception"]["description"]
-                        .as_str()
-                        .or(d["text"].as_str())
-                        .unwrap_or("an exception");
-                    let first = what.lines().next().unwrap_or_default();
-                    return Err(format!("The script threw: {}", one_line(first)));
-                }
-                let r = &v["result"];
-                let text = match &r["value"] {
-                    Value::String(s) => s.clone(),
-                    Value::Null if r["type"] == "undefined" => "undefined".into(),
-                    Value::Null => r["description"].as_str().unwrap_or("null").to_string(),
-                    other => other.to_string(),
-                };
-                return Ok(Outcome::Text(text));
-            }
             Op::NewTab | Op::ListTabs | Op::SwitchTab(_) | Op::CloseTab(_) => {
                 return Err(failed(self.name));
+            }
+            input => {
+                self.act(input).await?;
+                true
             }
         };
         if acted {

@@ -279,35 +279,9 @@ fn lower(name: &str, f: &mut Fields, view: &View) -> Option<Op> {
         })
     };
     match name {
-        "navigate" => {
-            let url = f.string("url", true)?;
-            let word = url.trim().to_ascii_lowercase();
-            Some(Op::Navigate(match word.as_str() {
-                "back" => Nav::Back,
-                "forward" => Nav::Forward,
-                "reload" => Nav::Reload,
-                _ => {
-                    let url = url.trim();
-                    if url.is_empty() {
-                        f.problem("url", "empty");
-                        return None;
-                    }
-                    Nav::Url(with_scheme(url))
-                }
-            }))
-        }
+        "navigate" => navigate_op(f),
         "screenshot" => Some(Op::Screenshot),
-        "zoom" => {
-            let [x0, y0, x1, y1] = f.region(view.shot)?;
-            let s = view.scale();
-            let css = (
-                x0 as f64 / s,
-                y0 as f64 / s,
-                (x1 - x0) as f64 / s,
-                (y1 - y0) as f64 / s,
-            );
-            Some(Op::Zoom(css, zoom_size((x1 - x0) as u32, (y1 - y0) as u32)))
-        }
+        "zoom" => zoom_op(f, view),
         "left_click" => click(f, "left", 1),
         "right_click" => click(f, "right", 1),
         "middle_click" => click(f, "middle", 1),
@@ -325,157 +299,204 @@ fn lower(name: &str, f: &mut Fields, view: &View) -> Option<Op> {
             let (x, y) = f.coordinate("target", view)?;
             Some(Op::Hover(Target::Point(x, y)))
         }
-        "scroll" => {
-            let direction = f.string("scroll_direction", true);
-            let at = f.coordinate("target", view);
-            let amount = f
-                .ranged("scroll_amount", false, 1, MAX_SCROLL, "")
-                .unwrap_or(DEFAULT_SCROLL) as f64
-                * TICK_PX;
-            let (dx, dy) = match direction?.as_str() {
-                "up" => (0.0, -amount),
-                "down" => (0.0, amount),
-                "left" => (-amount, 0.0),
-                "right" => (amount, 0.0),
-                _ => {
-                    f.problem(
-                        "scroll_direction",
-                        "Input should be 'up', 'down', 'left' or 'right'",
-                    );
-                    return None;
-                }
-            };
-            Some(Op::Scroll { at: at?, dx, dy })
-        }
+        "scroll" => scroll_op(f, view),
         "scroll_to" => Some(Op::ScrollTo(f.reference("target")?)),
-        "type" => {
-            let text = f.string("text", true)?;
-            if text.len() > MAX_TEXT {
-                f.problem("text", "at most 1 MiB");
-                return None;
-            }
-            Some(Op::Type(text))
-        }
-        "key" => {
-            let text = f.string("text", true);
-            let repeat = f.ranged("repeat", false, 1, MAX_REPEAT, "");
-            let text = text?;
-            let parts: Vec<&str> = text.split_whitespace().collect();
-            if parts.is_empty() {
-                f.problem("text", "empty key name");
-                return None;
-            }
-            let chords: Option<Vec<Chord>> = parts.iter().map(|p| f.chord(p)).collect();
-            Some(Op::Key(chords?, repeat.unwrap_or(1) as u32))
-        }
+        "type" => Some(Op::Type(bounded_text(f)?)),
+        "key" => key_op(f),
         "hold_key" => {
             let text = f.string("text", true);
             let secs = f.seconds("duration", true, 0.0, MAX_WAIT_SECS);
             let chord = f.chord(&text?)?;
             Some(Op::HoldKey(chord, secs?))
         }
-        "form_input" => {
-            let target = f.reference("target");
-            let value = match f.present("value") {
-                Some(v @ (Value::String(_) | Value::Number(_) | Value::Bool(_))) => v.clone(),
-                Some(_) => {
-                    f.problem("value", "Input should be a string, a number or a boolean");
-                    return None;
-                }
-                None => {
-                    f.problem("value", "Field required");
-                    return None;
-                }
-            };
-            Some(Op::FormInput(target?, value))
-        }
-        "read_page" => {
-            let depth = f.ranged("depth", false, 1, MAX_DEPTH, "");
-            let filter = match f.string("filter", false).as_deref() {
-                None => Filter::Visible,
-                Some("interactive") => Filter::Interactive,
-                Some("all") => Filter::All,
-                Some(_) => {
-                    f.problem("filter", "Input should be 'all' or 'interactive'");
-                    return None;
-                }
-            };
-            let root = match f.string("ref", false) {
-                None => None,
-                Some(r) => match parse_ref(&r) {
-                    Some(n) => Some(n),
-                    None => {
-                        f.problem("ref", "not an element reference (ref_<n>)");
-                        return None;
-                    }
-                },
-            };
-            Some(Op::ReadPage {
-                depth: depth.map(|d| d as usize),
-                filter,
-                root,
-            })
-        }
-        "find" => {
-            let q = f.string("query", true)?;
-            if q.trim().is_empty() {
-                f.problem("query", "empty");
-                return None;
-            }
-            Some(Op::Find(q))
-        }
+        "form_input" => form_input_op(f),
+        "read_page" => read_page_op(f),
+        "find" => find_op(f),
         "get_page_text" => Some(Op::PageText),
         "wait" => Some(Op::Wait(f.seconds("duration", true, 0.0, MAX_WAIT_SECS)?)),
-        "file_upload" => {
-            let target = f.reference("target");
-            let paths: Vec<String> = match f.present("paths") {
-                Some(Value::Array(a)) => {
-                    let p: Option<Vec<String>> =
-                        a.iter().map(|v| v.as_str().map(String::from)).collect();
-                    match p {
-                        Some(p) => p,
-                        None => {
-                            f.problem("paths", "Input should be a list of strings");
-                            return None;
-                        }
-                    }
-                }
-                Some(_) => {
-                    f.problem("paths", "Input should be a valid list");
-                    return None;
-                }
-                None => Vec::new(),
-            };
-            if f.present("document_ids").is_some() {
-                f.problem("document_ids", "staged documents are not available here");
-                return None;
-            }
-            if paths.is_empty() {
-                f.problem("paths", "at least one path is required");
-                return None;
-            }
-            if paths.iter().any(|p| !p.starts_with('/')) {
-                f.problem("paths", "each path is absolute");
-                return None;
-            }
-            Some(Op::FileUpload(target?, paths))
-        }
+        "file_upload" => file_upload_op(f),
         "read_console" => Some(Op::ReadConsole),
         "read_network" => Some(Op::ReadNetwork),
-        "javascript_exec" => {
-            let text = f.string("text", true)?;
-            if text.len() > MAX_TEXT {
-                f.problem("text", "at most 1 MiB");
-                return None;
-            }
-            Some(Op::Javascript(text))
-        }
+        "javascript_exec" => Some(Op::Javascript(bounded_text(f)?)),
         "new_tab" => Some(Op::NewTab),
         "list_tabs" => Some(Op::ListTabs),
         "switch_tab" => Some(Op::SwitchTab(f.string("tab_id", true)?)),
         "close_tab" => Some(Op::CloseTab(f.string("tab_id", true)?)),
         _ => None,
     }
+}
+
+/// `navigate`: a URL (`https://` added when the scheme is left out), or back, forward or
+/// reload.
+fn navigate_op(f: &mut Fields) -> Option<Op> {
+    let url = f.string("url", true)?;
+    let word = url.trim().to_ascii_lowercase();
+    Some(Op::Navigate(match word.as_str() {
+        "back" => Nav::Back,
+        "forward" => Nav::Forward,
+        "reload" => Nav::Reload,
+        _ => {
+            let url = url.trim();
+            if url.is_empty() {
+                f.problem("url", "empty");
+                return None;
+            }
+            Nav::Url(with_scheme(url))
+        }
+    }))
+}
+
+/// `zoom`: a region of the screenshot, in CSS pixels, and the size of the image answered.
+fn zoom_op(f: &mut Fields, view: &View) -> Option<Op> {
+    let [x0, y0, x1, y1] = f.region(view.shot)?;
+    let s = view.scale();
+    let css = (
+        x0 as f64 / s,
+        y0 as f64 / s,
+        (x1 - x0) as f64 / s,
+        (y1 - y0) as f64 / s,
+    );
+    Some(Op::Zoom(css, zoom_size((x1 - x0) as u32, (y1 - y0) as u32)))
+}
+
+/// `scroll`: where, which way, and how far (ticks of [`TICK_PX`]).
+fn scroll_op(f: &mut Fields, view: &View) -> Option<Op> {
+    let direction = f.string("scroll_direction", true);
+    let at = f.coordinate("target", view);
+    let amount = f
+        .ranged("scroll_amount", false, 1, MAX_SCROLL, "")
+        .unwrap_or(DEFAULT_SCROLL) as f64
+        * TICK_PX;
+    let (dx, dy) = match direction?.as_str() {
+        "up" => (0.0, -amount),
+        "down" => (0.0, amount),
+        "left" => (-amount, 0.0),
+        "right" => (amount, 0.0),
+        _ => {
+            f.problem(
+                "scroll_direction",
+                "Input should be 'up', 'down', 'left' or 'right'",
+            );
+            return None;
+        }
+    };
+    Some(Op::Scroll { at: at?, dx, dy })
+}
+
+/// The `text` of `type` and `javascript_exec`: at most [`MAX_TEXT`] bytes.
+fn bounded_text(f: &mut Fields) -> Option<String> {
+    let text = f.string("text", true)?;
+    if text.len() > MAX_TEXT {
+        f.problem("text", "at most 1 MiB");
+        return None;
+    }
+    Some(text)
+}
+
+/// `key`: chords separated by white space, pressed in order `repeat` times.
+fn key_op(f: &mut Fields) -> Option<Op> {
+    let text = f.string("text", true);
+    let repeat = f.ranged("repeat", false, 1, MAX_REPEAT, "");
+    let text = text?;
+    let parts: Vec<&str> = text.split_whitespace().collect();
+    if parts.is_empty() {
+        f.problem("text", "empty key name");
+        return None;
+    }
+    let chords: Option<Vec<Chord>> = parts.iter().map(|p| f.chord(p)).collect();
+    Some(Op::Key(chords?, repeat.unwrap_or(1) as u32))
+}
+
+/// `form_input`: an element reference and a string, number or boolean value.
+fn form_input_op(f: &mut Fields) -> Option<Op> {
+    let target = f.reference("target");
+    let value = match f.present("value") {
+        Some(v @ (Value::String(_) | Value::Number(_) | Value::Bool(_))) => v.clone(),
+        Some(_) => {
+            f.problem("value", "Input should be a string, a number or a boolean");
+            return None;
+        }
+        None => {
+            f.problem("value", "Field required");
+            return None;
+        }
+    };
+    Some(Op::FormInput(target?, value))
+}
+
+/// `read_page`: how deep, which elements, and from which element (the whole page without).
+fn read_page_op(f: &mut Fields) -> Option<Op> {
+    let depth = f.ranged("depth", false, 1, MAX_DEPTH, "");
+    let filter = match f.string("filter", false).as_deref() {
+        None => Filter::Visible,
+        Some("interactive") => Filter::Interactive,
+        Some("all") => Filter::All,
+        Some(_) => {
+            f.problem("filter", "Input should be 'all' or 'interactive'");
+            return None;
+        }
+    };
+    let root = match f.string("ref", false) {
+        None => None,
+        Some(r) => match parse_ref(&r) {
+            Some(n) => Some(n),
+            None => {
+                f.problem("ref", "not an element reference (ref_<n>)");
+                return None;
+            }
+        },
+    };
+    Some(Op::ReadPage {
+        depth: depth.map(|d| d as usize),
+        filter,
+        root,
+    })
+}
+
+/// `find`: a query that is not blank.
+fn find_op(f: &mut Fields) -> Option<Op> {
+    let q = f.string("query", true)?;
+    if q.trim().is_empty() {
+        f.problem("query", "empty");
+        return None;
+    }
+    Some(Op::Find(q))
+}
+
+/// `file_upload`: a file input's reference and at least one absolute path (staged documents
+/// are refused).
+fn file_upload_op(f: &mut Fields) -> Option<Op> {
+    let target = f.reference("target");
+    let paths: Vec<String> = match f.present("paths") {
+        Some(Value::Array(a)) => {
+            let p: Option<Vec<String>> = a.iter().map(|v| v.as_str().map(String::from)).collect();
+            match p {
+                Some(p) => p,
+                None => {
+                    f.problem("paths", "Input should be a list of strings");
+                    return None;
+                }
+            }
+        }
+        Some(_) => {
+            f.problem("paths", "Input should be a valid list");
+            return None;
+        }
+        None => Vec::new(),
+    };
+    if f.present("document_ids").is_some() {
+        f.problem("document_ids", "staged documents are not available here");
+        return None;
+    }
+    if paths.is_empty() {
+        f.problem("paths", "at least one path is required");
+        return None;
+    }
+    if paths.iter().any(|p| !p.starts_with('/')) {
+        f.problem("paths", "each path is absolute");
+        return None;
+    }
+    Some(Op::FileUpload(target?, paths))
 }
 
 /// A URL as the browser takes it: `https://` when the model left the scheme out.

@@ -3,6 +3,7 @@
 //! `computer_call_output` shape.
 
 use super::*;
+use berth_protocol::{OpenAiDrag, OpenAiKeypress, OpenAiScroll};
 
 /// An OpenAI action object (its `type` and fields).
 pub(super) fn parse_openai(mut map: Map<String, Value>) -> Result<OpenAiAction, String> {
@@ -88,75 +89,14 @@ pub(super) fn lower_openai(
                 modifiers: Vec::new(),
             }]
         }
-        OpenAiAction::Drag(d) => {
-            if d.path.len() < 2 {
-                return Err(DisplayError::Invalid(format!(
-                    "a drag's path needs at least two points, not {}",
-                    d.path.len()
-                )));
-            }
-            let path = d
-                .path
-                .iter()
-                .enumerate()
-                .map(|(i, p)| at(p.x, p.y, &format!("path[{i}]")).map(|(x, y)| [x, y]))
-                .collect::<Result<_, _>>()?;
-            vec![InputAction::Drag {
-                path,
-                button: Button::default(),
-                modifiers: Vec::new(),
-            }]
-        }
-        OpenAiAction::Keypress(k) => {
-            if k.keys.is_empty() {
-                return Err(DisplayError::Invalid(
-                    "keypress needs at least one key in `keys`".into(),
-                ));
-            }
-            let names = k
-                .keys
-                .iter()
-                .map(|n| {
-                    keys::openai_key(n).ok_or_else(|| {
-                        DisplayError::Invalid(format!(
-                            "unknown key {n:?} (OpenAI's key names: CTRL, ALT, SHIFT, CMD, \
-                             ENTER, ESC, TAB, SPACE, BACKSPACE, DELETE, ARROWLEFT, ARROWUP, \
-                             HOME, END, PAGEUP, PAGEDOWN, INSERT, CAPSLOCK, F1-F24, or one \
-                             character)"
-                        ))
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            vec![InputAction::Key {
-                keys: names.join("+"),
-                repeat: None,
-            }]
-        }
+        OpenAiAction::Drag(d) => lower_drag(d, space)?,
+        OpenAiAction::Keypress(k) => lower_keypress(k)?,
         OpenAiAction::Move(m) => {
             let (x, y) = at(m.x, m.y, "x, y")?;
             vec![InputAction::Move { x, y }]
         }
         OpenAiAction::Screenshot(_) => Vec::new(),
-        OpenAiAction::Scroll(s) => {
-            let (x, y) = at(s.x, s.y, "x, y")?;
-            let mut v = vec![InputAction::Move { x, y }];
-            let (down, positive_y) = scroll_clicks(s.scroll_y, "scroll_y")?;
-            let (right, positive_x) = scroll_clicks(s.scroll_x, "scroll_x")?;
-            let mut wheel = |clicks: u64, direction: &str| {
-                if clicks > 0 {
-                    v.push(InputAction::Scroll {
-                        x: None,
-                        y: None,
-                        direction: direction.into(),
-                        amount: Some(clicks as u32),
-                        modifiers: Vec::new(),
-                    });
-                }
-            };
-            wheel(down, if positive_y { "down" } else { "up" });
-            wheel(right, if positive_x { "right" } else { "left" });
-            v
-        }
+        OpenAiAction::Scroll(s) => lower_scroll(s, space)?,
         OpenAiAction::Type(t) => vec![InputAction::Type {
             text: t.text.clone(),
         }],
@@ -166,6 +106,80 @@ pub(super) fn lower_openai(
     };
     check(&actions)?;
     Ok(actions)
+}
+
+/// `drag`: a left-button drag along `path` (at least two points).
+fn lower_drag(d: &OpenAiDrag, space: &Space) -> Result<Vec<InputAction>, DisplayError> {
+    if d.path.len() < 2 {
+        return Err(DisplayError::Invalid(format!(
+            "a drag's path needs at least two points, not {}",
+            d.path.len()
+        )));
+    }
+    let path = d
+        .path
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            space
+                .to_screen([p.x, p.y], &format!("path[{i}]"))
+                .map(|(x, y)| [x, y])
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(vec![InputAction::Drag {
+        path,
+        button: Button::default(),
+        modifiers: Vec::new(),
+    }])
+}
+
+/// `keypress`: OpenAI's key names pressed together as one chord.
+fn lower_keypress(k: &OpenAiKeypress) -> Result<Vec<InputAction>, DisplayError> {
+    if k.keys.is_empty() {
+        return Err(DisplayError::Invalid(
+            "keypress needs at least one key in `keys`".into(),
+        ));
+    }
+    let names = k
+        .keys
+        .iter()
+        .map(|n| {
+            keys::openai_key(n).ok_or_else(|| {
+                DisplayError::Invalid(format!(
+                    "unknown key {n:?} (OpenAI's key names: CTRL, ALT, SHIFT, CMD, \
+                     ENTER, ESC, TAB, SPACE, BACKSPACE, DELETE, ARROWLEFT, ARROWUP, \
+                     HOME, END, PAGEUP, PAGEDOWN, INSERT, CAPSLOCK, F1-F24, or one \
+                     character)"
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(vec![InputAction::Key {
+        keys: names.join("+"),
+        repeat: None,
+    }])
+}
+
+/// `scroll`: a move to `x, y`, then the vertical and the horizontal pixels as wheel clicks.
+fn lower_scroll(s: &OpenAiScroll, space: &Space) -> Result<Vec<InputAction>, DisplayError> {
+    let (x, y) = space.to_screen([s.x, s.y], "x, y")?;
+    let mut v = vec![InputAction::Move { x, y }];
+    let (down, positive_y) = scroll_clicks(s.scroll_y, "scroll_y")?;
+    let (right, positive_x) = scroll_clicks(s.scroll_x, "scroll_x")?;
+    let mut wheel = |clicks: u64, direction: &str| {
+        if clicks > 0 {
+            v.push(InputAction::Scroll {
+                x: None,
+                y: None,
+                direction: direction.into(),
+                amount: Some(clicks as u32),
+                modifiers: Vec::new(),
+            });
+        }
+    };
+    wheel(down, if positive_y { "down" } else { "up" });
+    wheel(right, if positive_x { "right" } else { "left" });
+    Ok(v)
 }
 
 /// One OpenAI action, answered in OpenAI's shape.

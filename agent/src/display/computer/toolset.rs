@@ -164,55 +164,9 @@ pub fn plan(name: &str, input: &Value, screen: &Screen) -> Result<Op, String> {
 
 fn lower(name: &str, f: &mut Fields, screen: &Screen) -> Option<Op> {
     let max_wait = MAX_WAIT.as_secs() as i64;
-    let click = |f: &mut Fields, button: &str, count: u32| {
-        let at = f.point("coordinate", false, screen);
-        let modifiers = f.modifiers();
-        Some(Op::Input(vec![InputAction::Click {
-            x: at.map(|p| p.0),
-            y: at.map(|p| p.1),
-            button: Button::Name(button.into()),
-            count: Some(count),
-            modifiers,
-        }]))
-    };
     match name {
-        "key" => {
-            let text = f.string("text", true);
-            let repeat = f.ranged("repeat", false, 1, MAX_REPEAT, "");
-            let text = text?;
-            let keys: Vec<&str> = text.split_whitespace().collect();
-            if keys.is_empty() {
-                f.problem("text", "empty key name");
-                return None;
-            }
-            for k in &keys {
-                if let Err(e) = keys::chord(k) {
-                    f.problem("text", e);
-                    return None;
-                }
-            }
-            Some(Op::Input(
-                keys.into_iter()
-                    .map(|k| InputAction::Key {
-                        keys: k.to_string(),
-                        repeat: repeat.map(|r| r as u32),
-                    })
-                    .collect(),
-            ))
-        }
-        "hold_key" => {
-            let text = f.string("text", true);
-            let secs = f.ranged("duration", true, 0, max_wait, " seconds");
-            let text = text?;
-            if let Err(e) = keys::chord(&text) {
-                f.problem("text", e);
-                return None;
-            }
-            Some(Op::Input(vec![InputAction::Hold {
-                keys: text,
-                duration_ms: secs? as u64 * 1000,
-            }]))
-        }
+        "key" => lower_key(f),
+        "hold_key" => lower_hold_key(f, max_wait),
         "type" => {
             let text = f.string("text", true)?;
             if text.len() > MAX_TEXT {
@@ -232,43 +186,13 @@ fn lower(name: &str, f: &mut Fields, screen: &Screen) -> Option<Op> {
         "left_mouse_up" => Some(Op::Input(vec![InputAction::ButtonUp {
             button: Button::default(),
         }])),
-        "left_click" => click(f, "left", 1),
-        "right_click" => click(f, "right", 1),
-        "middle_click" => click(f, "middle", 1),
-        "double_click" => click(f, "left", 2),
-        "triple_click" => click(f, "left", 3),
-        "left_click_drag" => {
-            let from = f.point("start_coordinate", true, screen);
-            let to = f.point("coordinate", true, screen);
-            let modifiers = f.modifiers();
-            let (from, to) = (from?, to?);
-            Some(Op::Input(vec![InputAction::Drag {
-                path: vec![[from.0, from.1], [to.0, to.1]],
-                button: Button::default(),
-                modifiers,
-            }]))
-        }
-        "scroll" => {
-            let amount = f.ranged("scroll_amount", true, 1, MAX_SCROLL_CLICKS as i64, "");
-            let direction = f.string("scroll_direction", true);
-            let at = f.point("coordinate", false, screen);
-            let modifiers = f.modifiers();
-            let direction = direction?;
-            if !["up", "down", "left", "right"].contains(&direction.as_str()) {
-                f.problem(
-                    "scroll_direction",
-                    "Input should be 'up', 'down', 'left' or 'right'",
-                );
-                return None;
-            }
-            Some(Op::Input(vec![InputAction::Scroll {
-                x: at.map(|p| p.0),
-                y: at.map(|p| p.1),
-                direction,
-                amount: Some(amount? as u32),
-                modifiers,
-            }]))
-        }
+        "left_click" => lower_click(f, screen, "left", 1),
+        "right_click" => lower_click(f, screen, "right", 1),
+        "middle_click" => lower_click(f, screen, "middle", 1),
+        "double_click" => lower_click(f, screen, "left", 2),
+        "triple_click" => lower_click(f, screen, "left", 3),
+        "left_click_drag" => lower_drag(f, screen),
+        "scroll" => lower_scroll(f, screen),
         "wait" => {
             let secs = f.ranged("duration", true, 0, max_wait, " seconds")?;
             Some(Op::Input(vec![InputAction::Wait {
@@ -279,23 +203,119 @@ fn lower(name: &str, f: &mut Fields, screen: &Screen) -> Option<Op> {
             size: (screen.shot != screen.display).then_some(screen.shot),
             ..Default::default()
         })),
-        "zoom" => {
-            let [x0, y0, x1, y1] = f.region(screen.shot)?;
-            let (Some(a), Some(b)) = (
-                screen.to_display(x0, y0, false),
-                screen.to_display(x1, y1, true),
-            ) else {
-                return None;
-            };
-            let (rw, rh) = ((b.0 - a.0).max(1) as u32, (b.1 - a.1).max(1) as u32);
-            Some(Op::Zoom(ShotRequest {
-                region: Some((a.0, a.1, rw, rh)),
-                size: Some(zoom_size(rw, rh)),
-                ..Default::default()
-            }))
-        }
+        "zoom" => lower_zoom(f, screen),
         _ => None,
     }
+}
+
+/// `key`: each whitespace-separated chord of `text` tapped in turn, `repeat` times each.
+fn lower_key(f: &mut Fields) -> Option<Op> {
+    let text = f.string("text", true);
+    let repeat = f.ranged("repeat", false, 1, MAX_REPEAT, "");
+    let text = text?;
+    let keys: Vec<&str> = text.split_whitespace().collect();
+    if keys.is_empty() {
+        f.problem("text", "empty key name");
+        return None;
+    }
+    for k in &keys {
+        if let Err(e) = keys::chord(k) {
+            f.problem("text", e);
+            return None;
+        }
+    }
+    Some(Op::Input(
+        keys.into_iter()
+            .map(|k| InputAction::Key {
+                keys: k.to_string(),
+                repeat: repeat.map(|r| r as u32),
+            })
+            .collect(),
+    ))
+}
+
+/// `hold_key`: the chord `text` held for `duration` seconds (at most `max_wait`).
+fn lower_hold_key(f: &mut Fields, max_wait: i64) -> Option<Op> {
+    let text = f.string("text", true);
+    let secs = f.ranged("duration", true, 0, max_wait, " seconds");
+    let text = text?;
+    if let Err(e) = keys::chord(&text) {
+        f.problem("text", e);
+        return None;
+    }
+    Some(Op::Input(vec![InputAction::Hold {
+        keys: text,
+        duration_ms: secs? as u64 * 1000,
+    }]))
+}
+
+/// The click members: `count` clicks of `button`, at the optional `coordinate`, with the
+/// modifiers of `text` held.
+fn lower_click(f: &mut Fields, screen: &Screen, button: &str, count: u32) -> Option<Op> {
+    let at = f.point("coordinate", false, screen);
+    let modifiers = f.modifiers();
+    Some(Op::Input(vec![InputAction::Click {
+        x: at.map(|p| p.0),
+        y: at.map(|p| p.1),
+        button: Button::Name(button.into()),
+        count: Some(count),
+        modifiers,
+    }]))
+}
+
+/// `left_click_drag`: a left-button drag from `start_coordinate` to `coordinate`.
+fn lower_drag(f: &mut Fields, screen: &Screen) -> Option<Op> {
+    let from = f.point("start_coordinate", true, screen);
+    let to = f.point("coordinate", true, screen);
+    let modifiers = f.modifiers();
+    let (from, to) = (from?, to?);
+    Some(Op::Input(vec![InputAction::Drag {
+        path: vec![[from.0, from.1], [to.0, to.1]],
+        button: Button::default(),
+        modifiers,
+    }]))
+}
+
+/// `scroll`: `scroll_amount` wheel clicks toward `scroll_direction`, at the optional
+/// `coordinate`.
+fn lower_scroll(f: &mut Fields, screen: &Screen) -> Option<Op> {
+    let amount = f.ranged("scroll_amount", true, 1, MAX_SCROLL_CLICKS as i64, "");
+    let direction = f.string("scroll_direction", true);
+    let at = f.point("coordinate", false, screen);
+    let modifiers = f.modifiers();
+    let direction = direction?;
+    if !["up", "down", "left", "right"].contains(&direction.as_str()) {
+        f.problem(
+            "scroll_direction",
+            "Input should be 'up', 'down', 'left' or 'right'",
+        );
+        return None;
+    }
+    Some(Op::Input(vec![InputAction::Scroll {
+        x: at.map(|p| p.0),
+        y: at.map(|p| p.1),
+        direction,
+        amount: Some(amount? as u32),
+        modifiers,
+    }]))
+}
+
+/// `zoom`: a screenshot-space `region` captured from the display and scaled to fill the
+/// image budget.
+fn lower_zoom(f: &mut Fields, screen: &Screen) -> Option<Op> {
+    let [x0, y0, x1, y1] = f.region(screen.shot)?;
+    let (Some(a), Some(b)) = (
+        screen.to_display(x0, y0, false),
+        screen.to_display(x1, y1, true),
+    ) else {
+        return None;
+    };
+    let (rw, rh) = ((b.0 - a.0).max(1) as u32, (b.1 - a.1).max(1) as u32);
+    Some(Op::Zoom(ShotRequest {
+        region: Some((a.0, a.1, rw, rh)),
+        size: Some(zoom_size(rw, rh)),
+        ..Default::default()
+    }))
 }
 
 /// How long an op waits or holds keys on purpose.
