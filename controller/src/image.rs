@@ -266,32 +266,11 @@ fn load_recipes(images_dir: &Path) -> anyhow::Result<Recipes> {
 
 fn select(req: &BuildRequest, recipes: &Recipes) -> anyhow::Result<Selection> {
     let catalog = Catalog::builtin();
-    // The recipe of a catalog profile is keyed by its name or one of its aliases
-    // (`desktop-ubuntu` builds the `desktop` recipe, the same image as `--profile desktop`).
-    let recipe = catalog
-        .profile(&req.profile)
-        .and_then(|p| {
-            std::iter::once(&p.name)
-                .chain(&p.aliases)
-                .find(|n| recipes.profiles.contains_key(n.as_str()))
-        })
-        .unwrap_or(&req.profile);
     let req = &BuildRequest {
-        profile: recipe.clone(),
+        profile: recipe_name(&catalog, &req.profile, recipes).to_string(),
         ..req.clone()
     };
-    let p = recipes.profiles.get(&req.profile).with_context(|| {
-        format!(
-            "no recipe for profile {:?} (recipes: {})",
-            req.profile,
-            recipes
-                .profiles
-                .keys()
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    })?;
+    let p = profile_recipe(recipes, &req.profile)?;
     let mut packages: BTreeSet<String> = p.packages.iter().cloned().collect();
     let mut apps: BTreeSet<String> = req.apps.iter().cloned().collect();
     let mut user_password = None;
@@ -310,20 +289,103 @@ fn select(req: &BuildRequest, recipes: &Recipes) -> anyhow::Result<Selection> {
         session = bundle.session.clone();
     }
     if let Some(name) = &session {
-        anyhow::ensure!(
-            p.desktop,
-            "session {name} needs a desktop profile, not {}",
-            req.profile
+        packages.extend(
+            session_packages(recipes, p, &req.profile, name)?
+                .iter()
+                .cloned(),
         );
-        let recipe = recipes
-            .sessions
-            .get(name)
-            .with_context(|| format!("no recipe for session {name:?} in images/recipes.toml"))?;
-        packages.extend(recipe.packages.iter().cloned());
     }
+    let (ports, downloads) = add_apps(&catalog, &apps, &mut packages)?;
+    let guest_files = match p.desktop {
+        true => files_digest(GUEST_FILES),
+        false => String::new(),
+    };
+    let session_files = session
+        .as_deref()
+        .map(|s| files_digest(session_files(s)))
+        .unwrap_or_default();
+    Ok(Selection {
+        name: selection_name(req),
+        suite: recipes.suite.clone(),
+        mirror: recipes.mirror.clone(),
+        base_packages: recipes.base_packages.clone(),
+        packages: packages.into_iter().collect(),
+        pip: p.pip.clone(),
+        desktop: p.desktop,
+        ports,
+        user_password,
+        sudo,
+        guest_files,
+        session,
+        session_files,
+        downloads,
+        layout: LAYOUT,
+    })
+}
+
+/// The recipe `profile` builds: a catalog profile's is keyed by its name or one of its aliases
+/// (`desktop-ubuntu` builds the `desktop` recipe, the same image as `--profile desktop`); any
+/// other name is its own.
+fn recipe_name<'a>(catalog: &'a Catalog, profile: &'a str, recipes: &Recipes) -> &'a str {
+    catalog
+        .profile(profile)
+        .and_then(|p| {
+            std::iter::once(&p.name)
+                .chain(&p.aliases)
+                .find(|n| recipes.profiles.contains_key(n.as_str()))
+        })
+        .map_or(profile, String::as_str)
+}
+
+/// The recipe named `name`; the error lists the recipes there are.
+fn profile_recipe<'a>(recipes: &'a Recipes, name: &str) -> anyhow::Result<&'a ProfileRecipe> {
+    recipes.profiles.get(name).with_context(|| {
+        format!(
+            "no recipe for profile {:?} (recipes: {})",
+            name,
+            recipes
+                .profiles
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })
+}
+
+/// The packages desktop session `name` adds to profile `profile` (recipe `p`), which must be a
+/// desktop one.
+fn session_packages<'a>(
+    recipes: &'a Recipes,
+    p: &ProfileRecipe,
+    profile: &str,
+    name: &str,
+) -> anyhow::Result<&'a [String]> {
+    anyhow::ensure!(
+        p.desktop,
+        "session {name} needs a desktop profile, not {}",
+        profile
+    );
+    let recipe = recipes
+        .sessions
+        .get(name)
+        .with_context(|| format!("no recipe for session {name:?} in images/recipes.toml"))?;
+    Ok(&recipe.packages)
+}
+
+/// Releases downloaded into an image, each with the launcher written for it (if any).
+type Downloads = Vec<(Download, Option<DesktopEntry>)>;
+
+/// Adds the catalog apps' packages to `packages`; their ports, and the releases to download
+/// with their launchers (each checked: a download is installed only with its digest pinned).
+fn add_apps(
+    catalog: &Catalog,
+    apps: &BTreeSet<String>,
+    packages: &mut BTreeSet<String>,
+) -> anyhow::Result<(std::collections::BTreeMap<String, u16>, Downloads)> {
     let mut downloads = Vec::new();
     let mut ports = std::collections::BTreeMap::new();
-    for a in &apps {
+    for a in apps {
         let app = catalog
             .apps
             .iter()
@@ -343,14 +405,12 @@ fn select(req: &BuildRequest, recipes: &Recipes) -> anyhow::Result<Selection> {
             downloads.push((d.clone(), app.desktop_entry.clone()));
         }
     }
-    let guest_files = match p.desktop {
-        true => files_digest(GUEST_FILES),
-        false => String::new(),
-    };
-    let session_files = session
-        .as_deref()
-        .map(|s| files_digest(session_files(s)))
-        .unwrap_or_default();
+    Ok((ports, downloads))
+}
+
+/// The selection's name: the profile's recipe, then the bundle and the apps asked for, joined
+/// by `-` (`desktop-osworld-vlc`).
+fn selection_name(req: &BuildRequest) -> String {
     let mut name = req.profile.clone();
     if let Some(b) = &req.bundle {
         name.push('-');
@@ -360,23 +420,7 @@ fn select(req: &BuildRequest, recipes: &Recipes) -> anyhow::Result<Selection> {
         name.push('-');
         name.push_str(a);
     }
-    Ok(Selection {
-        name,
-        suite: recipes.suite.clone(),
-        mirror: recipes.mirror.clone(),
-        base_packages: recipes.base_packages.clone(),
-        packages: packages.into_iter().collect(),
-        pip: p.pip.clone(),
-        desktop: p.desktop,
-        ports,
-        user_password,
-        sudo,
-        guest_files,
-        session,
-        session_files,
-        downloads,
-        layout: LAYOUT,
-    })
+    name
 }
 
 /// `pkg=version` lines for the top-level packages.
@@ -704,6 +748,37 @@ pub fn build_controller(req: &ControllerBuild) -> anyhow::Result<Built> {
         });
     }
     let _guard = lock_cache(&req.cache_dir)?;
+    let base = controller_base_stage(req, &recipes)?;
+    let dir = req.cache_dir.join("controller-staging");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let rootfs = dir.join("rootfs");
+    let result = (|| -> anyhow::Result<()> {
+        run_step(
+            "copy the base rootfs",
+            Command::new("cp").arg("-a").arg(&base).arg(&rootfs),
+        )?;
+        unpack_vendor(&rootfs, &vendor, &lock_path)?;
+        install_controller_binaries(&rootfs, &berth, &agent)?;
+        import_controller_image(&rootfs, &image)
+    })();
+    // The staging copy is not a cache: the image is the result.
+    let _ = std::fs::remove_dir_all(&dir);
+    result?;
+    if docker_size(&image) == 0 {
+        bail!("docker import produced an empty image {image}");
+    }
+    Ok(Built {
+        size_bytes: docker_size(&image),
+        image_ref: image,
+        built: true,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// The base rootfs the controller's image starts from: the sandbox images' first stage
+/// (cached), for a selection of nothing but the base.
+fn controller_base_stage(req: &ControllerBuild, recipes: &Recipes) -> anyhow::Result<PathBuf> {
     // The base stage is all a selection's base needs.
     let sel = Selection {
         name: "controller".into(),
@@ -722,7 +797,7 @@ pub fn build_controller(req: &ControllerBuild) -> anyhow::Result<Built> {
         downloads: vec![],
         layout: LAYOUT,
     };
-    let base = base_stage(
+    base_stage(
         &BuildRequest {
             profile: "controller".into(),
             bundle: None,
@@ -732,51 +807,37 @@ pub fn build_controller(req: &ControllerBuild) -> anyhow::Result<Built> {
             cache_dir: req.cache_dir.clone(),
         },
         &sel,
-    )?;
-    let dir = req.cache_dir.join("controller-staging");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir)?;
-    let rootfs = dir.join("rootfs");
-    let result = (|| -> anyhow::Result<()> {
-        run_step(
-            "copy the base rootfs",
-            Command::new("cp").arg("-a").arg(&base).arg(&rootfs),
-        )?;
-        unpack_vendor(&rootfs, &vendor, &lock_path)?;
-        for (name, bytes) in [("berth", &berth), ("berth-agent", &agent)] {
-            let bin = rootfs.join("usr/local/bin").join(name);
-            std::fs::write(&bin, bytes).with_context(|| format!("installing {name}"))?;
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755))?;
-        }
-        for d in ["var/lib/berth", "etc/berth"] {
-            std::fs::create_dir_all(rootfs.join(d))?;
-        }
-        docker_import(
-            &rootfs,
-            &image,
-            &[
-                r#"ENTRYPOINT ["/usr/local/bin/berth"]"#,
-                r#"CMD ["serve", "--listen", "0.0.0.0:8780", "--config", "/etc/berth/berth.toml", "--data-dir", "/var/lib/berth"]"#,
-                "ENV LANG=C.UTF-8",
-                "EXPOSE 8780",
-                &format!("LABEL berth.image_ref={image}"),
-            ],
-        )?;
-        Ok(())
-    })();
-    // The staging copy is not a cache: the image is the result.
-    let _ = std::fs::remove_dir_all(&dir);
-    result?;
-    if docker_size(&image) == 0 {
-        bail!("docker import produced an empty image {image}");
+    )
+}
+
+/// Puts `berth` and `berth-agent` in the rootfs's /usr/local/bin, and the directories
+/// `berth serve` is pointed at.
+fn install_controller_binaries(rootfs: &Path, berth: &[u8], agent: &[u8]) -> anyhow::Result<()> {
+    for (name, bytes) in [("berth", berth), ("berth-agent", agent)] {
+        let bin = rootfs.join("usr/local/bin").join(name);
+        std::fs::write(&bin, bytes).with_context(|| format!("installing {name}"))?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755))?;
     }
-    Ok(Built {
-        size_bytes: docker_size(&image),
-        image_ref: image,
-        built: true,
-        seconds: started.elapsed().as_secs_f64(),
-    })
+    for d in ["var/lib/berth", "etc/berth"] {
+        std::fs::create_dir_all(rootfs.join(d))?;
+    }
+    Ok(())
+}
+
+/// Imports the controller's rootfs as `image`, running `berth serve`.
+fn import_controller_image(rootfs: &Path, image: &str) -> anyhow::Result<()> {
+    docker_import(
+        rootfs,
+        image,
+        &[
+            r#"ENTRYPOINT ["/usr/local/bin/berth"]"#,
+            r#"CMD ["serve", "--listen", "0.0.0.0:8780", "--config", "/etc/berth/berth.toml", "--data-dir", "/var/lib/berth"]"#,
+            "ENV LANG=C.UTF-8",
+            "EXPOSE 8780",
+            &format!("LABEL berth.image_ref={image}"),
+        ],
+    )
 }
 
 /// Runs `script` with `/bin/sh` in `rootfs` (a clean environment, no terminal) as one step.
@@ -931,22 +992,7 @@ fn packages_stage(
     } else {
         read_lock(lock_path)
     };
-    let key = sha256_hex(
-        format!(
-            "{}|{:?}|{:?}|{:?}|{}|{:?}|{}|{:?}|{}|{:?}",
-            base.display(),
-            sel.packages,
-            sel.pip,
-            lock,
-            sel.guest_files,
-            sel.user_password,
-            sel.sudo,
-            sel.session,
-            sel.session_files,
-            sel.downloads,
-        )
-        .as_bytes(),
-    );
+    let key = packages_key(&base, sel, &lock);
     let dir = req.cache_dir.join(format!("{}-{}", sel.name, &key[..16]));
     let rootfs = dir.join("rootfs");
     if dir.join(".done").exists() && !relock {
@@ -964,7 +1010,46 @@ fn packages_stage(
         "copy the base rootfs",
         Command::new("cp").arg("-a").arg(&base).arg(&rootfs),
     )?;
-    let chroot = |step: &str, script: &str| chroot(&rootfs, step, script);
+    forbid_service_starts(&rootfs)?;
+    let proc_dir = rootfs.join("proc");
+    let mounted = Command::new("mount")
+        .args(["-t", "proc", "proc"])
+        .arg(&proc_dir)
+        .status()
+        .is_ok_and(|s| s.success());
+    let result = provision_packages(req, sel, &rootfs, &lock, lock_path);
+    if mounted {
+        let _ = Command::new("umount").arg(&proc_dir).status();
+    }
+    result?;
+    std::fs::write(dir.join(".done"), "")?;
+    Ok(rootfs)
+}
+
+/// The packages stage's cache key: every input of the stage (its base, the selection's
+/// packages, files and downloads, and the lock's pins).
+fn packages_key(base: &Path, sel: &Selection, lock: &[(String, String)]) -> String {
+    sha256_hex(
+        format!(
+            "{}|{:?}|{:?}|{:?}|{}|{:?}|{}|{:?}|{}|{:?}",
+            base.display(),
+            sel.packages,
+            sel.pip,
+            lock,
+            sel.guest_files,
+            sel.user_password,
+            sel.sudo,
+            sel.session,
+            sel.session_files,
+            sel.downloads,
+        )
+        .as_bytes(),
+    )
+}
+
+/// Writes a `policy-rc.d` that refuses every service start: packages installed in the chroot
+/// must not start daemons on the build host.
+fn forbid_service_starts(rootfs: &Path) -> anyhow::Result<()> {
     std::fs::write(rootfs.join("usr/sbin/policy-rc.d"), "#!/bin/sh\nexit 101\n")?;
     {
         use std::os::unix::fs::PermissionsExt;
@@ -973,105 +1058,131 @@ fn packages_stage(
             std::fs::Permissions::from_mode(0o755),
         )?;
     }
-    let proc_dir = rootfs.join("proc");
-    let mounted = Command::new("mount")
-        .args(["-t", "proc", "proc"])
-        .arg(&proc_dir)
-        .status()
-        .is_ok_and(|s| s.success());
-    let result = (|| -> anyhow::Result<()> {
-        chroot("apt-get update", "apt-get update")?;
-        let pinned = pinned(sel.packages.iter().map(String::as_str), &lock);
-        let install = |pkgs: &[String]| {
-            chroot(
-                &format!("install {} packages", pkgs.len()),
-                &format!(
-                    "apt-get install -y --no-install-recommends {}",
-                    pkgs.join(" ")
-                ),
-            )
-        };
-        if let Err(e) = install(&pinned) {
-            if lock.is_empty() {
-                return Err(e);
-            }
-            // The mirror keeps only current versions: re-resolve, and the lock follows.
-            eprintln!(
-                "warning: a locked version is gone from the mirror ({e}); re-resolving and rewriting {}",
-                lock_path.display()
-            );
-            install(&sel.packages)?;
-        }
-        if !sel.pip.is_empty() {
-            // Downloads trust what the build host trusts (a proxy's CA, say); the bundle is
-            // used for this step only and not left in the image.
-            let host_ca = std::env::var_os("SSL_CERT_FILE")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from("/etc/ssl/certs/ca-certificates.crt"));
-            let ca = rootfs.join("tmp/berth-build-ca.crt");
-            let cert = match std::fs::copy(&host_ca, &ca) {
-                Ok(_) => "PIP_CERT=/tmp/berth-build-ca.crt",
-                Err(_) => "",
-            };
-            // Debian's setuptools and wheel build the sdists: no second download round.
-            let r = chroot(
-                "pip install",
-                &format!(
-                    "{cert} pip install --no-cache-dir --break-system-packages \
-                     --no-build-isolation {}",
-                    sel.pip.join(" ")
-                ),
-            );
-            let _ = std::fs::remove_file(&ca);
-            r?;
-        }
-        for (download, entry) in &sel.downloads {
-            install_download(
-                &rootfs,
-                &req.cache_dir.join("downloads"),
-                download,
-                entry.as_ref(),
-            )?;
-        }
-        if sel.desktop {
-            write_files(&rootfs, GUEST_FILES)?;
-        }
-        if let Some(session) = &sel.session {
-            write_files(&rootfs, session_files(session))?;
-            expect_downloaded_commands(&rootfs, &sel.downloads)?;
-        }
-        chroot("the sandbox user and the guest", &guest_script(sel))?;
-        if let Some(session) = &sel.session {
-            chroot(
-                &format!("the {session} session and first-run state"),
-                &format!("sh /tmp/berth-{session}/setup.sh && rm -rf /tmp/berth-{session}"),
-            )?;
-        }
-        let versions = chroot(
-            "read the installed versions",
-            "dpkg-query -W -f '${Package}=${Version}\\n'",
-        )?;
-        let wanted: BTreeSet<&str> = sel.packages.iter().map(String::as_str).collect();
-        let mut out = format!(
-            "# Resolved versions of {}'s packages (berth image lock rewrites this file).\n",
-            sel.name
-        );
-        for l in versions {
-            if let Some((p, _)) = l.split_once('=')
-                && wanted.contains(p)
-            {
-                out.push_str(&l);
-                out.push('\n');
-            }
-        }
-        write_lock(lock_path, &out)
-    })();
-    if mounted {
-        let _ = Command::new("umount").arg(&proc_dir).status();
+    Ok(())
+}
+
+/// Everything the packages stage does inside the copied rootfs (its /proc mounted): packages,
+/// pip's, downloads, the guest's and session's files and setup, then the lock from what got
+/// installed.
+fn provision_packages(
+    req: &BuildRequest,
+    sel: &Selection,
+    rootfs: &Path,
+    lock: &[(String, String)],
+    lock_path: &Path,
+) -> anyhow::Result<()> {
+    chroot(rootfs, "apt-get update", "apt-get update")?;
+    install_packages(rootfs, sel, lock, lock_path)?;
+    if !sel.pip.is_empty() {
+        pip_install(rootfs, &sel.pip)?;
     }
-    result?;
-    std::fs::write(dir.join(".done"), "")?;
-    Ok(rootfs)
+    for (download, entry) in &sel.downloads {
+        install_download(
+            rootfs,
+            &req.cache_dir.join("downloads"),
+            download,
+            entry.as_ref(),
+        )?;
+    }
+    if sel.desktop {
+        write_files(rootfs, GUEST_FILES)?;
+    }
+    if let Some(session) = &sel.session {
+        write_files(rootfs, session_files(session))?;
+        expect_downloaded_commands(rootfs, &sel.downloads)?;
+    }
+    chroot(rootfs, "the sandbox user and the guest", &guest_script(sel))?;
+    if let Some(session) = &sel.session {
+        chroot(
+            rootfs,
+            &format!("the {session} session and first-run state"),
+            &format!("sh /tmp/berth-{session}/setup.sh && rm -rf /tmp/berth-{session}"),
+        )?;
+    }
+    write_packages_lock(rootfs, sel, lock_path)
+}
+
+/// Installs the selection's packages at their locked versions; when a locked one is gone from
+/// the mirror, at the current ones (the lock then follows).
+fn install_packages(
+    rootfs: &Path,
+    sel: &Selection,
+    lock: &[(String, String)],
+    lock_path: &Path,
+) -> anyhow::Result<()> {
+    let pinned = pinned(sel.packages.iter().map(String::as_str), lock);
+    let install = |pkgs: &[String]| {
+        chroot(
+            rootfs,
+            &format!("install {} packages", pkgs.len()),
+            &format!(
+                "apt-get install -y --no-install-recommends {}",
+                pkgs.join(" ")
+            ),
+        )
+    };
+    if let Err(e) = install(&pinned) {
+        if lock.is_empty() {
+            return Err(e);
+        }
+        // The mirror keeps only current versions: re-resolve, and the lock follows.
+        eprintln!(
+            "warning: a locked version is gone from the mirror ({e}); re-resolving and rewriting {}",
+            lock_path.display()
+        );
+        install(&sel.packages)?;
+    }
+    Ok(())
+}
+
+/// Installs the profile's pip packages into the rootfs's system Python.
+fn pip_install(rootfs: &Path, pip: &[String]) -> anyhow::Result<()> {
+    // Downloads trust what the build host trusts (a proxy's CA, say); the bundle is
+    // used for this step only and not left in the image.
+    let host_ca = std::env::var_os("SSL_CERT_FILE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/etc/ssl/certs/ca-certificates.crt"));
+    let ca = rootfs.join("tmp/berth-build-ca.crt");
+    let cert = match std::fs::copy(&host_ca, &ca) {
+        Ok(_) => "PIP_CERT=/tmp/berth-build-ca.crt",
+        Err(_) => "",
+    };
+    // Debian's setuptools and wheel build the sdists: no second download round.
+    let r = chroot(
+        rootfs,
+        "pip install",
+        &format!(
+            "{cert} pip install --no-cache-dir --break-system-packages \
+             --no-build-isolation {}",
+            pip.join(" ")
+        ),
+    );
+    let _ = std::fs::remove_file(&ca);
+    r?;
+    Ok(())
+}
+
+/// Writes the lock file from the versions installed of the selection's packages.
+fn write_packages_lock(rootfs: &Path, sel: &Selection, lock_path: &Path) -> anyhow::Result<()> {
+    let versions = chroot(
+        rootfs,
+        "read the installed versions",
+        "dpkg-query -W -f '${Package}=${Version}\\n'",
+    )?;
+    let wanted: BTreeSet<&str> = sel.packages.iter().map(String::as_str).collect();
+    let mut out = format!(
+        "# Resolved versions of {}'s packages (berth image lock rewrites this file).\n",
+        sel.name
+    );
+    for l in versions {
+        if let Some((p, _)) = l.split_once('=')
+            && wanted.contains(p)
+        {
+            out.push_str(&l);
+            out.push('\n');
+        }
+    }
+    write_lock(lock_path, &out)
 }
 
 /// The commands a downloaded release links (`code`) join the programs the image's expected

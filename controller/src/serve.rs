@@ -121,55 +121,18 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
     let sealer = crate::seal::Sealer::load_or_create(&key_file)?;
     let store = Store::open(&data_dir.join("berth.db"), sealer).context("opening the store")?;
     let bin = agent_bin(opts.agent_bin.clone(), &opts.config)?;
-    let process: Arc<dyn Provider> = Arc::new(ProcessProvider::new(
-        data_dir.join("sandboxes"),
-        bin.clone(),
-    )?);
-    let mut providers = BTreeMap::from([("process".to_string(), process)]);
-    let wants_docker =
-        opts.config.docker_image.is_some() || opts.config.providers.values().any(|p| p == "docker");
-    if wants_docker {
-        let docker =
-            crate::provider::docker::DockerProvider::connect(opts.config.docker_image.clone())
-                .await
-                .context("connecting to Docker (the config routes profiles to it)")?;
-        providers.insert("docker".to_string(), Arc::new(docker) as Arc<dyn Provider>);
-    }
-    let wants_kubernetes = opts.config.kubernetes.is_some()
-        || opts.config.providers.values().any(|p| p == "kubernetes");
-    if wants_kubernetes {
-        let kube = crate::provider::kubernetes::KubernetesProvider::connect(
-            &opts.config.kubernetes.clone().unwrap_or_default(),
-        )
-        .await
-        .context("connecting to Kubernetes (the config routes profiles to it)")?;
-        providers.insert(
-            "kubernetes".to_string(),
-            Arc::new(kube) as Arc<dyn Provider>,
-        );
-    }
+    let providers = connect_providers(&opts.config, &data_dir, &bin).await?;
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
         .with_context(|| format!("binding {}", opts.listen))?;
     let addr = listener.local_addr()?;
-    let public_url = opts.config.public_url.clone().unwrap_or_else(|| {
-        let host = match addr.ip().is_unspecified() {
-            true => "127.0.0.1".to_string(),
-            false => addr.ip().to_string(),
-        };
-        format!("http://{host}:{}", addr.port())
-    });
+    let public_url = opts
+        .config
+        .public_url
+        .clone()
+        .unwrap_or_else(|| default_public_url(addr));
     let controller = Controller::new(opts.config.clone(), store, data_dir, public_url, providers)?;
-    let _ = controller
-        .images
-        .settings
-        .set(crate::image_job::ImageSettings {
-            agent_bin: bin,
-            images_dir: crate::image::default_images_dir(),
-            cache_dir: std::env::var_os("BERTH_IMAGE_CACHE")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from("/var/cache/berth/images")),
-        });
+    let _ = controller.images.settings.set(image_settings(bin));
     controller.reconciler.recover().await?;
     controller.pools.start_pools()?;
     controller.reconciler.start_loops();
@@ -189,4 +152,62 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
         generated_key,
         server,
     })
+}
+
+/// The providers by name: `process` always, `docker` and `kubernetes` when the config routes
+/// profiles to them (connected now: a daemon or cluster that does not answer stops the start).
+async fn connect_providers(
+    config: &Config,
+    data_dir: &Path,
+    bin: &Path,
+) -> anyhow::Result<BTreeMap<String, Arc<dyn Provider>>> {
+    let process: Arc<dyn Provider> = Arc::new(ProcessProvider::new(
+        data_dir.join("sandboxes"),
+        bin.to_path_buf(),
+    )?);
+    let mut providers = BTreeMap::from([("process".to_string(), process)]);
+    let wants_docker =
+        config.docker_image.is_some() || config.providers.values().any(|p| p == "docker");
+    if wants_docker {
+        let docker = crate::provider::docker::DockerProvider::connect(config.docker_image.clone())
+            .await
+            .context("connecting to Docker (the config routes profiles to it)")?;
+        providers.insert("docker".to_string(), Arc::new(docker) as Arc<dyn Provider>);
+    }
+    let wants_kubernetes =
+        config.kubernetes.is_some() || config.providers.values().any(|p| p == "kubernetes");
+    if wants_kubernetes {
+        let kube = crate::provider::kubernetes::KubernetesProvider::connect(
+            &config.kubernetes.clone().unwrap_or_default(),
+        )
+        .await
+        .context("connecting to Kubernetes (the config routes profiles to it)")?;
+        providers.insert(
+            "kubernetes".to_string(),
+            Arc::new(kube) as Arc<dyn Provider>,
+        );
+    }
+    Ok(providers)
+}
+
+/// The URL the controller is reached at when the config names none: where it listens, with
+/// 127.0.0.1 for an unspecified address.
+fn default_public_url(addr: SocketAddr) -> String {
+    let host = match addr.ip().is_unspecified() {
+        true => "127.0.0.1".to_string(),
+        false => addr.ip().to_string(),
+    };
+    format!("http://{host}:{}", addr.port())
+}
+
+/// Where the controller's image jobs find the agent, the recipes and their stage cache
+/// (`BERTH_IMAGE_CACHE`, else /var/cache/berth/images).
+fn image_settings(agent_bin: PathBuf) -> crate::image_job::ImageSettings {
+    crate::image_job::ImageSettings {
+        agent_bin,
+        images_dir: crate::image::default_images_dir(),
+        cache_dir: std::env::var_os("BERTH_IMAGE_CACHE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/var/cache/berth/images")),
+    }
 }

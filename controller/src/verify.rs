@@ -211,18 +211,7 @@ async fn checks(
     a: &DesktopOsworld,
     tag: &str,
 ) {
-    let obtained = match &a.sandbox {
-        Some(id) => {
-            rows.check("sandbox", CONTROLLER_TIMEOUT, existing(controller, id))
-                .await
-        }
-        None => {
-            let limit = a.create_timeout + CONTROLLER_TIMEOUT;
-            rows.check("sandbox", limit, create(controller, a, tag, created))
-                .await
-        }
-    };
-    let Some(sb) = obtained else {
+    let Some(sb) = obtain_sandbox(rows, created, controller, a, tag).await else {
         return;
     };
     *sandbox = Some(sb.clone());
@@ -237,43 +226,8 @@ async fn checks(
     };
     let g = Guest::new(&base, http.clone());
     let limit = CALL_TIMEOUT + Duration::from_secs(5);
-    let exec_limit = EXECUTE_TIMEOUT + Duration::from_secs(5);
-    rows.check("platform", limit, osworld::platform(&g)).await;
-    let size = rows
-        .check("screen_size", limit, osworld::screen_size(&g))
-        .await;
-    rows.check("screenshot", limit, osworld::screenshot(&g, size))
-        .await;
-    rows.check("python platform", exec_limit, osworld::python_platform(&g))
-        .await;
-    // Odd numbers inside any screen, unlikely to be where the pointer already is.
-    let (w, h) = size.unwrap_or((640, 480));
-    let target = (w / 3 + 7, h / 3 + 5);
-    rows.check("pyautogui moveTo", exec_limit, osworld::move_to(&g, target))
-        .await;
-    rows.check(
-        "cursor_position",
-        limit,
-        osworld::cursor_position(&g, target),
-    )
-    .await;
-    let dir = format!("/tmp/berth-verify-{tag}");
-    let file = format!("{dir}/probe-{tag}.bin");
-    let content = osworld::probe_bytes(tag);
-    rows.check("setup/upload", limit, osworld::upload(&g, &file, &content))
-        .await;
-    rows.check("file", limit, osworld::download(&g, &file, &content))
-        .await;
-    rows.check(
-        "list_directory",
-        limit,
-        osworld::list_directory(&g, &dir, &file),
-    )
-    .await;
-    // Not a check: what the probe left in a sandbox that outlives this command.
-    let _ = g
-        .execute(json!({"command": ["rm", "-rf", dir], "shell": false}))
-        .await;
+    let (w, h) = screen_checks(rows, &g).await;
+    file_checks(rows, &g, tag).await;
     let rec_limit = CALL_TIMEOUT * 2 + EXECUTE_TIMEOUT + Duration::from_secs(10);
     rows.check("recording", rec_limit, osworld::recording(&g, (w, h)))
         .await;
@@ -291,6 +245,76 @@ async fn checks(
             rows.push(row);
         }
     }
+}
+
+/// The sandbox checked: the one named with `--sandbox`, else a new one (the first row either
+/// way).
+async fn obtain_sandbox(
+    rows: &mut Rows,
+    created: &Mutex<Option<String>>,
+    controller: &ControllerClient,
+    a: &DesktopOsworld,
+    tag: &str,
+) -> Option<Sandbox> {
+    match &a.sandbox {
+        Some(id) => {
+            rows.check("sandbox", CONTROLLER_TIMEOUT, existing(controller, id))
+                .await
+        }
+        None => {
+            let limit = a.create_timeout + CONTROLLER_TIMEOUT;
+            rows.check("sandbox", limit, create(controller, a, tag, created))
+                .await
+        }
+    }
+}
+
+/// The screen and pointer checks; the screen's size (640x480 when it could not be read).
+async fn screen_checks(rows: &mut Rows, g: &Guest) -> (u32, u32) {
+    let limit = CALL_TIMEOUT + Duration::from_secs(5);
+    let exec_limit = EXECUTE_TIMEOUT + Duration::from_secs(5);
+    rows.check("platform", limit, osworld::platform(g)).await;
+    let size = rows
+        .check("screen_size", limit, osworld::screen_size(g))
+        .await;
+    rows.check("screenshot", limit, osworld::screenshot(g, size))
+        .await;
+    rows.check("python platform", exec_limit, osworld::python_platform(g))
+        .await;
+    // Odd numbers inside any screen, unlikely to be where the pointer already is.
+    let (w, h) = size.unwrap_or((640, 480));
+    let target = (w / 3 + 7, h / 3 + 5);
+    rows.check("pyautogui moveTo", exec_limit, osworld::move_to(g, target))
+        .await;
+    rows.check(
+        "cursor_position",
+        limit,
+        osworld::cursor_position(g, target),
+    )
+    .await;
+    (w, h)
+}
+
+/// The file checks on a probe file of this run's, removed afterwards.
+async fn file_checks(rows: &mut Rows, g: &Guest, tag: &str) {
+    let limit = CALL_TIMEOUT + Duration::from_secs(5);
+    let dir = format!("/tmp/berth-verify-{tag}");
+    let file = format!("{dir}/probe-{tag}.bin");
+    let content = osworld::probe_bytes(tag);
+    rows.check("setup/upload", limit, osworld::upload(g, &file, &content))
+        .await;
+    rows.check("file", limit, osworld::download(g, &file, &content))
+        .await;
+    rows.check(
+        "list_directory",
+        limit,
+        osworld::list_directory(g, &dir, &file),
+    )
+    .await;
+    // Not a check: what the probe left in a sandbox that outlives this command.
+    let _ = g
+        .execute(json!({"command": ["rm", "-rf", dir], "shell": false}))
+        .await;
 }
 
 /// `GET …/{id}/v1/desktop/state` through the controller.

@@ -280,80 +280,93 @@ impl DesktopState {
     /// and `berth.osworld` read it).
     pub fn compare(&self, expected: &ExpectedDesktop) -> Vec<FidelityRow> {
         let mut rows = Vec::new();
-        let mut row = |item: String, expected: String, actual: String, ok: bool| {
-            rows.push(FidelityRow {
-                item,
-                ok,
-                expected,
-                actual,
-            })
-        };
-        let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "(none)".into());
-        row(
+        self.compare_look(expected, &mut rows);
+        self.compare_configuration(expected, &mut rows);
+        self.compare_conditions(expected, &mut rows);
+        rows
+    }
+
+    /// The session, locale, themes and dock favourites.
+    fn compare_look(&self, expected: &ExpectedDesktop, rows: &mut Vec<FidelityRow>) {
+        rows.push(FidelityRow::of(
             "session".into(),
             expected.session.clone(),
             self.session.clone(),
             self.session == expected.session,
-        );
-        row(
+        ));
+        rows.push(FidelityRow::of(
             "lang".into(),
             expected.lang.clone(),
             self.lang.clone(),
             self.lang == expected.lang,
-        );
+        ));
         for (item, want, got) in [
             ("theme", &expected.theme, &self.theme),
             ("icon theme", &expected.icon_theme, &self.icon_theme),
         ] {
             if want.is_some() {
-                row(item.into(), opt(want), opt(got), want == got);
+                rows.push(FidelityRow::of(
+                    item.into(),
+                    or_none(want),
+                    or_none(got),
+                    want == got,
+                ));
             }
         }
         if !expected.favorites.is_empty() {
-            row(
+            rows.push(FidelityRow::of(
                 "favorites".into(),
                 expected.favorites.join(" "),
                 self.favorites.join(" "),
                 self.favorites == expected.favorites,
-            );
+            ));
         }
+    }
+
+    /// The settings, file handlers, first-run states and programs.
+    fn compare_configuration(&self, expected: &ExpectedDesktop, rows: &mut Vec<FidelityRow>) {
         for (key, want) in &expected.settings {
             let got = self.settings.get(key);
-            row(
+            rows.push(FidelityRow::of(
                 format!("setting {key}"),
                 want.clone(),
                 got.cloned().unwrap_or_else(|| "(no such key)".into()),
                 got == Some(want),
-            );
+            ));
         }
         for (mime, want) in &expected.handlers {
             let got = self.handlers.get(mime).cloned().flatten();
-            row(
+            rows.push(FidelityRow::of(
                 format!("handler {mime}"),
                 want.clone(),
-                opt(&got),
+                or_none(&got),
                 got.as_ref() == Some(want),
-            );
+            ));
         }
         for app in &expected.first_run {
             let got = self.first_run.get(app);
-            row(
+            rows.push(FidelityRow::of(
                 format!("first run {app}"),
                 "done".into(),
                 got.map(|f| f.detail.clone())
                     .unwrap_or_else(|| "not known".into()),
                 got.is_some_and(|f| f.done),
-            );
+            ));
         }
         for p in &expected.programs {
             let present = self.programs.get(p).copied().unwrap_or(false);
-            row(
+            rows.push(FidelityRow::of(
                 format!("program {p}"),
                 "present".into(),
                 if present { "present" } else { "missing" }.into(),
                 present,
-            );
+            ));
         }
+    }
+
+    /// The conditions a task must not find already met: no dialog open, the volume below its
+    /// maximum, a time zone other than UTC+0.
+    fn compare_conditions(&self, expected: &ExpectedDesktop, rows: &mut Vec<FidelityRow>) {
         if expected.no_dialogs {
             let dialogs: Vec<&str> = self
                 .windows
@@ -361,7 +374,7 @@ impl DesktopState {
                 .filter(|w| w.dialog)
                 .map(|w| w.title.as_str())
                 .collect();
-            row(
+            rows.push(FidelityRow::of(
                 "no dialog open".into(),
                 "none".into(),
                 if dialogs.is_empty() {
@@ -370,29 +383,45 @@ impl DesktopState {
                     dialogs.join(", ")
                 },
                 dialogs.is_empty(),
-            );
+            ));
         }
         if expected.volume_below_max {
             let v = self.volume_percent;
-            row(
+            rows.push(FidelityRow::of(
                 "volume below maximum".into(),
                 "< 100 %".into(),
                 v.map(|v| format!("{v} %"))
                     .unwrap_or_else(|| "(no sink)".into()),
                 v.is_some_and(|v| v < 100),
-            );
+            ));
         }
         if expected.time_zone_not_utc {
             let off = self.utc_offset.clone();
-            row(
+            rows.push(FidelityRow::of(
                 "time zone not UTC+0".into(),
                 "an offset other than +0000".into(),
-                format!("{} ({})", opt(&self.time_zone), opt(&off)),
+                format!("{} ({})", or_none(&self.time_zone), or_none(&off)),
                 off.as_deref().is_some_and(|o| o != "+0000" && o != "-0000"),
-            );
+            ));
         }
-        rows
     }
+}
+
+impl FidelityRow {
+    /// A row: the item, what is expected, what is there, and whether that will do.
+    fn of(item: String, expected: String, actual: String, ok: bool) -> FidelityRow {
+        FidelityRow {
+            item,
+            ok,
+            expected,
+            actual,
+        }
+    }
+}
+
+/// An optional value as a row shows it: `(none)` when absent.
+fn or_none(v: &Option<String>) -> String {
+    v.clone().unwrap_or_else(|| "(none)".into())
 }
 
 #[cfg(test)]

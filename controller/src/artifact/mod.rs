@@ -174,13 +174,7 @@ impl Artifacts {
             return Ok(a);
         }
         let id = new_id("art");
-        let (size, sha256) = {
-            let f = file.to_path_buf();
-            tokio::task::spawn_blocking(move || hash_file(&f))
-                .await
-                .map_err(|e| Error::Internal(format!("hashing: {e}")))?
-                .map_err(|e| Error::Internal(format!("reading {}: {e}", file.display())))?
-        };
+        let (size, sha256) = hash_off_thread(file).await?;
         let row = ArtifactRow {
             id: id.clone(),
             sandbox_id: sandbox_id.to_string(),
@@ -193,17 +187,7 @@ impl Artifacts {
             source: source.map(str::to_string),
             created_at: now_ms(),
         };
-        self.in_flight.locked().insert(id.clone());
-        let inserted = match self.blobs.put(&id, file).await {
-            Ok(()) => self
-                .ctx
-                .store
-                .insert_artifact(&row)
-                .map_err(|e| Error::Internal(e.to_string())),
-            Err(e) => Err(Error::Internal(format!("storing the artifact: {e}"))),
-        };
-        self.in_flight.locked().remove(&id);
-        match inserted {
+        match self.store_published(&row, file).await {
             Ok(true) => {}
             Ok(false) => {
                 // Another publish of this source won the race: answer its artifact.
@@ -222,22 +206,44 @@ impl Artifacts {
             }
         }
         self.ctx.metrics.artifact_published(size);
+        self.announce_published(&row);
+        Ok(row)
+    }
+
+    /// Puts a published file's bytes in the blob store, then its row in the store; the blob is
+    /// in flight meanwhile (the orphan sweep leaves it alone). False when another publish of
+    /// the same source won the race.
+    async fn store_published(&self, row: &ArtifactRow, file: &Path) -> Result<bool> {
+        self.in_flight.locked().insert(row.id.clone());
+        let inserted = match self.blobs.put(&row.id, file).await {
+            Ok(()) => self
+                .ctx
+                .store
+                .insert_artifact(row)
+                .map_err(|e| Error::Internal(e.to_string())),
+            Err(e) => Err(Error::Internal(format!("storing the artifact: {e}"))),
+        };
+        self.in_flight.locked().remove(&row.id);
+        inserted
+    }
+
+    /// Puts a published artifact on its sandbox's timeline (`artifact.published`).
+    fn announce_published(&self, row: &ArtifactRow) {
         let mut data = json!({
             "artifact_id": row.id,
             "name": row.name,
-            "artifact_kind": kind.as_str(),
-            "size": size,
+            "artifact_kind": row.kind.as_str(),
+            "size": row.size,
             "content_type": row.content_type,
         });
-        if let Some(r) = run_id {
-            data["run"] = r.into();
+        if let Some(r) = &row.run_id {
+            data["run"] = r.as_str().into();
         }
-        if let Some(s) = source {
-            data["artifact_source"] = s.into();
+        if let Some(s) = &row.source {
+            data["artifact_source"] = s.as_str().into();
         }
         self.ctx
-            .event(sandbox_id, EventKind::ArtifactPublished, data);
-        Ok(row)
+            .event(&row.sandbox_id, EventKind::ArtifactPublished, data);
     }
 
     /// One artifact; `Error::NotFound` when absent.
@@ -408,6 +414,15 @@ impl Artifacts {
             }
         }
     }
+}
+
+/// The size and SHA-256 of `file`, read on a blocking thread.
+async fn hash_off_thread(file: &Path) -> Result<(u64, String)> {
+    let f = file.to_path_buf();
+    tokio::task::spawn_blocking(move || hash_file(&f))
+        .await
+        .map_err(|e| Error::Internal(format!("hashing: {e}")))?
+        .map_err(|e| Error::Internal(format!("reading {}: {e}", file.display())))
 }
 
 /// Size and hex SHA-256 of a file.

@@ -440,6 +440,24 @@ async fn demo(a: DemoArgs) -> anyhow::Result<i32> {
         "  running after {:.1} s (X server, VNC, window manager, panel, Chromium and both CDP relays checked)",
         started.elapsed().as_secs_f64()
     );
+    demo_screenshot(&client, &sb, &a.screenshot).await?;
+    demo_exec(&client, &sb).await?;
+    print_demo_access(&client, &sb, &key, &base).await?;
+    if !a.once {
+        println!("\nCtrl-C deletes the sandbox and stops.");
+        shutdown_signal().await;
+    }
+    client.delete(&sb.id).await?;
+    println!("sandbox {} deleted", sb.id);
+    Ok(0)
+}
+
+/// The demo's screenshot of the sandbox's desktop, saved to `path`.
+async fn demo_screenshot(
+    client: &ControllerClient,
+    sb: &Sandbox,
+    path: &std::path::Path,
+) -> anyhow::Result<()> {
     // Once the screen has been still for half a second: Chromium's first paint lands after
     // its DevTools endpoint answers.
     let shot = client
@@ -457,13 +475,13 @@ async fn demo(a: DemoArgs) -> anyhow::Result<i32> {
         .bytes()
         .await?
         .to_vec();
-    std::fs::write(&a.screenshot, &png)
-        .with_context(|| format!("writing {}", a.screenshot.display()))?;
-    println!(
-        "  screenshot: {} ({} bytes)",
-        a.screenshot.display(),
-        png.len()
-    );
+    std::fs::write(path, &png).with_context(|| format!("writing {}", path.display()))?;
+    println!("  screenshot: {} ({} bytes)", path.display(), png.len());
+    Ok(())
+}
+
+/// The demo's command in the sandbox: who and where it runs.
+async fn demo_exec(client: &ControllerClient, sb: &Sandbox) -> anyhow::Result<()> {
     let run = client
         .exec(
             &sb.id,
@@ -480,6 +498,17 @@ async fn demo(a: DemoArgs) -> anyhow::Result<i32> {
         run.exit_code.unwrap_or(-1),
         run.stdout.trim().replace('\n', " | ")
     );
+    Ok(())
+}
+
+/// How to reach the demo's sandbox: a one-time viewer link, CDP, the compat API and the
+/// controller's API with the demo's key.
+async fn print_demo_access(
+    client: &ControllerClient,
+    sb: &Sandbox,
+    key: &str,
+    base: &str,
+) -> anyhow::Result<()> {
     let viewer = client.viewer(&sb.id).await?;
     println!(
         "\nWatch the desktop (one-time link, sets a viewer cookie):\n  {}",
@@ -495,13 +524,7 @@ async fn demo(a: DemoArgs) -> anyhow::Result<i32> {
         "API: curl -H 'X-Api-Key: {key}' {base}/sandbox/sandboxes/v1/{}",
         sb.id
     );
-    if !a.once {
-        println!("\nCtrl-C deletes the sandbox and stops.");
-        shutdown_signal().await;
-    }
-    client.delete(&sb.id).await?;
-    println!("sandbox {} deleted", sb.id);
-    Ok(0)
+    Ok(())
 }
 
 /// Polls a sandbox until it runs, printing status changes; an error when it fails.
@@ -574,38 +597,19 @@ async fn sandbox(c: SandboxCmd) -> anyhow::Result<i32> {
             screen,
             remote,
         } => {
-            let cl = client(&remote);
-            let sb = cl
-                .create_nowait(&CreateSandbox {
-                    profile,
-                    image_ref,
-                    labels: labels.into_iter().collect(),
-                    ttl_seconds: ttl,
-                    screen,
-                })
-                .await?;
-            if !remote.json {
-                eprintln!("sandbox {} created; waiting until ready", sb.id);
-            }
-            let sb = wait_running(&cl, &sb.id, !remote.json).await?;
-            show_sandbox(&sb, remote.json);
+            let request = CreateSandbox {
+                profile,
+                image_ref,
+                labels: labels.into_iter().collect(),
+                ttl_seconds: ttl,
+                screen,
+            };
+            create_sandbox(&request, &remote).await?;
         }
         SandboxCmd::Get { id, remote } => {
             show_sandbox(&client(&remote).get(&id).await?, remote.json)
         }
-        SandboxCmd::List { labels, remote } => {
-            let list = client(&remote).list(&labels).await?;
-            if remote.json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
-            } else {
-                for sb in &list.sandboxes {
-                    println!(
-                        "{}  {:<8} {:<9} {}",
-                        sb.id, sb.profile, sb.status, sb.created_at
-                    );
-                }
-            }
-        }
+        SandboxCmd::List { labels, remote } => list_sandboxes(&labels, &remote).await?,
         SandboxCmd::Rm { id, remote } => {
             let answer = client(&remote).delete(&id).await?;
             match remote.json {
@@ -624,62 +628,104 @@ async fn sandbox(c: SandboxCmd) -> anyhow::Result<i32> {
             command,
             remote,
         } => {
-            let run = client(&remote)
-                .exec(
-                    &id,
-                    &RunRequest {
-                        command: Command::Argv(command),
-                        timeout_ms,
-                        run_id,
-                        ..Default::default()
-                    },
-                )
-                .await?;
-            if remote.json {
-                println!("{}", serde_json::to_string_pretty(&run)?);
-            } else {
-                print!("{}", run.stdout);
-                eprint!("{}", run.stderr);
-                if !run.done() {
-                    eprintln!(
-                        "run {} still running; `GET …/runs/{}` reads it later",
-                        run.id, run.id
-                    );
-                }
-                if let Some(e) = &run.error {
-                    eprintln!("run {}: {e}", run.status);
-                }
-            }
-            return Ok(run.exit_code.unwrap_or(if run.done() { 1 } else { 0 }));
+            let request = RunRequest {
+                command: Command::Argv(command),
+                timeout_ms,
+                run_id,
+                ..Default::default()
+            };
+            return exec_command(&id, &request, &remote).await;
         }
         SandboxCmd::Screenshot { id, output, remote } => {
-            let png = client(&remote).screenshot(&id).await?;
-            std::fs::write(&output, &png)
-                .with_context(|| format!("writing {}", output.display()))?;
-            match remote.json {
-                true => println!(
-                    "{}",
-                    serde_json::json!({"path": output.display().to_string(), "bytes": png.len()})
-                ),
-                false => println!("{} ({} bytes)", output.display(), png.len()),
-            }
+            save_screenshot(&id, &output, &remote).await?
         }
         SandboxCmd::Viewer { id, remote } => {
             let v = client(&remote).viewer(&id).await?;
-            match remote.json {
-                true => println!("{}", serde_json::to_string(&v)?),
-                false => println!("{}", v.url),
-            }
+            print_link(&v, &v.url, remote.json)?;
         }
         SandboxCmd::Open { id, remote } => {
             let v = client(&remote).session(&id).await?;
-            match remote.json {
-                true => println!("{}", serde_json::to_string(&v)?),
-                false => println!("{}", v.url),
-            }
+            print_link(&v, &v.url, remote.json)?;
         }
     }
     Ok(0)
+}
+
+/// A one-time link's answer: as JSON, or its URL alone.
+fn print_link(answer: &impl serde::Serialize, url: &str, json: bool) -> anyhow::Result<()> {
+    match json {
+        true => println!("{}", serde_json::to_string(answer)?),
+        false => println!("{url}"),
+    }
+    Ok(())
+}
+
+/// `berth sandbox create`: creates the sandbox, waits until it runs and prints it.
+async fn create_sandbox(request: &CreateSandbox, remote: &Remote) -> anyhow::Result<()> {
+    let cl = client(remote);
+    let sb = cl.create_nowait(request).await?;
+    if !remote.json {
+        eprintln!("sandbox {} created; waiting until ready", sb.id);
+    }
+    let sb = wait_running(&cl, &sb.id, !remote.json).await?;
+    show_sandbox(&sb, remote.json);
+    Ok(())
+}
+
+/// `berth sandbox list`: the sandboxes with all of `labels`, one a line.
+async fn list_sandboxes(labels: &[(String, String)], remote: &Remote) -> anyhow::Result<()> {
+    let list = client(remote).list(labels).await?;
+    if remote.json {
+        println!("{}", serde_json::to_string_pretty(&list)?);
+    } else {
+        for sb in &list.sandboxes {
+            println!(
+                "{}  {:<8} {:<9} {}",
+                sb.id, sb.profile, sb.status, sb.created_at
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `berth sandbox exec`: runs the command and prints its output; the exit status is the
+/// command's (1 for one that ended without a code, 0 for one still running).
+async fn exec_command(id: &str, request: &RunRequest, remote: &Remote) -> anyhow::Result<i32> {
+    let run = client(remote).exec(id, request).await?;
+    if remote.json {
+        println!("{}", serde_json::to_string_pretty(&run)?);
+    } else {
+        print!("{}", run.stdout);
+        eprint!("{}", run.stderr);
+        if !run.done() {
+            eprintln!(
+                "run {} still running; `GET …/runs/{}` reads it later",
+                run.id, run.id
+            );
+        }
+        if let Some(e) = &run.error {
+            eprintln!("run {}: {e}", run.status);
+        }
+    }
+    Ok(run.exit_code.unwrap_or(if run.done() { 1 } else { 0 }))
+}
+
+/// `berth sandbox screenshot`: the sandbox's display saved as PNG to `output`.
+async fn save_screenshot(
+    id: &str,
+    output: &std::path::Path,
+    remote: &Remote,
+) -> anyhow::Result<()> {
+    let png = client(remote).screenshot(id).await?;
+    std::fs::write(output, &png).with_context(|| format!("writing {}", output.display()))?;
+    match remote.json {
+        true => println!(
+            "{}",
+            serde_json::json!({"path": output.display().to_string(), "bytes": png.len()})
+        ),
+        false => println!("{} ({} bytes)", output.display(), png.len()),
+    }
+    Ok(())
 }
 
 async fn lease(c: LeaseCmd) -> anyhow::Result<i32> {
@@ -741,23 +787,11 @@ async fn lease(c: LeaseCmd) -> anyhow::Result<i32> {
 }
 
 async fn image(c: ImageCmd) -> anyhow::Result<i32> {
-    let request = |a: ImageArgs| -> anyhow::Result<crate::image::BuildRequest> {
-        Ok(crate::image::BuildRequest {
-            profile: a.profile,
-            bundle: a.bundle,
-            apps: a.apps,
-            agent_bin: serve::agent_bin(a.agent_bin, &Config::default())?,
-            images_dir: a
-                .images_dir
-                .unwrap_or_else(crate::image::default_images_dir),
-            cache_dir: a.cache_dir,
-        })
-    };
     match c {
         ImageCmd::Build {
             args, plan: true, ..
         } => {
-            let req = request(args)?;
+            let req = build_request(args)?;
             let (image_ref, exists) = crate::image::plan(&req)?;
             println!(
                 "{}",
@@ -770,48 +804,15 @@ async fn image(c: ImageCmd) -> anyhow::Result<i32> {
             controller: true,
             ..
         } => {
-            let req = crate::image::ControllerBuild {
-                berth_bin: std::env::current_exe().context("locating the berth binary")?,
-                agent_bin: serve::agent_bin(args.agent_bin, &Config::default())?,
-                images_dir: args
-                    .images_dir
-                    .unwrap_or_else(crate::image::default_images_dir),
-                cache_dir: args.cache_dir,
-            };
+            let req = controller_build(args)?;
             let built =
                 tokio::task::spawn_blocking(move || crate::image::build_controller(&req)).await??;
-            match json {
-                true => println!("{}", serde_json::to_string(&built)?),
-                false => println!(
-                    "{} ({:.0} MB, {} in {:.1} s)",
-                    built.image_ref,
-                    built.size_bytes as f64 / 1e6,
-                    if built.built {
-                        "built"
-                    } else {
-                        "already built"
-                    },
-                    built.seconds
-                ),
-            }
+            print_built(&built, json)?;
         }
         ImageCmd::Build { args, json, .. } => {
-            let req = request(args)?;
+            let req = build_request(args)?;
             let built = tokio::task::spawn_blocking(move || crate::image::build(&req)).await??;
-            match json {
-                true => println!("{}", serde_json::to_string(&built)?),
-                false => println!(
-                    "{} ({:.0} MB, {} in {:.1} s)",
-                    built.image_ref,
-                    built.size_bytes as f64 / 1e6,
-                    if built.built {
-                        "built"
-                    } else {
-                        "already built"
-                    },
-                    built.seconds
-                ),
-            }
+            print_built(&built, json)?;
         }
         ImageCmd::Push {
             image_ref,
@@ -821,20 +822,7 @@ async fn image(c: ImageCmd) -> anyhow::Result<i32> {
             json,
         } => {
             let registry: crate::image::push::Registry = registry.parse()?;
-            let auth = match (username, password_stdin) {
-                (Some(username), true) => {
-                    let mut password = String::new();
-                    std::io::stdin()
-                        .read_line(&mut password)
-                        .context("reading the password from stdin")?;
-                    let password = password.trim_end_matches(['\r', '\n']).to_string();
-                    if password.is_empty() {
-                        anyhow::bail!("--password-stdin: stdin held no password");
-                    }
-                    crate::image::push::Auth::Given { username, password }
-                }
-                _ => crate::image::push::Auth::DockerConfig,
-            };
+            let auth = push_auth(username, password_stdin)?;
             let p = crate::image::push::push(&image_ref, &registry, &auth).await?;
             match json {
                 true => println!("{}", serde_json::to_string(&p)?),
@@ -845,7 +833,7 @@ async fn image(c: ImageCmd) -> anyhow::Result<i32> {
             }
         }
         ImageCmd::Lock { args, json } => {
-            let req = request(args)?;
+            let req = build_request(args)?;
             let path = tokio::task::spawn_blocking(move || crate::image::relock(&req)).await??;
             match json {
                 true => println!(
@@ -857,6 +845,73 @@ async fn image(c: ImageCmd) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// What `berth image build` (and `plan`, `lock`) builds, from its flags.
+fn build_request(a: ImageArgs) -> anyhow::Result<crate::image::BuildRequest> {
+    Ok(crate::image::BuildRequest {
+        profile: a.profile,
+        bundle: a.bundle,
+        apps: a.apps,
+        agent_bin: serve::agent_bin(a.agent_bin, &Config::default())?,
+        images_dir: a
+            .images_dir
+            .unwrap_or_else(crate::image::default_images_dir),
+        cache_dir: a.cache_dir,
+    })
+}
+
+/// What `berth image build --controller` builds: this `berth` and its agent.
+fn controller_build(args: ImageArgs) -> anyhow::Result<crate::image::ControllerBuild> {
+    Ok(crate::image::ControllerBuild {
+        berth_bin: std::env::current_exe().context("locating the berth binary")?,
+        agent_bin: serve::agent_bin(args.agent_bin, &Config::default())?,
+        images_dir: args
+            .images_dir
+            .unwrap_or_else(crate::image::default_images_dir),
+        cache_dir: args.cache_dir,
+    })
+}
+
+/// A build's result: JSON, or a line naming the image, its size and whether it was built.
+fn print_built(built: &crate::image::Built, json: bool) -> anyhow::Result<()> {
+    match json {
+        true => println!("{}", serde_json::to_string(built)?),
+        false => println!(
+            "{} ({:.0} MB, {} in {:.1} s)",
+            built.image_ref,
+            built.size_bytes as f64 / 1e6,
+            if built.built {
+                "built"
+            } else {
+                "already built"
+            },
+            built.seconds
+        ),
+    }
+    Ok(())
+}
+
+/// The registry credentials of `berth image push`: `--username` with the password read from
+/// stdin, else the Docker CLI's config.
+fn push_auth(
+    username: Option<String>,
+    password_stdin: bool,
+) -> anyhow::Result<crate::image::push::Auth> {
+    Ok(match (username, password_stdin) {
+        (Some(username), true) => {
+            let mut password = String::new();
+            std::io::stdin()
+                .read_line(&mut password)
+                .context("reading the password from stdin")?;
+            let password = password.trim_end_matches(['\r', '\n']).to_string();
+            if password.is_empty() {
+                anyhow::bail!("--password-stdin: stdin held no password");
+            }
+            crate::image::push::Auth::Given { username, password }
+        }
+        _ => crate::image::push::Auth::DockerConfig,
+    })
 }
 
 #[cfg(test)]

@@ -392,22 +392,8 @@ pub async fn push(image_ref: &str, registry: &Registry, auth: &Auth) -> anyhow::
     let started = Instant::now();
     let (repo, tag) = target(registry, image_ref)?;
     let creds = credentials(auth, &registry.host)?;
-    let docker = Docker::connect_with_socket_defaults().context("the Docker daemon's socket")?;
-    let docker = tokio::time::timeout(Duration::from_secs(10), docker.negotiate_version())
-        .await
-        .map_err(|_| anyhow::anyhow!("the Docker daemon did not answer within 10 s"))?
-        .context("the Docker daemon")?;
-    let local = match docker.inspect_image(image_ref).await {
-        Ok(i) => i,
-        Err(bollard::errors::Error::DockerResponseServerError {
-            status_code: 404, ..
-        }) => bail!(
-            "no local image {image_ref}: build it with `berth image build` (its image_ref is \
-             what to push)"
-        ),
-        Err(e) => return Err(e).context(format!("inspecting {image_ref}")),
-    };
-    let image_id = local.id.unwrap_or_default();
+    let docker = connect().await?;
+    let image_id = local_image_id(&docker, image_ref).await?;
     docker
         .tag_image(
             image_ref,
@@ -418,14 +404,71 @@ pub async fn push(image_ref: &str, registry: &Registry, auth: &Auth) -> anyhow::
         )
         .await
         .with_context(|| format!("tagging {image_ref} as {repo}:{tag}"))?;
+    let digest = push_tagged(&docker, &repo, &tag, creds).await?;
+    // The daemon records the digest on the image too (RepoDigests): the answer when the
+    // status line did not carry it.
+    let digest = match digest {
+        Some(d) => d,
+        None => docker
+            .inspect_image(image_ref)
+            .await
+            .ok()
+            .and_then(|i| i.repo_digests)
+            .unwrap_or_default()
+            .iter()
+            .find_map(|r| r.strip_prefix(&format!("{repo}@")).map(str::to_string))
+            .with_context(|| format!("the push of {repo}:{tag} ended without naming its digest"))?,
+    };
+    Ok(Pushed {
+        image_ref: image_ref.to_string(),
+        pushed: format!("{repo}:{tag}"),
+        digest_ref: format!("{repo}@{digest}"),
+        digest,
+        image_id,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// The local Docker daemon, speaking its API version.
+async fn connect() -> anyhow::Result<Docker> {
+    let docker = Docker::connect_with_socket_defaults().context("the Docker daemon's socket")?;
+    let docker = tokio::time::timeout(Duration::from_secs(10), docker.negotiate_version())
+        .await
+        .map_err(|_| anyhow::anyhow!("the Docker daemon did not answer within 10 s"))?
+        .context("the Docker daemon")?;
+    Ok(docker)
+}
+
+/// The id of the local image `image_ref`; an error saying how to build it when there is none.
+async fn local_image_id(docker: &Docker, image_ref: &str) -> anyhow::Result<String> {
+    let local = match docker.inspect_image(image_ref).await {
+        Ok(i) => i,
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 404, ..
+        }) => bail!(
+            "no local image {image_ref}: build it with `berth image build` (its image_ref is \
+             what to push)"
+        ),
+        Err(e) => return Err(e).context(format!("inspecting {image_ref}")),
+    };
+    Ok(local.id.unwrap_or_default())
+}
+
+/// Pushes `repo:tag`, showing its progress; the digest when a status line named it.
+async fn push_tagged(
+    docker: &Docker,
+    repo: &str,
+    tag: &str,
+    creds: Option<DockerCredentials>,
+) -> anyhow::Result<Option<String>> {
     let mut progress = Progress {
         tty: std::io::stderr().is_terminal(),
         layers: BTreeMap::new(),
     };
     let mut stream = docker.push_image(
-        &repo,
+        repo,
         Some(bollard::query_parameters::PushImageOptions {
-            tag: Some(tag.clone()),
+            tag: Some(tag.to_string()),
             platform: None,
         }),
         creds,
@@ -455,28 +498,7 @@ pub async fn push(image_ref: &str, registry: &Registry, auth: &Auth) -> anyhow::
         }
     }
     progress.end();
-    // The daemon records the digest on the image too (RepoDigests): the answer when the
-    // status line did not carry it.
-    let digest = match digest {
-        Some(d) => d,
-        None => docker
-            .inspect_image(image_ref)
-            .await
-            .ok()
-            .and_then(|i| i.repo_digests)
-            .unwrap_or_default()
-            .iter()
-            .find_map(|r| r.strip_prefix(&format!("{repo}@")).map(str::to_string))
-            .with_context(|| format!("the push of {repo}:{tag} ended without naming its digest"))?,
-    };
-    Ok(Pushed {
-        image_ref: image_ref.to_string(),
-        pushed: format!("{repo}:{tag}"),
-        digest_ref: format!("{repo}@{digest}"),
-        digest,
-        image_id,
-        seconds: started.elapsed().as_secs_f64(),
-    })
+    Ok(digest)
 }
 
 #[cfg(test)]

@@ -229,6 +229,104 @@ impl DockerProvider {
             created_at_ms,
         }))
     }
+
+    /// The ports a sandbox's container publishes: the agent's, CDP's on a desktop, and those
+    /// its image declares.
+    async fn container_ports(&self, spec: &Spec) -> Result<Vec<u16>> {
+        let mut ports: Vec<u16> = match spec.desktop {
+            true => vec![AGENT_PORT, CDP_PORT],
+            false => vec![AGENT_PORT],
+        };
+        // The image's declared ports (its apps' servers, e.g. VLC's HTTP interface).
+        let image = timed(
+            "inspecting the image",
+            self.docker.inspect_image(&spec.identity.image_ref),
+        )
+        .await?;
+        let image_labels = image.config.and_then(|c| c.labels).unwrap_or_default();
+        for port in declared_ports(&image_labels).into_values() {
+            if !ports.contains(&port) {
+                ports.push(port);
+            }
+        }
+        Ok(ports)
+    }
+
+    /// Waits until the agent in a just-started container accepts connections (30 s at most);
+    /// its endpoint then.
+    async fn wait_for_agent(&self, sandbox_id: &str, container: &str) -> Result<Endpoint> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let o = self.observe(sandbox_id).await?;
+            match o {
+                Some(o) if !o.alive => {
+                    return Err(ProviderError::Failed(format!(
+                        "container {container} exited at start"
+                    )));
+                }
+                Some(Observed {
+                    endpoint: Some(ep), ..
+                }) => {
+                    let addr = ep.agent_url.trim_start_matches("http://").to_string();
+                    if tokio::net::TcpStream::connect(&addr).await.is_ok() {
+                        return Ok(ep);
+                    }
+                }
+                _ => {}
+            }
+            if Instant::now() >= deadline {
+                return Err(ProviderError::Failed(format!(
+                    "the agent in {container} did not accept connections within 30 s"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+/// A sandbox's container: its image running the agent with `cmd`, on `network`, every port in
+/// `ports` published on a loopback port Docker picks.
+fn container_body(
+    spec: &Spec,
+    network: String,
+    cmd: Vec<String>,
+    labels: HashMap<String, String>,
+    ports: &[u16],
+) -> ContainerCreateBody {
+    ContainerCreateBody {
+        image: Some(spec.identity.image_ref.clone()),
+        cmd: Some(cmd),
+        env: Some(vec![format!("BERTH_AGENT_TOKEN={}", spec.agent_token)]),
+        labels: Some(labels),
+        exposed_ports: Some(ports.iter().map(|p| format!("{p}/tcp")).collect()),
+        host_config: Some(HostConfig {
+            network_mode: Some(network),
+            // Harnesses on the host reach the compat surface and CDP through loopback
+            // ports Docker picks; the controller uses the container's IP.
+            port_bindings: Some(
+                ports
+                    .iter()
+                    .map(|p| {
+                        (
+                            format!("{p}/tcp"),
+                            Some(vec![PortBinding {
+                                host_ip: Some("127.0.0.1".into()),
+                                host_port: Some(String::new()),
+                            }]),
+                        )
+                    })
+                    .collect(),
+            ),
+            // Chromium needs more than Docker's 64 MiB of /dev/shm.
+            shm_size: Some(512 << 20),
+            // Chromium keeps its own sandbox (user namespaces): see `seccomp`.
+            security_opt: Some(vec![format!("seccomp={}", super::seccomp::profile())]),
+            nano_cpus: spec.cpus.map(|c| (c * 1e9) as i64),
+            memory: spec.memory_mb.map(|m| (m << 20) as i64),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 #[async_trait::async_trait]
@@ -268,56 +366,8 @@ impl Provider for DockerProvider {
             ]);
         }
         cmd.extend(spec.agent_args());
-        let mut ports: Vec<u16> = match spec.desktop {
-            true => vec![AGENT_PORT, CDP_PORT],
-            false => vec![AGENT_PORT],
-        };
-        // The image's declared ports (its apps' servers, e.g. VLC's HTTP interface).
-        let image = timed(
-            "inspecting the image",
-            self.docker.inspect_image(&spec.identity.image_ref),
-        )
-        .await?;
-        let image_labels = image.config.and_then(|c| c.labels).unwrap_or_default();
-        for port in declared_ports(&image_labels).into_values() {
-            if !ports.contains(&port) {
-                ports.push(port);
-            }
-        }
-        let body = ContainerCreateBody {
-            image: Some(spec.identity.image_ref.clone()),
-            cmd: Some(cmd),
-            env: Some(vec![format!("BERTH_AGENT_TOKEN={}", spec.agent_token)]),
-            labels: Some(labels),
-            exposed_ports: Some(ports.iter().map(|p| format!("{p}/tcp")).collect()),
-            host_config: Some(HostConfig {
-                network_mode: Some(network),
-                // Harnesses on the host reach the compat surface and CDP through loopback
-                // ports Docker picks; the controller uses the container's IP.
-                port_bindings: Some(
-                    ports
-                        .iter()
-                        .map(|p| {
-                            (
-                                format!("{p}/tcp"),
-                                Some(vec![PortBinding {
-                                    host_ip: Some("127.0.0.1".into()),
-                                    host_port: Some(String::new()),
-                                }]),
-                            )
-                        })
-                        .collect(),
-                ),
-                // Chromium needs more than Docker's 64 MiB of /dev/shm.
-                shm_size: Some(512 << 20),
-                // Chromium keeps its own sandbox (user namespaces): see `seccomp`.
-                security_opt: Some(vec![format!("seccomp={}", super::seccomp::profile())]),
-                nano_cpus: spec.cpus.map(|c| (c * 1e9) as i64),
-                memory: spec.memory_mb.map(|m| (m << 20) as i64),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
+        let ports = self.container_ports(spec).await?;
+        let body = container_body(spec, network, cmd, labels, &ports);
         let container = name(&spec.identity.sandbox_id);
         let options = CreateContainerOptionsBuilder::default()
             .name(&container)
@@ -330,32 +380,8 @@ impl Provider for DockerProvider {
         )
         .await?;
         // Answer once the agent accepts connections.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let o = self.observe(&spec.identity.sandbox_id).await?;
-            match o {
-                Some(o) if !o.alive => {
-                    return Err(ProviderError::Failed(format!(
-                        "container {container} exited at start"
-                    )));
-                }
-                Some(Observed {
-                    endpoint: Some(ep), ..
-                }) => {
-                    let addr = ep.agent_url.trim_start_matches("http://").to_string();
-                    if tokio::net::TcpStream::connect(&addr).await.is_ok() {
-                        return Ok(ep);
-                    }
-                }
-                _ => {}
-            }
-            if Instant::now() >= deadline {
-                return Err(ProviderError::Failed(format!(
-                    "the agent in {container} did not accept connections within 30 s"
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        self.wait_for_agent(&spec.identity.sandbox_id, &container)
+            .await
     }
 
     async fn inspect(&self, sandbox_id: &str) -> Result<Option<Observed>> {

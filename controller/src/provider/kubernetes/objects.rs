@@ -252,21 +252,35 @@ fn resources(cpus: Option<f64>, memory_mb: Option<u64>) -> Option<ResourceRequir
 /// The sandbox's Pod, owned by the controller's ConfigMap.
 pub fn pod(spec: &Spec, s: &Settings, owner: &Owner) -> Pod {
     let sid = &spec.identity.sandbox_id;
-    let mut ports = vec![ContainerPort {
-        name: Some("agent".into()),
-        container_port: s.agent_port.into(),
-        protocol: Some("TCP".into()),
-        ..Default::default()
-    }];
-    if spec.desktop {
-        ports.push(ContainerPort {
-            name: Some("cdp".into()),
-            container_port: CDP_PORT.into(),
-            protocol: Some("TCP".into()),
+    Pod {
+        metadata: meta(pod_name(sid), spec, s, owner),
+        spec: Some(PodSpec {
+            containers: vec![agent_container(spec, s)],
+            restart_policy: Some("Never".into()),
+            automount_service_account_token: Some(false),
+            // No Service addresses of the namespace in the sandbox's environment.
+            enable_service_links: Some(false),
+            termination_grace_period_seconds: Some(15),
+            image_pull_secrets: (!s.image_pull_secrets.is_empty()).then(|| {
+                s.image_pull_secrets
+                    .iter()
+                    .map(|n| LocalObjectReference { name: n.clone() })
+                    .collect()
+            }),
+            security_context: Some(PodSecurityContext {
+                seccomp_profile: Some(seccomp_profile(s)),
+                ..Default::default()
+            }),
+            volumes: Some(pod_volumes(sid)),
             ..Default::default()
-        });
+        }),
+        status: None,
     }
-    let seccomp = match &s.seccomp_localhost_profile {
+}
+
+/// The Pod's seccomp profile: the configured localhost one, else the runtime's default.
+fn seccomp_profile(s: &Settings) -> SeccompProfile {
+    match &s.seccomp_localhost_profile {
         Some(p) => SeccompProfile {
             type_: "Localhost".into(),
             localhost_profile: Some(p.clone()),
@@ -275,8 +289,57 @@ pub fn pod(spec: &Spec, s: &Settings, owner: &Owner) -> Pod {
             type_: "RuntimeDefault".into(),
             localhost_profile: None,
         },
-    };
-    let container = Container {
+    }
+}
+
+/// The Pod's volumes: the token Secret (root's only) and a memory-backed `/dev/shm`.
+fn pod_volumes(sid: &str) -> Vec<Volume> {
+    vec![
+        Volume {
+            name: "token".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret_name(sid)),
+                // Root's only: the sandbox user cannot read the token.
+                default_mode: Some(0o400),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        Volume {
+            name: "dshm".into(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: Some("Memory".into()),
+                size_limit: Some(Quantity(SHM_LIMIT.into())),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    ]
+}
+
+/// The agent's ports: its API, and CDP on a desktop.
+fn container_ports(desktop: bool, agent_port: u16) -> Vec<ContainerPort> {
+    let mut ports = vec![ContainerPort {
+        name: Some("agent".into()),
+        container_port: agent_port.into(),
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    }];
+    if desktop {
+        ports.push(ContainerPort {
+            name: Some("cdp".into()),
+            container_port: CDP_PORT.into(),
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        });
+    }
+    ports
+}
+
+/// The agent's container: the sandbox's image, its token by path, ready once `/healthz`
+/// answers.
+fn agent_container(spec: &Spec, s: &Settings) -> Container {
+    Container {
         name: CONTAINER.into(),
         image: Some(spec.identity.image_ref.clone()),
         image_pull_policy: Some("IfNotPresent".into()),
@@ -292,7 +355,7 @@ pub fn pod(spec: &Spec, s: &Settings, owner: &Owner) -> Pod {
             value: Some(format!("{TOKEN_DIR}/{TOKEN_KEY}")),
             ..Default::default()
         }]),
-        ports: Some(ports),
+        ports: Some(container_ports(spec.desktop, s.agent_port)),
         resources: resources(spec.cpus, spec.memory_mb),
         // /healthz needs no token.
         readiness_probe: Some(Probe {
@@ -331,50 +394,6 @@ pub fn pod(spec: &Spec, s: &Settings, owner: &Owner) -> Pod {
             ..Default::default()
         }),
         ..Default::default()
-    };
-    Pod {
-        metadata: meta(pod_name(sid), spec, s, owner),
-        spec: Some(PodSpec {
-            containers: vec![container],
-            restart_policy: Some("Never".into()),
-            automount_service_account_token: Some(false),
-            // No Service addresses of the namespace in the sandbox's environment.
-            enable_service_links: Some(false),
-            termination_grace_period_seconds: Some(15),
-            image_pull_secrets: (!s.image_pull_secrets.is_empty()).then(|| {
-                s.image_pull_secrets
-                    .iter()
-                    .map(|n| LocalObjectReference { name: n.clone() })
-                    .collect()
-            }),
-            security_context: Some(PodSecurityContext {
-                seccomp_profile: Some(seccomp),
-                ..Default::default()
-            }),
-            volumes: Some(vec![
-                Volume {
-                    name: "token".into(),
-                    secret: Some(SecretVolumeSource {
-                        secret_name: Some(secret_name(sid)),
-                        // Root's only: the sandbox user cannot read the token.
-                        default_mode: Some(0o400),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                },
-                Volume {
-                    name: "dshm".into(),
-                    empty_dir: Some(EmptyDirVolumeSource {
-                        medium: Some("Memory".into()),
-                        size_limit: Some(Quantity(SHM_LIMIT.into())),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                },
-            ]),
-            ..Default::default()
-        }),
-        status: None,
     }
 }
 

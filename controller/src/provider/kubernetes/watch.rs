@@ -81,16 +81,6 @@ pub async fn run(
     // Pods already reported, by uid (a failed Pod is modified again as it is cleaned up).
     let mut reported: HashSet<String> = HashSet::new();
     let mut backoff = Duration::from_millis(500);
-    let send = |reported: &mut HashSet<String>, pod_uid: Option<String>, death: Death| {
-        let fresh = pod_uid.is_none_or(|uid| reported.insert(uid));
-        let tx = tx.clone();
-        async move {
-            match fresh {
-                true => tx.send(death).await.is_ok(),
-                false => !tx.is_closed(),
-            }
-        }
-    };
     loop {
         if tx.is_closed() {
             return;
@@ -102,7 +92,7 @@ pub async fn run(
                     // What died while no watch was open.
                     for pod in &list.items {
                         if let Some(d) = death_of(&WatchEvent::Modified(pod.clone()), &destroying)
-                            && !send(&mut reported, pod.metadata.uid.clone(), d).await
+                            && !send(&tx, &mut reported, pod.metadata.uid.clone(), d).await
                         {
                             return;
                         }
@@ -113,8 +103,7 @@ pub async fn run(
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "listing the controller's Pods failed");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                    back_off(&mut backoff).await;
                     continue;
                 }
             },
@@ -128,46 +117,87 @@ pub async fn run(
             }
             Err(e) => {
                 tracing::warn!(error = %e, "watching the controller's Pods failed");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(30));
+                back_off(&mut backoff).await;
                 continue;
             }
         };
         backoff = Duration::from_millis(500);
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            let event = match event {
-                Ok(e) => e,
-                Err(e) => {
-                    tracing::debug!(error = %e, "the Pod watch broke off");
-                    break;
-                }
-            };
-            if let WatchEvent::Error(s) = &event {
-                if s.code == 410 {
-                    // Too old a version: list again.
-                    version = None;
-                } else {
-                    tracing::warn!(code = s.code, message = %s.message, "the Pod watch failed");
-                }
-                break;
-            }
-            if let Some(v) = resource_version(&event) {
-                version = Some(v);
-            }
-            let uid = match &event {
-                WatchEvent::Added(p) | WatchEvent::Modified(p) | WatchEvent::Deleted(p) => {
-                    p.metadata.uid.clone()
-                }
-                _ => None,
-            };
-            if let Some(d) = death_of(&event, &destroying)
-                && !send(&mut reported, uid, d).await
-            {
-                return;
-            }
+        if follow(stream, &mut version, &destroying, &tx, &mut reported).await == Receiver::Gone {
+            return;
         }
     }
+}
+
+/// Whether anyone still listens for deaths.
+#[derive(Debug, PartialEq, Eq)]
+enum Receiver {
+    Listening,
+    Gone,
+}
+
+/// Sends a death unless the Pod's was sent already; false when the receiver is gone.
+async fn send(
+    tx: &tokio::sync::mpsc::Sender<Death>,
+    reported: &mut HashSet<String>,
+    pod_uid: Option<String>,
+    death: Death,
+) -> bool {
+    let fresh = pod_uid.is_none_or(|uid| reported.insert(uid));
+    match fresh {
+        true => tx.send(death).await.is_ok(),
+        false => !tx.is_closed(),
+    }
+}
+
+/// Waits out a failed request's backoff, then doubles it (up to 30 s).
+async fn back_off(backoff: &mut Duration) {
+    tokio::time::sleep(*backoff).await;
+    *backoff = (*backoff * 2).min(Duration::from_secs(30));
+}
+
+/// Reports the deaths one watch request streams until it ends or breaks off, keeping
+/// `version` at the last resource version seen (None when it has expired: list again).
+async fn follow(
+    stream: impl futures_util::Stream<Item = kube::Result<WatchEvent<Pod>>>,
+    version: &mut Option<String>,
+    destroying: &Destroying,
+    tx: &tokio::sync::mpsc::Sender<Death>,
+    reported: &mut HashSet<String>,
+) -> Receiver {
+    let mut stream = std::pin::pin!(stream);
+    while let Some(event) = stream.next().await {
+        let event = match event {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::debug!(error = %e, "the Pod watch broke off");
+                break;
+            }
+        };
+        if let WatchEvent::Error(s) = &event {
+            if s.code == 410 {
+                // Too old a version: list again.
+                *version = None;
+            } else {
+                tracing::warn!(code = s.code, message = %s.message, "the Pod watch failed");
+            }
+            break;
+        }
+        if let Some(v) = resource_version(&event) {
+            *version = Some(v);
+        }
+        let uid = match &event {
+            WatchEvent::Added(p) | WatchEvent::Modified(p) | WatchEvent::Deleted(p) => {
+                p.metadata.uid.clone()
+            }
+            _ => None,
+        };
+        if let Some(d) = death_of(&event, destroying)
+            && !send(tx, reported, uid, d).await
+        {
+            return Receiver::Gone;
+        }
+    }
+    Receiver::Listening
 }
 
 #[cfg(test)]
