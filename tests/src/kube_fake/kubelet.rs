@@ -342,13 +342,60 @@ pub async fn start(shared: Arc<Shared>, key: Key) {
         .as_u64()
         .unwrap_or(5000) as u16;
     let ip = allocate_ip(agent_port);
+    let root = pod_root(&shared, &key, &pod);
+    schedule(&shared, &key, ip, &root);
+    // Volumes: a Secret or ConfigMap not there yet keeps the Pod ContainerCreating.
+    if !project_volumes(&shared, &key, &pod, &root).await {
+        return;
+    }
+    let mounts = volume_mounts(&container, &root);
+    // The image: the fake pulls nothing, but a reference no registry could serve is the
+    // kubelet's InvalidImageName (the Pod stays Pending).
+    let image = container["image"].as_str().unwrap_or_default();
+    if !berth_protocol::image::valid_reference(image) {
+        if let Some(rt) = shared.pods.lock().unwrap().get_mut(&key) {
+            rt.state = ContainerState::Waiting {
+                reason: "InvalidImageName".into(),
+            };
+        }
+        publish(&shared, &key);
+        return;
+    }
+    let argv = agent_argv(&container, agent_port, ip, &root, &mounts);
+    let mut cmd = agent_command(&shared.agent_bin, &argv, &root);
+    for (name, value) in container_env(&shared, &key, &pod, &container, ip, &root, &mounts) {
+        cmd.env(name, value);
+    }
+    let mut child = match spawn_agent(&mut cmd, &root) {
+        Ok(c) => c,
+        Err(e) => {
+            terminate(&shared, &key, 128, &format!("StartError: {e}"));
+            return;
+        }
+    };
+    if !mark_running(&shared, &key, &mut child, &root) {
+        return;
+    }
+    publish(&shared, &key);
+    watch_exit(shared.clone(), key.clone(), child);
+    probe_until_ready(&shared, &key, &container, ip, agent_port).await;
+}
+
+/// The directory a Pod's container runs in: `<namespace>_<name>_<uid prefix>` under the
+/// kubelet's root.
+fn pod_root(shared: &Shared, key: &Key, pod: &Value) -> PathBuf {
     let uid = pod["metadata"]["uid"].as_str().unwrap_or("uid").to_string();
-    let root = shared.root.join(format!(
+    shared.root.join(format!(
         "{}_{}_{}",
         key.namespace,
         key.name,
         &uid[..8.min(uid.len())]
-    ));
+    ))
+}
+
+/// Binds the Pod to the node with a `ContainerCreating` runtime at `ip` and `root` (its
+/// directories made), and publishes that status.
+fn schedule(shared: &Shared, key: &Key, ip: Ipv4Addr, root: &Path) {
     for d in ["state", "home", "volumes", "fs"] {
         let _ = std::fs::create_dir_all(root.join(d));
     }
@@ -356,7 +403,7 @@ pub async fn start(shared: Arc<Shared>, key: Key) {
         key.clone(),
         PodRuntime {
             ip,
-            root: root.clone(),
+            root: root.to_path_buf(),
             pid: None,
             state: ContainerState::Waiting {
                 reason: "ContainerCreating".into(),
@@ -367,10 +414,14 @@ pub async fn start(shared: Arc<Shared>, key: Key) {
             start_time: now_rfc3339(),
         },
     );
-    shared.store.lock().unwrap().bind_pod(&key, NODE);
-    publish(&shared, &key);
-    // Volumes: a Secret or ConfigMap not there yet keeps the Pod ContainerCreating.
-    let mut mounts: Vec<(String, PathBuf)> = Vec::new();
+    shared.store.lock().unwrap().bind_pod(key, NODE);
+    publish(shared, key);
+}
+
+/// Makes every volume's directory under `root/volumes` and writes its Secret or ConfigMap
+/// files, waiting for an object that does not exist yet. `false` when the Pod went away (or
+/// is being deleted) while it waited.
+async fn project_volumes(shared: &Shared, key: &Key, pod: &Value, root: &Path) -> bool {
     let volumes = pod["spec"]["volumes"]
         .as_array()
         .cloned()
@@ -391,16 +442,23 @@ pub async fn start(shared: Arc<Shared>, key: Key) {
                 .unwrap_or_default()
                 .to_string();
             loop {
-                if project(&shared, &key, kind, &obj_name, &v[field], &dir).is_some() {
+                if project(shared, key, kind, &obj_name, &v[field], &dir).is_some() {
                     break;
                 }
-                if pod_gone_or_stopping(&shared, &key) {
-                    return;
+                if pod_gone_or_stopping(shared, key) {
+                    return false;
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
     }
+    true
+}
+
+/// The container's mounts: each mount path with the host directory it maps to (its volume's
+/// directory, or its `subPath` in it).
+fn volume_mounts(container: &Value, root: &Path) -> Vec<(String, PathBuf)> {
+    let mut mounts: Vec<(String, PathBuf)> = Vec::new();
     for m in container["volumeMounts"]
         .as_array()
         .cloned()
@@ -414,19 +472,19 @@ pub async fn start(shared: Arc<Shared>, key: Key) {
             mounts.push((path.to_string(), dir));
         }
     }
-    // The image: the fake pulls nothing, but a reference no registry could serve is the
-    // kubelet's InvalidImageName (the Pod stays Pending).
-    let image = container["image"].as_str().unwrap_or_default();
-    if !berth_protocol::image::valid_reference(image) {
-        if let Some(rt) = shared.pods.lock().unwrap().get_mut(&key) {
-            rt.state = ContainerState::Waiting {
-                reason: "InvalidImageName".into(),
-            };
-        }
-        publish(&shared, &key);
-        return;
-    }
-    // The container's command line, run as the host's berth-agent.
+    mounts
+}
+
+/// The container's command line, run as the host's berth-agent: its paths and listen
+/// addresses rewritten to the Pod's, and the agent's state, home and CDP address added when
+/// it does not name them.
+fn agent_argv(
+    container: &Value,
+    agent_port: u16,
+    ip: Ipv4Addr,
+    root: &Path,
+    mounts: &[(String, PathBuf)],
+) -> Vec<String> {
     let mut argv: Vec<String> = container["command"]
         .as_array()
         .into_iter()
@@ -444,10 +502,7 @@ pub async fn start(shared: Arc<Shared>, key: Key) {
         // The image's CMD.
         argv = vec!["--listen".into(), format!("0.0.0.0:{agent_port}")];
     }
-    let mut argv: Vec<String> = argv
-        .iter()
-        .map(|a| rewrite(a, ip, &root, &mounts))
-        .collect();
+    let mut argv: Vec<String> = argv.iter().map(|a| rewrite(a, ip, root, mounts)).collect();
     let has = |argv: &[String], flag: &str| {
         argv.iter()
             .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
@@ -461,8 +516,14 @@ pub async fn start(shared: Arc<Shared>, key: Key) {
             argv.extend([flag.to_string(), value]);
         }
     }
-    let mut cmd = std::process::Command::new(&shared.agent_bin);
-    cmd.args(&argv)
+    argv
+}
+
+/// The agent's command with a clean environment: `PATH`, the Pod's home, the agent's log
+/// level, and the host's `LANG` and `TZ`.
+fn agent_command(agent_bin: &Path, argv: &[String], root: &Path) -> std::process::Command {
+    let mut cmd = std::process::Command::new(agent_bin);
+    cmd.args(argv)
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("HOME", root.join("home"))
@@ -472,19 +533,42 @@ pub async fn start(shared: Arc<Shared>, key: Key) {
             cmd.env(keep, v);
         }
     }
+    cmd
+}
+
+/// The container's `env`, in order, its values resolved and rewritten to the Pod's paths and
+/// IP; a variable without a name or whose source is missing is left out.
+fn container_env(
+    shared: &Shared,
+    key: &Key,
+    pod: &Value,
+    container: &Value,
+    ip: Ipv4Addr,
+    root: &Path,
+    mounts: &[(String, PathBuf)],
+) -> Vec<(String, String)> {
+    let mut env = Vec::new();
     for e in container["env"].as_array().cloned().unwrap_or_default() {
-        let (Some(name), Some(value)) =
-            (e["name"].as_str(), env_value(&shared, &key, &pod, ip, &e))
+        let (Some(name), Some(value)) = (e["name"].as_str(), env_value(shared, key, pod, ip, &e))
         else {
             continue;
         };
-        cmd.env(name, rewrite(&value, ip, &root, &mounts));
+        env.push((name.to_string(), rewrite(&value, ip, root, mounts)));
     }
+    env
+}
+
+/// Starts the agent with its output appended to `root/container.log`, in a session of its
+/// own.
+fn spawn_agent(
+    cmd: &mut std::process::Command,
+    root: &Path,
+) -> std::io::Result<std::process::Child> {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(root.join("container.log"));
-    let spawned = log.and_then(|log| {
+    log.and_then(|log| {
         let log2 = log.try_clone()?;
         cmd.stdin(std::process::Stdio::null())
             .stdout(log)
@@ -499,64 +583,57 @@ pub async fn start(shared: Arc<Shared>, key: Key) {
             });
         }
         cmd.spawn()
-    });
-    let mut child = match spawned {
-        Ok(c) => c,
-        Err(e) => {
-            terminate(&shared, &key, 128, &format!("StartError: {e}"));
-            return;
-        }
-    };
+    })
+}
+
+/// Records the started agent as the Pod's running container. `false` when the Pod was
+/// deleted while it started: the agent is killed and never runs.
+fn mark_running(shared: &Shared, key: &Key, child: &mut std::process::Child, root: &Path) -> bool {
     let pid = child.id();
-    {
-        let mut pods = shared.pods.lock().unwrap();
-        let rt = pods.get_mut(&key).filter(|rt| !rt.stopping);
-        let Some(rt) = rt else {
-            // Deleted while it started: it never runs.
-            drop(pods);
-            let _ = child.kill();
-            let _ = child.wait();
-            kill_all(&root);
-            return;
-        };
-        rt.pid = Some(pid);
-        rt.state = ContainerState::Running {
-            started_at: now_rfc3339(),
-        };
-    }
-    publish(&shared, &key);
-    let (s2, k2) = (shared.clone(), key.clone());
+    let mut pods = shared.pods.lock().unwrap();
+    let rt = pods.get_mut(key).filter(|rt| !rt.stopping);
+    let Some(rt) = rt else {
+        // Deleted while it started: it never runs.
+        drop(pods);
+        let _ = child.kill();
+        let _ = child.wait();
+        kill_all(root);
+        return false;
+    };
+    rt.pid = Some(pid);
+    rt.state = ContainerState::Running {
+        started_at: now_rfc3339(),
+    };
+    true
+}
+
+/// Waits for the agent on a thread of its own and reports its exit code to [`exited`].
+fn watch_exit(shared: Arc<Shared>, key: Key, mut child: std::process::Child) {
     std::thread::spawn(move || {
         use std::os::unix::process::ExitStatusExt;
         let code = match child.wait() {
             Ok(st) => st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(9)),
             Err(_) => 255,
         };
-        exited(&s2, &k2, code);
+        exited(&shared, &key, code);
     });
-    // Readiness: the container's probe, tried every 100 ms until it answers.
+}
+
+/// Readiness: the container's probe, tried every 100 ms until it answers (then the Pod is
+/// ready) or the container stops running.
+async fn probe_until_ready(
+    shared: &Shared,
+    key: &Key,
+    container: &Value,
+    ip: Ipv4Addr,
+    agent_port: u16,
+) {
     let probe = container["readinessProbe"].clone();
     loop {
-        let ok = match (&probe["httpGet"], &probe["tcpSocket"]) {
-            (h, _) if h.is_object() => {
-                let port = container_port(&container, &h["port"]).unwrap_or(agent_port);
-                let path = h["path"].as_str().unwrap_or("/");
-                reqwest::Client::new()
-                    .get(format!("http://{ip}:{port}{path}"))
-                    .timeout(Duration::from_secs(1))
-                    .send()
-                    .await
-                    .is_ok_and(|r| (200..400).contains(&r.status().as_u16()))
-            }
-            (_, t) if t.is_object() => {
-                let port = container_port(&container, &t["port"]).unwrap_or(agent_port);
-                tokio::net::TcpStream::connect((ip, port)).await.is_ok()
-            }
-            _ => true,
-        };
+        let ok = probe_once(&probe, container, ip, agent_port).await;
         {
             let mut pods = shared.pods.lock().unwrap();
-            let Some(rt) = pods.get_mut(&key) else { return };
+            let Some(rt) = pods.get_mut(key) else { return };
             if !matches!(rt.state, ContainerState::Running { .. }) || rt.stopping {
                 return;
             }
@@ -565,10 +642,32 @@ pub async fn start(shared: Arc<Shared>, key: Key) {
             }
         }
         if ok {
-            publish(&shared, &key);
+            publish(shared, key);
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One try of a readiness probe (`httpGet` answering 2xx/3xx, or `tcpSocket` accepting); a
+/// container without one is ready at once.
+async fn probe_once(probe: &Value, container: &Value, ip: Ipv4Addr, agent_port: u16) -> bool {
+    match (&probe["httpGet"], &probe["tcpSocket"]) {
+        (h, _) if h.is_object() => {
+            let port = container_port(container, &h["port"]).unwrap_or(agent_port);
+            let path = h["path"].as_str().unwrap_or("/");
+            reqwest::Client::new()
+                .get(format!("http://{ip}:{port}{path}"))
+                .timeout(Duration::from_secs(1))
+                .send()
+                .await
+                .is_ok_and(|r| (200..400).contains(&r.status().as_u16()))
+        }
+        (_, t) if t.is_object() => {
+            let port = container_port(container, &t["port"]).unwrap_or(agent_port);
+            tokio::net::TcpStream::connect((ip, port)).await.is_ok()
+        }
+        _ => true,
     }
 }
 

@@ -455,38 +455,59 @@ async fn handle(
         query: query.clone(),
         body: body_json.clone(),
     });
-    match serve(&s, &method, uri.path(), &query, &headers, body_json, &body).await {
+    let request = ApiRequest {
+        method: method.as_str(),
+        path: uri.path(),
+        query: &query,
+        headers: &headers,
+        body: body_json,
+        raw: &body,
+    };
+    match serve(&s, &request).await {
         Ok(r) => r,
         Err(e) => error_response(&e),
     }
 }
 
-async fn serve(
-    s: &Arc<Shared>,
-    method: &Method,
-    path: &str,
-    query: &[(String, String)],
-    headers: &HeaderMap,
+/// A request to the API as the routes see it.
+struct ApiRequest<'a> {
+    method: &'a str,
+    path: &'a str,
+    query: &'a [(String, String)],
+    headers: &'a HeaderMap,
+    /// The body, when it is JSON.
     body: Option<Value>,
-    raw: &[u8],
-) -> ApiResult<Response> {
-    let need_body = || {
-        body.clone().ok_or_else(|| {
+    /// The body as sent.
+    raw: &'a [u8],
+}
+
+impl ApiRequest<'_> {
+    /// The JSON body a write needs; a 400 when it is not JSON.
+    fn need_body(&self) -> ApiResult<Value> {
+        self.body.clone().ok_or_else(|| {
             ApiError::bad_request(format!(
                 "the request body is not JSON ({} bytes)",
-                raw.len()
+                self.raw.len()
             ))
         })
-    };
-    match (target(path)?, method.as_str()) {
-        (Target::Version, "GET") => Ok(json_response(
-            StatusCode::OK,
-            &json!({
-                "major": "1", "minor": "37", "gitVersion": "v1.37.0-fake-apiserver",
-                "gitCommit": "", "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z",
-                "goVersion": "go", "compiler": "gc", "platform": "linux/amd64",
-            }),
-        )),
+    }
+
+    /// The 405 for a method its target does not take.
+    fn not_allowed(&self) -> ApiError {
+        ApiError::new(
+            405,
+            "MethodNotAllowed",
+            format!(
+                "the server does not allow this method on the requested resource ({} {})",
+                self.method, self.path
+            ),
+        )
+    }
+}
+
+async fn serve(s: &Arc<Shared>, req: &ApiRequest<'_>) -> ApiResult<Response> {
+    match (target(req.path)?, req.method) {
+        (Target::Version, "GET") => Ok(json_response(StatusCode::OK, &version_info())),
         (Target::Discovery, "GET") => Ok(json_response(
             StatusCode::OK,
             &json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}),
@@ -499,180 +520,241 @@ async fn serve(
                 "status": {"phase": "Active"},
             }),
         )),
-        (Target::Namespace(ns), "DELETE") => {
-            let mut store = s.store.lock().unwrap();
-            let keys: Vec<Key> = store
-                .all()
-                .filter(|(k, _)| k.namespace == ns)
-                .map(|(k, _)| k.clone())
-                .collect();
-            for k in keys {
-                let _ = store.delete(&k, Some(Propagation::Background), None);
-            }
-            Ok(json_response(
-                StatusCode::OK,
-                &json!({
-                    "apiVersion": "v1", "kind": "Namespace",
-                    "metadata": {"name": ns}, "status": {"phase": "Terminating"},
-                }),
-            ))
-        }
-        (Target::Collection { kind, namespace }, "GET") => {
+        (Target::Namespace(ns), "DELETE") => Ok(delete_namespace(s, &ns)),
+        (Target::Collection { kind, namespace }, _) => serve_collection(s, kind, namespace, req),
+        (Target::Object { key, sub }, _) => serve_object(s, key, sub, req),
+        _ => Err(req.not_allowed()),
+    }
+}
+
+/// A collection's routes: list (or watch), create, delete by selectors.
+fn serve_collection(
+    s: &Arc<Shared>,
+    kind: Kind,
+    namespace: Option<String>,
+    req: &ApiRequest<'_>,
+) -> ApiResult<Response> {
+    let query = req.query;
+    match (namespace, req.method) {
+        (namespace, "GET") => {
             let labels = Selector::parse(param(query, "labelSelector").unwrap_or(""))?;
             let fields = FieldSelector::parse(param(query, "fieldSelector").unwrap_or(""))?;
             if param(query, "watch").is_some_and(|w| w == "true" || w == "1") {
                 return watch(s, kind, namespace, labels, fields, query);
             }
-            let store = s.store.lock().unwrap();
-            let mut items = store.list(kind, namespace.as_deref(), &labels, &fields);
-            let mut meta = json!({"resourceVersion": store.resource_version().to_string()});
-            drop(store);
-            if let Some(after) = param(query, "continue").filter(|c| !c.is_empty()) {
-                let after = after.to_string();
-                items.retain(|o| {
-                    let k = format!(
-                        "{}/{}",
-                        o["metadata"]["namespace"].as_str().unwrap_or_default(),
-                        o["metadata"]["name"].as_str().unwrap_or_default()
-                    );
-                    k > after
-                });
-            }
-            if let Some(limit) = param(query, "limit").and_then(|l| l.parse::<usize>().ok())
-                && limit > 0
-                && items.len() > limit
-            {
-                let rest = items.len() - limit;
-                items.truncate(limit);
-                let last = items.last().unwrap();
-                meta["continue"] = json!(format!(
-                    "{}/{}",
-                    last["metadata"]["namespace"].as_str().unwrap_or_default(),
-                    last["metadata"]["name"].as_str().unwrap_or_default()
-                ));
-                meta["remainingItemCount"] = json!(rest);
-            }
-            Ok(json_response(
-                StatusCode::OK,
-                &json!({
-                    "kind": format!("{}List", kind.name()),
-                    "apiVersion": kind.api_version(),
-                    "metadata": meta,
-                    "items": items,
-                }),
+            Ok(list_collection(
+                s,
+                kind,
+                namespace.as_deref(),
+                &labels,
+                &fields,
+                query,
             ))
         }
-        (
-            Target::Collection {
-                kind,
-                namespace: Some(ns),
-            },
-            "POST",
-        ) => {
-            let obj = need_body()?;
+        (Some(ns), "POST") => {
+            let obj = req.need_body()?;
             let created = s.store.lock().unwrap().create(kind, &ns, obj)?;
             Ok(json_response(StatusCode::CREATED, &created))
         }
-        (
-            Target::Collection {
-                kind,
-                namespace: Some(ns),
-            },
-            "DELETE",
-        ) => {
-            let labels = Selector::parse(param(query, "labelSelector").unwrap_or(""))?;
-            let fields = FieldSelector::parse(param(query, "fieldSelector").unwrap_or(""))?;
-            let (propagation, grace) = delete_options(query, body.as_ref())?;
-            let mut store = s.store.lock().unwrap();
-            let items = store.list(kind, Some(&ns), &labels, &fields);
-            let mut out = Vec::new();
-            for o in items {
-                let key = Key {
-                    kind,
-                    namespace: ns.clone(),
-                    name: o["metadata"]["name"].as_str().unwrap_or_default().into(),
-                };
-                if let Ok(d) = store.delete(&key, propagation, grace) {
-                    out.push(d);
-                }
-            }
-            Ok(json_response(
-                StatusCode::OK,
-                &json!({
-                    "kind": format!("{}List", kind.name()),
-                    "apiVersion": kind.api_version(),
-                    "metadata": {"resourceVersion": store.resource_version().to_string()},
-                    "items": out,
-                }),
-            ))
-        }
-        (Target::Object { key, sub: None }, "GET") => {
+        (Some(ns), "DELETE") => delete_collection(s, kind, &ns, query, req.body.as_ref()),
+        _ => Err(req.not_allowed()),
+    }
+}
+
+/// An object's routes: get (and its `status`, and a Pod's `log`), replace, patch, delete.
+fn serve_object(
+    s: &Arc<Shared>,
+    key: Key,
+    sub: Option<String>,
+    req: &ApiRequest<'_>,
+) -> ApiResult<Response> {
+    match (sub.as_deref(), req.method) {
+        (None, "GET") => {
             let o = s.store.lock().unwrap().get(&key)?;
             Ok(json_response(StatusCode::OK, &o))
         }
-        (Target::Object { key, sub }, "GET") if sub.as_deref() == Some("status") => {
+        (Some("status"), "GET") => {
             let o = s.store.lock().unwrap().get(&key)?;
             Ok(json_response(StatusCode::OK, &o))
         }
-        (Target::Object { key, sub }, "GET")
-            if sub.as_deref() == Some("log") && key.kind == Kind::Pod =>
-        {
-            s.store.lock().unwrap().get(&key)?;
-            let root = s.pods.lock().unwrap().get(&key).map(|r| r.root.clone());
-            let text = root
-                .and_then(|r| std::fs::read_to_string(r.join("container.log")).ok())
-                .unwrap_or_default();
-            let text = match param(query, "tailLines").and_then(|n| n.parse::<usize>().ok()) {
-                Some(n) => {
-                    let lines: Vec<&str> = text.lines().collect();
-                    let from = lines.len().saturating_sub(n);
-                    lines[from..].iter().map(|l| format!("{l}\n")).collect()
-                }
-                None => text,
-            };
-            Ok((StatusCode::OK, [("content-type", "text/plain")], text).into_response())
-        }
-        (Target::Object { key, sub: None }, "PUT") => {
-            let o = s.store.lock().unwrap().replace(&key, need_body()?)?;
+        (Some("log"), "GET") if key.kind == Kind::Pod => pod_log(s, &key, req.query),
+        (None, "PUT") => {
+            let o = s.store.lock().unwrap().replace(&key, req.need_body()?)?;
             Ok(json_response(StatusCode::OK, &o))
         }
-        (Target::Object { key, sub: None }, "PATCH") => {
-            let ct = headers
+        (None, "PATCH") => {
+            let ct = req
+                .headers
                 .get("content-type")
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or_default()
                 .to_string();
-            let patch = need_body()?;
-            let mut store = s.store.lock().unwrap();
-            let o = match ct.as_str() {
-                "application/apply-patch+yaml" => match store.get(&key) {
-                    Ok(_) => store.merge_patch(&key, &patch)?,
-                    Err(_) => store.create(key.kind, &key.namespace, patch)?,
-                },
-                "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
-                    store.merge_patch(&key, &patch)?
-                }
-                other => {
-                    return Err(ApiError::new(
-                        415,
-                        "UnsupportedMediaType",
-                        format!("the fake API server does not take {other:?} patches"),
-                    ));
-                }
-            };
-            Ok(json_response(StatusCode::OK, &o))
+            patch_object(s, &key, &ct, req.need_body()?)
         }
-        (Target::Object { key, sub: None }, "DELETE") => {
-            let (propagation, grace) = delete_options(query, body.as_ref())?;
+        (None, "DELETE") => {
+            let (propagation, grace) = delete_options(req.query, req.body.as_ref())?;
             let o = s.store.lock().unwrap().delete(&key, propagation, grace)?;
             Ok(json_response(StatusCode::OK, &o))
         }
-        (_, m) => Err(ApiError::new(
-            405,
-            "MethodNotAllowed",
-            format!("the server does not allow this method on the requested resource ({m} {path})"),
-        )),
+        _ => Err(req.not_allowed()),
     }
+}
+
+/// `/version`: the fake's build, as a real API server reports its own.
+fn version_info() -> Value {
+    json!({
+        "major": "1", "minor": "37", "gitVersion": "v1.37.0-fake-apiserver",
+        "gitCommit": "", "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z",
+        "goVersion": "go", "compiler": "gc", "platform": "linux/amd64",
+    })
+}
+
+/// `DELETE` of a namespace: every object in it is deleted (in the background); the answer is
+/// the namespace, `Terminating`.
+fn delete_namespace(s: &Shared, ns: &str) -> Response {
+    let mut store = s.store.lock().unwrap();
+    let keys: Vec<Key> = store
+        .all()
+        .filter(|(k, _)| k.namespace == ns)
+        .map(|(k, _)| k.clone())
+        .collect();
+    for k in keys {
+        let _ = store.delete(&k, Some(Propagation::Background), None);
+    }
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": ns}, "status": {"phase": "Terminating"},
+        }),
+    )
+}
+
+/// A list of a collection, paged by `limit` and `continue` (the token is the last item's
+/// `namespace/name`).
+fn list_collection(
+    s: &Shared,
+    kind: Kind,
+    namespace: Option<&str>,
+    labels: &Selector,
+    fields: &FieldSelector,
+    query: &[(String, String)],
+) -> Response {
+    let store = s.store.lock().unwrap();
+    let mut items = store.list(kind, namespace, labels, fields);
+    let mut meta = json!({"resourceVersion": store.resource_version().to_string()});
+    drop(store);
+    if let Some(after) = param(query, "continue").filter(|c| !c.is_empty()) {
+        let after = after.to_string();
+        items.retain(|o| {
+            let k = format!(
+                "{}/{}",
+                o["metadata"]["namespace"].as_str().unwrap_or_default(),
+                o["metadata"]["name"].as_str().unwrap_or_default()
+            );
+            k > after
+        });
+    }
+    if let Some(limit) = param(query, "limit").and_then(|l| l.parse::<usize>().ok())
+        && limit > 0
+        && items.len() > limit
+    {
+        let rest = items.len() - limit;
+        items.truncate(limit);
+        let last = items.last().unwrap();
+        meta["continue"] = json!(format!(
+            "{}/{}",
+            last["metadata"]["namespace"].as_str().unwrap_or_default(),
+            last["metadata"]["name"].as_str().unwrap_or_default()
+        ));
+        meta["remainingItemCount"] = json!(rest);
+    }
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "kind": format!("{}List", kind.name()),
+            "apiVersion": kind.api_version(),
+            "metadata": meta,
+            "items": items,
+        }),
+    )
+}
+
+/// `DELETE` of a collection: every object in `ns` the selectors match; the answer lists the
+/// objects as deleted.
+fn delete_collection(
+    s: &Shared,
+    kind: Kind,
+    ns: &str,
+    query: &[(String, String)],
+    body: Option<&Value>,
+) -> ApiResult<Response> {
+    let labels = Selector::parse(param(query, "labelSelector").unwrap_or(""))?;
+    let fields = FieldSelector::parse(param(query, "fieldSelector").unwrap_or(""))?;
+    let (propagation, grace) = delete_options(query, body)?;
+    let mut store = s.store.lock().unwrap();
+    let items = store.list(kind, Some(ns), &labels, &fields);
+    let mut out = Vec::new();
+    for o in items {
+        let key = Key {
+            kind,
+            namespace: ns.to_string(),
+            name: o["metadata"]["name"].as_str().unwrap_or_default().into(),
+        };
+        if let Ok(d) = store.delete(&key, propagation, grace) {
+            out.push(d);
+        }
+    }
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({
+            "kind": format!("{}List", kind.name()),
+            "apiVersion": kind.api_version(),
+            "metadata": {"resourceVersion": store.resource_version().to_string()},
+            "items": out,
+        }),
+    ))
+}
+
+/// `pods/{name}/log`: the container's log, its last `tailLines` lines when asked.
+fn pod_log(s: &Shared, key: &Key, query: &[(String, String)]) -> ApiResult<Response> {
+    s.store.lock().unwrap().get(key)?;
+    let root = s.pods.lock().unwrap().get(key).map(|r| r.root.clone());
+    let text = root
+        .and_then(|r| std::fs::read_to_string(r.join("container.log")).ok())
+        .unwrap_or_default();
+    let text = match param(query, "tailLines").and_then(|n| n.parse::<usize>().ok()) {
+        Some(n) => {
+            let lines: Vec<&str> = text.lines().collect();
+            let from = lines.len().saturating_sub(n);
+            lines[from..].iter().map(|l| format!("{l}\n")).collect()
+        }
+        None => text,
+    };
+    Ok((StatusCode::OK, [("content-type", "text/plain")], text).into_response())
+}
+
+/// `PATCH` of an object by its content type: a server-side apply creates the object when
+/// missing; a merge or strategic-merge patch merges (both as a JSON merge patch here).
+fn patch_object(s: &Shared, key: &Key, content_type: &str, patch: Value) -> ApiResult<Response> {
+    let mut store = s.store.lock().unwrap();
+    let o = match content_type {
+        "application/apply-patch+yaml" => match store.get(key) {
+            Ok(_) => store.merge_patch(key, &patch)?,
+            Err(_) => store.create(key.kind, &key.namespace, patch)?,
+        },
+        "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
+            store.merge_patch(key, &patch)?
+        }
+        other => {
+            return Err(ApiError::new(
+                415,
+                "UnsupportedMediaType",
+                format!("the fake API server does not take {other:?} patches"),
+            ));
+        }
+    };
+    Ok(json_response(StatusCode::OK, &o))
 }
 
 /// `propagationPolicy` and `gracePeriodSeconds` from the query or a `DeleteOptions` body.
@@ -698,6 +780,24 @@ fn watch_line(typ: &str, object: &Value) -> Bytes {
     Bytes::from(line)
 }
 
+/// Which events and objects a watch sends: its kind, namespace (all when `None`) and
+/// selectors.
+struct WatchFilter {
+    kind: Kind,
+    namespace: Option<String>,
+    labels: Selector,
+    fields: FieldSelector,
+}
+
+impl WatchFilter {
+    fn matches(&self, k: Kind, ns: &str, o: &Value) -> bool {
+        k == self.kind
+            && self.namespace.as_deref().is_none_or(|n| n == ns)
+            && self.labels.matches(o)
+            && self.fields.matches(o)
+    }
+}
+
 fn watch(
     s: &Arc<Shared>,
     kind: Kind,
@@ -711,23 +811,47 @@ fn watch(
         .unwrap_or(1800);
     let initial_events = param(query, "sendInitialEvents") == Some("true");
     let rv = param(query, "resourceVersion").filter(|r| !r.is_empty());
-    let matches = {
-        let (namespace, labels, fields) = (namespace.clone(), labels.clone(), fields.clone());
-        move |k: Kind, ns: &str, o: &Value| {
-            k == kind
-                && namespace.as_deref().is_none_or(|n| n == ns)
-                && labels.matches(o)
-                && fields.matches(o)
-        }
+    let filter = WatchFilter {
+        kind,
+        namespace,
+        labels,
+        fields,
     };
     let store = s.store.lock().unwrap();
     let rx = store.events.subscribe();
     let current = store.resource_version();
+    let (initial, expired) = watch_start(&store, &filter, rv, initial_events, current)?;
+    drop(store);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
+    let head = futures_util::stream::iter(initial.into_iter().map(Ok::<_, std::io::Error>));
+    let live = watch_live(rx, filter, expired, current, deadline);
+    Ok(Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "application/json")
+        .body(Body::from_stream(head.chain(live)))
+        .unwrap())
+}
+
+/// The lines a watch sends first, by where it starts: the current objects (and the
+/// initial-events bookmark when asked), or the history after `rv`; past the history, a 410
+/// `Expired` error line, and `true` (the watch then ends).
+fn watch_start(
+    store: &Store,
+    filter: &WatchFilter,
+    rv: Option<&str>,
+    initial_events: bool,
+    current: u64,
+) -> ApiResult<(Vec<Bytes>, bool)> {
     let mut initial: Vec<Bytes> = Vec::new();
     let mut expired = false;
     let listed = || {
         store
-            .list(kind, namespace.as_deref(), &labels, &fields)
+            .list(
+                filter.kind,
+                filter.namespace.as_deref(),
+                &filter.labels,
+                &filter.fields,
+            )
             .iter()
             .map(|o| watch_line("ADDED", o))
             .collect::<Vec<_>>()
@@ -737,13 +861,7 @@ fn watch(
             initial = listed();
             initial.push(watch_line(
                 "BOOKMARK",
-                &json!({
-                    "kind": kind.name(), "apiVersion": kind.api_version(),
-                    "metadata": {
-                        "resourceVersion": current.to_string(),
-                        "annotations": {"k8s.io/initial-events-end": "true"},
-                    },
-                }),
+                &initial_events_end(filter.kind, current),
             ));
         }
         None | Some("0") => initial = listed(),
@@ -755,7 +873,7 @@ fn watch(
                 Some(events) => {
                     initial = events
                         .iter()
-                        .filter(|e| matches(e.kind, &e.namespace, &e.object))
+                        .filter(|e| filter.matches(e.kind, &e.namespace, &e.object))
                         .map(|e| watch_line(e.typ, &e.object))
                         .collect()
                 }
@@ -771,21 +889,43 @@ fn watch(
             }
         }
     }
-    drop(store);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
-    let head = futures_util::stream::iter(initial.into_iter().map(Ok::<_, std::io::Error>));
-    let live = futures_util::stream::unfold(
-        (rx, matches, expired),
-        move |(mut rx, matches, expired)| async move {
+    Ok((initial, expired))
+}
+
+/// The bookmark that ends a watch's initial events, at resourceVersion `current`.
+fn initial_events_end(kind: Kind, current: u64) -> Value {
+    json!({
+        "kind": kind.name(), "apiVersion": kind.api_version(),
+        "metadata": {
+            "resourceVersion": current.to_string(),
+            "annotations": {"k8s.io/initial-events-end": "true"},
+        },
+    })
+}
+
+/// The lines of the events after `current` that `filter` matches, as they happen, until the
+/// deadline, a lag or the store's end; nothing when the watch `expired`.
+fn watch_live(
+    rx: tokio::sync::broadcast::Receiver<Arc<store::Event>>,
+    filter: WatchFilter,
+    expired: bool,
+    current: u64,
+    deadline: tokio::time::Instant,
+) -> impl futures_util::Stream<Item = std::io::Result<Bytes>> {
+    futures_util::stream::unfold(
+        (rx, filter, expired),
+        move |(mut rx, filter, expired)| async move {
             if expired {
                 return None;
             }
             loop {
                 let got = tokio::time::timeout_at(deadline, rx.recv()).await;
                 match got {
-                    Ok(Ok(e)) if e.rv > current && matches(e.kind, &e.namespace, &e.object) => {
+                    Ok(Ok(e))
+                        if e.rv > current && filter.matches(e.kind, &e.namespace, &e.object) =>
+                    {
                         let line = watch_line(e.typ, &e.object);
-                        return Some((Ok(line), (rx, matches, expired)));
+                        return Some((Ok(line), (rx, filter, expired)));
                     }
                     Ok(Ok(_)) => continue,
                     // Lagged, closed, or past timeoutSeconds: the watch ends (the client
@@ -794,12 +934,7 @@ fn watch(
                 }
             }
         },
-    );
-    Ok(Response::builder()
-        .status(StatusCode::OK)
-        .header("content-type", "application/json")
-        .body(Body::from_stream(head.chain(live)))
-        .unwrap())
+    )
 }
 
 /// `pods/{name}/portforward`: one WebSocket carries one connection per requested port, on

@@ -333,76 +333,12 @@ impl Store {
     }
 
     pub fn create(&mut self, kind: Kind, namespace: &str, mut obj: Value) -> ApiResult<Value> {
-        if !obj.is_object() {
-            return Err(ApiError::bad_request("the body is not a JSON object"));
-        }
-        if let Some(k) = obj["kind"].as_str()
-            && k != kind.name()
-        {
-            return Err(ApiError::bad_request(format!(
-                "the body is a {k}, the path names {}",
-                kind.plural()
-            )));
-        }
-        kind.validate(&obj).map_err(ApiError::bad_request)?;
+        check_body(kind, &obj)?;
         if obj["metadata"].is_null() {
             obj["metadata"] = json!({});
         }
-        let name = match (
-            meta(&obj)["name"].as_str(),
-            meta(&obj)["generateName"].as_str(),
-        ) {
-            (Some(n), _) if !n.is_empty() => n.to_string(),
-            (_, Some(g)) => {
-                let n = format!("{g}{:05x}", (self.salt ^ self.uids) & 0xfffff);
-                obj["metadata"]["name"] = json!(n);
-                n
-            }
-            _ => {
-                return Err(ApiError::new(
-                    422,
-                    "Invalid",
-                    format!("{} is invalid: metadata.name: Required value", kind.name()),
-                ));
-            }
-        };
-        if !valid_name(&name) {
-            return Err(ApiError::new(
-                422,
-                "Invalid",
-                format!(
-                    "{} \"{name}\" is invalid: metadata.name: a lowercase RFC 1123 subdomain \
-                     must consist of lower case alphanumeric characters, '-' or '.'",
-                    kind.name()
-                ),
-            ));
-        }
-        if let Some(ns) = meta(&obj)["namespace"].as_str()
-            && ns != namespace
-        {
-            return Err(ApiError::bad_request(
-                "the namespace of the provided object does not match the namespace sent on \
-                 the request",
-            ));
-        }
-        if let Some(labels) = meta(&obj)["labels"].as_object() {
-            for (k, v) in labels {
-                let v = v.as_str().unwrap_or_default();
-                if !valid_label_value(v) || !valid_label_key(k) {
-                    return Err(ApiError::new(
-                        422,
-                        "Invalid",
-                        format!(
-                            "{} \"{name}\" is invalid: metadata.labels: Invalid value: \
-                             \"{v}\": a valid label must be an empty string or consist of \
-                             alphanumeric characters, '-', '_' or '.', and must start and end \
-                             with an alphanumeric character (at most 63 characters)",
-                            kind.name()
-                        ),
-                    ));
-                }
-            }
-        }
+        let name = self.new_name(kind, &mut obj)?;
+        check_metadata(kind, namespace, &name, &obj)?;
         let key = Key {
             kind,
             namespace: namespace.to_string(),
@@ -430,29 +366,7 @@ impl Store {
         if let Some(m) = m.as_object_mut() {
             m.remove("deletionTimestamp");
         }
-        match kind {
-            Kind::Pod => {
-                obj["status"] = json!({"phase": "Pending", "qosClass": qos_class(&obj)});
-                if obj["spec"]["restartPolicy"].is_null() {
-                    obj["spec"]["restartPolicy"] = json!("Always");
-                }
-            }
-            Kind::Secret => {
-                if obj["type"].is_null() {
-                    obj["type"] = json!("Opaque");
-                }
-                if let Some(sd) = obj.get("stringData").and_then(|v| v.as_object()).cloned() {
-                    use base64::Engine as _;
-                    for (k, v) in sd {
-                        let b = base64::engine::general_purpose::STANDARD
-                            .encode(v.as_str().unwrap_or_default());
-                        obj["data"][k] = json!(b);
-                    }
-                    obj.as_object_mut().unwrap().remove("stringData");
-                }
-            }
-            _ => {}
-        }
+        set_defaults(kind, &mut obj);
         self.bump(&mut obj);
         self.objects.insert(key.clone(), obj.clone());
         self.emit(&key, "ADDED", obj.clone());
@@ -460,6 +374,27 @@ impl Store {
             let _ = self.kubelet.send(KubeletWork::Start(key));
         }
         Ok(obj)
+    }
+
+    /// The name of an object being created: its own, or one made from its `generateName`
+    /// (written into its metadata); a 422 when it has neither.
+    fn new_name(&self, kind: Kind, obj: &mut Value) -> ApiResult<String> {
+        match (
+            meta(obj)["name"].as_str(),
+            meta(obj)["generateName"].as_str(),
+        ) {
+            (Some(n), _) if !n.is_empty() => Ok(n.to_string()),
+            (_, Some(g)) => {
+                let n = format!("{g}{:05x}", (self.salt ^ self.uids) & 0xfffff);
+                obj["metadata"]["name"] = json!(n);
+                Ok(n)
+            }
+            _ => Err(ApiError::new(
+                422,
+                "Invalid",
+                format!("{} is invalid: metadata.name: Required value", kind.name()),
+            )),
+        }
     }
 
     /// Replaces an object (PUT): the stored resourceVersion must match when one is sent.
@@ -718,6 +653,94 @@ pub fn merge(target: &mut Value, patch: &Value) {
             }
         }
         other => *target = other.clone(),
+    }
+}
+
+/// A create's body: a JSON object of the kind its path names that the kind's `k8s-openapi`
+/// type takes.
+fn check_body(kind: Kind, obj: &Value) -> ApiResult<()> {
+    if !obj.is_object() {
+        return Err(ApiError::bad_request("the body is not a JSON object"));
+    }
+    if let Some(k) = obj["kind"].as_str()
+        && k != kind.name()
+    {
+        return Err(ApiError::bad_request(format!(
+            "the body is a {k}, the path names {}",
+            kind.plural()
+        )));
+    }
+    kind.validate(obj).map_err(ApiError::bad_request)
+}
+
+/// A new object's name (an RFC 1123 subdomain), namespace (the request's, when it names one)
+/// and label keys and values, as the API server checks them.
+fn check_metadata(kind: Kind, namespace: &str, name: &str, obj: &Value) -> ApiResult<()> {
+    if !valid_name(name) {
+        return Err(ApiError::new(
+            422,
+            "Invalid",
+            format!(
+                "{} \"{name}\" is invalid: metadata.name: a lowercase RFC 1123 subdomain \
+                 must consist of lower case alphanumeric characters, '-' or '.'",
+                kind.name()
+            ),
+        ));
+    }
+    if let Some(ns) = meta(obj)["namespace"].as_str()
+        && ns != namespace
+    {
+        return Err(ApiError::bad_request(
+            "the namespace of the provided object does not match the namespace sent on \
+             the request",
+        ));
+    }
+    if let Some(labels) = meta(obj)["labels"].as_object() {
+        for (k, v) in labels {
+            let v = v.as_str().unwrap_or_default();
+            if !valid_label_value(v) || !valid_label_key(k) {
+                return Err(ApiError::new(
+                    422,
+                    "Invalid",
+                    format!(
+                        "{} \"{name}\" is invalid: metadata.labels: Invalid value: \
+                         \"{v}\": a valid label must be an empty string or consist of \
+                         alphanumeric characters, '-', '_' or '.', and must start and end \
+                         with an alphanumeric character (at most 63 characters)",
+                        kind.name()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The fields the API server fills in on create: a Pod's `Pending` status, QoS class and
+/// restart policy; a Secret's type, and its `stringData` moved into `data`, base64-encoded.
+fn set_defaults(kind: Kind, obj: &mut Value) {
+    match kind {
+        Kind::Pod => {
+            obj["status"] = json!({"phase": "Pending", "qosClass": qos_class(obj)});
+            if obj["spec"]["restartPolicy"].is_null() {
+                obj["spec"]["restartPolicy"] = json!("Always");
+            }
+        }
+        Kind::Secret => {
+            if obj["type"].is_null() {
+                obj["type"] = json!("Opaque");
+            }
+            if let Some(sd) = obj.get("stringData").and_then(|v| v.as_object()).cloned() {
+                use base64::Engine as _;
+                for (k, v) in sd {
+                    let b = base64::engine::general_purpose::STANDARD
+                        .encode(v.as_str().unwrap_or_default());
+                    obj["data"][k] = json!(b);
+                }
+                obj.as_object_mut().unwrap().remove("stringData");
+            }
+        }
+        _ => {}
     }
 }
 

@@ -62,15 +62,19 @@ pub(crate) async fn toolset_turn(
     v["content"].as_array().cloned().unwrap_or_default()
 }
 
+/// The value after `--name` in `args`, or `default` when it is missing or does not parse.
+fn flag<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let requests: usize = args
-        .iter()
-        .position(|a| a == "--requests")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
+    let requests: usize = flag(&args, "--requests", 1000);
     let which: Vec<&str> = args
         .iter()
         .map(String::as_str)
@@ -83,22 +87,10 @@ async fn main() {
         display::bench(requests.min(200)).await;
     }
     if which.is_empty() || which.contains(&"record") {
-        let seconds = args
-            .iter()
-            .position(|a| a == "--seconds")
-            .and_then(|i| args.get(i + 1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(20);
-        record::bench(seconds).await;
+        record::bench(flag(&args, "--seconds", 20)).await;
     }
     if which.is_empty() || which.contains(&"workstation") {
-        let runs = args
-            .iter()
-            .position(|a| a == "--runs")
-            .and_then(|i| args.get(i + 1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(5);
-        workstation::bench(runs).await;
+        workstation::bench(flag(&args, "--runs", 5)).await;
     }
     if which.is_empty() || which.contains(&"gateway") {
         gateway::bench(requests.min(2000)).await;
@@ -107,40 +99,15 @@ async fn main() {
         mcp::bench(requests.min(100)).await;
     }
     if which.contains(&"osworld") {
-        let flag = |name: &str, default: usize| {
-            args.iter()
-                .position(|a| a == name)
-                .and_then(|i| args.get(i + 1))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(default)
-        };
-        osworld::bench(flag("--runs", 5), flag("--envs", 4)).await;
+        osworld::bench(flag(&args, "--runs", 5), flag(&args, "--envs", 4)).await;
     }
     if which.contains(&"browser") {
-        let rounds = args
-            .iter()
-            .position(|a| a == "--rounds")
-            .and_then(|i| args.get(i + 1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(100);
-        browser::bench(rounds).await;
+        browser::bench(flag(&args, "--rounds", 100)).await;
     }
     if which.contains(&"settle") {
-        let rounds = args
-            .iter()
-            .position(|a| a == "--rounds")
-            .and_then(|i| args.get(i + 1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(50);
-        settle::bench(rounds).await;
+        settle::bench(flag(&args, "--rounds", 50)).await;
     }
     if which.is_empty() || which.contains(&"controller") {
-        let runs = args
-            .iter()
-            .position(|a| a == "--runs")
-            .and_then(|i| args.get(i + 1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(5);
-        controller::bench(runs).await;
+        controller::bench(flag(&args, "--runs", 5)).await;
     }
 }

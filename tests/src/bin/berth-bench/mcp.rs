@@ -7,14 +7,76 @@
 use std::time::{Duration, Instant};
 
 use berth_tests::{AgentOptions, AgentProcess, TOKEN};
-use rmcp::ServiceExt;
-use rmcp::model::{CallToolRequestParams, ContentBlock};
+use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock};
+use rmcp::service::RunningService;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
 use crate::desktop::Desktop;
 use crate::percentiles;
+
+/// The two ways to the agent's `computer` tool: one MCP session at `/mcp`, and
+/// `POST /v1/computer` on a kept-alive connection.
+struct Routes {
+    mcp: RunningService<RoleClient, ()>,
+    http: reqwest::Client,
+    computer_url: String,
+}
+
+impl Routes {
+    /// `action` as a `tools/call` of `computer`; it must not be an error.
+    async fn over_mcp(&self, action: Value) -> CallToolResult {
+        let r = self
+            .mcp
+            .call_tool(
+                CallToolRequestParams::new("computer")
+                    .with_arguments(action.as_object().unwrap().clone()),
+            )
+            .await
+            .expect("tools/call");
+        assert_eq!(r.is_error, Some(false), "{r:?}");
+        r
+    }
+
+    /// `action` posted to `/v1/computer`; it must answer 200.
+    async fn over_http(&self, action: Value) -> Value {
+        let r = self
+            .http
+            .post(&self.computer_url)
+            .bearer_auth(TOKEN)
+            .json(&action)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.json::<Value>().await.unwrap()
+    }
+
+    /// A click at `point` over MCP, timed to its answer, which must be an image.
+    async fn time_mcp(&self, point: [i32; 2]) -> Duration {
+        let t = Instant::now();
+        let r = self.over_mcp(click(point)).await;
+        let took = t.elapsed();
+        assert!(matches!(r.content.first(), Some(ContentBlock::Image(_))));
+        took
+    }
+
+    /// A click at `point` over HTTP, timed to its answer, which must carry an image.
+    async fn time_http(&self, point: [i32; 2]) -> Duration {
+        let t = Instant::now();
+        let r = self.over_http(click(point)).await;
+        let took = t.elapsed();
+        assert!(r["base64_image"].is_string());
+        took
+    }
+}
+
+/// A `left_click` at `point`.
+fn click(point: [i32; 2]) -> Value {
+    json!({"action": "left_click", "coordinate": point})
+}
 
 pub async fn bench(n: usize) {
     let desk = Desktop::start();
@@ -29,86 +91,13 @@ pub async fn bench(n: usize) {
     let transport = StreamableHttpClientTransport::from_config(
         StreamableHttpClientTransportConfig::with_uri(a.url("/mcp")).auth_header(TOKEN),
     );
-    let mcp = ().serve(transport).await.expect("an MCP session");
-    let http = reqwest::Client::new();
-    let computer_url = a.url("/v1/computer");
-
-    // Clicks alternate between the two windows, so focus (and the screen) changes with each;
-    // the two ways take turns going first and each gets both windows equally often.
-    let points = [[400, 300], [1300, 400]];
-    let over_mcp = |action: Value| {
-        let mcp = &mcp;
-        async move {
-            let r = mcp
-                .call_tool(
-                    CallToolRequestParams::new("computer")
-                        .with_arguments(action.as_object().unwrap().clone()),
-                )
-                .await
-                .expect("tools/call");
-            assert_eq!(r.is_error, Some(false), "{r:?}");
-            r
-        }
+    let routes = Routes {
+        mcp: ().serve(transport).await.expect("an MCP session"),
+        http: reqwest::Client::new(),
+        computer_url: a.url("/v1/computer"),
     };
-    let over_http = |action: Value| {
-        let http = &http;
-        let url = &computer_url;
-        async move {
-            let r = http
-                .post(url)
-                .bearer_auth(TOKEN)
-                .json(&action)
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(r.status(), 200);
-            r.json::<Value>().await.unwrap()
-        }
-    };
-    let click = |p: usize| json!({"action": "left_click", "coordinate": points[p]});
-    let time_mcp = |p: usize| async move {
-        let t = Instant::now();
-        let r = over_mcp(click(p)).await;
-        let took = t.elapsed();
-        assert!(matches!(r.content.first(), Some(ContentBlock::Image(_))));
-        took
-    };
-    let time_http = |p: usize| async move {
-        let t = Instant::now();
-        let r = over_http(click(p)).await;
-        let took = t.elapsed();
-        assert!(r["base64_image"].is_string());
-        took
-    };
-    let (mut m, mut h) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    for i in 0..n + 4 {
-        // Each round clicks the first window, then the second.
-        let (dm, dh) = if i % 2 == 0 {
-            let dm = time_mcp(0).await;
-            (dm, time_http(1).await)
-        } else {
-            let dh = time_http(0).await;
-            (time_mcp(1).await, dh)
-        };
-        // The first rounds warm up.
-        if i >= 4 {
-            m.push(dm);
-            h.push(dh);
-        }
-    }
-    let (mc, hc) = (percentiles(m), percentiles(h));
-
-    let pos = json!({"action": "cursor_position"});
-    let (mut m, mut h) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    for _ in 0..n {
-        let t = Instant::now();
-        over_mcp(pos.clone()).await;
-        m.push(t.elapsed());
-        let t = Instant::now();
-        over_http(pos.clone()).await;
-        h.push(t.elapsed());
-    }
-    let (mp, hp) = (percentiles(m), percentiles(h));
+    let (mc, hc) = time_clicks(&routes, n).await;
+    let (mp, hp) = time_cursor_position(&routes, n).await;
 
     println!("mcp: 1920x1080 XFCE desktop, one agent, rmcp client session vs POST /v1/computer");
     println!("{:<48} {:>14} {:>18}", "", "MCP /mcp", "POST /v1/computer");
@@ -118,5 +107,45 @@ pub async fn bench(n: usize) {
     ] {
         println!("{what:<48} {m50:>8.2}/{m99:<5.2} {h50:>12.2}/{h99:<5.2}");
     }
-    mcp.cancel().await.ok();
+    routes.mcp.cancel().await.ok();
+}
+
+/// `n` clicks each way (after 4 warm-up rounds): p50 and p99 over MCP, then over HTTP.
+/// Clicks alternate between the two windows, so focus (and the screen) changes with each;
+/// the two ways take turns going first and each gets both windows equally often.
+async fn time_clicks(routes: &Routes, n: usize) -> ((f64, f64), (f64, f64)) {
+    let points = [[400, 300], [1300, 400]];
+    let (mut m, mut h) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n + 4 {
+        // Each round clicks the first window, then the second.
+        let (dm, dh) = if i % 2 == 0 {
+            let dm = routes.time_mcp(points[0]).await;
+            (dm, routes.time_http(points[1]).await)
+        } else {
+            let dh = routes.time_http(points[0]).await;
+            (routes.time_mcp(points[1]).await, dh)
+        };
+        // The first rounds warm up.
+        if i >= 4 {
+            m.push(dm);
+            h.push(dh);
+        }
+    }
+    (percentiles(m), percentiles(h))
+}
+
+/// `n` `cursor_position` calls each way (no screenshot: what the protocol itself costs):
+/// p50 and p99 over MCP, then over HTTP.
+async fn time_cursor_position(routes: &Routes, n: usize) -> ((f64, f64), (f64, f64)) {
+    let pos = json!({"action": "cursor_position"});
+    let (mut m, mut h) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for _ in 0..n {
+        let t = Instant::now();
+        routes.over_mcp(pos.clone()).await;
+        m.push(t.elapsed());
+        let t = Instant::now();
+        routes.over_http(pos.clone()).await;
+        h.push(t.elapsed());
+    }
+    (percentiles(m), percentiles(h))
 }

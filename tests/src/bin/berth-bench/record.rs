@@ -6,6 +6,7 @@
 //! beside it.
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -321,6 +322,53 @@ fn ffmpeg(args: &[&str], x_pid: u32, seconds: u64, out: &std::path::Path) -> Run
     }
 }
 
+/// OSWorld's recording command (its arguments before the output file).
+fn osworld_command<'a>(size: &'a str, display: &'a str) -> [&'a str; 13] {
+    [
+        "-y",
+        "-f",
+        "x11grab",
+        "-draw_mouse",
+        "1",
+        "-s",
+        size,
+        "-i",
+        display,
+        "-c:v",
+        "libx264",
+        "-r",
+        "30",
+    ]
+}
+
+/// Daytona's recording command (its arguments before the output file).
+fn daytona_command<'a>(size: &'a str, display: &'a str) -> [&'a str; 15] {
+    [
+        "-y",
+        "-f",
+        "x11grab",
+        "-framerate",
+        "30",
+        "-s",
+        size,
+        "-i",
+        display,
+        "-c:v",
+        "libx264",
+        "-preset",
+        "ultrafast",
+        "-pix_fmt",
+        "yuv420p",
+    ]
+}
+
+/// The screens recorded, in order.
+const SCREENS: [&str; 3] = [
+    "continuous activity",
+    "idle desktop, carets blinking",
+    "static screen",
+];
+
 pub async fn bench(seconds: u64) {
     let desk = Desktop::start();
     let x = &desk.x;
@@ -331,66 +379,41 @@ pub async fn bench(seconds: u64) {
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let size = format!("{}x{}", x.width, x.height);
-    let osworld = [
-        "-y",
-        "-f",
-        "x11grab",
-        "-draw_mouse",
-        "1",
-        "-s",
-        &size,
-        "-i",
-        &x.display,
-        "-c:v",
-        "libx264",
-        "-r",
-        "30",
-    ];
-    let daytona = [
-        "-y",
-        "-f",
-        "x11grab",
-        "-framerate",
-        "30",
-        "-s",
-        &size,
-        "-i",
-        &x.display,
-        "-c:v",
-        "libx264",
-        "-preset",
-        "ultrafast",
-        "-pix_fmt",
-        "yuv420p",
-    ];
+    let osworld = osworld_command(&size, &x.display);
+    let daytona = daytona_command(&size, &x.display);
     let out = a.dir.path().join("peer.mp4");
     let mut rows = Vec::new();
-    for scenario in [
-        "continuous activity",
-        "idle desktop, carets blinking",
-        "static screen",
-    ] {
+    for scenario in SCREENS {
         let scroller = (scenario == "continuous activity").then(|| Scroller::start(&x.display));
         let cover =
             (scenario == "static screen").then(|| Cover::start(&x.display, x.width, x.height));
         tokio::time::sleep(Duration::from_secs(2)).await;
         let ours = berth(&a, x.pid(), seconds).await;
         let xp = x.pid();
-        let peer = |args: &[&str]| {
-            let out = out.clone();
-            let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-            tokio::task::spawn_blocking(move || {
-                let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                ffmpeg(&args, xp, seconds, &out)
-            })
-        };
-        let o = peer(&osworld).await.unwrap();
-        let d = peer(&daytona).await.unwrap();
+        let o = ffmpeg_blocking(&osworld, xp, seconds, &out).await;
+        let d = ffmpeg_blocking(&daytona, xp, seconds, &out).await;
         drop(scroller);
         drop(cover);
         rows.push((scenario, ours, o, d));
     }
+    print_table(seconds, &rows);
+    print_targets(&rows);
+}
 
+/// [`ffmpeg`] on a blocking thread.
+async fn ffmpeg_blocking(args: &[&str], x_pid: u32, seconds: u64, out: &Path) -> Run {
+    let out = out.to_path_buf();
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        ffmpeg(&args, x_pid, seconds, &out)
+    })
+    .await
+    .unwrap()
+}
+
+/// Each screen's runs: berth's, OSWorld's and Daytona's, with their CPU relative to berth's.
+fn print_table(seconds: u64, rows: &[(&str, Run, Run, Run)]) {
     println!();
     println!(
         "Recording a 1920x1080 XFCE desktop for {seconds} s (CPU: the recorder's own process; \
@@ -400,7 +423,7 @@ pub async fn bench(seconds: u64) {
         "| screen | recorder | CPU % of one core | CPU s per recorded minute | X server CPU % | screen samples per s | pictures encoded per s | dropped | MB per minute | CPU vs berth |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
-    for (scenario, ours, o, d) in &rows {
+    for (scenario, ours, o, d) in rows {
         for (name, r) in [
             ("berth (openh264, 15 fps, damage-aware)", ours),
             ("OSWorld: `ffmpeg -f x11grab … -c:v libx264 -r 30`", o),
@@ -426,10 +449,14 @@ pub async fn bench(seconds: u64) {
          berth's encoded pictures; every frame ffmpeg writes (duplicates are encoded too). \
          Dropped: berth's missed ticks; ffmpeg's dup + drop."
     );
+}
+
+/// Whether berth meets issue 4's targets on these figures.
+fn print_targets(rows: &[(&str, Run, Run, Run)]) {
     println!();
     println!("Targets (issue 4) against these figures:");
     let check = |ok: bool| if ok { "met" } else { "NOT met" };
-    for (scenario, ours, o, _) in &rows {
+    for (scenario, ours, o, _) in rows {
         let (limit, fps_target) = match *scenario {
             "continuous activity" => (35.0, true),
             "static screen" => (5.0, false),

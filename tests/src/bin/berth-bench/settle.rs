@@ -13,6 +13,7 @@
 use std::time::{Duration, Instant};
 
 use base64::Engine;
+use berth_protocol::AgentClient;
 use berth_protocol::routes::{compat, native};
 use berth_tests::{AgentOptions, AgentProcess};
 use serde_json::{Value, json};
@@ -86,23 +87,20 @@ const RULES: [&str; 2] = ["quiet", "idle"];
 /// Rounds of each scenario that also run the control.
 const CONTROL_ROUNDS: usize = 10;
 
+/// Times and counts summed over every scenario, for the `all` row.
+#[derive(Default)]
+struct Totals {
+    times: [Vec<Duration>; 2],
+    equal: [usize; 2],
+    /// Controls equal, and controls run.
+    control: (usize, usize),
+    /// Rounds taken again because the minute changed during them.
+    retaken: usize,
+}
+
 pub async fn bench(rounds: usize) {
     let desk = Desktop::with_browser();
-    let mut agents = Vec::new();
-    for rule in RULES {
-        agents.push(
-            AgentProcess::start_with(AgentOptions {
-                extra_args: vec![
-                    "--display".into(),
-                    desk.x.display.clone(),
-                    "--settle".into(),
-                    rule.into(),
-                ],
-                ..Default::default()
-            })
-            .await,
-        );
-    }
+    let agents = start_agents(&desk.x.display).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let clients: Vec<_> = agents.iter().map(|a| a.client()).collect();
     let c = &clients[0];
@@ -117,8 +115,40 @@ pub async fn bench(rounds: usize) {
     // Display pixels to the toolset's screenshot pixels.
     let sx = info["screenshot_width_px"].as_f64().unwrap() / 1920.0;
     let sy = info["screenshot_height_px"].as_f64().unwrap() / 1080.0;
+    let scenarios = scenarios(sx, sy);
+    print_header(rounds);
+    let mut totals = Totals::default();
+    for s in &scenarios {
+        run_scenario(s, &agents[0], &clients, rounds, &mut totals).await;
+    }
+    print_totals(totals);
+}
+
+/// One agent on `display` per rule, in [`RULES`]' order.
+async fn start_agents(display: &str) -> Vec<AgentProcess> {
+    let mut agents = Vec::new();
+    for rule in RULES {
+        agents.push(
+            AgentProcess::start_with(AgentOptions {
+                extra_args: vec![
+                    "--display".into(),
+                    display.to_string(),
+                    "--settle".into(),
+                    rule.into(),
+                ],
+                ..Default::default()
+            })
+            .await,
+        );
+    }
+    agents
+}
+
+/// The scenarios, their toolset coordinates scaled by `sx`, `sy` (display pixels to
+/// screenshot pixels).
+fn scenarios(sx: f64, sy: f64) -> [Scenario; 4] {
     let at = |x: f64, y: f64| json!([(x * sx).round() as i64, (y * sy).round() as i64]);
-    let scenarios = [
+    [
         Scenario {
             name: "a click that opens a window",
             act: vec![tool_use(
@@ -160,7 +190,11 @@ pub async fn bench(rounds: usize) {
             reset: Vec::new(),
             opens_window: false,
         },
-    ];
+    ]
+}
+
+/// What the table measures, and its header.
+fn print_header(rounds: usize) {
     println!();
     println!(
         "Settle: a computer-toolset turn (action + screenshot) on the 1920x1080 XFCE desktop with \
@@ -174,132 +208,165 @@ pub async fn bench(rounds: usize) {
          idle equal | control: the screen at once after the input, equal 1 s later |"
     );
     println!("|---|---|---|---|---|---|---|---|");
-    let mut all_times: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
-    let mut all_equal = [0; 2];
-    let mut all_control = (0, 0);
-    let mut retaken = 0;
-    for s in &scenarios {
-        let mut times: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
-        let mut equal = [0; 2];
-        let mut control = 0;
-        let controls = rounds.min(CONTROL_ROUNDS);
-        let reset = || async {
-            if !s.reset.is_empty() {
-                toolset_turn(c, native::TOOLSET_COMPUTER, s.reset.clone()).await;
-            }
-            // Opened windows pile up at one place: the opener's are closed between rounds.
-            if s.opens_window {
-                let _ = reqwest::Client::new()
-                    .post(agents[0].url(compat::SETUP_CLOSE_WINDOW))
-                    .json(&json!({"window_name": "Opened", "strict": true}))
-                    .send()
-                    .await;
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        };
-        let png = || async {
-            c.request(
-                reqwest::Method::GET,
-                &format!("{}?format=png", native::SCREENSHOT),
-            )
-            .send()
-            .await
-            .expect("a screenshot")
-            .bytes()
-            .await
-            .expect("its bytes")
-            .to_vec()
-        };
-        for round in 0..rounds {
-            if round < controls {
-                // The control: the same input, the screen taken at once (no settle).
-                reset().await;
-                c.request(reqwest::Method::POST, native::INPUT)
-                    .json(&json!({ "actions": s.input }))
-                    .send()
-                    .await
-                    .expect("the input");
-                let at_once = png().await;
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                if same(at_once, png().await) {
-                    control += 1;
-                }
-            }
-            for k in 0..RULES.len() {
-                // The rules take turns going first.
-                let r = (k + round) % RULES.len();
-                let turn = |content| toolset_turn(&clients[r], native::TOOLSET_COMPUTER, content);
-                loop {
-                    reset().await;
-                    let minute = wall_minute();
-                    let mut content = s.act.clone();
-                    content.push(tool_use("screenshot", json!({})));
-                    let t = Instant::now();
-                    let answer = turn(content).await;
-                    let took = t.elapsed();
-                    let shot = answer
-                        .last()
-                        .and_then(|r| r["content"][0]["source"]["data"].as_str())
-                        .unwrap_or_else(|| {
-                            panic!("{}: round {round}: no image: {answer:?}", s.name)
-                        })
-                        .to_string();
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    let later = turn(vec![tool_use("screenshot", json!({}))]).await;
-                    if wall_minute() != minute {
-                        retaken += 1;
-                        continue;
-                    }
-                    let later = later[0]["content"][0]["source"]["data"]
-                        .as_str()
-                        .expect("an image")
-                        .to_string();
-                    times[r].push(took);
-                    match difference(unbase64(&shot), unbase64(&later)) {
-                        None => equal[r] += 1,
-                        Some(d) => eprintln!(
-                            "{} ({}), round {round}: answered in {took:?}, differs from the \
-                             screen 1 s later in {d:?} (screenshot pixels)",
-                            s.name, RULES[r]
-                        ),
-                    }
-                    break;
-                }
-            }
-        }
-        all_control.0 += control;
-        all_control.1 += controls;
-        let mut cells = Vec::new();
-        for r in 0..RULES.len() {
-            all_times[r].extend(times[r].iter().copied());
-            all_equal[r] += equal[r];
-            let (p50, p99) = percentiles(std::mem::take(&mut times[r]));
-            cells.push(format!(
-                "{p50:.0} | {p99:.0} | {}/{rounds} ({:.1} %)",
-                equal[r],
-                100.0 * equal[r] as f64 / rounds as f64
-            ));
-        }
-        println!(
-            "| {} | {} | {} | {control}/{controls} |",
-            s.name, cells[0], cells[1]
-        );
+}
+
+/// Puts the screen back between rounds: the scenario's reset, the opener's windows closed
+/// (`opener`: the first agent), then half a second.
+async fn reset(c: &AgentClient, opener: &AgentProcess, s: &Scenario) {
+    if !s.reset.is_empty() {
+        toolset_turn(c, native::TOOLSET_COMPUTER, s.reset.clone()).await;
     }
+    // Opened windows pile up at one place: the opener's are closed between rounds.
+    if s.opens_window {
+        let _ = reqwest::Client::new()
+            .post(opener.url(compat::SETUP_CLOSE_WINDOW))
+            .json(&json!({"window_name": "Opened", "strict": true}))
+            .send()
+            .await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+}
+
+/// The screen now, as PNG.
+async fn png(c: &AgentClient) -> Vec<u8> {
+    c.request(
+        reqwest::Method::GET,
+        &format!("{}?format=png", native::SCREENSHOT),
+    )
+    .send()
+    .await
+    .expect("a screenshot")
+    .bytes()
+    .await
+    .expect("its bytes")
+    .to_vec()
+}
+
+/// A scenario's rounds under every rule (and its controls), its row printed and its figures
+/// added to `totals`.
+async fn run_scenario(
+    s: &Scenario,
+    opener: &AgentProcess,
+    clients: &[AgentClient],
+    rounds: usize,
+    totals: &mut Totals,
+) {
+    let c = &clients[0];
+    let mut times: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+    let mut equal = [0; 2];
+    let mut control = 0;
+    let controls = rounds.min(CONTROL_ROUNDS);
+    for round in 0..rounds {
+        if round < controls && control_round(c, opener, s).await {
+            control += 1;
+        }
+        for k in 0..RULES.len() {
+            // The rules take turns going first.
+            let r = (k + round) % RULES.len();
+            loop {
+                reset(c, opener, s).await;
+                let Some((took, difference)) = settled_turn(&clients[r], s, round).await else {
+                    totals.retaken += 1;
+                    continue;
+                };
+                times[r].push(took);
+                match difference {
+                    None => equal[r] += 1,
+                    Some(d) => eprintln!(
+                        "{} ({}), round {round}: answered in {took:?}, differs from the \
+                         screen 1 s later in {d:?} (screenshot pixels)",
+                        s.name, RULES[r]
+                    ),
+                }
+                break;
+            }
+        }
+    }
+    totals.control.0 += control;
+    totals.control.1 += controls;
     let mut cells = Vec::new();
     for r in 0..RULES.len() {
-        let n = all_times[r].len();
-        let (p50, p99) = percentiles(std::mem::take(&mut all_times[r]));
+        totals.times[r].extend(times[r].iter().copied());
+        totals.equal[r] += equal[r];
+        let (p50, p99) = percentiles(std::mem::take(&mut times[r]));
+        cells.push(format!(
+            "{p50:.0} | {p99:.0} | {}/{rounds} ({:.1} %)",
+            equal[r],
+            100.0 * equal[r] as f64 / rounds as f64
+        ));
+    }
+    println!(
+        "| {} | {} | {} | {control}/{controls} |",
+        s.name, cells[0], cells[1]
+    );
+}
+
+/// The control: the same input through `/v1/input`, the screen taken at once (no settle);
+/// whether it equals the screen a second later.
+async fn control_round(c: &AgentClient, opener: &AgentProcess, s: &Scenario) -> bool {
+    reset(c, opener, s).await;
+    c.request(reqwest::Method::POST, native::INPUT)
+        .json(&json!({ "actions": s.input }))
+        .send()
+        .await
+        .expect("the input");
+    let at_once = png(c).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    same(at_once, png(c).await)
+}
+
+/// One turn (the action, then `screenshot`) timed to its answer, and where its screenshot
+/// differs from the screen a second later (`None`: the same); `None` when the wall clock's
+/// minute changed meanwhile (the round must be taken again).
+async fn settled_turn(
+    client: &AgentClient,
+    s: &Scenario,
+    round: usize,
+) -> Option<(Duration, Option<(u32, u32, u32, u32)>)> {
+    let turn = |content| toolset_turn(client, native::TOOLSET_COMPUTER, content);
+    let minute = wall_minute();
+    let mut content = s.act.clone();
+    content.push(tool_use("screenshot", json!({})));
+    let t = Instant::now();
+    let answer = turn(content).await;
+    let took = t.elapsed();
+    let shot = answer
+        .last()
+        .and_then(|r| r["content"][0]["source"]["data"].as_str())
+        .unwrap_or_else(|| panic!("{}: round {round}: no image: {answer:?}", s.name))
+        .to_string();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let later = turn(vec![tool_use("screenshot", json!({}))]).await;
+    if wall_minute() != minute {
+        return None;
+    }
+    let later = later[0]["content"][0]["source"]["data"]
+        .as_str()
+        .expect("an image")
+        .to_string();
+    Some((took, difference(unbase64(&shot), unbase64(&later))))
+}
+
+/// The `all` row (every scenario's rounds together) and how many rounds were taken again.
+fn print_totals(mut totals: Totals) {
+    let mut cells = Vec::new();
+    for r in 0..RULES.len() {
+        let n = totals.times[r].len();
+        let (p50, p99) = percentiles(std::mem::take(&mut totals.times[r]));
         cells.push(format!(
             "{p50:.0} | {p99:.0} | {}/{n} ({:.1} %)",
-            all_equal[r],
-            100.0 * all_equal[r] as f64 / n as f64
+            totals.equal[r],
+            100.0 * totals.equal[r] as f64 / n as f64
         ));
     }
     println!(
         "| all | {} | {} | {}/{} |",
-        cells[0], cells[1], all_control.0, all_control.1
+        cells[0], cells[1], totals.control.0, totals.control.1
     );
-    println!("rounds taken again (the minute changed): {retaken}");
+    println!(
+        "rounds taken again (the minute changed): {}",
+        totals.retaken
+    );
 }
 
 /// The wall clock's minute (the panel's clock shows it).

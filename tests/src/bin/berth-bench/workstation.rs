@@ -31,32 +31,14 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 pub async fn bench(runs: usize) {
     let mut totals = Vec::new();
-    let mut last: Option<(AgentProcess, Value, f64)> = None;
+    let mut last: Option<(AgentProcess, Value)> = None;
     for _ in 0..runs {
         drop(last.take());
-        let t0 = Instant::now();
-        let a = AgentProcess::start_with(AgentOptions {
-            extra_args: vec![
-                "--desktop".into(),
-                "--cdp-listen".into(),
-                "127.0.0.1:0".into(),
-            ],
-            ..Default::default()
-        })
-        .await;
-        let r = a
-            .client()
-            .request(reqwest::Method::GET, "/v1/ready?wait=60s")
-            .send()
-            .await
-            .unwrap();
-        let took = t0.elapsed().as_secs_f64() * 1000.0;
-        assert_eq!(r.status(), 200, "not ready");
-        let report: Value = r.json().await.unwrap();
+        let (a, report, took) = cold_start().await;
         totals.push(took);
-        last = Some((a, report, took));
+        last = Some((a, report));
     }
-    let (a, report, _) = last.unwrap();
+    let (a, report) = last.unwrap();
     // Idle: nothing asks anything but the agent's own readiness checks (every 5 s).
     let idle = Duration::from_secs(30);
     let cpu_before = cpu_ticks(a.pid());
@@ -65,22 +47,7 @@ pub async fn bench(runs: usize) {
     let agent_rss = berth_tests::rss_kib(a.pid());
     let (ours, peer, nodes) = accessibility(&a, runs).await;
     let raw = raw_starts(runs).await;
-    let mut pss = Vec::new();
-    let comps = report["components"].as_object().unwrap();
-    let mut total_pss = 0;
-    for (name, c) in comps {
-        let Some(pid) = c["pid"].as_u64() else {
-            continue;
-        };
-        let pid = pid as u32;
-        let mut tree = berth_tests::processes_with_root(pid);
-        tree.push(pid);
-        tree.sort();
-        tree.dedup();
-        let kib: u64 = tree.iter().map(|p| pss_kib(*p)).sum();
-        total_pss += kib;
-        pss.push((name.clone(), tree.len(), kib));
-    }
+    let (pss, total_pss) = desktop_pss(&report);
     totals.sort_by(f64::total_cmp);
     println!();
     println!("`berth-agent --desktop`, 1920x1080, cold start (fresh state and home) x{runs}");
@@ -119,6 +86,53 @@ pub async fn bench(runs: usize) {
             kib as f64 / 1024.0
         );
     }
+}
+
+/// `berth-agent --desktop` started cold: the agent, its readiness report, and the time from
+/// exec to strict readiness in milliseconds.
+async fn cold_start() -> (AgentProcess, Value, f64) {
+    let t0 = Instant::now();
+    let a = AgentProcess::start_with(AgentOptions {
+        extra_args: vec![
+            "--desktop".into(),
+            "--cdp-listen".into(),
+            "127.0.0.1:0".into(),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let r = a
+        .client()
+        .request(reqwest::Method::GET, "/v1/ready?wait=60s")
+        .send()
+        .await
+        .unwrap();
+    let took = t0.elapsed().as_secs_f64() * 1000.0;
+    assert_eq!(r.status(), 200, "not ready");
+    let report: Value = r.json().await.unwrap();
+    (a, report, took)
+}
+
+/// Each component's proportional memory (its process tree's PSS, KiB) with its number of
+/// processes, from a readiness report's pids; and their sum.
+fn desktop_pss(report: &Value) -> (Vec<(String, usize, u64)>, u64) {
+    let mut pss = Vec::new();
+    let comps = report["components"].as_object().unwrap();
+    let mut total_pss = 0;
+    for (name, c) in comps {
+        let Some(pid) = c["pid"].as_u64() else {
+            continue;
+        };
+        let pid = pid as u32;
+        let mut tree = berth_tests::processes_with_root(pid);
+        tree.push(pid);
+        tree.sort();
+        tree.dedup();
+        let kib: u64 = tree.iter().map(|p| pss_kib(*p)).sum();
+        total_pss += kib;
+        pss.push((name.clone(), tree.len(), kib));
+    }
+    (pss, total_pss)
 }
 
 /// utime + stime of a process, in clock ticks.
@@ -182,87 +196,116 @@ async fn raw_starts(runs: usize) -> [Vec<f64>; 3] {
     let deadline = Duration::from_secs(30);
     for _ in 0..runs {
         let dir = tempfile::tempdir().unwrap();
-        let number = (200..400)
-            .find(|n| {
-                !std::path::Path::new(&format!("/tmp/.X11-unix/X{n}")).exists()
-                    && !std::path::Path::new(&format!("/tmp/.X{n}-lock")).exists()
-            })
-            .expect("a free display number");
-        let display = format!(":{number}");
-        let t0 = Instant::now();
-        let _x = start(
-            &[
-                "Xvnc",
-                &display,
-                "-geometry",
-                "1920x1080",
-                "-depth",
-                "24",
-                "-rfbport",
-                "-1",
-                "-SecurityTypes",
-                "None",
-                "-nolisten",
-                "tcp",
-                "-noreset",
-            ],
-            &[],
-        );
-        berth_tests::wait_for("the raw Xvnc", deadline, || async {
-            x11rb::rust_connection::RustConnection::connect(Some(&display))
-                .is_ok()
-                .then_some(())
-        })
-        .await;
-        out[0].push(t0.elapsed().as_secs_f64() * 1000.0);
+        let display = free_display();
+        let (_x, xvnc_ms) = time_xvnc(&display, deadline).await;
+        out[0].push(xvnc_ms);
 
         let home = dir.path().to_string_lossy().to_string();
         let env = [("DISPLAY", display.as_str()), ("HOME", home.as_str())];
-        let t0 = Instant::now();
-        let wm = start(&["xfwm4", "--compositor=off", "--replace"], &env);
-        berth_tests::wait_for("the raw xfwm4", deadline, || async {
-            wm_selection_owned(&display).then_some(())
-        })
-        .await;
-        out[1].push(t0.elapsed().as_secs_f64() * 1000.0);
-        drop(wm);
+        out[1].push(time_xfwm4(&display, &env, deadline).await);
 
         let profile = dir.path().join("chromium");
-        let t0 = Instant::now();
-        let _browser = start(
-            &[
-                "chromium",
-                &format!("--user-data-dir={}", profile.display()),
-                "--remote-debugging-address=127.0.0.1",
-                "--remote-debugging-port=0",
-                "--password-store=basic",
-                "--no-first-run",
-                "--no-default-browser-check",
-                "--disable-background-networking",
-                "--force-renderer-accessibility",
-                "--no-sandbox",
-                "about:blank",
-            ],
-            &env,
-        );
-        let http = reqwest::Client::new();
-        berth_tests::wait_for("the raw Chromium's DevTools", deadline, || async {
-            let text = std::fs::read_to_string(profile.join("DevToolsActivePort")).ok()?;
-            let port: u16 = text.lines().next()?.trim().parse().ok()?;
-            let r = http
-                .get(format!("http://127.0.0.1:{port}/json/version"))
-                .send()
-                .await
-                .ok()?;
-            r.status().is_success().then_some(())
-        })
-        .await;
-        out[2].push(t0.elapsed().as_secs_f64() * 1000.0);
+        let (_browser, chromium_ms) = time_chromium(&profile, &env, deadline).await;
+        out[2].push(chromium_ms);
     }
     for v in &mut out {
         v.sort_by(f64::total_cmp);
     }
     out
+}
+
+/// An X display (`:N`, from 200) with neither a socket nor a lock file.
+fn free_display() -> String {
+    let number = (200..400)
+        .find(|n| {
+            !std::path::Path::new(&format!("/tmp/.X11-unix/X{n}")).exists()
+                && !std::path::Path::new(&format!("/tmp/.X{n}-lock")).exists()
+        })
+        .expect("a free display number");
+    format!(":{number}")
+}
+
+/// Xvnc started on `display` as the agent starts it, and its time until it accepts a client
+/// (ms).
+async fn time_xvnc(display: &str, deadline: Duration) -> (Started, f64) {
+    let t0 = Instant::now();
+    let x = start(
+        &[
+            "Xvnc",
+            display,
+            "-geometry",
+            "1920x1080",
+            "-depth",
+            "24",
+            "-rfbport",
+            "-1",
+            "-SecurityTypes",
+            "None",
+            "-nolisten",
+            "tcp",
+            "-noreset",
+        ],
+        &[],
+    );
+    berth_tests::wait_for("the raw Xvnc", deadline, || async {
+        x11rb::rust_connection::RustConnection::connect(Some(display))
+            .is_ok()
+            .then_some(())
+    })
+    .await;
+    (x, t0.elapsed().as_secs_f64() * 1000.0)
+}
+
+/// xfwm4's time from its start until it owns `WM_S0` on `display` (ms); it is stopped then.
+async fn time_xfwm4(display: &str, env: &[(&str, &str)], deadline: Duration) -> f64 {
+    let t0 = Instant::now();
+    let wm = start(&["xfwm4", "--compositor=off", "--replace"], env);
+    berth_tests::wait_for("the raw xfwm4", deadline, || async {
+        wm_selection_owned(display).then_some(())
+    })
+    .await;
+    let took = t0.elapsed().as_secs_f64() * 1000.0;
+    drop(wm);
+    took
+}
+
+/// Chromium started with `profile` as the agent starts it, and its time until its DevTools
+/// answers `/json/version` (ms).
+async fn time_chromium(
+    profile: &std::path::Path,
+    env: &[(&str, &str)],
+    deadline: Duration,
+) -> (Started, f64) {
+    let t0 = Instant::now();
+    let browser = start(
+        &[
+            "chromium",
+            &format!("--user-data-dir={}", profile.display()),
+            "--remote-debugging-address=127.0.0.1",
+            "--remote-debugging-port=0",
+            "--password-store=basic",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--disable-background-networking",
+            "--force-renderer-accessibility",
+            "--no-sandbox",
+            "about:blank",
+        ],
+        env,
+    );
+    let http = reqwest::Client::new();
+    berth_tests::wait_for("the raw Chromium's DevTools", deadline, || async {
+        let text = std::fs::read_to_string(profile.join("DevToolsActivePort")).ok()?;
+        let port: u16 = text.lines().next()?.trim().parse().ok()?;
+        let r = http
+            .get(format!("http://127.0.0.1:{port}/json/version"))
+            .send()
+            .await
+            .ok()?;
+        r.status().is_success().then_some(())
+    })
+    .await;
+    (browser, t0.elapsed().as_secs_f64() * 1000.0)
 }
 
 /// `/accessibility` against OSWorld's way (pyatspi walked from Python, one thread per
