@@ -12,6 +12,8 @@ use berth_protocol::AgentClient;
 pub mod controller;
 pub mod kube_fake;
 pub mod layout;
+#[cfg(test)]
+mod lengths;
 pub mod readme;
 pub mod video;
 pub mod x;
