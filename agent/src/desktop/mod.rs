@@ -1,8 +1,9 @@
 //! The desktop: the agent starts the visible workstation itself and keeps it alive. Xvnc (the
 //! X server with VNC on a private Unix socket), the D-Bus buses and the AT-SPI bus, the
-//! session's parts started one by one — XFCE's or GNOME's (`session.rs` lists them), never
-//! through `xfce4-session` or `gnome-session`, whose own restarting would hide crashes — and
-//! Chromium. Each component is started after the one before it is ready, restarted with
+//! session's parts started by the agent itself — XFCE's or GNOME's (`session.rs` lists them),
+//! never through `xfce4-session` or `gnome-session`, whose own restarting would hide crashes — and
+//! Chromium. Each component is started once the one it waits for is ready (the one before it;
+//! XFCE's panel, desktop and browser side by side after the window manager), restarted with
 //! exponential backoff when it dies, and given up on after repeated crashes; every change is
 //! an event. When the X server dies, everything that draws on it is restarted with it, which
 //! does not count as their crash. Components die with the agent on any exit (a parent-death
@@ -230,12 +231,21 @@ impl Desktop {
             if let Err(e) = me.write_browser_commands() {
                 tracing::warn!(error = %e, "cannot write the google-chrome command");
             }
-            // Start in order, each after the one before it is ready (or failed to be).
+            // Each starts once what it waits for is ready (or failed to be). Every watch is
+            // taken before any component starts, so no readiness is missed.
             for &component in me.cfg.session.components() {
-                let ready = me.watch_ready(component.name());
+                let after = me
+                    .cfg
+                    .session
+                    .waits_for(component)
+                    .map(|c| me.watch_ready(c.name()));
                 let d = me.clone();
-                tokio::spawn(async move { d.supervise(component).await });
-                ready.await;
+                tokio::spawn(async move {
+                    if let Some(ready) = after {
+                        ready.await;
+                    }
+                    d.supervise(component).await
+                });
             }
         });
     }
@@ -850,14 +860,10 @@ impl Desktop {
             .unwrap_or(false)
     }
 
-    /// Until the component started before this one is up (or given up on), at most
+    /// Until the component this one waits for is up (or given up on), at most
     /// `READY_TIMEOUT`: one that cannot start must not hold the rest back for ever.
     async fn wait_for_predecessor(&self, component: Component) {
-        let components = self.cfg.session.components();
-        let Some(i) = components.iter().position(|c| *c == component) else {
-            return;
-        };
-        let Some(prev) = i.checked_sub(1).map(|p| components[p].name()) else {
+        let Some(prev) = self.cfg.session.waits_for(component).map(|c| c.name()) else {
             return;
         };
         let mut rx = self.sup.changes();
@@ -1002,7 +1008,7 @@ impl Desktop {
         }
         if component.needs_x() {
             self.wait_for_x().await;
-            // After an X restart the dependents come back one by one, in start order.
+            // On the first start and after an X restart, each waits for what it needs.
             self.wait_for_predecessor(component).await;
             if self.sup.is_stopping() {
                 return false;

@@ -160,12 +160,31 @@ impl SessionKind {
         }
     }
 
-    /// The components, in start order: each starts once the one before it is ready.
+    /// The components, in start order: each starts once the one it waits for is ready
+    /// ([`Self::waits_for`]).
     pub fn components(self) -> &'static [Component] {
         match self {
             SessionKind::Xfce => XFCE,
             SessionKind::Gnome => GNOME,
         }
+    }
+
+    /// The component `c` waits for before it starts (on the first start and after an X
+    /// restart): the one before it in start order, except that XFCE's panel, desktop and
+    /// browser each need only the window manager (so their windows are managed from the
+    /// first map) and start side by side, not one after another. `None` for the first.
+    pub fn waits_for(self, c: Component) -> Option<Component> {
+        if self == SessionKind::Xfce
+            && matches!(
+                c,
+                Component::XfcePanel | Component::XfDesktop | Component::Browser
+            )
+        {
+            return Some(Component::Xfwm4);
+        }
+        let all = self.components();
+        let i = all.iter().position(|x| *x == c)?;
+        i.checked_sub(1).map(|p| all[p])
     }
 
     /// The component whose readiness is the window manager's (strict readiness checks it).
@@ -335,6 +354,41 @@ mod tests {
             for comp in c {
                 assert_eq!(Component::named(comp.name()), Some(*comp));
                 assert!(ALL.contains(comp), "{comp:?} missing from ALL");
+            }
+        }
+    }
+
+    #[test]
+    fn xfces_panel_desktop_and_browser_wait_only_for_the_window_manager() {
+        let x = SessionKind::Xfce;
+        assert_eq!(x.waits_for(Component::X), None);
+        assert_eq!(x.waits_for(Component::Xfwm4), Some(Component::XfSettings));
+        for c in [
+            Component::XfcePanel,
+            Component::XfDesktop,
+            Component::Browser,
+        ] {
+            assert_eq!(x.waits_for(c), Some(Component::Xfwm4), "{c:?}");
+        }
+        // GNOME keeps its chain: the browser waits for the last settings daemon.
+        let g = SessionKind::Gnome;
+        assert_eq!(
+            g.waits_for(Component::Browser),
+            Some(Component::Gsd(Gsd::Sound))
+        );
+        assert_eq!(
+            g.waits_for(Component::GnomeShell),
+            Some(Component::GsdXsettings)
+        );
+        assert_eq!(g.waits_for(Component::XfcePanel), None, "not GNOME's");
+        // Whatever a component waits for starts before it.
+        for s in [x, g] {
+            let c = s.components();
+            let at = |x: Component| c.iter().position(|y| *y == x);
+            for comp in c {
+                if let Some(w) = s.waits_for(*comp) {
+                    assert!(at(w) < at(*comp), "{s:?}: {comp:?} waits for {w:?}");
+                }
             }
         }
     }
