@@ -2,8 +2,8 @@
 //! X server with VNC on a private Unix socket), the D-Bus buses and the AT-SPI bus, the
 //! session's parts started by the agent itself — XFCE's or GNOME's (`session.rs` lists them),
 //! never through `xfce4-session` or `gnome-session`, whose own restarting would hide crashes — and
-//! Chromium. Each component is started once the one it waits for is ready (the one before it;
-//! XFCE's panel, desktop and browser side by side after the window manager), restarted with
+//! Chromium. Each component is started once those it waits for are ready (the one before it;
+//! XFCE's panel and desktop side by side after the window manager), restarted with
 //! exponential backoff when it dies, and given up on after repeated crashes; every change is
 //! an event. When the X server dies, everything that draws on it is restarted with it, which
 //! does not count as their crash. Components die with the agent on any exit (a parent-death
@@ -234,16 +234,16 @@ impl Desktop {
             // Each starts once what it waits for is ready (or failed to be). Every watch is
             // taken before any component starts, so no readiness is missed.
             for &component in me.cfg.session.components() {
-                let after = me
+                let after: Vec<_> = me
                     .cfg
                     .session
                     .waits_for(component)
-                    .map(|c| me.watch_ready(c.name()));
+                    .iter()
+                    .map(|c| me.watch_ready(c.name()))
+                    .collect();
                 let d = me.clone();
                 tokio::spawn(async move {
-                    if let Some(ready) = after {
-                        ready.await;
-                    }
+                    futures_util::future::join_all(after).await;
                     d.supervise(component).await
                 });
             }
@@ -860,19 +860,21 @@ impl Desktop {
             .unwrap_or(false)
     }
 
-    /// Until the component this one waits for is up (or given up on), at most
+    /// Until the components this one waits for are up (or given up on), at most
     /// `READY_TIMEOUT`: one that cannot start must not hold the rest back for ever.
     async fn wait_for_predecessor(&self, component: Component) {
-        let Some(prev) = self.cfg.session.waits_for(component).map(|c| c.name()) else {
+        let before = self.cfg.session.waits_for(component);
+        if before.is_empty() {
             return;
-        };
+        }
         let mut rx = self.sup.changes();
         let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
         loop {
-            let settled = self
-                .sup
-                .status(prev)
-                .is_some_and(|s| matches!(s.state.as_str(), "up" | "gave_up"));
+            let settled = before.iter().all(|c| {
+                self.sup
+                    .status(c.name())
+                    .is_some_and(|s| matches!(s.state.as_str(), "up" | "gave_up"))
+            });
             if settled
                 || self.sup.is_stopping()
                 || tokio::time::timeout_at(deadline, rx.changed())

@@ -169,22 +169,24 @@ impl SessionKind {
         }
     }
 
-    /// The component `c` waits for before it starts (on the first start and after an X
-    /// restart): the one before it in start order, except that XFCE's panel, desktop and
-    /// browser each need only the window manager (so their windows are managed from the
-    /// first map) and start side by side, not one after another. `None` for the first.
-    pub fn waits_for(self, c: Component) -> Option<Component> {
-        if self == SessionKind::Xfce
-            && matches!(
-                c,
-                Component::XfcePanel | Component::XfDesktop | Component::Browser
-            )
-        {
-            return Some(Component::Xfwm4);
+    /// The components `c` waits for before it starts (on the first start and after an X
+    /// restart): the one before it in start order, except on XFCE, where the panel and the
+    /// desktop both need only the window manager and start side by side, and the browser
+    /// waits for both (started before the panel is up, Chrome draws its window with the
+    /// window manager's title bar, below the panel's strut, unfocused). Empty for the first.
+    pub fn waits_for(self, c: Component) -> &'static [Component] {
+        if self == SessionKind::Xfce {
+            match c {
+                Component::XfcePanel | Component::XfDesktop => return &[Component::Xfwm4],
+                Component::Browser => return &[Component::XfcePanel, Component::XfDesktop],
+                _ => {}
+            }
         }
         let all = self.components();
-        let i = all.iter().position(|x| *x == c)?;
-        i.checked_sub(1).map(|p| all[p])
+        match all.iter().position(|x| *x == c) {
+            Some(i) if i > 0 => std::slice::from_ref(&all[i - 1]),
+            _ => &[],
+        }
     }
 
     /// The component whose readiness is the window manager's (strict readiness checks it).
@@ -359,35 +361,38 @@ mod tests {
     }
 
     #[test]
-    fn xfces_panel_desktop_and_browser_wait_only_for_the_window_manager() {
+    fn xfces_panel_and_desktop_start_side_by_side_and_the_browser_after_both() {
         let x = SessionKind::Xfce;
-        assert_eq!(x.waits_for(Component::X), None);
-        assert_eq!(x.waits_for(Component::Xfwm4), Some(Component::XfSettings));
-        for c in [
-            Component::XfcePanel,
-            Component::XfDesktop,
-            Component::Browser,
-        ] {
-            assert_eq!(x.waits_for(c), Some(Component::Xfwm4), "{c:?}");
-        }
+        assert_eq!(x.waits_for(Component::X), &[] as &[Component]);
+        assert_eq!(x.waits_for(Component::Xfwm4), &[Component::XfSettings]);
+        assert_eq!(x.waits_for(Component::XfcePanel), &[Component::Xfwm4]);
+        assert_eq!(x.waits_for(Component::XfDesktop), &[Component::Xfwm4]);
+        assert_eq!(
+            x.waits_for(Component::Browser),
+            &[Component::XfcePanel, Component::XfDesktop]
+        );
         // GNOME keeps its chain: the browser waits for the last settings daemon.
         let g = SessionKind::Gnome;
         assert_eq!(
             g.waits_for(Component::Browser),
-            Some(Component::Gsd(Gsd::Sound))
+            &[Component::Gsd(Gsd::Sound)]
         );
         assert_eq!(
             g.waits_for(Component::GnomeShell),
-            Some(Component::GsdXsettings)
+            &[Component::GsdXsettings]
         );
-        assert_eq!(g.waits_for(Component::XfcePanel), None, "not GNOME's");
+        assert_eq!(
+            g.waits_for(Component::XfcePanel),
+            &[] as &[Component],
+            "not GNOME's"
+        );
         // Whatever a component waits for starts before it.
         for s in [x, g] {
             let c = s.components();
             let at = |x: Component| c.iter().position(|y| *y == x);
             for comp in c {
-                if let Some(w) = s.waits_for(*comp) {
-                    assert!(at(w) < at(*comp), "{s:?}: {comp:?} waits for {w:?}");
+                for w in s.waits_for(*comp) {
+                    assert!(at(*w) < at(*comp), "{s:?}: {comp:?} waits for {w:?}");
                 }
             }
         }
