@@ -62,6 +62,36 @@ where
     }
 }
 
+/// What an agent sees first on an XFCE desktop: Chromium maximised right under the top panel,
+/// focused, in its own frame. Started before the panel, Chrome took the window manager's title
+/// bar, sat below it and lost the focus (tests/screenshots/xfce-browser-started-before-the-panel.png).
+/// Waits (30 s at most) for the panel and a focused Chromium window, then asserts where it is.
+pub async fn assert_browser_under_the_panel(agent: &AgentClient) {
+    let (panel, chrome) = wait_for(
+        "the top panel and a focused Chromium window",
+        Duration::from_secs(30),
+        || async {
+            let windows = agent.desktop_state().await.ok()?.windows;
+            let panel = windows
+                .iter()
+                .filter(|w| w.class == "Xfce4-panel" && w.y == 0)
+                .max_by_key(|w| w.width)?
+                .clone();
+            let chrome = windows
+                .into_iter()
+                .find(|w| w.class == "Google-chrome" && w.focused)?;
+            Some((panel, chrome))
+        },
+    )
+    .await;
+    assert!(chrome.maximized, "{chrome:?}");
+    assert_eq!(
+        (chrome.x, chrome.y, chrome.width),
+        (0, panel.height as i32, panel.width),
+        "Chromium not right under the panel (a title bar above it?): {chrome:?}, panel {panel:?}"
+    );
+}
+
 /// Blocking flavour of `wait_for` for synchronous checks.
 pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;

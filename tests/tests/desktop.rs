@@ -1262,55 +1262,10 @@ async fn the_browser_toolsets_optional_members_serve_when_the_agent_enables_them
 }
 
 /// What an agent sees first on XFCE: Chromium maximised right under the top panel, focused, in
-/// its own frame. Started before the panel was up, Chrome took the window manager's title bar,
-/// sat below it and lost the focus (tests/screenshots/xfce-browser-started-before-the-panel.png).
+/// its own frame.
 #[tokio::test]
 async fn the_browser_opens_maximised_under_the_panel_focused_in_its_own_frame() {
     let a = desktop_agent().await;
     wait_ready(&a).await;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let (panel, chrome) = loop {
-        let state: Value = a
-            .client()
-            .request(reqwest::Method::GET, "/v1/desktop/state")
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let windows = state["windows"].as_array().cloned().unwrap_or_default();
-        let of = |class: &str| {
-            windows
-                .iter()
-                .find(|w| w["class"] == class && w["y"] == 0 && w["width"] == WIDTH)
-                .cloned()
-        };
-        let chrome = windows
-            .iter()
-            .find(|w| w["class"] == "Google-chrome" && w["focused"] == true)
-            .cloned();
-        if let (Some(p), Some(c)) = (of("Xfce4-panel"), chrome) {
-            break (p, c);
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no top panel and focused Chromium: {state:#}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    };
-    let top = panel["height"].as_u64().unwrap();
-    assert_eq!(chrome["maximized"], true, "{chrome:#}");
-    assert_eq!(chrome["x"], 0, "{chrome:#}");
-    assert_eq!(
-        chrome["y"].as_u64(),
-        Some(top),
-        "Chromium not right under the {top}-pixel panel (a title bar above it?): {chrome:#}"
-    );
-    assert_eq!(chrome["width"], WIDTH, "{chrome:#}");
-    assert_eq!(
-        chrome["height"].as_u64(),
-        Some(u64::from(HEIGHT) - top),
-        "{chrome:#}"
-    );
+    berth_tests::assert_browser_under_the_panel(&a.client()).await;
 }

@@ -52,6 +52,9 @@ async fn a_docker_desktop_is_worked_only_through_the_controller() {
         cl.base()
     );
 
+    // What the agent sees first: Chromium maximised right under the top panel, focused.
+    berth_tests::assert_browser_under_the_panel(&agent).await;
+
     // The agent and the desktop are different users.
     let who = agent
         .exec(&ExecRequest {
