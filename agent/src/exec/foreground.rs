@@ -11,7 +11,7 @@ use nix::sys::signal::Signal;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::record::{self, ExitRecord, ProcInfo, StdinMode};
-use super::spawn::{self, Group, Launch, SpawnFailure};
+use super::spawn::{self, SpawnFailure};
 use super::{
     Command, CommandTable, DEFAULT_FOREGROUND_TIMEOUT, ExecError, FOREGROUND_KEEP, Foreground,
     ForegroundOutcome, Prepared, new_id, shim,
@@ -31,14 +31,7 @@ impl CommandTable {
     ) -> Result<Vec<u8>, ExecError> {
         let p = self.for_sandbox(program, None)?;
         spawn::precheck(&p.program, &p.cwd).map_err(ExecError::Spawn)?;
-        let launch = Launch {
-            program: &p.program,
-            cwd: &p.cwd,
-            env: &p.env,
-            identity: p.identity(),
-            group: Group::NewSession,
-        };
-        let mut cmd = spawn::command(&launch).map_err(ExecError::Spawn)?;
+        let mut cmd = spawn::command(&p.launch()).map_err(ExecError::Spawn)?;
         cmd.stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null());
@@ -211,14 +204,7 @@ fn spawn_foreground(
     has_stdin: bool,
     merge_stderr: bool,
 ) -> Result<(std::process::Child, Option<OwnedFd>, Instant), ExecError> {
-    let launch = Launch {
-        program: &p.program,
-        cwd: &p.cwd,
-        env: &p.env,
-        identity: p.identity(),
-        group: Group::NewSession,
-    };
-    let mut cmd = spawn::command(&launch).map_err(ExecError::Spawn)?;
+    let mut cmd = spawn::command(&p.launch()).map_err(ExecError::Spawn)?;
     cmd.stdin(if has_stdin {
         std::process::Stdio::piped()
     } else {

@@ -89,6 +89,18 @@ pub struct Prepared {
 }
 
 impl Prepared {
+    /// How a foreground command starts: its program, directory and environment, as its user,
+    /// leading a session of its own.
+    fn launch(&self) -> spawn::Launch<'_> {
+        spawn::Launch {
+            program: &self.program,
+            cwd: &self.cwd,
+            env: &self.env,
+            identity: self.identity(),
+            group: spawn::Group::NewSession,
+        }
+    }
+
     fn identity(&self) -> Option<(u32, u32, Vec<u32>)> {
         self.account.needs_switch().then(|| {
             (
