@@ -15,6 +15,7 @@ pub mod exec;
 pub mod fs;
 pub mod http;
 pub mod init;
+pub mod limits;
 pub mod mcp;
 pub mod proc;
 pub mod pty;

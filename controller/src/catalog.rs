@@ -23,11 +23,18 @@ pub struct Profile {
     /// Whether the agent runs the desktop stack.
     pub desktop: bool,
     pub enabled: bool,
-    /// Resource limits where the provider enforces them (Docker).
+    /// Resource limits (see `berth_protocol::controller::Limits`; the config's `[limits]`
+    /// overrides them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_shares: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_mb: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shm_mb: Option<u64>,
 }
 
 /// The port a browser-IDE viewer kind is served on inside the sandbox (loopback, reached
@@ -366,11 +373,11 @@ mod tests {
         };
         assert_eq!(
             without_description(items[0].clone()),
-            r#"{"aliases":["desktop"],"cpus":2.0,"desktop":true,"driver_hint":"process","enabled":true,"memory_mb":4096,"name":"desktop-ubuntu","viewer":"novnc"}"#
+            r#"{"aliases":["desktop"],"cpu_shares":1024,"cpus":2.0,"desktop":true,"driver_hint":"process","enabled":true,"memory_mb":4096,"name":"desktop-ubuntu","pids":2048,"shm_mb":512,"viewer":"novnc"}"#
         );
         assert_eq!(
             without_description(items[1].clone()),
-            r#"{"aliases":["ide"],"cpus":1.0,"desktop":false,"driver_hint":"process","enabled":true,"memory_mb":2048,"name":"ide-ubuntu","viewer":"jupyterlab"}"#
+            r#"{"aliases":["ide"],"cpu_shares":1024,"cpus":1.0,"desktop":false,"driver_hint":"process","enabled":true,"memory_mb":2048,"name":"ide-ubuntu","pids":1024,"shm_mb":64,"viewer":"jupyterlab"}"#
         );
         assert_eq!(
             without_description(items[2].clone()),

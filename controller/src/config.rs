@@ -38,6 +38,9 @@ pub struct Config {
     /// Profile names mapped to providers (`process`, `docker`, `kubernetes`); by the profile's
     /// `driver_hint` otherwise.
     pub providers: std::collections::BTreeMap<String, String>,
+    /// `[limits."*"]` and `[limits.<profile>]`: resource limits over the catalog's, for every
+    /// profile and then for one (by its name or an alias).
+    pub limits: std::collections::BTreeMap<String, LimitsConfig>,
     /// The image Docker sandboxes run when a create names none (`berth image build`).
     pub docker_image: Option<String>,
     /// The optional members of Anthropic's browser toolset that desktop sandboxes serve
@@ -258,6 +261,62 @@ impl KubernetesConfig {
     }
 }
 
+/// The key of `[limits]` that applies to every profile.
+pub const EVERY_PROFILE: &str = "*";
+
+/// One `[limits.*]` table: each field set overrides the catalog's (see
+/// `berth_protocol::controller::Limits` for what each means).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    pub cpus: Option<f64>,
+    pub cpu_shares: Option<u64>,
+    pub memory_mb: Option<u64>,
+    pub pids: Option<u64>,
+    pub shm_mb: Option<u64>,
+}
+
+impl LimitsConfig {
+    /// These limits with `over`'s set fields in their place.
+    pub fn over(self, over: &LimitsConfig) -> LimitsConfig {
+        LimitsConfig {
+            cpus: over.cpus.or(self.cpus),
+            cpu_shares: over.cpu_shares.or(self.cpu_shares),
+            memory_mb: over.memory_mb.or(self.memory_mb),
+            pids: over.pids.or(self.pids),
+            shm_mb: over.shm_mb.or(self.shm_mb),
+        }
+    }
+
+    /// Values a kernel accepts: a positive finite CPU count, Docker's range of CPU shares, at
+    /// least 6 MiB of memory (Docker's floor), a positive process count and `/dev/shm` size.
+    pub fn validate(&self, key: &str) -> anyhow::Result<()> {
+        let at = format!("[limits.{key:?}]");
+        if let Some(c) = self.cpus {
+            anyhow::ensure!(c.is_finite() && c > 0.0, "{at} cpus must be positive");
+        }
+        if let Some(s) = self.cpu_shares {
+            anyhow::ensure!(
+                (2..=262_144).contains(&s),
+                "{at} cpu_shares must be 2..=262144"
+            );
+        }
+        if let Some(m) = self.memory_mb {
+            anyhow::ensure!(
+                (6..=1 << 30).contains(&m),
+                "{at} memory_mb must be at least 6"
+            );
+        }
+        if let Some(p) = self.pids {
+            anyhow::ensure!((1..=1 << 22).contains(&p), "{at} pids must be 1..=4194304");
+        }
+        if let Some(s) = self.shm_mb {
+            anyhow::ensure!((1..=1 << 30).contains(&s), "{at} shm_mb must be positive");
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct PoolConfig {
@@ -289,6 +348,7 @@ impl Default for Config {
             refill_max_failures: 5,
             pools: Vec::new(),
             providers: Default::default(),
+            limits: Default::default(),
             docker_image: None,
             browser_toolset_enable: Vec::new(),
             http_header_timeout_secs: 10.0,
@@ -319,6 +379,15 @@ impl Config {
 
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.max_ttl_secs > 0, "max_ttl_secs must be positive");
+        let catalog = crate::catalog::Catalog::builtin();
+        for (key, limits) in &self.limits {
+            anyhow::ensure!(
+                key == EVERY_PROFILE || catalog.profile(key).is_some(),
+                "[limits.{key:?}] names no profile; known: \"*\", {}",
+                catalog.known_profiles()
+            );
+            limits.validate(key)?;
+        }
         berth_protocol::toolset::check_browser_enable(&self.browser_toolset_enable)
             .map_err(|e| anyhow::anyhow!("browser_toolset_enable: {e}"))?;
         anyhow::ensure!(

@@ -66,7 +66,12 @@ impl Controller {
             artifacts.clone(),
             timeline.clone(),
         ));
-        let follower = Arc::new(Follower::new(ctx.clone(), runs.clone(), artifacts.clone()));
+        let follower = Arc::new(Follower::new(
+            ctx.clone(),
+            sandboxes.clone(),
+            runs.clone(),
+            artifacts.clone(),
+        ));
         ctx.hooks
             .set_follow(Arc::downgrade(&follower) as Weak<dyn Follow>);
         ctx.hooks

@@ -18,7 +18,9 @@ use serde_json::Value;
 use crate::artifact::Artifacts;
 use crate::ctx::{Ctx, Follow};
 use crate::lifecycle::SandboxStatus;
+use crate::reconcile::Action;
 use crate::run::Runs;
+use crate::sandbox::Sandboxes;
 use crate::store::{RunRow, SandboxRow};
 
 /// One agent call.
@@ -29,6 +31,7 @@ const FOLLOW_POLL: Duration = Duration::from_secs(25);
 /// The followers of running sandboxes' agent events.
 pub struct Follower {
     ctx: Arc<Ctx>,
+    sandboxes: Arc<Sandboxes>,
     runs: Arc<Runs>,
     artifacts: Arc<Artifacts>,
     /// Sandboxes whose agent's events a follower watches.
@@ -42,9 +45,15 @@ impl Follow for Follower {
 }
 
 impl Follower {
-    pub fn new(ctx: Arc<Ctx>, runs: Arc<Runs>, artifacts: Arc<Artifacts>) -> Follower {
+    pub fn new(
+        ctx: Arc<Ctx>,
+        sandboxes: Arc<Sandboxes>,
+        runs: Arc<Runs>,
+        artifacts: Arc<Artifacts>,
+    ) -> Follower {
         Follower {
             ctx,
+            sandboxes,
             runs,
             artifacts,
             followers: Default::default(),
@@ -147,6 +156,18 @@ impl Follower {
     }
 
     async fn on_agent_event(&self, sandbox: &SandboxRow, agent: &AgentClient, e: &Event) {
+        if e.kind == EventKind::SandboxOomKill {
+            // Its state is no longer what its user made it: it fails, and its work is kept.
+            let reason = oom_reason(e.data.get("limit_bytes").and_then(Value::as_u64));
+            self.sandboxes.apply(
+                &sandbox.id,
+                &Action::Fail {
+                    reason,
+                    destroy: true,
+                },
+            );
+            return;
+        }
         let Some(id) = e.data.get("id").and_then(Value::as_str) else {
             return;
         };
@@ -166,4 +187,16 @@ impl Follower {
             _ => {}
         }
     }
+}
+
+/// The reason a sandbox whose agent reported a process killed for memory fails with.
+fn oom_reason(limit_bytes: Option<u64>) -> String {
+    let limit = match limit_bytes {
+        Some(b) => format!(" (its limit: {} MiB)", b >> 20),
+        None => String::new(),
+    };
+    format!(
+        "{}: the kernel killed a process in it for memory{limit}",
+        berth_protocol::controller::OOM_KILLED
+    )
 }

@@ -19,6 +19,7 @@ pub mod image;
 pub mod image_job;
 pub mod lease;
 pub mod lifecycle;
+pub mod limits;
 pub mod mcp;
 pub mod metrics;
 pub mod pool;

@@ -252,6 +252,7 @@ mod tests {
             error: None,
             agent_event_seq: 0,
             screen: None,
+            limits: None,
         }
     }
 

@@ -111,6 +111,56 @@ pub struct CreateQuery {
     pub wait: Option<bool>,
 }
 
+/// The resources a sandbox was created with (its profile's, then the config's `[limits]`), and
+/// which of them its provider does not enforce. A sandbox over its memory fails with reason
+/// `oom_killed`; one whose processes reach `pids` keeps running and reports
+/// `sandbox.pids_limit` on its timeline.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+pub struct Limits {
+    /// CPUs it may use at most.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
+    /// Its weight when the host's CPUs are contended (1024: an equal share).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_shares: Option<u64>,
+    /// Memory, MiB: page cache and `/dev/shm` count against it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u64>,
+    /// Swap past `memory_mb`, MiB: 0 (a sandbox over its memory is stopped, not slowed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swap_mb: Option<u64>,
+    /// Processes and threads at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u64>,
+    /// The size of its `/dev/shm`, MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shm_mb: Option<u64>,
+    /// The limits above that its provider does not enforce, each with the reason.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub unenforced: BTreeMap<String, String>,
+}
+
+impl Limits {
+    /// The names of the limits set (`cpus`, `memory_mb`, …), in wire order.
+    pub fn names(&self) -> Vec<&'static str> {
+        let set = [
+            ("cpus", self.cpus.is_some()),
+            ("cpu_shares", self.cpu_shares.is_some()),
+            ("memory_mb", self.memory_mb.is_some()),
+            ("swap_mb", self.swap_mb.is_some()),
+            ("pids", self.pids.is_some()),
+            ("shm_mb", self.shm_mb.is_some()),
+        ];
+        set.into_iter()
+            .filter(|(_, s)| *s)
+            .map(|(n, _)| n)
+            .collect()
+    }
+}
+
+/// The reason a sandbox killed for memory fails with (its `error` begins with it).
+pub const OOM_KILLED: &str = "oom_killed";
+
 /// A sandbox as the controller reports it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct Sandbox {
@@ -134,6 +184,9 @@ pub struct Sandbox {
     /// one its desktop started with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub screen: Option<String>,
+    /// Its resource limits, as it was created with them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]

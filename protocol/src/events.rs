@@ -99,6 +99,12 @@ event_kinds! {
     /// It failed (`reason`).
     SandboxFailed => "sandbox.failed",
     SandboxDeleted => "sandbox.deleted",
+    /// Its processes and threads reached its `pids` limit: a fork or a thread failed
+    /// (`limit`, `current`, `hits`: how many times so far). It keeps running.
+    SandboxPidsLimit => "sandbox.pids_limit",
+    /// The kernel killed a process in it for memory (`limit_bytes`, `oom_kills`); the controller
+    /// fails it with reason `oom_killed`.
+    SandboxOomKill => "sandbox.oom_kill",
     LeaseAcquired => "lease.acquired",
     LeaseRenewed => "lease.renewed",
     LeaseReleased => "lease.released",

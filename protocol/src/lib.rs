@@ -4,6 +4,7 @@
 //! Field names here are frozen by `API.md`; anything added beyond it is optional on the wire so
 //! older clients keep working.
 
+pub mod cgroup;
 pub mod client;
 pub mod controller;
 pub mod desktop;

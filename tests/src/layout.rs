@@ -445,6 +445,7 @@ mod tests {
             "seal",
             "config",
             "catalog",
+            "limits",
             "metrics",
             "store",
             "provider",

@@ -26,6 +26,7 @@ mod images;
 mod init;
 mod kubernetes_fake_apiserver;
 mod lifecycle;
+mod limits;
 mod mcp;
 mod mcp_controller;
 mod native_exec;

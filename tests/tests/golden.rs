@@ -8,8 +8,8 @@ use std::fmt::Debug;
 
 use berth_protocol::controller::{
     AcquireLease, AdjustPool, BuildImage, CatalogList, Command, CreateQuery, CreateSandbox,
-    Endpoints, ImageJob, Lease, PoolList, PoolStatus, PortPreview, PortUrl, PortUrlRequest, Run,
-    RunRequest, Sandbox, Viewer, ViewerUrl,
+    Endpoints, ImageJob, Lease, Limits, PoolList, PoolStatus, PortPreview, PortUrl, PortUrlRequest,
+    Run, RunRequest, Sandbox, Viewer, ViewerUrl,
 };
 use berth_protocol::lifecycle::{ImageJobStatus, RunStatus, SandboxStatus};
 use berth_protocol::{
@@ -106,6 +106,18 @@ fn desktop_sandbox() -> Sandbox {
         claim: Some("warm".into()),
         lease_id: Some("ls_0456".into()),
         screen: Some("1280x800".into()),
+        limits: Some(Limits {
+            cpus: Some(2.0),
+            cpu_shares: Some(1024),
+            memory_mb: Some(4096),
+            swap_mb: Some(0),
+            pids: Some(2048),
+            shm_mb: Some(512),
+            unenforced: BTreeMap::from([(
+                "pids".into(),
+                "a Pod's process limit is the kubelet's podPidsLimit, set per node".into(),
+            )]),
+        }),
     }
 }
 
@@ -130,7 +142,12 @@ const DESKTOP_SANDBOX: &str = r#"{
     "error": null,
     "claim": "warm",
     "lease_id": "ls_0456",
-    "screen": "1280x800"
+    "screen": "1280x800",
+    "limits": {
+        "cpus": 2.0, "cpu_shares": 1024, "memory_mb": 4096, "swap_mb": 0, "pids": 2048,
+        "shm_mb": 512,
+        "unenforced": {"pids": "a Pod's process limit is the kubelet's podPidsLimit, set per node"}
+    }
 }"#;
 
 #[test]
@@ -160,6 +177,7 @@ fn sandbox() {
         claim: None,
         lease_id: None,
         screen: None,
+        limits: None,
     };
     golden(
         &ide,

@@ -116,14 +116,21 @@ impl CommandTable {
         // Watch before the shim starts so no write is missed.
         self.watch_dir(&dir);
 
-        let mut shim = self.start_shim_process(&dir, &p)?;
+        let hits_before = crate::limits::pids_hits();
+        let mut shim = self
+            .start_shim_process(&dir, &p)
+            .map_err(|e| e.or_limit(hits_before))?;
         let shim_pid = shim.id();
         let shim_exited = self.reaper.watch(shim_pid);
         let out = shim.stdout.take();
         drop(shim);
         let hs = match read_handshake(out).await {
             Some(hs) if hs.ok => hs,
-            other => return Err(self.abandon_shim(shim_pid, &dir, other)),
+            other => {
+                return Err(self
+                    .abandon_shim(shim_pid, &dir, other)
+                    .or_limit(hits_before));
+            }
         };
         let info = record::read_json::<ProcInfo>(&dir, record::PROC).unwrap_or(ProcInfo {
             supervisor_pid: shim_pid,

@@ -53,8 +53,28 @@ pub enum ExecError {
     Spawn(SpawnFailure),
     #[error(transparent)]
     Account(#[from] AccountError),
+    /// The sandbox is at its process limit: the command could not start.
+    #[error("{0}")]
+    Limit(String),
     #[error("{0}")]
     Internal(String),
+}
+
+impl ExecError {
+    /// This error, or the process limit's when a fork or thread was refused at it since
+    /// `hits_before` (what made a start fail is then the limit, whatever the symptom).
+    pub fn or_limit(self, hits_before: Option<u64>) -> ExecError {
+        let now = crate::limits::pids_hits();
+        match (hits_before, now) {
+            (Some(b), Some(n)) if n > b => ExecError::Limit(format!(
+                "the sandbox is at its process limit ({} processes and threads): the command \
+                 could not start; end what fills it (DELETE /v1/commands/{{id}} ends a \
+                 command's whole tree) and try again",
+                crate::limits::pids_max().map_or("its".to_string(), |m| m.to_string())
+            )),
+            _ => self,
+        }
+    }
 }
 
 impl From<std::io::Error> for ExecError {

@@ -60,6 +60,9 @@ impl From<ExecError> for ApiError {
             ExecError::Account(_) => {
                 ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "user_not_permitted", msg)
             }
+            ExecError::Limit(_) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "pids_limit", msg)
+            }
             ExecError::Internal(_) => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", msg)
             }

@@ -14,6 +14,8 @@ use bollard::query_parameters::{
 };
 use futures_util::StreamExt;
 
+use berth_protocol::controller::Limits;
+
 use super::{Death, Endpoint, Identity, Observed, Provider, ProviderError, Result, Spec};
 use super::{LABEL_CONTROLLER, LABEL_IMAGE, LABEL_PROFILE, LABEL_SANDBOX};
 
@@ -32,6 +34,74 @@ pub struct DockerProvider {
     default_image: Option<String>,
     /// The private network's id once known (`ensure_network`).
     network: tokio::sync::Mutex<Option<String>>,
+    /// The limits the daemon says its kernel can enforce.
+    support: Support,
+}
+
+/// What the daemon reports it can limit (`docker info`): a limit it cannot is applied anyway
+/// (Docker drops it with a warning) and reported unenforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Support {
+    pub memory: bool,
+    pub swap: bool,
+    pub cpu_quota: bool,
+    pub cpu_shares: bool,
+    pub pids: bool,
+}
+
+impl Support {
+    fn of(info: &bollard::models::SystemInfo) -> Support {
+        Support {
+            memory: info.memory_limit.unwrap_or(false),
+            swap: info.swap_limit.unwrap_or(false),
+            cpu_quota: info.cpu_cfs_quota.unwrap_or(false),
+            cpu_shares: info.cpu_shares.unwrap_or(false),
+            pids: info.pids_limit.unwrap_or(false),
+        }
+    }
+
+    /// The limits set in `limits` this daemon cannot enforce. Swap the kernel does not account
+    /// is still none when the host has no swap to give.
+    pub fn unenforced(&self, limits: &Limits, host_swap: bool) -> BTreeMap<String, String> {
+        let no = |what: &str| format!("the Docker daemon's kernel cannot limit {what}");
+        let checks = [
+            ("cpus", self.cpu_quota, no("CPU time (no CFS quota)")),
+            ("cpu_shares", self.cpu_shares, no("CPU shares")),
+            ("memory_mb", self.memory, no("memory")),
+            (
+                "swap_mb",
+                self.swap || !host_swap,
+                no("swap (no swap accounting)"),
+            ),
+            ("pids", self.pids, no("processes (no pids controller)")),
+        ];
+        let set = limits.names();
+        checks
+            .into_iter()
+            .filter(|(name, able, _)| !able && set.contains(name))
+            .map(|(name, _, why)| (name.to_string(), why))
+            .collect()
+    }
+}
+
+/// The reason a sandbox killed for memory fails with.
+fn oom_killed_reason() -> String {
+    format!(
+        "{}: a process in its container was killed for memory",
+        berth_protocol::controller::OOM_KILLED
+    )
+}
+
+/// Whether the machine has swap to give (`/proc/meminfo`'s SwapTotal above 0).
+fn host_has_swap() -> bool {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("SwapTotal:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        })
+        .is_some_and(|kb| kb > 0)
 }
 
 fn failed(what: &str, e: impl std::fmt::Display) -> ProviderError {
@@ -89,10 +159,14 @@ impl DockerProvider {
         let docker = tokio::time::timeout(CALL, docker.negotiate_version())
             .await
             .map_err(|_| anyhow::anyhow!("the Docker daemon did not answer"))??;
+        let info = tokio::time::timeout(CALL, docker.info())
+            .await
+            .map_err(|_| anyhow::anyhow!("the Docker daemon did not answer"))??;
         Ok(DockerProvider {
             docker,
             default_image,
             network: tokio::sync::Mutex::new(None),
+            support: Support::of(&info),
         })
     }
 
@@ -317,14 +391,26 @@ fn container_body(
                     })
                     .collect(),
             ),
-            // Chromium needs more than Docker's 64 MiB of /dev/shm.
-            shm_size: Some(512 << 20),
             // Chromium keeps its own sandbox (user namespaces): see `seccomp`.
             security_opt: Some(vec![format!("seccomp={}", super::seccomp::profile())]),
-            nano_cpus: spec.cpus.map(|c| (c * 1e9) as i64),
-            memory: spec.memory_mb.map(|m| (m << 20) as i64),
-            ..Default::default()
+            ..limits(&spec.limits)
         }),
+        ..Default::default()
+    }
+}
+
+/// The host settings of a sandbox's limits. Swap off is memory and swap together at the
+/// memory limit; no limit is Docker's default (`/dev/shm`: Docker's 64 MiB, too little for
+/// Chromium, so a profile sets one).
+fn limits(l: &Limits) -> HostConfig {
+    let mib = |m: u64| (m << 20) as i64;
+    HostConfig {
+        nano_cpus: l.cpus.map(|c| (c * 1e9) as i64),
+        cpu_shares: l.cpu_shares.map(|s| s as i64),
+        memory: l.memory_mb.map(mib),
+        memory_swap: l.memory_mb.map(|m| mib(m + l.swap_mb.unwrap_or(0))),
+        pids_limit: l.pids.map(|p| p as i64),
+        shm_size: l.shm_mb.map(mib),
         ..Default::default()
     }
 }
@@ -435,6 +521,10 @@ impl Provider for DockerProvider {
         }
     }
 
+    fn unenforced(&self, limits: &Limits) -> BTreeMap<String, String> {
+        self.support.unenforced(limits, host_has_swap())
+    }
+
     fn deaths(&self, controller_id: &str) -> Option<tokio::sync::mpsc::Receiver<Death>> {
         let (tx, rx) = tokio::sync::mpsc::channel(256);
         let docker = self.docker.clone();
@@ -459,7 +549,7 @@ impl Provider for DockerProvider {
                         continue;
                     };
                     let reason = match e.action.as_deref() {
-                        Some("oom") => "its container ran out of memory".to_string(),
+                        Some("oom") => oom_killed_reason(),
                         _ => format!(
                             "its container died (exit code {})",
                             attrs.get("exitCode").map(String::as_str).unwrap_or("?")

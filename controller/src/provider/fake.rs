@@ -225,6 +225,13 @@ impl Provider for FakeProvider {
         }
     }
 
+    fn unenforced(
+        &self,
+        limits: &berth_protocol::controller::Limits,
+    ) -> std::collections::BTreeMap<String, String> {
+        crate::limits::none_enforced(limits, "the fake provider runs no process")
+    }
+
     async fn create(&self, spec: &Spec) -> Result<Endpoint> {
         self.state().creates += 1;
         self.changed.notify_waiters();

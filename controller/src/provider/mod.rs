@@ -5,6 +5,7 @@
 //! profile, image ref): lease ids and user labels live in the store, because some providers
 //! (Docker) cannot relabel a running sandbox.
 
+pub mod cgroup;
 pub mod docker;
 pub mod fake;
 pub mod kubernetes;
@@ -50,9 +51,8 @@ pub struct Spec {
     pub agent_token: String,
     /// The optional browser toolset members the agent serves (desktops only).
     pub browser_toolset_enable: Vec<String>,
-    /// Resource limits (providers that can enforce them do).
-    pub cpus: Option<f64>,
-    pub memory_mb: Option<u64>,
+    /// Resource limits (the provider enforces those its `unenforced` does not name).
+    pub limits: berth_protocol::controller::Limits,
 }
 
 impl Spec {
@@ -144,6 +144,9 @@ pub trait Provider: Send + Sync {
 
     /// Stops everything the sandbox runs and removes it. Idempotent.
     async fn destroy(&self, sandbox_id: &str) -> Result<()>;
+
+    /// The limits of `limits` this provider cannot enforce here, each with the reason.
+    fn unenforced(&self, limits: &berth_protocol::controller::Limits) -> BTreeMap<String, String>;
 
     /// Sandboxes of this controller that die, as the provider learns it (Docker's events);
     /// `None` when the provider has no such feed (the sweep notices within seconds anyway).

@@ -34,6 +34,9 @@ pub struct ProcessProvider {
     root: PathBuf,
     agent_bin: PathBuf,
     image_ref: String,
+    /// Where each agent is fenced with its limits (a cgroup of its own, where the host lets
+    /// the controller make one).
+    cgroups: super::cgroup::Host,
 }
 
 impl ProcessProvider {
@@ -51,6 +54,7 @@ impl ProcessProvider {
             root,
             agent_bin,
             image_ref: format!("process:{}", crate::util::sha256_hex(&bytes)),
+            cgroups: super::cgroup::Host::probe(),
         })
     }
 
@@ -99,7 +103,7 @@ impl ProcessProvider {
         })
     }
 
-    fn spawn(&self, spec: &Spec, dir: &Path) -> Result<u32> {
+    fn spawn(&self, spec: &Spec, dir: &Path, fence: Vec<std::ffi::CString>) -> Result<u32> {
         let fail = |what: &str, e: std::io::Error| {
             ProviderError::Failed(format!("{what} {}: {e}", dir.display()))
         };
@@ -136,12 +140,14 @@ impl ProcessProvider {
             }
         }
         // Its own session: a signal to the controller's terminal or process group does not
-        // reach it, and it outlives the controller.
+        // reach it, and it outlives the controller. Inside its fence before it runs, so all it
+        // starts is too.
         use std::os::unix::process::CommandExt;
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 libc::setsid();
-                Ok(())
+                // SAFETY: a forked child before exec.
+                super::cgroup::enter(&fence)
             });
         }
         let mut child = cmd.spawn().map_err(|e| {
@@ -181,6 +187,13 @@ impl Provider for ProcessProvider {
         )))
     }
 
+    fn unenforced(
+        &self,
+        limits: &berth_protocol::controller::Limits,
+    ) -> std::collections::BTreeMap<String, String> {
+        self.cgroups.unenforced(limits)
+    }
+
     async fn create(&self, spec: &Spec) -> Result<Endpoint> {
         let dir = self.dir(&spec.identity.sandbox_id);
         for sub in ["state", "home"] {
@@ -196,7 +209,13 @@ impl Provider for ProcessProvider {
         let write = std::fs::write(&tmp, serde_json::to_vec(&marker).unwrap_or_default())
             .and_then(|_| std::fs::rename(&tmp, dir.join(MARKER)));
         write.map_err(|e| ProviderError::Failed(format!("writing the marker: {e}")))?;
-        let pid = self.spawn(spec, &dir)?;
+        let fence = self
+            .cgroups
+            .fence(&spec.identity.sandbox_id, &spec.limits)
+            .map_err(|e| ProviderError::Failed(format!("fencing it in a cgroup: {e}")))?
+            .map(|f| f.procs())
+            .unwrap_or_default();
+        let pid = self.spawn(spec, &dir, fence)?;
         let deadline = Instant::now() + BIND_TIMEOUT;
         loop {
             if let Some(ep) = Self::endpoint(&dir)
@@ -243,6 +262,7 @@ impl Provider for ProcessProvider {
     async fn destroy(&self, sandbox_id: &str) -> Result<()> {
         let dir = self.dir(sandbox_id);
         if !dir.exists() {
+            self.cgroups.remove(sandbox_id);
             return Ok(());
         }
         // A full shutdown (SIGINT) kills every tree the agent started; SIGKILL if it hangs.
@@ -282,6 +302,7 @@ impl Provider for ProcessProvider {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        self.cgroups.remove(sandbox_id);
         let d = dir.clone();
         tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&d))
             .await

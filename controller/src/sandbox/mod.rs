@@ -359,7 +359,10 @@ impl Sandboxes {
         let profile = self.ctx.profile(&req.profile)?;
         let provider = self.ctx.provider_for(profile)?;
         let now = now_ms();
+        let mut limits = crate::limits::resolve(profile, &self.ctx.config.limits);
+        limits.unenforced = provider.unenforced(&limits);
         let row = SandboxRow {
+            limits: Some(limits),
             id: new_id("sb"),
             profile: profile.name.clone(),
             image_ref: image.to_string(),
@@ -418,8 +421,7 @@ impl Sandboxes {
             ide: profile.ide().map(|(kind, _)| kind.to_string()),
             agent_token: row.agent_token.clone(),
             browser_toolset_enable: self.ctx.config.browser_toolset_enable.clone(),
-            cpus: profile.cpus,
-            memory_mb: profile.memory_mb,
+            limits: row.limits.clone().unwrap_or_default(),
         };
         let id = row.id.clone();
         let made = tokio::spawn(async move {
@@ -726,10 +728,41 @@ impl Sandboxes {
         Ok(())
     }
 
+    /// Its viewer: the browser IDE the agent serves, through the preview route; noVNC on a
+    /// desktop; `none` otherwise.
+    fn viewer(&self, row: &SandboxRow, profile: Option<&crate::catalog::Profile>) -> Viewer {
+        let url = |template: &str, args: &[&str]| {
+            format!(
+                "{}{}",
+                self.ctx.public_url,
+                berth_protocol::routes::fill(template, args)
+            )
+        };
+        let desktop = profile.is_some_and(|p| p.desktop);
+        match profile.and_then(|p| p.ide()) {
+            // A browser IDE the agent serves on its port, through the preview route.
+            Some((kind, port)) => Viewer {
+                kind: kind.into(),
+                url: Some(url(
+                    routes::SANDBOX_PORT_ROOT,
+                    &[&row.id, &port.to_string()],
+                )),
+            },
+            // noVNC on a desktop; `none` for a profile without either.
+            None => Viewer {
+                kind: match profile {
+                    Some(p) if p.desktop => p.viewer.as_str(),
+                    _ => "none",
+                }
+                .into(),
+                url: desktop.then(|| url(routes::VNC_INDEX, &[&row.id])),
+            },
+        }
+    }
+
     /// The wire form.
     pub fn to_wire(&self, row: &SandboxRow) -> Sandbox {
         let profile = self.ctx.catalog.profile(&row.profile);
-        let desktop = profile.is_some_and(|p| p.desktop);
         let lease_id = self
             .ctx
             .store
@@ -765,25 +798,7 @@ impl Sandboxes {
             // An older row may carry an alias: the canonical name is reported.
             profile: self.ctx.catalog.canonical(&row.profile).to_string(),
             status: row.status,
-            viewer: match profile.and_then(|p| p.ide()) {
-                // A browser IDE the agent serves on its port, through the preview route.
-                Some((kind, port)) => Viewer {
-                    kind: kind.into(),
-                    url: Some(url(
-                        routes::SANDBOX_PORT_ROOT,
-                        &[&row.id, &port.to_string()],
-                    )),
-                },
-                // noVNC on a desktop; `none` for a profile without either.
-                None => Viewer {
-                    kind: match profile {
-                        Some(p) if p.desktop => p.viewer.as_str(),
-                        _ => "none",
-                    }
-                    .into(),
-                    url: desktop.then(|| url(routes::VNC_INDEX, &[&row.id])),
-                },
-            },
+            viewer: self.viewer(row, profile),
             endpoints: Endpoints {
                 compat: row.compat_url.clone(),
                 cdp: row.cdp_url.clone(),
@@ -805,6 +820,7 @@ impl Sandboxes {
             claim: row.claim.clone(),
             lease_id,
             screen: row.screen.clone(),
+            limits: row.limits.clone(),
         }
     }
 

@@ -62,7 +62,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     ended_at INTEGER,
     error TEXT,
     agent_event_seq INTEGER NOT NULL DEFAULT 0,
-    screen TEXT
+    screen TEXT,
+    limits TEXT
 );
 CREATE INDEX IF NOT EXISTS sandboxes_pool ON sandboxes (pool, status);
 CREATE INDEX IF NOT EXISTS sandboxes_status ON sandboxes (status);
@@ -166,6 +167,13 @@ impl Store {
             .exists([])?;
         if !has_screen {
             conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN screen TEXT")?;
+        }
+        // Stores made before sandboxes kept their limits.
+        let has_limits = conn
+            .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'limits'")?
+            .exists([])?;
+        if !has_limits {
+            conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN limits TEXT")?;
         }
         // Stores made before long run output became an artifact.
         let has_output_artifact = conn
@@ -328,6 +336,7 @@ mod tests {
             error: None,
             agent_event_seq: 0,
             screen: None,
+            limits: None,
         }
     }
 

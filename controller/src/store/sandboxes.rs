@@ -34,6 +34,8 @@ pub struct SandboxRow {
     pub agent_event_seq: u64,
     /// A desktop's screen (`1280x800`): asked at create or by its pool, or as it started.
     pub screen: Option<String>,
+    /// The resource limits it was created with (none on rows from before limits).
+    pub limits: Option<berth_protocol::controller::Limits>,
 }
 
 impl SandboxRow {
@@ -66,6 +68,9 @@ impl SandboxRow {
             error: r.get("error")?,
             agent_event_seq: r.get::<_, i64>("agent_event_seq")? as u64,
             screen: r.get("screen")?,
+            limits: r
+                .get::<_, Option<String>>("limits")?
+                .and_then(|l| serde_json::from_str(&l).ok()),
         })
     }
 }
@@ -99,11 +104,12 @@ impl Store {
 
     pub fn insert_sandbox(&self, s: &SandboxRow) -> Result<()> {
         let labels = serde_json::to_string(&s.labels)?;
+        let limits = s.limits.as_ref().map(serde_json::to_string).transpose()?;
         self.with(|c| {
             c.execute(
                 "INSERT INTO sandboxes (id, profile, image_ref, provider, status, labels, pool,
-                   claim, agent_token, created_at, ready_deadline, expires_at, screen)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                   claim, agent_token, created_at, ready_deadline, expires_at, screen, limits)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
                 params![
                     s.id,
                     s.profile,
@@ -117,7 +123,8 @@ impl Store {
                     s.created_at,
                     s.ready_deadline,
                     s.expires_at,
-                    s.screen
+                    s.screen,
+                    limits
                 ],
             )
             .map(|_| ())

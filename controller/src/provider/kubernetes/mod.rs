@@ -20,7 +20,7 @@ pub mod watch;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -411,6 +411,10 @@ impl Provider for KubernetesProvider {
             )));
         }
         Ok(())
+    }
+
+    fn unenforced(&self, limits: &berth_protocol::controller::Limits) -> BTreeMap<String, String> {
+        objects::unenforced(limits)
     }
 
     async fn create(&self, spec: &Spec) -> Result<Endpoint> {

@@ -45,7 +45,7 @@ pub const CONTAINER: &str = "agent";
 pub const TOKEN_DIR: &str = "/run/berth/token";
 pub const TOKEN_KEY: &str = "token";
 pub const CDP_PORT: u16 = crate::config::KubernetesConfig::CDP_PORT;
-/// Chromium needs more than the runtime's 64 MiB of `/dev/shm` (Docker sandboxes get 512 MiB).
+/// `/dev/shm` when the limits set none: Chromium needs more than the runtime's 64 MiB.
 pub const SHM_LIMIT: &str = "512Mi";
 /// Ranges `egress = "public"` denies: private, CGNAT, link-local (cloud metadata at
 /// 169.254.169.254), loopback and "this network", and their IPv6 counterparts.
@@ -229,6 +229,26 @@ pub fn agent_args(desktop: bool, agent_port: u16) -> Vec<String> {
     args
 }
 
+/// The limits a Pod cannot carry: its CPU weight follows its CPU request, and its process
+/// limit is the kubelet's (`podPidsLimit`), the same for every Pod of a node. Memory, CPUs and
+/// `/dev/shm` are the Pod's; swap is off for a Guaranteed Pod on every swap setting.
+pub fn unenforced(l: &berth_protocol::controller::Limits) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    if l.cpu_shares.is_some() {
+        out.insert(
+            "cpu_shares".into(),
+            "a Pod's CPU weight follows its CPU request (cpus x 1024)".into(),
+        );
+    }
+    if l.pids.is_some() {
+        out.insert(
+            "pids".into(),
+            "a Pod's process limit is the kubelet's podPidsLimit, set per node".into(),
+        );
+    }
+    out
+}
+
 /// Requests and limits alike (the Guaranteed QoS class: a benchmark's desktop is not
 /// throttled or evicted first because a neighbour is busy).
 fn resources(cpus: Option<f64>, memory_mb: Option<u64>) -> Option<ResourceRequirements> {
@@ -271,7 +291,7 @@ pub fn pod(spec: &Spec, s: &Settings, owner: &Owner) -> Pod {
                 seccomp_profile: Some(seccomp_profile(s)),
                 ..Default::default()
             }),
-            volumes: Some(pod_volumes(sid)),
+            volumes: Some(pod_volumes(sid, spec.limits.shm_mb)),
             ..Default::default()
         }),
         status: None,
@@ -293,7 +313,8 @@ fn seccomp_profile(s: &Settings) -> SeccompProfile {
 }
 
 /// The Pod's volumes: the token Secret (root's only) and a memory-backed `/dev/shm`.
-fn pod_volumes(sid: &str) -> Vec<Volume> {
+fn pod_volumes(sid: &str, shm_mb: Option<u64>) -> Vec<Volume> {
+    let shm = shm_mb.map_or_else(|| SHM_LIMIT.to_string(), |m| format!("{m}Mi"));
     vec![
         Volume {
             name: "token".into(),
@@ -309,7 +330,7 @@ fn pod_volumes(sid: &str) -> Vec<Volume> {
             name: "dshm".into(),
             empty_dir: Some(EmptyDirVolumeSource {
                 medium: Some("Memory".into()),
-                size_limit: Some(Quantity(SHM_LIMIT.into())),
+                size_limit: Some(Quantity(shm)),
                 ..Default::default()
             }),
             ..Default::default()
@@ -356,7 +377,7 @@ fn agent_container(spec: &Spec, s: &Settings) -> Container {
             ..Default::default()
         }]),
         ports: Some(container_ports(spec.desktop, s.agent_port)),
-        resources: resources(spec.cpus, spec.memory_mb),
+        resources: resources(spec.limits.cpus, spec.limits.memory_mb),
         // /healthz needs no token.
         readiness_probe: Some(Probe {
             http_get: Some(HTTPGetAction {
@@ -693,8 +714,12 @@ mod tests {
             ide: None,
             agent_token: "tok-SECRET-4711".into(),
             browser_toolset_enable: vec!["javascript_exec".into()],
-            cpus: Some(1.5),
-            memory_mb: Some(3072),
+            limits: berth_protocol::controller::Limits {
+                cpus: Some(1.5),
+                memory_mb: Some(3072),
+                shm_mb: Some(256),
+                ..Default::default()
+            },
         }
     }
 
@@ -833,6 +858,11 @@ mod tests {
             shm.empty_dir.as_ref().unwrap().medium.as_deref(),
             Some("Memory")
         );
+        // The limits' /dev/shm size (the test spec's 256 MiB).
+        assert_eq!(
+            shm.empty_dir.as_ref().unwrap().size_limit,
+            Some(Quantity("256Mi".into()))
+        );
         let c = &ps.containers[0];
         assert_eq!(c.args.as_deref().unwrap(), ["--listen", "0.0.0.0:5000"]);
         // An IDE profile's agent serves the IDE under the controller's path of its ports.
@@ -879,8 +909,7 @@ mod tests {
             ("Localhost", Some("berth.json"))
         );
         let mut s = spec(false);
-        s.cpus = None;
-        s.memory_mb = None;
+        s.limits = Default::default();
         let p = pod(&s, &settings(KubeReach::PodIp), &owner());
         assert!(p.spec.unwrap().containers[0].resources.is_none());
     }

@@ -99,8 +99,11 @@ fn spec(desktop: bool) -> Spec {
         ide: None,
         agent_token: TOKEN.into(),
         browser_toolset_enable: Vec::new(),
-        cpus: Some(2.0),
-        memory_mb: Some(4096),
+        limits: berth_protocol::controller::Limits {
+            cpus: Some(2.0),
+            memory_mb: Some(4096),
+            ..Default::default()
+        },
     }
 }
 
