@@ -75,6 +75,11 @@ pub struct AgentArgs {
     /// desktop, and Chromium; serve noVNC at /v1/vnc/ and relay CDP.
     #[arg(long, env = "BERTH_AGENT_DESKTOP")]
     pub desktop: bool,
+    /// Let the kernel merge this agent's memory, and that of everything it starts, with
+    /// identical pages elsewhere on the host (`PR_SET_MEMORY_MERGE`; takes effect where the
+    /// host's KSM runs). Off by default: merged pages let one sandbox time another's memory.
+    #[arg(long, env = "BERTH_AGENT_MEMORY_MERGE")]
+    pub memory_merge: bool,
     /// The desktop session (with --desktop): `xfce`, or `gnome` — GNOME Shell on X11 as Ubuntu
     /// shows it (the dock, GNOME Settings with the system bus, PulseAudio, the browser started
     /// on demand), which needs an agent running as root and the osworld image's packages.

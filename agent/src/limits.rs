@@ -192,6 +192,25 @@ fn tell(events: &EventLog, files: &Files, news: &News) {
     }
 }
 
+/// `prctl(PR_SET_MEMORY_MERGE, 1)`: this process's memory, and that of every process it starts
+/// from now on (the flag is inherited across fork and exec), may be merged by KSM.
+pub fn ask_memory_merge() {
+    const PR_SET_MEMORY_MERGE: libc::c_int = 67;
+    // SAFETY: a prctl with integer arguments only.
+    let r = unsafe { libc::prctl(PR_SET_MEMORY_MERGE, 1 as libc::c_ulong, 0, 0, 0) };
+    let ksm = std::fs::read_to_string("/sys/kernel/mm/ksm/run").unwrap_or_default();
+    match r {
+        0 => tracing::info!(
+            ksm_run = ksm.trim(),
+            "memory may be merged with identical pages"
+        ),
+        _ => tracing::warn!(
+            error = %std::io::Error::last_os_error(),
+            "the kernel refused to merge this sandbox's memory (PR_SET_MEMORY_MERGE, Linux 6.4+)"
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -37,6 +37,9 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let reaper = Reaper::start().context("SIGCHLD handler")?;
     let events = Arc::new(EventLog::open(&base.state_dir.join("events.log")).context("event log")?);
     crate::limits::spawn_watch(events.clone());
+    if args.memory_merge {
+        crate::limits::ask_memory_merge();
+    }
 
     // The listeners bind before the desktop starts (clients may connect and wait for ready).
     let listeners = bind_listeners(&args).await?;

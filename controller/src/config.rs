@@ -47,6 +47,10 @@ pub struct Config {
     /// (`javascript_exec`, `read_console`, `read_network`, `file_upload`; none by default): the
     /// agents are started with them enabled.
     pub browser_toolset_enable: Vec<String>,
+    /// Sandboxes' agents ask the kernel to merge their memory with identical pages of other
+    /// sandboxes (KSM, where the host runs it): less memory per desktop, at the cost of a
+    /// timing channel between sandboxes. Off by default.
+    pub memory_merge: bool,
     /// The API listener closes a connection that takes this long to send a request head, or
     /// sits this long idle between requests.
     pub http_header_timeout_secs: f64,
@@ -351,6 +355,7 @@ impl Default for Config {
             limits: Default::default(),
             docker_image: None,
             browser_toolset_enable: Vec::new(),
+            memory_merge: false,
             http_header_timeout_secs: 10.0,
             http_body_idle_timeout_secs: 30.0,
             http_max_connections: 4096,

@@ -111,6 +111,7 @@ impl Metrics {
             let n = by_state.get(state).copied().unwrap_or(0);
             let _ = writeln!(o, "berth_sandboxes{{state=\"{state}\"}} {n}");
         }
+        render_ksm(&mut o);
         self.render_claims(&mut o);
         self.render_counters(&mut o);
         render_pools(&mut o, pools);
@@ -236,6 +237,29 @@ fn render_pools(o: &mut String, pools: &[(String, usize, usize, usize, bool)]) {
             *failing as u8
         );
     }
+}
+
+/// The host's KSM: whether it runs, and the memory it saves now (`pages_sharing`).
+fn render_ksm(o: &mut String) {
+    let read = |f: &str| {
+        std::fs::read_to_string(format!("/sys/kernel/mm/ksm/{f}"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+    };
+    let Some(run) = read("run") else {
+        return;
+    };
+    let page = 4096;
+    let saved = read("pages_sharing").unwrap_or(0) * page;
+    let _ = writeln!(
+        o,
+        "# HELP berth_host_ksm_run The host's KSM: 1 when it merges pages."
+    );
+    let _ = writeln!(o, "# TYPE berth_host_ksm_run gauge");
+    let _ = writeln!(o, "berth_host_ksm_run {}", u64::from(run == 1));
+    let _ = writeln!(o, "# HELP berth_host_ksm_saved_bytes Memory KSM saves now.");
+    let _ = writeln!(o, "# TYPE berth_host_ksm_saved_bytes gauge");
+    let _ = writeln!(o, "berth_host_ksm_saved_bytes {saved}");
 }
 
 #[cfg(test)]

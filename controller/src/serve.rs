@@ -146,6 +146,13 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
         opts.config.http_limits(),
     ));
     tracing::info!(listen = %addr, controller_id = %controller.ctx.controller_id, "berth controller serving");
+    let ksm = std::fs::read_to_string("/sys/kernel/mm/ksm/run")
+        .map_or("absent".into(), |r| r.trim().to_string());
+    tracing::info!(
+        host_ksm_run = %ksm,
+        memory_merge = controller.ctx.config.memory_merge,
+        "memory merging: sandboxes ask for it when memory_merge is on; the host merges when KSM's run is 1"
+    );
     Ok(Running {
         addr,
         controller,

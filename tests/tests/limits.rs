@@ -29,9 +29,10 @@ fn image() -> String {
     built["image_ref"].as_str().unwrap().to_string()
 }
 
-async fn on_docker(extra: &str) -> ControllerProcess {
+/// A controller on Docker: `top` holds top-level keys, `tables` whole tables.
+async fn on_docker(top: &str, tables: &str) -> ControllerProcess {
     ControllerProcess::start(&format!(
-        "docker_image = \"{}\"\n[providers]\ndesktop = \"docker\"\nide = \"docker\"\n{extra}",
+        "{top}docker_image = \"{}\"\n[providers]\ndesktop = \"docker\"\nide = \"docker\"\n{tables}",
         image()
     ))
     .await
@@ -68,9 +69,11 @@ async fn stdout(cl: &ControllerClient, id: &str, line: &str) -> String {
 
 #[tokio::test]
 async fn docker_limits_from_the_profile_and_config_are_in_the_record_and_on_the_container() {
-    let c =
-        on_docker("[limits.\"*\"]\ncpu_shares = 512\n[limits.ide]\npids = 300\nmemory_mb = 700\n")
-            .await;
+    let c = on_docker(
+        "memory_merge = true\n",
+        "[limits.\"*\"]\ncpu_shares = 512\n[limits.ide]\npids = 300\nmemory_mb = 700\n",
+    )
+    .await;
     let cl = c.client();
     let sb = cl.create(&ide()).await.unwrap();
     let l = sb.limits.clone().expect("the record carries its limits");
@@ -115,12 +118,13 @@ async fn docker_limits_from_the_profile_and_config_are_in_the_record_and_on_the_
         &cl,
         &sb.id,
         "cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids.max; \
-         df -m --output=size /dev/shm | tail -1",
+         df -m --output=size /dev/shm | tail -1; grep ksm_merge_any /proc/self/ksm_stat",
     )
     .await;
+    // With `memory_merge`, what runs in the sandbox may be merged (inherited from the agent).
     assert_eq!(
         inside.split_whitespace().collect::<Vec<_>>(),
-        ["300", "64"],
+        ["300", "64", "ksm_merge_any:", "yes"],
         "{inside}"
     );
     cl.delete(&sb.id).await.unwrap();
@@ -224,7 +228,7 @@ async fn hog_failed(cl: &ControllerClient, hog: &Sandbox) {
 #[tokio::test]
 async fn a_fork_bomb_and_a_memory_hog_in_docker_sandboxes_leave_the_desktop_beside_them_answering()
 {
-    let c = on_docker(FENCED).await;
+    let c = on_docker("", FENCED).await;
     let cl = c.client();
     let desktop = cl
         .create(&CreateSandbox {
@@ -295,6 +299,9 @@ async fn process_sandboxes_are_fenced_in_cgroups_and_a_fork_bomb_and_a_memory_ho
     )
     .await;
     assert_eq!(inside, "256");
+    // Memory merging is off unless the config asks for it.
+    let merge = stdout(&cl, &bombed.id, "grep ksm_merge_any /proc/self/ksm_stat").await;
+    assert_eq!(merge, "ksm_merge_any: no");
     let other = cl.create(&ide()).await.unwrap();
     let hog = cl.create(&ide()).await.unwrap();
     let bomb = cl

@@ -51,6 +51,8 @@ pub struct Spec {
     pub agent_token: String,
     /// The optional browser toolset members the agent serves (desktops only).
     pub browser_toolset_enable: Vec<String>,
+    /// Whether its agent asks the kernel to merge its memory with identical pages (KSM).
+    pub memory_merge: bool,
     /// Resource limits (the provider enforces those its `unenforced` does not name).
     pub limits: berth_protocol::controller::Limits,
 }
@@ -60,6 +62,9 @@ impl Spec {
     /// desktop, the optional browser toolset members it serves.
     pub fn agent_args(&self) -> Vec<String> {
         let mut args = self.ide_args();
+        if self.memory_merge {
+            args.push("--memory-merge".into());
+        }
         if self.desktop && !self.browser_toolset_enable.is_empty() {
             args.push("--browser-toolset-enable".into());
             args.push(self.browser_toolset_enable.join(","));

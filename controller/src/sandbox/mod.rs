@@ -421,6 +421,7 @@ impl Sandboxes {
             ide: profile.ide().map(|(kind, _)| kind.to_string()),
             agent_token: row.agent_token.clone(),
             browser_toolset_enable: self.ctx.config.browser_toolset_enable.clone(),
+            memory_merge: self.ctx.config.memory_merge,
             limits: row.limits.clone().unwrap_or_default(),
         };
         let id = row.id.clone();

@@ -4,6 +4,7 @@
 //!   cargo run -p berth-tests --bin berth-bench -- [exec] [display] [record] [workstation] [controller] [mcp]
 //!                                                 [osworld] [settle] [--requests N] [--seconds S] [--runs R]
 //!                                                 [browser] [--envs N] [--rounds N]
+//!                                                 [density] [--max N] [--animated] [--memory-merge]
 //!
 //! `exec`: `/execute` round trip for `echo hi`, a new TCP connection per request as OSWorld's
 //! `requests.post` makes them, against berth-agent and against a Flask + `subprocess.run`
@@ -21,12 +22,16 @@
 //! when named: it builds both images).
 //! `browser`: a browser-toolset turn (a click, then `screenshot`) beside Playwright for Python
 //! doing the same over CDP to the same browser (only when named).
+//! `density`: Docker desktops one by one, each with a page redrawing inside it, until memory or
+//! latency gives out or `--max N` (default 40): memory per desktop, screenshot and input p50,
+//! create-to-ready beside the others (only when named).
 //! `settle`: a computer-toolset turn (an action, then `screenshot`) to its answer, and whether
 //! the answer equals the screen a second later, for a window opening, a menu, a page navigation
 //! and typing, under the agent's `quiet` and `idle` rules in one run (only when named).
 
 mod browser;
 mod controller;
+mod density;
 mod desktop;
 mod display;
 mod exec;
@@ -103,6 +108,15 @@ async fn main() {
     }
     if which.contains(&"browser") {
         browser::bench(flag(&args, "--rounds", 100)).await;
+    }
+    if which.contains(&"density") {
+        let has = |f: &str| args.iter().any(|a| a == f);
+        density::bench(
+            flag(&args, "--max", 40),
+            has("--animated"),
+            has("--memory-merge"),
+        )
+        .await;
     }
     if which.contains(&"settle") {
         settle::bench(flag(&args, "--rounds", 50)).await;
