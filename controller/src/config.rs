@@ -452,6 +452,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn limits_tables_name_a_profile_or_every_one_and_hold_values_a_kernel_accepts() {
+        let c: Config = toml::from_str(
+            "memory_merge = true\n[limits.\"*\"]\ncpu_shares = 512\n[limits.desktop]\n\
+             memory_mb = 6144\npids = 4096\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert!(c.memory_merge);
+        assert_eq!(c.limits["desktop"].pids, Some(4096));
+        let refused = |text: &str| {
+            let parsed = toml::from_str::<Config>(text);
+            let err = match parsed {
+                Ok(c) => c.validate().unwrap_err().to_string(),
+                Err(e) => e.to_string(),
+            };
+            assert!(!err.is_empty(), "{text}");
+            err
+        };
+        assert!(refused("[limits.nope]\npids = 1\n").contains("names no profile"));
+        assert!(refused("[limits.ide]\npids = 0\n").contains("pids"));
+        assert!(refused("[limits.ide]\ncpus = -1.0\n").contains("cpus"));
+        assert!(refused("[limits.ide]\ncpu_shares = 1\n").contains("cpu_shares"));
+        assert!(refused("[limits.ide]\nmemory_mb = 1\n").contains("memory_mb"));
+        assert!(refused("[limits.ide]\nswap_mb = 1\n").contains("unknown field"));
+    }
+
+    #[test]
     fn a_config_file_sets_pools_and_rejects_unknown_keys() {
         let c: Config =
             toml::from_str("create_timeout_secs = 30\n[[pools]]\nprofile = \"ide\"\nsize = 4\n")
