@@ -323,19 +323,47 @@ impl Host {
     }
 
     /// Removes a sandbox's cgroup (once every process in it has ended); idempotent.
-    pub fn remove(&self, sandbox_id: &str) {
+    /// Whatever is still in it (a process that left the agent's tree, one still exiting) is
+    /// killed first: a cgroup with a process in it cannot be removed. Bounded: 5 s.
+    pub async fn remove(&self, sandbox_id: &str) {
         let Some(h) = &self.hierarchy else {
             return;
         };
-        for dir in h.dirs(sandbox_id) {
-            match std::fs::remove_dir(&dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    tracing::warn!(dir = %dir.display(), error = %e, "a sandbox's cgroup stays")
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let mut busy = Vec::new();
+            for dir in h.dirs(sandbox_id) {
+                match std::fs::remove_dir(&dir) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => busy.push((dir, e)),
                 }
             }
+            if busy.is_empty() {
+                return;
+            }
+            if std::time::Instant::now() >= deadline {
+                for (dir, e) in busy {
+                    tracing::warn!(dir = %dir.display(), error = %e, "a sandbox's cgroup stays");
+                }
+                return;
+            }
+            for (dir, _) in &busy {
+                kill_members(dir);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
+    }
+}
+
+/// SIGKILLs every process in the cgroup `dir` (its `cgroup.procs`).
+fn kill_members(dir: &Path) {
+    let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+    for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
 }
 

@@ -262,7 +262,7 @@ impl Provider for ProcessProvider {
     async fn destroy(&self, sandbox_id: &str) -> Result<()> {
         let dir = self.dir(sandbox_id);
         if !dir.exists() {
-            self.cgroups.remove(sandbox_id);
+            self.cgroups.remove(sandbox_id).await;
             return Ok(());
         }
         // A full shutdown (SIGINT) kills every tree the agent started; SIGKILL if it hangs.
@@ -302,7 +302,7 @@ impl Provider for ProcessProvider {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        self.cgroups.remove(sandbox_id);
+        self.cgroups.remove(sandbox_id).await;
         let d = dir.clone();
         tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&d))
             .await
