@@ -158,7 +158,9 @@ impl Follower {
     async fn on_agent_event(&self, sandbox: &SandboxRow, agent: &AgentClient, e: &Event) {
         if e.kind == EventKind::SandboxOomKill {
             // Its state is no longer what its user made it: it fails, and its work is kept.
-            let reason = oom_reason(e.data.get("limit_bytes").and_then(Value::as_u64));
+            let reason = berth_protocol::controller::oom_killed_reason(
+                e.data.get("limit_bytes").and_then(Value::as_u64),
+            );
             self.sandboxes.apply(
                 &sandbox.id,
                 &Action::Fail {
@@ -187,16 +189,4 @@ impl Follower {
             _ => {}
         }
     }
-}
-
-/// The reason a sandbox whose agent reported a process killed for memory fails with.
-fn oom_reason(limit_bytes: Option<u64>) -> String {
-    let limit = match limit_bytes {
-        Some(b) => format!(" (its limit: {} MiB)", b >> 20),
-        None => String::new(),
-    };
-    format!(
-        "{}: the kernel killed a process in it for memory{limit}",
-        berth_protocol::controller::OOM_KILLED
-    )
 }

@@ -161,6 +161,15 @@ impl Limits {
 /// The reason a sandbox killed for memory fails with (its `error` begins with it).
 pub const OOM_KILLED: &str = "oom_killed";
 
+/// The whole reason of a sandbox failed for memory, with its limit when known.
+pub fn oom_killed_reason(limit_bytes: Option<u64>) -> String {
+    let limit = match limit_bytes {
+        Some(b) => format!(" (its limit: {} MiB)", b >> 20),
+        None => String::new(),
+    };
+    format!("{OOM_KILLED}: the kernel killed a process in it for memory{limit}")
+}
+
 /// A sandbox as the controller reports it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 pub struct Sandbox {

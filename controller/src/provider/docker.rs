@@ -84,14 +84,6 @@ impl Support {
     }
 }
 
-/// The reason a sandbox killed for memory fails with.
-fn oom_killed_reason() -> String {
-    format!(
-        "{}: a process in its container was killed for memory",
-        berth_protocol::controller::OOM_KILLED
-    )
-}
-
 /// Whether the machine has swap to give (`/proc/meminfo`'s SwapTotal above 0).
 fn host_has_swap() -> bool {
     std::fs::read_to_string("/proc/meminfo")
@@ -549,7 +541,7 @@ impl Provider for DockerProvider {
                         continue;
                     };
                     let reason = match e.action.as_deref() {
-                        Some("oom") => oom_killed_reason(),
+                        Some("oom") => berth_protocol::controller::oom_killed_reason(None),
                         _ => format!(
                             "its container died (exit code {})",
                             attrs.get("exitCode").map(String::as_str).unwrap_or("?")
@@ -571,5 +563,48 @@ impl Provider for DockerProvider {
             }
         });
         Some(rx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_limit_the_daemon_cannot_set_is_named_and_swap_counts_only_where_there_is_swap() {
+        let l = Limits {
+            cpus: Some(1.0),
+            memory_mb: Some(100),
+            swap_mb: Some(0),
+            pids: Some(10),
+            ..Default::default()
+        };
+        let all = Support {
+            memory: true,
+            swap: true,
+            cpu_quota: true,
+            cpu_shares: true,
+            pids: true,
+        };
+        assert!(all.unenforced(&l, true).is_empty());
+        let weak = Support {
+            swap: false,
+            pids: false,
+            ..all
+        };
+        let names = |s: &Support, host_swap| {
+            s.unenforced(&l, host_swap)
+                .into_keys()
+                .collect::<Vec<String>>()
+        };
+        assert_eq!(names(&weak, true), ["pids", "swap_mb"]);
+        // No swap on the host: nothing to limit, so swap off holds.
+        assert_eq!(names(&weak, false), ["pids"]);
+        // cpu_shares is not set, so its support does not matter.
+        let no_shares = Support {
+            cpu_shares: false,
+            ..all
+        };
+        assert!(no_shares.unenforced(&l, true).is_empty());
     }
 }
