@@ -147,7 +147,9 @@ pub fn decide(cx: &Context, stored: Option<&Stored>, observed: Option<&Observati
         },
         Pending | Starting | Running => match cx.pass {
             Pass::Startup => at_startup(s.status, observed),
-            Pass::Sweep if s.expires_at.is_some_and(|e| e <= cx.now_ms) => {
+            // A TTL counts from readiness (`mark_ready` moves it there): one still starting
+            // is its create's until it runs or fails at its ready deadline.
+            Pass::Sweep if s.status == Running && s.expires_at.is_some_and(|e| e <= cx.now_ms) => {
                 Action::Destroy { expired: true }
             }
             Pass::Sweep => in_sweep(s.status, observed),
@@ -320,17 +322,24 @@ mod tests {
     }
 
     #[test]
-    fn the_sweep_destroys_an_expired_live_sandbox_whatever_it_sees() {
-        for status in [Pending, Starting, Running] {
-            for (seen, o) in observations() {
-                for expires_at in [NOW, NOW - 1] {
-                    let s = Stored {
-                        status,
-                        expires_at: Some(expires_at),
-                    };
+    fn the_sweep_destroys_an_expired_running_sandbox_whatever_it_sees() {
+        for (seen, o) in observations() {
+            for expires_at in [NOW, NOW - 1] {
+                let s = Stored {
+                    status: Running,
+                    expires_at: Some(expires_at),
+                };
+                assert_eq!(
+                    decide(&cx(Pass::Sweep), Some(&s), o.as_ref()),
+                    Action::Destroy { expired: true },
+                    "{seen}"
+                );
+                // Still starting: its create owns it (a TTL counts from readiness).
+                for status in [Pending, Starting] {
+                    let s = Stored { status, ..s };
                     assert_eq!(
                         decide(&cx(Pass::Sweep), Some(&s), o.as_ref()),
-                        Action::Destroy { expired: true },
+                        in_sweep(status, o.as_ref()),
                         "{status} {seen}"
                     );
                 }

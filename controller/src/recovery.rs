@@ -187,7 +187,8 @@ impl Reconciler {
         for row in rows {
             let stored = Stored::of(&row);
             // Only a running, unexpired sandbox is looked at: its create and readiness check
-            // own one still starting, and an expired one goes whatever it is.
+            // own one still starting (its TTL counts from readiness), and an expired one goes
+            // whatever it shows.
             let look = row.status == Running && row.expires_at.is_none_or(|e| e > cx.now_ms);
             let seen = if look {
                 let Ok(provider) = self.ctx.provider_named(&row.provider) else {

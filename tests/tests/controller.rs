@@ -857,6 +857,46 @@ async fn without_configured_keys_one_is_generated_printed_once_and_stored_hashed
     second.wait().unwrap();
 }
 
+/// A TTL counts from readiness: a desktop that takes longer to start than its TTL is not
+/// destroyed mid-start (the sweep once answered such a create with 503), it runs for its TTL
+/// once ready, and then it goes.
+#[tokio::test]
+async fn a_ttl_shorter_than_the_start_counts_from_readiness() {
+    let c = ControllerProcess::start("").await;
+    let cl = c.client();
+    let sb = cl
+        .create(&CreateSandbox {
+            profile: "desktop".into(),
+            ttl_seconds: Some(1),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(sb.status, "running");
+    let ms = |t: &Option<String>| {
+        humantime::parse_rfc3339_weak(t.as_deref().unwrap())
+            .unwrap()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+    };
+    let (created, ready, expires) = (
+        ms(&Some(sb.created_at.clone())),
+        ms(&sb.ready_at),
+        ms(&sb.expires_at),
+    );
+    println!(
+        "started in {} ms; expires {} ms after ready",
+        ready - created,
+        expires - ready
+    );
+    assert!(expires >= ready + 950, "{sb:#?}");
+    wait_for("the sandbox to stop", Duration::from_secs(20), || async {
+        (cl.get(&sb.id).await.unwrap().status == "stopped").then_some(())
+    })
+    .await;
+}
+
 berth_tests::on_every_provider!(
     an_ide_sandbox_runs_commands_and_its_delete_leaves_nothing_running,
     runs_are_idempotent_by_id_and_secrets_stay_out_of_every_answer_and_log,

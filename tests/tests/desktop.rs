@@ -567,6 +567,45 @@ async fn killed_components_come_back_and_readiness_follows() {
     }
 }
 
+/// The display an agent's X server serves (from its command line).
+fn x_display(report: &Value) -> String {
+    let pid = report["components"]["x"]["pid"].as_u64().unwrap();
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    cmdline
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).to_string())
+        .find(|a| a.starts_with(':'))
+        .unwrap_or_else(|| panic!("no display in {cmdline:?}"))
+}
+
+/// Desktops sharing a host: while one's X server restarts, a desktop starting beside it does
+/// not take its display (Xvnc alone would: it takes the lowest display with no socket), and
+/// the restarted server comes back on the same one.
+#[tokio::test]
+async fn a_restarting_x_server_keeps_its_display_when_another_desktop_starts() {
+    let a = desktop_agent().await;
+    let before = wait_ready(&a).await;
+    let display = x_display(&before);
+    let pid = before["components"]["x"]["pid"].as_u64().unwrap() as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // Started while A's server is down: its own X server looks for a display now.
+    let b = desktop_agent().await;
+    let b_ready = wait_ready(&b).await;
+    let after = wait_ready(&a).await;
+    assert_ne!(after["components"]["x"]["pid"].as_u64(), Some(pid as u64));
+    assert_eq!(
+        x_display(&after),
+        display,
+        "A's server came back on its display"
+    );
+    assert_ne!(x_display(&b_ready), display, "B took another display");
+    assert_eq!(after["components"]["x"]["restarts"], 1, "{after:#}");
+}
+
 /// Clients that ask the session bus for the accessibility bus while its launcher is down must
 /// not get one that D-Bus starts for them: that one would own `org.a11y.Bus`, and every start of
 /// the supervised launcher after it would exit at once (code 0) until the supervisor gave up.

@@ -9,6 +9,7 @@
 //! does not count as their crash. Components die with the agent on any exit (a parent-death
 //! signal), and the next agent starts them afresh.
 
+mod claim;
 pub mod ide;
 pub mod probe;
 pub mod ready;
@@ -147,6 +148,9 @@ pub struct Desktop {
     reaper: Arc<Reaper>,
     /// The X server started before the agent's domains were built, handed to its supervisor.
     first_x: Mutex<Option<(u32, tokio::sync::oneshot::Receiver<Exit>)>>,
+    /// The display this agent claimed (none when one was asked for), held for its life so no
+    /// other agent takes it while the X server restarts.
+    _display_claim: Option<claim::DisplayClaim>,
 }
 
 impl Desktop {
@@ -209,12 +213,14 @@ impl Desktop {
             events,
             reaper,
             first_x: Mutex::new(None),
+            _display_claim: None,
             cfg,
         };
         let _ = std::fs::remove_file(&desktop.vnc_socket);
-        let (display, pid) = desktop.start_x_first().await?;
+        let (display, pid, held) = desktop.start_x_first().await?;
         desktop.write_client_cookie(&display)?;
         desktop.display = display;
+        desktop._display_claim = held;
         let exit = desktop.reaper.watch(pid);
         *desktop.first_x.locked() = Some((pid, exit));
         Ok(Arc::new(desktop))
@@ -446,19 +452,43 @@ impl Desktop {
         argv
     }
 
-    /// The first X server: on the display asked for, or a free one it reports (`-displayfd`).
-    async fn start_x_first(&self) -> anyhow::Result<(String, u32)> {
-        if let Some(d) = &self.cfg.display {
-            let pid = self
-                .spawn_component(Component::X, self.xvnc_argv(Some(d), None), None)
-                .await?;
-            return Ok((d.clone(), pid));
+    /// The first X server: on the display asked for, or on one claimed for this agent's life
+    /// (`claim`); another tried when the server cannot take the one claimed (an X server
+    /// outside berth took it meanwhile). Xvnc reports its display (`-displayfd`) once it
+    /// accepts clients.
+    async fn start_x_first(&self) -> anyhow::Result<(String, u32, Option<claim::DisplayClaim>)> {
+        let mut refused = std::collections::HashSet::new();
+        loop {
+            let held = match &self.cfg.display {
+                Some(_) => None,
+                None => Some(claim::claim(&refused)?),
+            };
+            let target = match (&self.cfg.display, &held) {
+                (Some(d), _) => d.clone(),
+                (None, Some(c)) => c.display(),
+                (None, None) => unreachable!("a display is asked for or claimed"),
+            };
+            match self.start_x_on(&target).await {
+                Ok(pid) => return Ok((target, pid, held)),
+                Err(e) => match held {
+                    Some(c) if refused.len() < 4 => {
+                        tracing::warn!(display = %target, error = %e, "the X server could not take its display; trying another");
+                        refused.insert(c.number);
+                    }
+                    _ => return Err(e),
+                },
+            }
         }
+    }
+
+    /// Xvnc on `display`, once it has reported the display ready.
+    async fn start_x_on(&self, display: &str) -> anyhow::Result<u32> {
+        self.clean_before_start(Component::X);
         let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let pid = self
             .spawn_component(
                 Component::X,
-                self.xvnc_argv(None, Some(3)),
+                self.xvnc_argv(Some(display), Some(3)),
                 Some((write, 3)),
             )
             .await?;
@@ -479,16 +509,16 @@ impl Desktop {
         match tokio::time::timeout(Duration::from_secs(15), read_number).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => anyhow::bail!("reading Xvnc's display number: {e}"),
-            Err(_) => anyhow::bail!("Xvnc did not report a display within 15 s"),
+            Err(_) => anyhow::bail!("Xvnc did not report {display} ready within 15 s"),
         }
         let number = String::from_utf8_lossy(&got).trim().to_string();
         if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit()) {
             anyhow::bail!(
-                "Xvnc exited before reporting its display (see {})",
+                "Xvnc exited before {display} was ready (see {})",
                 self.logs.join("x.log").display()
             );
         }
-        Ok((format!(":{number}"), pid))
+        Ok(pid)
     }
 
     async fn spawn_component(

@@ -524,6 +524,12 @@ impl Sandboxes {
             return Err(Error::Unavailable(format!("sandbox {id} failed: {reason}")));
         }
         let now = now_ms();
+        // Its TTL counts from now: the time it took to start is not taken from it.
+        if let Some(expires_at) = row.expires_at {
+            self.ctx
+                .store
+                .set_expiry(id, Some(expires_at + (now - row.created_at).max(0)))?;
+        }
         self.ctx.store.set_status(
             id,
             SandboxStatus::Running,
