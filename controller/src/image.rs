@@ -40,6 +40,13 @@ const GUEST_FILES: &[(&str, &str, u32)] = &[
         include_str!("../../images/xfce/xsettings.xml"),
         0o644,
     ),
+    // XFCE's panel: its default layout without the plugins the image lacks and the action
+    // buttons (less to start: the panel is the longest step of a cold start).
+    (
+        "etc/xdg/xfce4/xfconf/xfce-perchannel-xml/xfce4-panel.xml",
+        include_str!("../../images/xfce/xfce4-panel.xml"),
+        0o644,
+    ),
     // There is no systemd to answer `timedatectl`.
     (
         "usr/local/bin/timedatectl",

@@ -46,7 +46,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How the session's components are supervised.
 const POLICY: Policy = Policy {
     ready_timeout: READY_TIMEOUT,
-    probe_every: Duration::from_millis(50),
+    probe_every: Duration::from_millis(20),
     max_crashes: 5,
     stable: Duration::from_secs(60),
     backoff_first: Duration::from_millis(250),

@@ -172,13 +172,14 @@ impl SessionKind {
     /// The components `c` waits for before it starts (on the first start and after an X
     /// restart): the one before it in start order, except on XFCE, where the panel and the
     /// desktop both need only the window manager and start side by side, and the browser
-    /// waits for both (started before the panel is up, Chrome draws its window with the
-    /// window manager's title bar, below the panel's strut, unfocused). Empty for the first.
+    /// waits for the panel only (started before it is up, Chrome draws its window with the
+    /// window manager's title bar, below the panel's strut, unfocused; the desktop's window
+    /// stays below whatever maps first). Empty for the first.
     pub fn waits_for(self, c: Component) -> &'static [Component] {
         if self == SessionKind::Xfce {
             match c {
                 Component::XfcePanel | Component::XfDesktop => return &[Component::Xfwm4],
-                Component::Browser => return &[Component::XfcePanel, Component::XfDesktop],
+                Component::Browser => return &[Component::XfcePanel],
                 _ => {}
             }
         }
@@ -361,16 +362,13 @@ mod tests {
     }
 
     #[test]
-    fn xfces_panel_and_desktop_start_side_by_side_and_the_browser_after_both() {
+    fn xfces_panel_and_desktop_start_side_by_side_and_the_browser_after_the_panel() {
         let x = SessionKind::Xfce;
         assert_eq!(x.waits_for(Component::X), &[] as &[Component]);
         assert_eq!(x.waits_for(Component::Xfwm4), &[Component::XfSettings]);
         assert_eq!(x.waits_for(Component::XfcePanel), &[Component::Xfwm4]);
         assert_eq!(x.waits_for(Component::XfDesktop), &[Component::Xfwm4]);
-        assert_eq!(
-            x.waits_for(Component::Browser),
-            &[Component::XfcePanel, Component::XfDesktop]
-        );
+        assert_eq!(x.waits_for(Component::Browser), &[Component::XfcePanel]);
         // GNOME keeps its chain: the browser waits for the last settings daemon.
         let g = SessionKind::Gnome;
         assert_eq!(

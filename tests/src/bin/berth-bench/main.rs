@@ -5,6 +5,7 @@
 //!                                                 [osworld] [settle] [--requests N] [--seconds S] [--runs R]
 //!                                                 [browser] [--envs N] [--rounds N]
 //!                                                 [density] [--max N] [--animated] [--memory-merge]
+//!                                                 [coldstart] [--runs R]
 //!
 //! `exec`: `/execute` round trip for `echo hi`, a new TCP connection per request as OSWorld's
 //! `requests.post` makes them, against berth-agent and against a Flask + `subprocess.run`
@@ -25,11 +26,14 @@
 //! `density`: Docker desktops one by one, each with a page redrawing inside it, until memory or
 //! latency gives out or `--max N` (default 40): memory per desktop, screenshot and input p50,
 //! create-to-ready beside the others (only when named).
+//! `coldstart`: a cold desktop's create-to-ready step by step (the container's start, each
+//! component up, ready) on the process provider and on Docker (only when named).
 //! `settle`: a computer-toolset turn (an action, then `screenshot`) to its answer, and whether
 //! the answer equals the screen a second later, for a window opening, a menu, a page navigation
 //! and typing, under the agent's `quiet` and `idle` rules in one run (only when named).
 
 mod browser;
+mod coldstart;
 mod controller;
 mod density;
 mod desktop;
@@ -117,6 +121,9 @@ async fn main() {
             has("--memory-merge"),
         )
         .await;
+    }
+    if which.contains(&"coldstart") {
+        coldstart::bench(flag(&args, "--runs", 5)).await;
     }
     if which.contains(&"settle") {
         settle::bench(flag(&args, "--rounds", 50)).await;
