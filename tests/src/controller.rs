@@ -15,6 +15,14 @@ use crate::{processes_matching, workspace_bin};
 
 pub const API_KEY: &str = "test-api-key-0123456789";
 
+/// A create of the `desktop` profile.
+pub fn desktop() -> CreateSandbox {
+    CreateSandbox {
+        profile: "desktop".into(),
+        ..Default::default()
+    }
+}
+
 /// A create of the `ide` profile (no desktop).
 pub fn ide() -> CreateSandbox {
     CreateSandbox {

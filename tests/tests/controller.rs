@@ -866,9 +866,8 @@ async fn a_ttl_shorter_than_the_start_counts_from_readiness() {
     let cl = c.client();
     let sb = cl
         .create(&CreateSandbox {
-            profile: "desktop".into(),
             ttl_seconds: Some(1),
-            ..Default::default()
+            ..berth_tests::controller::desktop()
         })
         .await
         .unwrap();

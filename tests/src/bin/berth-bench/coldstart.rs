@@ -8,8 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use berth_protocol::controller::CreateSandbox;
-use berth_tests::controller::{ControllerProcess, build_desktop_image};
+use berth_tests::controller::{ControllerProcess, build_desktop_image, desktop};
 use serde_json::Value;
 
 /// Milliseconds since the epoch of an RFC 3339 time.
@@ -44,13 +43,7 @@ fn container_started(id: &str) -> Option<f64> {
 async fn one(c: &ControllerProcess, docker: bool) -> (f64, Steps) {
     let cl = c.client();
     let t = Instant::now();
-    let sb = cl
-        .create(&CreateSandbox {
-            profile: "desktop".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let sb = cl.create(&desktop()).await.unwrap();
     let total = t.elapsed().as_secs_f64() * 1000.0;
     let started = if docker {
         container_started(&sb.id)
