@@ -59,14 +59,18 @@ async fn a_docker_desktop_is_worked_only_through_the_controller() {
     let who = agent
         .exec(&ExecRequest {
             shell: Some(
-                "ps -o user= -C berth-agent | sort -u; ps -o user= -C xfce4-panel | sort -u".into(),
+                "ps -o user= -C berth-agent | sort -u; ps -o user= -C xfce4-panel | sort -u; \
+                 echo \"$DISPLAY\""
+                    .into(),
             ),
             ..Default::default()
         })
         .await
         .unwrap();
     let lines: Vec<&str> = who.stdout.as_deref().unwrap_or("").lines().collect();
-    assert_eq!(lines.len(), 2, "{who:?}");
+    assert_eq!(lines.len(), 3, "{who:?}");
+    // The sandbox's one X server is on :0, where OSWorld's tasks and scripts look for it.
+    assert_eq!(lines[2], ":0", "{who:?}");
     println!(
         "the agent runs as {:?}, the desktop as {:?}",
         lines[0], lines[1]

@@ -11,8 +11,9 @@ use std::os::fd::OwnedFd;
 
 use nix::fcntl::Flock;
 
-/// The displays tried, in order: `:0` is left to the host's own session.
-const DISPLAYS: std::ops::RangeInclusive<u32> = 1..=999;
+/// The displays tried, in order. A sandbox's only X server is on `:0`, where OSWorld's tasks
+/// look for it; on a shared host, the host's own session there is an X server in use.
+const DISPLAYS: std::ops::RangeInclusive<u32> = 0..=999;
 
 /// A display number held for the agent's life (released when dropped).
 #[derive(Debug)]
