@@ -92,6 +92,12 @@ pub async fn assert_browser_under_the_panel(agent: &AgentClient) {
     );
 }
 
+/// Milliseconds since the epoch of an RFC 3339 time (the API's and Docker's timestamps).
+pub fn epoch_ms(rfc3339: &str) -> Option<i64> {
+    let t = humantime::parse_rfc3339_weak(rfc3339).ok()?;
+    Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as i64)
+}
+
 /// Blocking flavour of `wait_for` for synchronous checks.
 pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;

@@ -872,17 +872,11 @@ async fn a_ttl_shorter_than_the_start_counts_from_readiness() {
         .await
         .unwrap();
     assert_eq!(sb.status, "running");
-    let ms = |t: &Option<String>| {
-        humantime::parse_rfc3339_weak(t.as_deref().unwrap())
-            .unwrap()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as i64
-    };
+    let ms = |t: Option<&str>| berth_tests::epoch_ms(t.unwrap()).unwrap();
     let (created, ready, expires) = (
-        ms(&Some(sb.created_at.clone())),
-        ms(&sb.ready_at),
-        ms(&sb.expires_at),
+        ms(Some(&sb.created_at)),
+        ms(sb.ready_at.as_deref()),
+        ms(sb.expires_at.as_deref()),
     );
     println!(
         "started in {} ms; expires {} ms after ready",

@@ -216,7 +216,6 @@ impl Desktop {
             _display_claim: None,
             cfg,
         };
-        let _ = std::fs::remove_file(&desktop.vnc_socket);
         let (display, pid, held) = desktop.start_x_first().await?;
         desktop.write_client_cookie(&display)?;
         desktop.display = display;
@@ -459,14 +458,12 @@ impl Desktop {
     async fn start_x_first(&self) -> anyhow::Result<(String, u32, Option<claim::DisplayClaim>)> {
         let mut refused = std::collections::HashSet::new();
         loop {
-            let held = match &self.cfg.display {
-                Some(_) => None,
-                None => Some(claim::claim(&refused)?),
-            };
-            let target = match (&self.cfg.display, &held) {
-                (Some(d), _) => d.clone(),
-                (None, Some(c)) => c.display(),
-                (None, None) => unreachable!("a display is asked for or claimed"),
+            let (target, held) = match &self.cfg.display {
+                Some(d) => (d.clone(), None),
+                None => {
+                    let c = claim::claim(&refused)?;
+                    (c.display(), Some(c))
+                }
             };
             match self.start_x_on(&target).await {
                 Ok(pid) => return Ok((target, pid, held)),

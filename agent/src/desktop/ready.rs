@@ -101,10 +101,10 @@ impl Readiness {
                     }
                 });
                 // Components' own states are read live; the end-to-end checks repeat every
-                // few seconds while all pass (once a second cost the agent 1 % of a core) and
-                // at once when a component changes.
-                // While one fails, every 50 ms: the browser joins the accessibility bus a
-                // moment after its DevTools answer, and that moment ends a cold start.
+                // few seconds while all pass (once a second cost the agent 1 % of a core), at
+                // once when a component changes, and every 50 ms while one fails: the browser
+                // joins the accessibility bus a moment after its DevTools answer, and that
+                // moment ends a cold start.
                 let pause = if all_ok {
                     Duration::from_secs(5)
                 } else {

@@ -13,14 +13,11 @@ use serde_json::Value;
 
 /// Milliseconds since the epoch of an RFC 3339 time.
 fn ms(at: &str) -> Option<f64> {
-    let t = humantime::parse_rfc3339_weak(at).ok()?;
-    Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs_f64() * 1000.0)
+    berth_tests::epoch_ms(at).map(|t| t as f64)
 }
 
 fn p50(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[(v.len() - 1) / 2]
+    crate::pct(&mut v.to_vec(), 0.5)
 }
 
 /// One create's steps: name → ms after `sandbox.created`.
@@ -60,13 +57,13 @@ async fn one(c: &ControllerProcess, docker: bool) -> (f64, Steps) {
         .expect("a sandbox.created event");
     let mut steps = Steps::new();
     if let Some(s) = started {
-        steps.insert("0 container started".into(), s - created);
+        steps.insert("container started".into(), s - created);
     }
     for e in &events {
         let Some(t) = at(e) else { continue };
         let name = match e["kind"].as_str() {
             Some("component.up") => format!("up: {}", e["component"].as_str().unwrap_or("?")),
-            Some("sandbox.ready") => "~ sandbox.ready".into(),
+            Some("sandbox.ready") => "sandbox.ready".into(),
             _ => continue,
         };
         steps.entry(name).or_insert(t - created);
@@ -117,15 +114,11 @@ pub async fn bench(runs: usize) {
             None
         }
     };
-    let mut names: Vec<&String> = process.1.keys().collect();
+    let mut names: std::collections::BTreeSet<&String> = process.1.keys().collect();
     if let Some(d) = &docker {
         names.extend(d.1.keys());
     }
-    let mut names: Vec<&String> = names
-        .into_iter()
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .collect();
+    let mut names: Vec<&String> = names.into_iter().collect();
     // In the order reached (Docker's when there).
     let order = |n: &String| {
         docker
@@ -146,15 +139,14 @@ pub async fn bench(runs: usize) {
     for n in names {
         println!(
             "{:<28} {:>12} {:>12}",
-            n.trim_start_matches(['~', '0', ' ']),
+            n,
             cell(&process.1, n),
             docker.as_ref().map_or("-".into(), |d| cell(&d.1, n))
         );
     }
     let total = |v: &[f64]| {
         let mut s = v.to_vec();
-        s.sort_by(f64::total_cmp);
-        format!("{:.0} ms (max {:.0})", p50(&s), s[s.len() - 1])
+        format!("{:.0} ms (max {:.0})", p50(&s), crate::pct(&mut s, 1.0))
     };
     println!(
         "{:<28} {:>12} {:>12}   (targets: process 1.5 s, Docker 3 s)",

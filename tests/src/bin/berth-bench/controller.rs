@@ -9,10 +9,7 @@ use berth_tests::controller::ControllerProcess;
 use berth_tests::{AgentOptions, AgentProcess, wait_for};
 use serde_json::Value;
 
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
+use crate::pct;
 
 async fn pools(c: &ControllerProcess) -> Vec<Value> {
     c.client().pools().await.unwrap()["pools"]

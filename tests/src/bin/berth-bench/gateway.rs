@@ -13,10 +13,7 @@ use berth_tests::controller::ControllerProcess;
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::Message;
 
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
+use crate::pct;
 
 async fn small(c: &AgentClient, n: usize) -> (f64, f64) {
     let mut ms = Vec::with_capacity(n);

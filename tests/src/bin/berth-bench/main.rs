@@ -45,6 +45,12 @@ mod osworld;
 mod record;
 mod settle;
 mod workstation;
+/// The `p` quantile (0–1) of `v`, nearest rank (sorts `v`).
+pub(crate) fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
 /// p50 and p99 of `v`, in milliseconds.
 pub(crate) fn percentiles(mut v: Vec<std::time::Duration>) -> (f64, f64) {
     v.sort();

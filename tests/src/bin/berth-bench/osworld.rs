@@ -11,10 +11,7 @@ use berth_protocol::controller::CreateSandbox;
 use berth_tests::controller::{API_KEY, ControllerProcess, Provider, build_image};
 use serde_json::Value;
 
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
+use crate::pct;
 
 fn docker_exec(container: &str, cmd: &str) -> String {
     let out = Command::new("docker")
