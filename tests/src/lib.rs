@@ -44,7 +44,19 @@ pub fn workspace_bin(name: &str) -> PathBuf {
 }
 
 /// Polls `cond` until it yields `Some` or `timeout` passes (then panics naming `what`).
-pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut cond: F) -> T
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, cond: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    match poll_until(timeout, cond).await {
+        Some(v) => v,
+        None => panic!("timed out after {timeout:?} waiting for {what}"),
+    }
+}
+
+/// Polls `cond` until it yields `Some`; `None` once `timeout` passes.
+pub async fn poll_until<T, F, Fut>(timeout: Duration, mut cond: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -52,12 +64,11 @@ where
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(v) = cond().await {
-            return v;
+            return Some(v);
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
+        if Instant::now() >= deadline {
+            return None;
+        }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

@@ -8,14 +8,19 @@
 //! document, as an agent's task leaves most screens between its steps; `--animated` makes every
 //! page redraw itself ten times a second instead (every desktop busy at once). KSM's state and
 //! what it merged are printed before and after; `--memory-merge` starts the controller with
-//! `memory_merge = true` (the host's KSM is the host's to turn on).
+//! `memory_merge = true` (the host's KSM is the host's to turn on). `--osworld` runs the GNOME
+//! osworld image instead, each desktop with the page in its browser and a document open in
+//! LibreOffice Writer, opened as OSWorld's task setups open one (`/setup/open_file` on the
+//! sandbox's compat endpoint, answered once the document's window is up).
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use berth_protocol::controller::{ControllerClient, CreateSandbox, RunRequest, Sandbox};
-use berth_tests::controller::{ControllerProcess, build_desktop_image, shell};
-use berth_tests::wait_for;
+use berth_protocol::controller::{ControllerClient, RunRequest, Sandbox};
+use berth_tests::controller::{
+    ControllerProcess, build_desktop_image, build_image, desktop, shell,
+};
+use berth_tests::poll_until;
 use serde_json::json;
 
 use crate::percentiles;
@@ -32,6 +37,24 @@ const ANIMATED: &str = "<!doctype html><title>density</title><body style=margin:
 <div id=d style='font:bold 160px sans-serif;height:100vh'></div><script>\
 let n=0;setInterval(()=>{n++;d.textContent=n;\
 d.style.background='hsl('+(n*7%360)+',60%,70%)'},100)</script>";
+
+/// Writes a Word document (a heading, two paragraphs, a table) to `/tmp/density/report.docx`
+/// with the sandbox's Python, as the files OSWorld's tasks open are: a `.docx` that the desktop's
+/// file associations give to LibreOffice Writer.
+const WRITE_DOCUMENT: &str = r#"import zipfile
+W = 'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'
+p = lambda t: '<w:p><w:r><w:t>%s</w:t></w:r></w:p>' % t
+cell = lambda t: '<w:tc>%s</w:tc>' % p(t)
+row = lambda *c: '<w:tr>%s</w:tr>' % ''.join(cell(x) for x in c)
+body = (p('Quarterly report')
+    + p('The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs.')
+    + p('How vexingly quick daft zebras jump. Sphinx of black quartz, judge my vow.')
+    + '<w:tbl>' + row('region', 'q1', 'q2') + row('north', '12', '15') + '</w:tbl>')
+with zipfile.ZipFile('/tmp/density/report.docx', 'w', zipfile.ZIP_DEFLATED) as z:
+    z.writestr('[Content_Types].xml', '<?xml version="1.0" encoding="UTF-8"?><Types xmlns="http://schemas.openxmlformats.org/package/2006/content-types"><Default Extension="rels" ContentType="application/vnd.openxmlformats-package.relationships+xml"/><Default Extension="xml" ContentType="application/xml"/><Override PartName="/word/document.xml" ContentType="application/vnd.openxmlformats-officedocument.wordprocessingml.document.main+xml"/></Types>')
+    z.writestr('_rels/.rels', '<?xml version="1.0" encoding="UTF-8"?><Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships"><Relationship Id="rId1" Type="http://schemas.openxmlformats.org/officeDocument/2006/relationships/officeDocument" Target="word/document.xml"/></Relationships>')
+    z.writestr('word/document.xml', '<?xml version="1.0" encoding="UTF-8"?><w:document %s><w:body>%s</w:body></w:document>' % (W, body))
+"#;
 
 /// Stop once less than this much memory is available.
 const MEMORY_FLOOR_MB: f64 = 1024.0;
@@ -78,54 +101,93 @@ fn container_pss_mb(sandbox_id: &str) -> f64 {
         / 1024.0
 }
 
+/// Runs `line` in the sandbox; an error unless it exits 0.
+async fn run_ok(cl: &ControllerClient, sb: &Sandbox, line: &str) -> Result<(), String> {
+    let run = cl
+        .exec(&sb.id, &shell(line))
+        .await
+        .map_err(|e| e.to_string())?;
+    match run.exit_code {
+        Some(0) => Ok(()),
+        _ => Err(format!(
+            "`{}` ended {:?}",
+            line.lines().next().unwrap_or(""),
+            run.exit_code
+        )),
+    }
+}
+
 /// Serves the page inside the sandbox and opens it in its browser (a new tab over its CDP
-/// endpoint); returns once the tab has the page.
-async fn open_page(cl: &ControllerClient, sb: &Sandbox, page: &str) {
+/// endpoint); returns once the tab has the page, or why it did not within 30 s.
+async fn open_page(cl: &ControllerClient, sb: &Sandbox, page: &str) -> Result<(), String> {
     let write =
         format!("mkdir -p /tmp/density && cat > /tmp/density/index.html <<'EOF'\n{page}\nEOF");
-    let run = cl.exec(&sb.id, &shell(&write)).await.unwrap();
-    assert_eq!(run.exit_code, Some(0), "{run:?}");
+    run_ok(cl, sb, &write).await?;
     let serve = RunRequest {
         wait: Some(false),
         ..shell("exec python3 -m http.server 8000 --bind 127.0.0.1 --directory /tmp/density")
     };
-    cl.exec(&sb.id, &serve).await.unwrap();
-    wait_for("the page's server", Duration::from_secs(30), || async {
-        let r = cl
-            .exec(
-                &sb.id,
-                &shell("python3 -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:8000/')\""),
-            )
-            .await
-            .ok()?;
-        (r.exit_code == Some(0)).then_some(())
+    cl.exec(&sb.id, &serve).await.map_err(|e| e.to_string())?;
+    let fetch = "python3 -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:8000/')\"";
+    poll_until(Duration::from_secs(30), || async {
+        run_ok(cl, sb, fetch).await.ok()
     })
-    .await;
-    let cdp = sb.endpoints.cdp.clone().expect("a desktop's CDP endpoint");
+    .await
+    .ok_or("the page's server did not answer within 30 s")?;
+    let cdp = sb.endpoints.cdp.clone().ok_or("no CDP endpoint")?;
     let http = reqwest::Client::new();
     http.put(format!("{cdp}/json/new?http://127.0.0.1:8000/"))
         .send()
         .await
-        .unwrap();
-    wait_for(
-        "the page in the browser",
-        Duration::from_secs(30),
-        || async {
-            let list: serde_json::Value = http
-                .get(format!("{cdp}/json/list"))
-                .send()
-                .await
-                .ok()?
-                .json()
-                .await
-                .ok()?;
-            list.as_array()?
-                .iter()
-                .any(|t| t["title"] == "density")
-                .then_some(())
-        },
-    )
-    .await;
+        .map_err(|e| e.to_string())?;
+    poll_until(Duration::from_secs(30), || async {
+        let list: serde_json::Value = http
+            .get(format!("{cdp}/json/list"))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        list.as_array()?
+            .iter()
+            .any(|t| t["title"] == "density")
+            .then_some(())
+    })
+    .await
+    .ok_or_else(|| "the page was not in the browser within 30 s".to_string())
+}
+
+/// Writes the document into the sandbox and opens it as an OSWorld task's setup does
+/// (`/setup/open_file` on the compat endpoint, which answers once its window is up).
+async fn open_document(cl: &ControllerClient, sb: &Sandbox) -> Result<(), String> {
+    let write = format!("mkdir -p /tmp/density && python3 - <<'EOF'\n{WRITE_DOCUMENT}EOF");
+    run_ok(cl, sb, &write).await?;
+    let compat = sb.endpoints.compat.clone().ok_or("no compat endpoint")?;
+    let r = reqwest::Client::new()
+        .post(format!("{compat}/setup/open_file"))
+        .json(&json!({"path": "/tmp/density/report.docx"}))
+        .timeout(Duration::from_secs(300))
+        .send()
+        .await
+        .map_err(|e| format!("open_file: {e}"))?;
+    let status = r.status();
+    let body = r.text().await.unwrap_or_default();
+    match status.is_success() {
+        true => Ok(()),
+        false => Err(format!("open_file: {status} {body}")),
+    }
+}
+
+/// The first desktop's screen after its first rounds of input (its page and document open),
+/// for a look at what an agent sees: `target/bench/density-first.png`.
+async fn save_first_screen(cl: &ControllerClient, id: &str) {
+    let png = cl.screenshot(id).await.unwrap();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("density-first.png");
+    std::fs::write(&path, png).unwrap();
+    eprintln!("the first desktop's screen: {}", path.display());
 }
 
 /// One count's figures.
@@ -204,27 +266,25 @@ fn stop_reason(r: &Row, max: usize) -> Option<String> {
     (r.n >= max).then(|| format!("--max {max} reached"))
 }
 
-pub async fn bench(max: usize, animated: bool, memory_merge: bool) {
-    let page = if animated { ANIMATED } else { STILL };
-    let image = build_desktop_image().expect("the desktop image");
-    let image = image["image_ref"].as_str().unwrap().to_string();
-    let c = ControllerProcess::start(&format!(
-        "docker_image = \"{image}\"\ncreate_timeout_secs = 300\nmemory_merge = {memory_merge}\n\
-         [providers]\ndesktop = \"docker\"\n"
-    ))
-    .await;
-    let cl = c.client();
+/// What the run is, on what host, and the table's head.
+fn print_header(osworld: bool, animated: bool, memory_merge: bool, base_available: f64) {
     let (ksm_run, ksm_before) = ksm();
-    let base_available = meminfo_mb("MemAvailable");
+    let image = match osworld {
+        true => "the GNOME osworld image",
+        false => "the XFCE desktop image",
+    };
+    let page = match animated {
+        true => "redrawing (10x a second)",
+        false => "still",
+    };
+    let document = match osworld {
+        true => " and a document open in LibreOffice Writer",
+        false => "",
+    };
     println!(
-        "\n## density: Docker desktops, each with a {} page\n\
+        "\n## density: Docker desktops ({image}), each with a {page} page{document}\n\
          host: {:.0} MB total, {base_available:.0} MB available at start, {} cores; KSM run={ksm_run} \
          ({ksm_before:.0} MB merged at start); memory_merge = {memory_merge}\n",
-        if animated {
-            "redrawing (10x a second)"
-        } else {
-            "still"
-        },
         meminfo_mb("MemTotal"),
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
@@ -232,23 +292,45 @@ pub async fn bench(max: usize, animated: bool, memory_merge: bool) {
         "| desktops | ready ms | PSS MB/desktop | MemAvailable drop MB/desktop | screenshot after a move p50 / p99 ms | input p50 / p99 ms | MB available |"
     );
     println!("|---|---|---|---|---|---|---|");
+}
+
+pub async fn bench(max: usize, animated: bool, memory_merge: bool, osworld: bool) {
+    let page = if animated { ANIMATED } else { STILL };
+    let image = if osworld {
+        build_image(&["--profile", "desktop", "--bundle", "osworld"])
+    } else {
+        build_desktop_image()
+    }
+    .expect("the image");
+    let image = image["image_ref"].as_str().unwrap().to_string();
+    let c = ControllerProcess::start(&format!(
+        "docker_image = \"{image}\"\ncreate_timeout_secs = 300\nmemory_merge = {memory_merge}\n\
+         [providers]\ndesktop = \"docker\"\n"
+    ))
+    .await;
+    let cl = c.client();
+    let base_available = meminfo_mb("MemAvailable");
+    print_header(osworld, animated, memory_merge, base_available);
     let mut ids: Vec<String> = Vec::new();
     let stopped = loop {
         let t = Instant::now();
-        let sb = match cl
-            .create(&CreateSandbox {
-                profile: "desktop".into(),
-                ..Default::default()
-            })
-            .await
-        {
+        let sb = match cl.create(&desktop()).await {
             Ok(sb) => sb,
             Err(e) => break format!("create {} failed: {e}", ids.len() + 1),
         };
         let ready_ms = t.elapsed().as_secs_f64() * 1000.0;
         ids.push(sb.id.clone());
-        open_page(&cl, &sb, page).await;
+        let opened = match open_page(&cl, &sb, page).await {
+            Ok(()) if osworld => open_document(&cl, &sb).await,
+            other => other,
+        };
+        if let Err(e) = opened {
+            break format!("desktop {}: {e}", ids.len());
+        }
         let mut row = latencies(&cl, &ids, 20.max(ids.len() * 2)).await;
+        if ids.len() == 1 {
+            save_first_screen(&cl, &sb.id).await;
+        }
         let pss: f64 = ids.iter().map(|id| container_pss_mb(id)).sum();
         row.ready_ms = ready_ms;
         row.pss_mb = pss / ids.len() as f64;

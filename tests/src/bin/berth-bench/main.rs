@@ -4,7 +4,7 @@
 //!   cargo run -p berth-tests --bin berth-bench -- [exec] [display] [record] [workstation] [controller] [mcp]
 //!                                                 [osworld] [settle] [--requests N] [--seconds S] [--runs R]
 //!                                                 [browser] [--envs N] [--rounds N]
-//!                                                 [density] [--max N] [--animated] [--memory-merge]
+//!                                                 [density] [--max N] [--animated] [--memory-merge] [--osworld]
 //!                                                 [coldstart] [--runs R]
 //!
 //! `exec`: `/execute` round trip for `echo hi`, a new TCP connection per request as OSWorld's
@@ -23,9 +23,10 @@
 //! when named: it builds both images).
 //! `browser`: a browser-toolset turn (a click, then `screenshot`) beside Playwright for Python
 //! doing the same over CDP to the same browser (only when named).
-//! `density`: Docker desktops one by one, each with a page redrawing inside it, until memory or
-//! latency gives out or `--max N` (default 40): memory per desktop, screenshot and input p50,
-//! create-to-ready beside the others (only when named).
+//! `density`: Docker desktops one by one, each with a page served inside it (`--animated`:
+//! redrawing), until memory or latency gives out or `--max N` (default 40): memory per desktop,
+//! screenshot and input p50, create-to-ready beside the others; `--osworld`: the GNOME osworld
+//! image, each with a document open in LibreOffice too (only when named).
 //! `coldstart`: a cold desktop's create-to-ready step by step (the container's start, each
 //! component up, ready) on the process provider and on Docker (only when named).
 //! `settle`: a computer-toolset turn (an action, then `screenshot`) to its answer, and whether
@@ -125,6 +126,7 @@ async fn main() {
             flag(&args, "--max", 40),
             has("--animated"),
             has("--memory-merge"),
+            has("--osworld"),
         )
         .await;
     }
