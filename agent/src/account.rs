@@ -155,6 +155,16 @@ pub struct EnvInputs<'a> {
     pub lang: &'a str,
 }
 
+/// The proxy variables passed from the agent's environment to every program it starts.
+pub const PROXY_VARS: [&str; 6] = [
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+];
+
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 impl ChildEnv {
@@ -198,6 +208,13 @@ impl ChildEnv {
             path = format!("{path}:{}", bin.display());
         }
         vars.insert("PATH".into(), path);
+        // A sandbox behind an egress proxy is given it in the agent's environment: every
+        // program the agent starts finds it there (curl, git, pip, apt, the browser).
+        for name in PROXY_VARS {
+            if let Ok(v) = std::env::var(name) {
+                vars.insert(name.into(), v);
+            }
+        }
         ChildEnv { vars }
     }
 

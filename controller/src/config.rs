@@ -84,6 +84,33 @@ pub struct Config {
     /// A run whose combined output is larger than this keeps a preview of this size in its
     /// record (`stdout`, `stderr`) and the whole output as an `output` artifact.
     pub run_output_inline_bytes: usize,
+    /// `[egress]`: the default egress policy and the proxy's settings.
+    pub egress: EgressConfig,
+}
+
+/// `[egress]`: where sandboxes may connect when a create names no policy, and the egress
+/// proxy's port and names.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct EgressConfig {
+    /// `"open"` (the default), `"none"`, or `{ allow = [...], deny_private = true }`.
+    pub default: berth_protocol::egress::Egress,
+    /// The port the proxy listens on, on the gateway address of the sandboxes' internal
+    /// network (Docker); 0 lets the system pick.
+    pub proxy_port: u16,
+    /// Names the proxy resolves itself, before the host's resolver: `"git.test" =
+    /// ["172.30.0.5"]` (a private mirror, a GitHub Enterprise host, a test host).
+    pub hosts: std::collections::BTreeMap<String, Vec<std::net::IpAddr>>,
+}
+
+impl Default for EgressConfig {
+    fn default() -> Self {
+        EgressConfig {
+            default: berth_protocol::egress::Egress::default(),
+            proxy_port: 3128,
+            hosts: Default::default(),
+        }
+    }
 }
 
 /// `[session]`: the session view's third-party JavaScript, from Debian packages on the
@@ -368,6 +395,7 @@ impl Default for Config {
             artifact_max_entries: 100_000,
             keep_work_timeout_secs: 60,
             run_output_inline_bytes: 256 << 10,
+            egress: EgressConfig::default(),
         }
     }
 }
@@ -426,6 +454,8 @@ impl Config {
         if let Some(k) = &self.kubernetes {
             k.validate()?;
         }
+        berth_protocol::egress::validate(&self.egress.default)
+            .map_err(|e| anyhow::anyhow!("[egress] default: {e}"))?;
         Ok(())
     }
 

@@ -52,6 +52,13 @@ impl Leases {
         let (image, _) = self
             .sandboxes
             .resolve(&req.profile, req.image_ref.as_deref())?;
+        let egress = self
+            .sandboxes
+            .check_egress(&req.profile, req.egress.as_ref())?;
+        let req = &AcquireLease {
+            egress: Some(egress.clone()),
+            ..req.clone()
+        };
         let lock = self.locks.get(&req.thread_id);
         let _held = lock.lock().await;
         let want = Request {
@@ -60,6 +67,7 @@ impl Leases {
             labels: req.labels.clone(),
             ttl_seconds: req.ttl_seconds,
             screen,
+            egress: Some(egress),
         };
         match self.ctx.store.active_lease_for_thread(&req.thread_id)? {
             Some(lease) => self.renew_or_replace(lease, req, want, &image).await,
@@ -166,6 +174,10 @@ impl Leases {
         {
             return Some(format!("its sandbox lacks the required label {k}={v}"));
         }
+        let policy = row.egress.as_ref().map(|e| &e.policy);
+        if req.egress.is_some() && policy != req.egress.as_ref() {
+            return Some("its sandbox has another egress policy".into());
+        }
         if let Err(reason) = self.sandboxes.probe(row).await {
             self.sandboxes.fail(
                 &row.id,
@@ -258,6 +270,7 @@ mod tests {
             labels: Default::default(),
             ttl_seconds: ttl,
             screen: None,
+            egress: None,
         }
     }
 

@@ -11,6 +11,7 @@ pub mod controller;
 pub mod ctx;
 #[cfg(test)]
 mod deploy_manifests;
+pub mod egress;
 pub mod episode;
 pub mod error;
 pub mod follow;

@@ -151,6 +151,7 @@ impl Pools {
                     labels: Default::default(),
                     ttl_seconds: None,
                     screen: pool.screen.clone(),
+                    egress: None,
                 };
                 let row = match self
                     .sandboxes
@@ -253,6 +254,7 @@ mod tests {
             agent_event_seq: 0,
             screen: None,
             limits: None,
+            egress: None,
         }
     }
 
@@ -333,6 +335,7 @@ mod tests {
                 labels: Default::default(),
                 ttl_seconds: None,
                 screen: None,
+                egress: None,
             }
         }
 

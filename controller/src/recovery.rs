@@ -261,6 +261,7 @@ mod tests {
             labels: Default::default(),
             ttl_seconds: None,
             screen: None,
+            egress: None,
         }
     }
 
@@ -454,6 +455,7 @@ mod tests {
                 labels: Default::default(),
                 ttl_seconds: Some(1),
                 screen: None,
+                egress: None,
             })
             .await
             .unwrap();

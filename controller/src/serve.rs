@@ -121,7 +121,8 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
     let sealer = crate::seal::Sealer::load_or_create(&key_file)?;
     let store = Store::open(&data_dir.join("berth.db"), sealer).context("opening the store")?;
     let bin = agent_bin(opts.agent_bin.clone(), &opts.config)?;
-    let providers = connect_providers(&opts.config, &data_dir, &bin).await?;
+    let (book, notes) = crate::egress::Book::new();
+    let providers = connect_providers(&opts.config, &data_dir, &bin, &book).await?;
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
         .with_context(|| format!("binding {}", opts.listen))?;
@@ -133,6 +134,7 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
         .unwrap_or_else(|| default_public_url(addr));
     let controller = Controller::new(opts.config.clone(), store, data_dir, public_url, providers)?;
     let _ = controller.images.settings.set(image_settings(bin));
+    tokio::spawn(record_egress_notes(controller.ctx.clone(), notes));
     controller.reconciler.recover().await?;
     controller.pools.start_pools()?;
     controller.reconciler.start_loops();
@@ -167,6 +169,7 @@ async fn connect_providers(
     config: &Config,
     data_dir: &Path,
     bin: &Path,
+    book: &Arc<crate::egress::Book>,
 ) -> anyhow::Result<BTreeMap<String, Arc<dyn Provider>>> {
     let process: Arc<dyn Provider> = Arc::new(ProcessProvider::new(
         data_dir.join("sandboxes"),
@@ -176,9 +179,15 @@ async fn connect_providers(
     let wants_docker =
         config.docker_image.is_some() || config.providers.values().any(|p| p == "docker");
     if wants_docker {
-        let docker = crate::provider::docker::DockerProvider::connect(config.docker_image.clone())
-            .await
-            .context("connecting to Docker (the config routes profiles to it)")?;
+        let egress = crate::provider::docker::Egress::new(
+            book.clone(),
+            config.egress.hosts.clone(),
+            config.egress.proxy_port,
+        );
+        let docker =
+            crate::provider::docker::DockerProvider::connect(config.docker_image.clone(), egress)
+                .await
+                .context("connecting to Docker (the config routes profiles to it)")?;
         providers.insert("docker".to_string(), Arc::new(docker) as Arc<dyn Provider>);
     }
     let wants_kubernetes =
@@ -216,5 +225,36 @@ fn image_settings(agent_bin: PathBuf) -> crate::image_job::ImageSettings {
         cache_dir: std::env::var_os("BERTH_IMAGE_CACHE")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("/var/cache/berth/images")),
+    }
+}
+
+/// Writes what the proxy saw: each refusal an `egress.denied` event on the sandbox's
+/// timeline, each connection and refusal counted in its record.
+async fn record_egress_notes(
+    ctx: Arc<crate::ctx::Ctx>,
+    mut notes: tokio::sync::mpsc::Receiver<crate::egress::Note>,
+) {
+    while let Some(n) = notes.recv().await {
+        let counted = match &n {
+            crate::egress::Note::Denied {
+                sandbox,
+                host,
+                port,
+                reason,
+            } => {
+                ctx.event(
+                    sandbox,
+                    berth_protocol::events::EventKind::EgressDenied,
+                    serde_json::json!({"host": host, "port": port, "reason": reason}),
+                );
+                ctx.store.count_egress(sandbox, None, true)
+            }
+            crate::egress::Note::Connected { sandbox, host } => {
+                ctx.store.count_egress(sandbox, Some(host), false)
+            }
+        };
+        if let Err(e) = counted {
+            tracing::warn!(error = %e, "egress: a count was not stored");
+        }
     }
 }

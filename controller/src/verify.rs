@@ -381,6 +381,7 @@ async fn create(
         labels: BTreeMap::from([(RUN_LABEL.to_string(), tag.to_string())]),
         ttl_seconds: Some(SANDBOX_TTL_SECS),
         screen: None,
+        egress: None,
     };
     let mut sb = bounded(controller.create_nowait(&req)).await?;
     *created.locked() = Some(sb.id.clone());

@@ -30,6 +30,11 @@ pub struct CreateSandbox {
     /// 7680x4320. Desktop profiles only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub screen: Option<String>,
+    /// Where its programs may connect: `"open"`, `"none"`, or
+    /// `{"allow": ["github.com", "*.pypi.org"], "deny_private": true}`; the config's
+    /// `[egress] default` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::egress::Egress>,
 }
 
 /// The smallest and largest screens a desktop is asked to take (`screen`, `PUT /v1/display`).
@@ -196,6 +201,21 @@ pub struct Sandbox {
     /// Its resource limits, as it was created with them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<Limits>,
+    /// Its egress policy and what went through the proxy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<EgressReport>,
+}
+
+/// A sandbox's egress, as its record reports it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+pub struct EgressReport {
+    pub policy: crate::egress::Egress,
+    /// Connections made through the proxy, by host.
+    #[serde(default)]
+    pub hosts: BTreeMap<String, u64>,
+    /// Connections refused (each an `egress.denied` event).
+    #[serde(default)]
+    pub denied: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
@@ -289,6 +309,9 @@ pub struct AcquireLease {
     /// reused one of another size is resized to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub screen: Option<String>,
+    /// A new sandbox's egress policy, as at create; a reused one must have the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::egress::Egress>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]

@@ -105,6 +105,10 @@ event_kinds! {
     /// The kernel killed a process in it for memory (`limit_bytes`, `oom_kills`); the controller
     /// fails it with reason `oom_killed`.
     SandboxOomKill => "sandbox.oom_kill",
+    /// Its egress proxy refused a connection (`host`, `port`, `reason`: `not_allowed`,
+    /// `ip_literal`, `private_address`, `sni_mismatch`, `host_mismatch`, `unresolved`,
+    /// `egress_none`).
+    EgressDenied => "egress.denied",
     LeaseAcquired => "lease.acquired",
     LeaseRenewed => "lease.renewed",
     LeaseReleased => "lease.released",

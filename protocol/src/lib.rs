@@ -9,6 +9,7 @@ pub mod client;
 pub mod controller;
 pub mod desktop;
 pub mod display;
+pub mod egress;
 pub mod error;
 pub mod events;
 pub mod exec;

@@ -448,6 +448,7 @@ mod tests {
             "limits",
             "metrics",
             "store",
+            "egress",
             "provider",
             "image",
             "reconcile",

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use berth_protocol::AgentClient;
 
 pub mod controller;
+pub mod egress;
 pub mod kube_fake;
 pub mod layout;
 #[cfg(test)]

@@ -14,6 +14,7 @@ mod controller_desktop;
 mod desktop;
 mod display;
 mod docker;
+mod egress;
 mod engines;
 mod episode;
 mod faults;

@@ -8,9 +8,10 @@ use std::fmt::Debug;
 
 use berth_protocol::controller::{
     AcquireLease, AdjustPool, BuildImage, CatalogList, Command, CreateQuery, CreateSandbox,
-    Endpoints, ImageJob, Lease, Limits, PoolList, PoolStatus, PortPreview, PortUrl, PortUrlRequest,
-    Run, RunRequest, Sandbox, Viewer, ViewerUrl,
+    EgressReport, Endpoints, ImageJob, Lease, Limits, PoolList, PoolStatus, PortPreview, PortUrl,
+    PortUrlRequest, Run, RunRequest, Sandbox, Viewer, ViewerUrl,
 };
+use berth_protocol::egress::{Egress, EgressMode, EgressRules};
 use berth_protocol::lifecycle::{ImageJobStatus, RunStatus, SandboxStatus};
 use berth_protocol::{
     ComponentStatus, ErrorBody, Event, EventsPage, ExecResult, OutputChunk, OutputPage,
@@ -118,6 +119,14 @@ fn desktop_sandbox() -> Sandbox {
                 "a Pod's process limit is the kubelet's podPidsLimit, set per node".into(),
             )]),
         }),
+        egress: Some(EgressReport {
+            policy: Egress::Rules(EgressRules {
+                allow: vec!["github.com".into(), "*.pypi.org".into()],
+                deny_private: true,
+            }),
+            hosts: BTreeMap::from([("github.com".into(), 3)]),
+            denied: 1,
+        }),
     }
 }
 
@@ -147,6 +156,11 @@ const DESKTOP_SANDBOX: &str = r#"{
         "cpus": 2.0, "cpu_shares": 1024, "memory_mb": 4096, "swap_mb": 0, "pids": 2048,
         "shm_mb": 512,
         "unenforced": {"pids": "a Pod's process limit is the kubelet's podPidsLimit, set per node"}
+    },
+    "egress": {
+        "policy": {"allow": ["github.com", "*.pypi.org"], "deny_private": true},
+        "hosts": {"github.com": 3},
+        "denied": 1
     }
 }"#;
 
@@ -178,6 +192,7 @@ fn sandbox() {
         lease_id: None,
         screen: None,
         limits: None,
+        egress: None,
     };
     golden(
         &ide,
@@ -198,9 +213,10 @@ fn sandbox_requests() {
             labels: BTreeMap::from([("k".into(), "v".into())]),
             ttl_seconds: Some(600),
             screen: Some("1280x800".into()),
+            egress: Some(Egress::Mode(EgressMode::None)),
         },
         r#"{"profile": "desktop-ubuntu", "image_ref": "berth-desktop:0f1e2d",
-            "labels": {"k": "v"}, "ttl_seconds": 600, "screen": "1280x800"}"#,
+            "labels": {"k": "v"}, "ttl_seconds": 600, "screen": "1280x800", "egress": "none"}"#,
     );
     golden(
         &CreateSandbox {

@@ -713,6 +713,7 @@ async fn every_route_answers_hostile_input_with_a_4xx_and_its_error_body() {
             labels: Default::default(),
             ttl_seconds: None,
             screen: None,
+            egress: None,
         })
         .await
         .expect("an ide sandbox");

@@ -235,6 +235,10 @@ pub enum SandboxCmd {
         /// The desktop's screen, `WIDTHxHEIGHT` (e.g. 1280x800).
         #[arg(long)]
         screen: Option<String>,
+        /// Where its programs may connect: `open`, `none`, or a policy as JSON
+        /// (`{"allow": ["github.com"], "deny_private": true}`).
+        #[arg(long, value_parser = parse_egress)]
+        egress: Option<berth_protocol::egress::Egress>,
         #[command(flatten)]
         remote: Remote,
     },
@@ -356,6 +360,20 @@ pub enum LeaseCmd {
         #[command(flatten)]
         remote: Remote,
     },
+}
+
+/// `--egress`: `open`, `none`, or a policy as JSON.
+fn parse_egress(s: &str) -> Result<berth_protocol::egress::Egress, String> {
+    let t = s.trim();
+    let json = match t.starts_with('{') || t.starts_with('"') {
+        true => t.to_string(),
+        false => format!("{t:?}"),
+    };
+    let e: berth_protocol::egress::Egress = serde_json::from_str(&json).map_err(|e| {
+        format!("give open, none, or {{\"allow\": [\"host\", ...], \"deny_private\": true}}: {e}")
+    })?;
+    berth_protocol::egress::validate(&e)?;
+    Ok(e)
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -595,6 +613,7 @@ async fn sandbox(c: SandboxCmd) -> anyhow::Result<i32> {
             labels,
             ttl,
             screen,
+            egress,
             remote,
         } => {
             let request = CreateSandbox {
@@ -603,6 +622,7 @@ async fn sandbox(c: SandboxCmd) -> anyhow::Result<i32> {
                 labels: labels.into_iter().collect(),
                 ttl_seconds: ttl,
                 screen,
+                egress,
             };
             create_sandbox(&request, &remote).await?;
         }
@@ -745,6 +765,7 @@ async fn lease(c: LeaseCmd) -> anyhow::Result<i32> {
                     labels: labels.into_iter().collect(),
                     ttl_seconds: ttl,
                     screen: None,
+                    egress: None,
                 })
                 .await?;
             match remote.json {

@@ -4,10 +4,14 @@
 //! Docker's die/oom events are passed up at once.
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bollard::Docker;
-use bollard::models::{ContainerCreateBody, HostConfig, NetworkCreateRequest, PortBinding};
+use bollard::models::{
+    ContainerCreateBody, HostConfig, Network, NetworkCreateRequest, PortBinding,
+};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, EventsOptionsBuilder, InspectContainerOptions,
     ListContainersOptionsBuilder, RemoveContainerOptionsBuilder, StartContainerOptions,
@@ -21,6 +25,12 @@ use super::{LABEL_CONTROLLER, LABEL_IMAGE, LABEL_PROFILE, LABEL_SANDBOX};
 
 /// The private network every sandbox container joins.
 pub const NETWORK: &str = "berth";
+/// The internal network of sandboxes with an egress policy: no route out; the egress proxy,
+/// on its gateway address, is their only way out.
+pub const EGRESS_NETWORK: &str = "berth-egress";
+/// The container label holding a sandbox's egress policy (JSON), so a restarted controller
+/// knows its proxy clients again.
+pub const LABEL_EGRESS: &str = "berth.egress";
 const AGENT_PORT: u16 = 5000;
 const CDP_PORT: u16 = 9222;
 /// The image label naming the ports its apps serve, as JSON: `{"vlc": 8080}`. Each is published
@@ -36,6 +46,33 @@ pub struct DockerProvider {
     network: tokio::sync::Mutex<Option<String>>,
     /// The limits the daemon says its kernel can enforce.
     support: Support,
+    /// The egress proxy's settings, and its address once it listens.
+    egress: Egress,
+}
+
+/// The egress proxy of the Docker provider: served on the internal network's gateway address,
+/// started with the first sandbox that needs it.
+pub struct Egress {
+    pub book: Arc<crate::egress::Book>,
+    pub hosts: crate::egress::proxy::Hosts,
+    pub port: u16,
+    /// The internal network's id and where the proxy listens, once both exist.
+    running: tokio::sync::Mutex<Option<(String, SocketAddr)>>,
+}
+
+impl Egress {
+    pub fn new(
+        book: Arc<crate::egress::Book>,
+        hosts: crate::egress::proxy::Hosts,
+        port: u16,
+    ) -> Egress {
+        Egress {
+            book,
+            hosts,
+            port,
+            running: tokio::sync::Mutex::new(None),
+        }
+    }
 }
 
 /// What the daemon reports it can limit (`docker info`): a limit it cannot is applied anyway
@@ -125,6 +162,18 @@ fn declared_ports(labels: &HashMap<String, String>) -> BTreeMap<String, u16> {
         .collect()
 }
 
+/// A container's address on the network named `net`.
+fn address_on(c: &bollard::models::ContainerInspectResponse, net: &str) -> Option<String> {
+    c.network_settings
+        .as_ref()?
+        .networks
+        .as_ref()?
+        .get(net)?
+        .ip_address
+        .clone()
+        .filter(|ip| !ip.is_empty())
+}
+
 fn identity(labels: &HashMap<String, String>) -> Option<Identity> {
     Some(Identity {
         controller_id: labels.get(LABEL_CONTROLLER)?.clone(),
@@ -146,7 +195,10 @@ async fn timed<T, E: std::fmt::Display>(
 
 impl DockerProvider {
     /// Connects to the local daemon (its socket), speaking the daemon's API version.
-    pub async fn connect(default_image: Option<String>) -> anyhow::Result<DockerProvider> {
+    pub async fn connect(
+        default_image: Option<String>,
+        egress: Egress,
+    ) -> anyhow::Result<DockerProvider> {
         let docker = Docker::connect_with_socket_defaults()?;
         let docker = tokio::time::timeout(CALL, docker.negotiate_version())
             .await
@@ -159,60 +211,114 @@ impl DockerProvider {
             default_image,
             network: tokio::sync::Mutex::new(None),
             support: Support::of(&info),
+            egress,
         })
     }
 
-    /// The id of the private network, created once. Docker allows two networks of one name,
-    /// and concurrent first creates (a pool filling on a fresh engine) made several, after
-    /// which the name no longer resolved: creates here are serialised, and where duplicates
-    /// exist the one with the smallest id is used by every controller and the others removed.
+    /// A sandbox behind the proxy: the proxy knows it by its address on the internal network
+    /// (again, after a restart of the controller).
+    async fn register_egress(
+        &self,
+        labels: &HashMap<String, String>,
+        addr: Option<String>,
+        sandbox_id: &str,
+    ) -> Result<()> {
+        if let (Some(policy), Some(addr)) = (labels.get(LABEL_EGRESS), addr)
+            && let (Ok(policy), Ok(addr)) = (serde_json::from_str(policy), addr.parse())
+        {
+            self.ensure_egress().await?;
+            self.egress.book.register(addr, sandbox_id, policy);
+        }
+        Ok(())
+    }
+
+    /// The internal network and its proxy, made once: the network's id and the proxy's
+    /// address (its gateway's).
+    async fn ensure_egress(&self) -> Result<(String, SocketAddr)> {
+        let mut running = self.egress.running.lock().await;
+        if let Some(r) = running.as_ref() {
+            return Ok(r.clone());
+        }
+        let net = self.named_network(EGRESS_NETWORK, true).await?;
+        let id = net.id.clone().unwrap_or_default();
+        let gateway: IpAddr = net
+            .ipam
+            .as_ref()
+            .and_then(|i| i.config.as_ref())
+            .and_then(|c| c.iter().find_map(|c| c.gateway.as_deref()?.parse().ok()))
+            .ok_or_else(|| failed("the egress network", "it has no gateway address"))?;
+        let listener = tokio::net::TcpListener::bind((gateway, self.egress.port))
+            .await
+            .map_err(|e| failed("the egress proxy's listener", e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| failed("the egress proxy's listener", e))?;
+        let proxy = crate::egress::proxy::Proxy::new(
+            self.egress.book.clone() as Arc<dyn crate::egress::proxy::Sandboxes>,
+            self.egress.hosts.clone(),
+        );
+        tokio::spawn(proxy.serve(listener));
+        tracing::info!(%addr, network = EGRESS_NETWORK, "egress proxy serving");
+        *running = Some((id.clone(), addr));
+        Ok((id, addr))
+    }
+
+    /// The id of the private network, created once (`named_network`).
     async fn ensure_network(&self) -> Result<String> {
         let mut known = self.network.lock().await;
         if let Some(id) = known.as_ref() {
             return Ok(id.clone());
         }
-        let id = match self.find_network().await? {
-            Some(id) => id,
-            None => {
-                timed(
-                    "network create",
-                    self.docker.create_network(NetworkCreateRequest {
-                        name: NETWORK.into(),
-                        driver: Some("bridge".into()),
-                        labels: Some(HashMap::from([("berth.managed".into(), "true".into())])),
-                        ..Default::default()
-                    }),
-                )
-                .await?;
-                // Another controller may have made one meanwhile: settle on the same one.
-                self.find_network()
-                    .await?
-                    .ok_or_else(|| failed("creating the network", "it is not listed"))?
-            }
-        };
+        let id = self
+            .named_network(NETWORK, false)
+            .await?
+            .id
+            .unwrap_or_default();
         *known = Some(id.clone());
         Ok(id)
     }
 
-    /// The network named `NETWORK` with the smallest id; duplicates are removed (in use ones
+    /// The bridge network `name`, created when missing (`internal`: without a route out).
+    /// Docker allows two networks of one name, and concurrent first creates (a pool filling
+    /// on a fresh engine) made several, after which the name no longer resolved: creates here
+    /// are serialised by the caller, and where duplicates exist the one with the smallest id is
+    /// used by every controller and the others removed.
+    async fn named_network(&self, name: &str, internal: bool) -> Result<Network> {
+        if let Some(n) = self.find_network(name).await? {
+            return Ok(n);
+        }
+        let create = NetworkCreateRequest {
+            name: name.into(),
+            driver: Some("bridge".into()),
+            internal: Some(internal),
+            labels: Some(HashMap::from([("berth.managed".into(), "true".into())])),
+            ..Default::default()
+        };
+        timed("network create", self.docker.create_network(create)).await?;
+        // Another controller may have made one meanwhile: settle on the same one.
+        self.find_network(name)
+            .await?
+            .ok_or_else(|| failed("creating the network", "it is not listed"))
+    }
+
+    /// The network named `name` with the smallest id; duplicates are removed (in use ones
     /// stay until their containers go).
-    async fn find_network(&self) -> Result<Option<String>> {
+    async fn find_network(&self, name: &str) -> Result<Option<Network>> {
         let options = bollard::query_parameters::ListNetworksOptionsBuilder::default()
-            .filters(&HashMap::from([("name", vec![NETWORK])]))
+            .filters(&HashMap::from([("name", vec![name])]))
             .build();
         let list = timed("network list", self.docker.list_networks(Some(options))).await?;
-        let mut ids: Vec<String> = list
+        let mut found: Vec<Network> = list
             .into_iter()
-            .filter(|n| n.name.as_deref() == Some(NETWORK))
-            .filter_map(|n| n.id)
+            .filter(|n| n.name.as_deref() == Some(name) && n.id.is_some())
             .collect();
-        ids.sort();
-        for extra in ids.iter().skip(1) {
+        found.sort_by(|a, b| a.id.cmp(&b.id));
+        for extra in found.iter().skip(1).filter_map(|n| n.id.as_deref()) {
             if let Err(e) = self.docker.remove_network(extra).await {
                 tracing::debug!(network = %extra, error = %e, "a duplicate network stays for now");
             }
         }
-        Ok(ids.into_iter().next())
+        Ok(found.into_iter().next())
     }
 
     async fn observe(&self, sandbox_id: &str) -> Result<Option<Observed>> {
@@ -238,13 +344,12 @@ impl DockerProvider {
             return Ok(None);
         };
         let alive = c.state.as_ref().and_then(|s| s.running).unwrap_or(false);
-        let ip = c
-            .network_settings
-            .as_ref()
-            .and_then(|n| n.networks.as_ref())
-            .and_then(|n| n.get(NETWORK))
-            .and_then(|e| e.ip_address.clone())
-            .filter(|ip| !ip.is_empty());
+        let on = |net: &str| address_on(&c, net);
+        let ip = on(NETWORK).or_else(|| on(EGRESS_NETWORK));
+        if alive {
+            self.register_egress(&labels, on(EGRESS_NETWORK), &identity.sandbox_id)
+                .await?;
+        }
         let created_at_ms = c
             .created
             .as_deref()
@@ -432,9 +537,19 @@ impl Provider for DockerProvider {
     }
 
     async fn create(&self, spec: &Spec) -> Result<Endpoint> {
-        let network = self.ensure_network().await?;
         let mut labels: HashMap<String, String> = spec.identity.labels().into_iter().collect();
         labels.insert("berth.managed".into(), "true".into());
+        let behind_proxy = spec.egress != berth_protocol::egress::Egress::default();
+        let (network, proxy) = match behind_proxy {
+            false => (self.ensure_network().await?, None),
+            true => {
+                let (net, proxy) = self.ensure_egress().await?;
+                let policy = serde_json::to_string(&spec.egress)
+                    .map_err(|e| failed("the egress policy", e))?;
+                labels.insert(LABEL_EGRESS.into(), policy);
+                (net, Some(proxy))
+            }
+        };
         let mut cmd = vec!["--listen".to_string(), format!("0.0.0.0:{AGENT_PORT}")];
         if spec.desktop {
             cmd.extend([
@@ -445,7 +560,10 @@ impl Provider for DockerProvider {
         }
         cmd.extend(spec.agent_args());
         let ports = self.container_ports(spec).await?;
-        let body = container_body(spec, network, cmd, labels, &ports);
+        let mut body = container_body(spec, network, cmd, labels, &ports);
+        if let (Some(proxy), Some(env)) = (proxy, body.env.as_mut()) {
+            env.extend(crate::egress::proxy_env(&proxy.to_string()));
+        }
         let container = name(&spec.identity.sandbox_id);
         let options = CreateContainerOptionsBuilder::default()
             .name(&container)
@@ -489,6 +607,7 @@ impl Provider for DockerProvider {
     }
 
     async fn destroy(&self, sandbox_id: &str) -> Result<()> {
+        self.egress.book.forget(sandbox_id);
         let options = RemoveContainerOptionsBuilder::default()
             .force(true)
             .v(true)
@@ -515,6 +634,10 @@ impl Provider for DockerProvider {
 
     fn unenforced(&self, limits: &Limits) -> BTreeMap<String, String> {
         self.support.unenforced(limits, host_has_swap())
+    }
+
+    fn enforces_egress(&self) -> bool {
+        true
     }
 
     fn deaths(&self, controller_id: &str) -> Option<tokio::sync::mpsc::Receiver<Death>> {

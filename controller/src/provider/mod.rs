@@ -55,6 +55,9 @@ pub struct Spec {
     pub memory_merge: bool,
     /// Resource limits (the provider enforces those its `unenforced` does not name).
     pub limits: berth_protocol::controller::Limits,
+    /// Where its programs may connect (a provider whose `enforces_egress` is false is only
+    /// given `"open"`).
+    pub egress: berth_protocol::egress::Egress,
 }
 
 impl Spec {
@@ -152,6 +155,11 @@ pub trait Provider: Send + Sync {
 
     /// The limits of `limits` this provider cannot enforce here, each with the reason.
     fn unenforced(&self, limits: &berth_protocol::controller::Limits) -> BTreeMap<String, String>;
+
+    /// Whether its sandboxes can be held to an egress policy other than `"open"`.
+    fn enforces_egress(&self) -> bool {
+        false
+    }
 
     /// Sandboxes of this controller that die, as the provider learns it (Docker's events);
     /// `None` when the provider has no such feed (the sweep notices within seconds anyway).

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use berth_protocol::controller::{
     Endpoints, PortPreview, RESERVED_ENDPOINT_NAMES, Sandbox, Viewer,
 };
+use berth_protocol::egress::Egress;
 use berth_protocol::events::EventKind;
 use berth_protocol::routes::controller as routes;
 use serde_json::json;
@@ -76,6 +77,8 @@ pub struct Request {
     pub ttl_seconds: Option<u64>,
     /// The desktop's screen, `WxH` (checked by [`Sandboxes::check_screen`]).
     pub screen: Option<String>,
+    /// Its egress policy; the config's default when none (set by [`Sandboxes::checked`]).
+    pub egress: Option<Egress>,
 }
 
 /// The domain's request for a create body (the REST route's and the MCP tool's).
@@ -87,6 +90,7 @@ impl From<berth_protocol::controller::CreateSandbox> for Request {
             labels: body.labels,
             ttl_seconds: body.ttl_seconds,
             screen: body.screen,
+            egress: body.egress,
         }
     }
 }
@@ -159,19 +163,43 @@ impl Sandboxes {
         validate_labels(&req.labels)?;
         let req = &self.checked(req)?;
         let (image, key) = self.resolve(&req.profile, req.image_ref.as_deref())?;
-        if let Some(row) = self.claim_warm(&key, req).await? {
+        // Pool members run with the default egress policy.
+        let default_egress = req.egress.as_ref() == Some(&self.ctx.config.egress.default);
+        if default_egress && let Some(row) = self.claim_warm(&key, req).await? {
             self.ctx.metrics.claim("warm", started.elapsed());
             return Ok((row, true));
         }
         Ok((self.start_cold(req, &image).await?, false))
     }
 
-    /// `req` with its screen checked and written `WxH`.
+    /// `req` with its screen checked and written `WxH`, and its egress policy checked (the
+    /// config's default when none).
     fn checked(&self, req: &Request) -> Result<Request> {
         Ok(Request {
             screen: self.check_screen(&req.profile, req.screen.as_deref())?,
+            egress: Some(self.check_egress(&req.profile, req.egress.as_ref())?),
             ..req.clone()
         })
+    }
+
+    /// The egress policy for a sandbox of `profile`: its entries well formed, and a policy
+    /// other than `"open"` only where the profile's provider enforces it (400 otherwise).
+    pub fn check_egress(&self, profile: &str, egress: Option<&Egress>) -> Result<Egress> {
+        let policy = egress
+            .cloned()
+            .unwrap_or_else(|| self.ctx.config.egress.default.clone());
+        berth_protocol::egress::validate(&policy).map_err(Error::BadRequest)?;
+        let p = self.ctx.profile(profile)?;
+        let provider = self.ctx.provider_for(p)?;
+        if policy != Egress::default() && !provider.enforces_egress() {
+            return Err(Error::BadRequest(format!(
+                "profile {} runs on the {} provider, which cannot enforce an egress policy: \
+                 use \"egress\": \"open\", or route the profile to docker",
+                p.name,
+                provider.name()
+            )));
+        }
+        Ok(policy)
     }
 
     /// A `screen` asked for `profile`: `WxH` within the bounds (400 otherwise), on a profile
@@ -361,8 +389,16 @@ impl Sandboxes {
         let now = now_ms();
         let mut limits = crate::limits::resolve(profile, &self.ctx.config.limits);
         limits.unenforced = provider.unenforced(&limits);
+        let policy = match &req.egress {
+            Some(e) => e.clone(),
+            None => self.check_egress(&req.profile, None)?,
+        };
         let row = SandboxRow {
             limits: Some(limits),
+            egress: Some(berth_protocol::controller::EgressReport {
+                policy,
+                ..Default::default()
+            }),
             id: new_id("sb"),
             profile: profile.name.clone(),
             image_ref: image.to_string(),
@@ -423,6 +459,11 @@ impl Sandboxes {
             browser_toolset_enable: self.ctx.config.browser_toolset_enable.clone(),
             memory_merge: self.ctx.config.memory_merge,
             limits: row.limits.clone().unwrap_or_default(),
+            egress: row
+                .egress
+                .as_ref()
+                .map(|e| e.policy.clone())
+                .unwrap_or_default(),
         };
         let id = row.id.clone();
         let made = tokio::spawn(async move {
@@ -828,6 +869,7 @@ impl Sandboxes {
             lease_id,
             screen: row.screen.clone(),
             limits: row.limits.clone(),
+            egress: row.egress.clone(),
         }
     }
 

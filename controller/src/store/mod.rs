@@ -63,7 +63,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     error TEXT,
     agent_event_seq INTEGER NOT NULL DEFAULT 0,
     screen TEXT,
-    limits TEXT
+    limits TEXT,
+    egress TEXT
 );
 CREATE INDEX IF NOT EXISTS sandboxes_pool ON sandboxes (pool, status);
 CREATE INDEX IF NOT EXISTS sandboxes_status ON sandboxes (status);
@@ -174,6 +175,13 @@ impl Store {
             .exists([])?;
         if !has_limits {
             conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN limits TEXT")?;
+        }
+        // Stores made before sandboxes had an egress policy.
+        let has_egress = conn
+            .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'egress'")?
+            .exists([])?;
+        if !has_egress {
+            conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN egress TEXT")?;
         }
         // Stores made before long run output became an artifact.
         let has_output_artifact = conn
@@ -337,6 +345,7 @@ mod tests {
             agent_event_seq: 0,
             screen: None,
             limits: None,
+            egress: None,
         }
     }
 

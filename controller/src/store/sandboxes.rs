@@ -36,6 +36,8 @@ pub struct SandboxRow {
     pub screen: Option<String>,
     /// The resource limits it was created with (none on rows from before limits).
     pub limits: Option<berth_protocol::controller::Limits>,
+    /// Its egress policy and the proxy's counts (none on rows from before egress).
+    pub egress: Option<berth_protocol::controller::EgressReport>,
 }
 
 impl SandboxRow {
@@ -71,6 +73,9 @@ impl SandboxRow {
             limits: r
                 .get::<_, Option<String>>("limits")?
                 .and_then(|l| serde_json::from_str(&l).ok()),
+            egress: r
+                .get::<_, Option<String>>("egress")?
+                .and_then(|l| serde_json::from_str(&l).ok()),
         })
     }
 }
@@ -105,11 +110,13 @@ impl Store {
     pub fn insert_sandbox(&self, s: &SandboxRow) -> Result<()> {
         let labels = serde_json::to_string(&s.labels)?;
         let limits = s.limits.as_ref().map(serde_json::to_string).transpose()?;
+        let egress = s.egress.as_ref().map(serde_json::to_string).transpose()?;
         self.with(|c| {
             c.execute(
                 "INSERT INTO sandboxes (id, profile, image_ref, provider, status, labels, pool,
-                   claim, agent_token, created_at, ready_deadline, expires_at, screen, limits)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                   claim, agent_token, created_at, ready_deadline, expires_at, screen, limits,
+                   egress)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
                 params![
                     s.id,
                     s.profile,
@@ -124,10 +131,41 @@ impl Store {
                     s.ready_deadline,
                     s.expires_at,
                     s.screen,
-                    limits
+                    limits,
+                    egress
                 ],
             )
             .map(|_| ())
+        })
+    }
+
+    /// Counts a connection through the egress proxy (`denied`: a refused one) in the
+    /// sandbox's egress report; a sandbox without one is left alone.
+    pub fn count_egress(&self, id: &str, host: Option<&str>, denied: bool) -> Result<()> {
+        self.with(|c| {
+            let tx = c.unchecked_transaction()?;
+            let text: Option<String> = tx
+                .query_row("SELECT egress FROM sandboxes WHERE id = ?1", [id], |r| {
+                    r.get(0)
+                })
+                .optional()?
+                .flatten();
+            let Some(mut report) = text.and_then(|t| {
+                serde_json::from_str::<berth_protocol::controller::EgressReport>(&t).ok()
+            }) else {
+                return Ok(());
+            };
+            match (host, denied) {
+                (_, true) => report.denied += 1,
+                (Some(h), false) => *report.hosts.entry(h.to_string()).or_default() += 1,
+                (None, false) => return Ok(()),
+            }
+            let text = serde_json::to_string(&report).unwrap_or_default();
+            tx.execute(
+                "UPDATE sandboxes SET egress = ?2 WHERE id = ?1",
+                params![id, text],
+            )?;
+            tx.commit()
         })
     }
 

@@ -715,6 +715,7 @@ mod tests {
             agent_token: "tok-SECRET-4711".into(),
             browser_toolset_enable: vec!["javascript_exec".into()],
             memory_merge: false,
+            egress: Default::default(),
             limits: berth_protocol::controller::Limits {
                 cpus: Some(1.5),
                 memory_mb: Some(3072),

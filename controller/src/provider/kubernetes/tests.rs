@@ -100,6 +100,7 @@ fn spec(desktop: bool) -> Spec {
         agent_token: TOKEN.into(),
         browser_toolset_enable: Vec::new(),
         memory_merge: false,
+        egress: Default::default(),
         limits: berth_protocol::controller::Limits {
             cpus: Some(2.0),
             memory_mb: Some(4096),

@@ -92,14 +92,17 @@ async fn measure(
     (totals, steps)
 }
 
-pub async fn bench(runs: usize) {
+pub async fn bench(runs: usize, process_only: bool) {
     println!(
         "\n== coldstart: a cold desktop's create-to-ready, step by step ({runs} creates each) =="
     );
     let process = measure(runs, "", false).await;
-    let image = build_desktop_image()
-        .ok()
-        .and_then(|v| v["image_ref"].as_str().map(String::from));
+    let image = match process_only {
+        true => None,
+        false => build_desktop_image()
+            .ok()
+            .and_then(|v| v["image_ref"].as_str().map(String::from)),
+    };
     let docker = match &image {
         Some(image) => Some(
             measure(
@@ -109,6 +112,7 @@ pub async fn bench(runs: usize) {
             )
             .await,
         ),
+        None if process_only => None,
         None => {
             println!("(no desktop image: `berth image build --profile desktop` for Docker)");
             None

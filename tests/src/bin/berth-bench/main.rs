@@ -5,7 +5,8 @@
 //!                                                 [osworld] [settle] [--requests N] [--seconds S] [--runs R]
 //!                                                 [browser] [--envs N] [--rounds N]
 //!                                                 [density] [--max N] [--animated] [--memory-merge] [--osworld]
-//!                                                 [coldstart] [--runs R]
+//!                                                 [coldstart] [--runs R] [--process-only]
+//!                                                 [egress] [--requests N]
 //!
 //! `exec`: `/execute` round trip for `echo hi`, a new TCP connection per request as OSWorld's
 //! `requests.post` makes them, against berth-agent and against a Flask + `subprocess.run`
@@ -28,7 +29,10 @@
 //! screenshot and input p50, create-to-ready beside the others; `--osworld`: the GNOME osworld
 //! image, each with a document open in LibreOffice too (only when named).
 //! `coldstart`: a cold desktop's create-to-ready step by step (the container's start, each
-//! component up, ready) on the process provider and on Docker (only when named).
+//! component up, ready) on the process provider and on Docker (`--process-only`: the process
+//! provider alone) (only when named).
+//! `egress`: a request from inside a Docker sandbox through the egress proxy beside the same
+//! request on a direct route, HTTP and HTTPS, a new connection each (only when named).
 //! `settle`: a computer-toolset turn (an action, then `screenshot`) to its answer, and whether
 //! the answer equals the screen a second later, for a window opening, a menu, a page navigation
 //! and typing, under the agent's `quiet` and `idle` rules in one run (only when named).
@@ -39,6 +43,7 @@ mod controller;
 mod density;
 mod desktop;
 mod display;
+mod egress;
 mod exec;
 mod gateway;
 mod mcp;
@@ -131,7 +136,14 @@ async fn main() {
         .await;
     }
     if which.contains(&"coldstart") {
-        coldstart::bench(flag(&args, "--runs", 5)).await;
+        coldstart::bench(
+            flag(&args, "--runs", 5),
+            args.iter().any(|a| a == "--process-only"),
+        )
+        .await;
+    }
+    if which.contains(&"egress") {
+        egress::bench(requests.min(500)).await;
     }
     if which.contains(&"settle") {
         settle::bench(flag(&args, "--rounds", 50)).await;
