@@ -235,6 +235,20 @@ async fn docker_sandboxes_reach_only_what_their_egress_policy_allows_by_name() {
         out.contains("egress_none") && !out.contains("egress-ok"),
         "{out}"
     );
+    // Nor does a sandbox behind the proxy reach another one, or resolve names itself.
+    let neighbour = docker(&[
+        "inspect",
+        "-f",
+        "{{(index .NetworkSettings.Networks \"berth-egress\").IPAddress}}",
+        &format!("berth-{}", none.id),
+    ]);
+    let line = format!(
+        "curl -sS -m 3 --noproxy '*' http://{neighbour}:5000/; echo rc=$?; \
+         getent hosts allowed.test example.com; echo dns=$?"
+    );
+    let (_, out) = sh(&cl, id, &line).await;
+    println!("neighbour {neighbour} and DNS: {out}");
+    assert!(!out.contains("rc=0") && out.contains("dns=2"), "{out}");
     let open = cl
         .create(&ide(Egress::Mode(EgressMode::Open)))
         .await

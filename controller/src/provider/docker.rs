@@ -292,6 +292,13 @@ impl DockerProvider {
             driver: Some("bridge".into()),
             internal: Some(internal),
             labels: Some(HashMap::from([("berth.managed".into(), "true".into())])),
+            // Sandboxes behind the proxy do not reach each other either.
+            options: internal.then(|| {
+                HashMap::from([(
+                    "com.docker.network.bridge.enable_icc".into(),
+                    "false".into(),
+                )])
+            }),
             ..Default::default()
         };
         timed("network create", self.docker.create_network(create)).await?;
