@@ -509,6 +509,44 @@ mod tests {
     }
 
     #[test]
+    fn egress_defaults_parse_in_their_three_forms_and_bad_entries_are_named() {
+        use berth_protocol::egress::{Egress, EgressMode, EgressRules};
+        let parse = |t: &str| {
+            let c: Config = toml::from_str(t).unwrap();
+            c.validate().map(|_| c)
+        };
+        let c = parse(
+            "[egress]\ndefault = { allow = [\"github.com\", \"*.pypi.org\", \"10.1.2.0/24\"], \
+             deny_private = true }\nproxy_port = 0\nhosts = { \"git.internal\" = [\"10.1.2.7\"] }\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.egress.default,
+            Egress::Rules(EgressRules {
+                allow: vec![
+                    "github.com".into(),
+                    "*.pypi.org".into(),
+                    "10.1.2.0/24".into()
+                ],
+                deny_private: true
+            })
+        );
+        assert_eq!(
+            c.egress.hosts["git.internal"],
+            vec!["10.1.2.7".parse::<std::net::IpAddr>().unwrap()]
+        );
+        let c = parse("[egress]\ndefault = \"none\"\n").unwrap();
+        assert_eq!(c.egress.default, Egress::Mode(EgressMode::None));
+        assert_eq!(
+            Config::default().egress.default,
+            Egress::Mode(EgressMode::Open)
+        );
+        assert_eq!(Config::default().egress.proxy_port, 3128);
+        let err = parse("[egress]\ndefault = { allow = [\"a b\"] }\n").unwrap_err();
+        assert!(err.to_string().contains("egress allow entry"), "{err}");
+    }
+
+    #[test]
     fn a_config_file_sets_pools_and_rejects_unknown_keys() {
         let c: Config =
             toml::from_str("create_timeout_secs = 30\n[[pools]]\nprofile = \"ide\"\nsize = 4\n")

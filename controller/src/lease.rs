@@ -275,6 +275,22 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_with_a_policy_its_provider_cannot_enforce_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let fake = FakeProvider::new("process");
+        let c = controller_on(d.path(), &fake, Config::default());
+        let req = AcquireLease {
+            egress: Some(berth_protocol::egress::Egress::Mode(
+                berth_protocol::egress::EgressMode::None,
+            )),
+            ..acquire("t-egress", Some(600))
+        };
+        let err = c.leases.acquire(&req).await.unwrap_err().to_string();
+        assert!(err.contains("cannot enforce an egress policy"), "{err}");
+        assert_eq!(fake.creates(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_thread_reuses_its_lease_renews_only_forward_and_a_release_destroys_once() {
         let d = tempfile::tempdir().unwrap();
         let fake = FakeProvider::new("process");

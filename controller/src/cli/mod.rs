@@ -937,7 +937,26 @@ fn push_auth(
 
 #[cfg(test)]
 mod tests {
-    use super::resolve;
+    use super::{parse_egress, resolve};
+
+    #[test]
+    fn egress_flags_take_a_mode_or_a_policy() {
+        use berth_protocol::egress::{Egress, EgressMode};
+        assert_eq!(parse_egress("none"), Ok(Egress::Mode(EgressMode::None)));
+        assert_eq!(parse_egress(" open "), Ok(Egress::Mode(EgressMode::Open)));
+        let p = parse_egress(r#"{"allow": ["github.com"]}"#).unwrap();
+        assert!(matches!(p, Egress::Rules(r) if r.deny_private && r.allow == ["github.com"]));
+        assert!(
+            parse_egress("closed")
+                .unwrap_err()
+                .contains("give open, none")
+        );
+        assert!(
+            parse_egress(r#"{"allow": ["a b"]}"#)
+                .unwrap_err()
+                .contains("allow entry")
+        );
+    }
 
     fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |n| {
