@@ -108,16 +108,18 @@ impl TestHosts {
 
     /// Host `i`'s address on the test's network.
     pub fn ip(&self, i: usize) -> String {
-        docker(&[
-            "inspect",
-            "-f",
-            &format!(
-                "{{{{(index .NetworkSettings.Networks \"{}\").IPAddress}}}}",
-                self.network
-            ),
-            &self.names[i],
-        ])
+        ip_on(&self.names[i], &self.network)
     }
+}
+
+/// A container's address on `network`.
+pub fn ip_on(container: &str, network: &str) -> String {
+    docker(&[
+        "inspect",
+        "-f",
+        &format!("{{{{(index .NetworkSettings.Networks \"{network}\").IPAddress}}}}"),
+        container,
+    ])
 }
 
 fn rand_suffix() -> u32 {

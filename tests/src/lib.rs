@@ -568,3 +568,20 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     (ticks(11) + ticks(12)) as f64 / hz
 }
+
+/// Runs a Playwright for Python script (`python3 -c`) with `args`, killed after `secs`: its
+/// stdout; panics with its stderr when it fails.
+pub fn playwright(script: &str, args: &[&str], secs: u32) -> String {
+    let out = Command::new("timeout")
+        .arg(secs.to_string())
+        .args(["python3", "-c", script])
+        .args(args)
+        .output()
+        .expect("python3 with playwright (tests/setup.sh installs it)");
+    assert!(
+        out.status.success(),
+        "playwright: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

@@ -301,16 +301,7 @@ with sync_playwright() as p:
     print(page.evaluate("document.querySelectorAll('li').length"))
     page.close()
 "#;
-    let out = std::process::Command::new("timeout")
-        .args(["90", "python3", "-c", script, cdp, url])
-        .output()
-        .expect("python3 with playwright (tests/setup.sh installs it)");
-    assert!(
-        out.status.success(),
-        "playwright: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    berth_tests::playwright(script, &[cdp, url], 90)
 }
 
 async fn cdp_call<S>(

@@ -110,7 +110,7 @@ fn client_hello(record: &[u8]) -> Option<Option<String>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A ClientHello as a client writes it, with `server_name` when given.

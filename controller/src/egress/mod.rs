@@ -113,3 +113,6 @@ pub fn proxy_env(proxy: &str) -> Vec<String> {
     }
     env
 }
+
+#[cfg(test)]
+mod tests;

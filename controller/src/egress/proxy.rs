@@ -459,6 +459,19 @@ async fn refuse(client: &mut TcpStream, r: Refusal) {
     let _ = client.write_all(head.as_bytes()).await;
     let _ = client.write_all(body.as_bytes()).await;
     let _ = client.shutdown().await;
+    // A lingering close: what the client still sends is read and dropped (bounded), so the
+    // close is not a reset that could discard the answer before the client reads it.
+    let drain = async {
+        let mut buf = [0u8; 8192];
+        let mut left = 1usize << 20;
+        while left > 0 {
+            match client.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
 }
 
 /// When a relay last moved a byte, for its idle timeout.

@@ -9,7 +9,7 @@
 use berth_protocol::controller::{ControllerClient, CreateSandbox};
 use berth_protocol::egress::{Egress, EgressMode, EgressRules};
 use berth_tests::controller::{ControllerProcess, build_desktop_image, shell};
-use berth_tests::egress::{TestHosts, docker};
+use berth_tests::egress::{TestHosts, docker, ip_on};
 
 /// Requests `argv[1]` `argv[2]` times, each on a new connection; prints p50 and p99 in ms.
 const FETCH: &str = r#"
@@ -69,12 +69,7 @@ pub async fn bench(n: usize) {
         .expect("an open sandbox");
     // The open sandbox reaches the host directly on the sandboxes' network.
     docker(&["network", "connect", "berth", &hosts.names[0]]);
-    let direct_ip = docker(&[
-        "inspect",
-        "-f",
-        "{{(index .NetworkSettings.Networks \"berth\").IPAddress}}",
-        &hosts.names[0],
-    ]);
+    let direct_ip = ip_on(&hosts.names[0], "berth");
     println!(
         "{:<34} {:>18} {:>18}",
         "request (new connection each)", "through the proxy", "direct"
