@@ -61,6 +61,9 @@ pub enum Denial {
     PrivateAddress,
     /// The TLS server name differs from the host asked for.
     SniMismatch,
+    /// A TLS ClientHello the proxy cannot read whole in its first record (malformed, or
+    /// split across records), so its server name cannot be checked.
+    UnreadableHello,
     /// The request's `Host` header differs from the host in its URL.
     HostMismatch,
     /// The name does not resolve.
@@ -75,6 +78,7 @@ impl Denial {
             Denial::IpLiteral => "ip_literal",
             Denial::PrivateAddress => "private_address",
             Denial::SniMismatch => "sni_mismatch",
+            Denial::UnreadableHello => "unreadable_client_hello",
             Denial::HostMismatch => "host_mismatch",
             Denial::Unresolved => "unresolved",
         }

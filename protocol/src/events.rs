@@ -106,8 +106,8 @@ event_kinds! {
     /// fails it with reason `oom_killed`.
     SandboxOomKill => "sandbox.oom_kill",
     /// Its egress proxy refused a connection (`host`, `port`, `reason`: `not_allowed`,
-    /// `ip_literal`, `private_address`, `sni_mismatch`, `host_mismatch`, `unresolved`,
-    /// `egress_none`).
+    /// `ip_literal`, `private_address`, `sni_mismatch`, `unreadable_client_hello`,
+    /// `host_mismatch`, `unresolved`, `egress_none`).
     EgressDenied => "egress.denied",
     LeaseAcquired => "lease.acquired",
     LeaseRenewed => "lease.renewed",

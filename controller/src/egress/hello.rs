@@ -10,6 +10,10 @@ pub enum Hello {
     Tls(Option<String>),
     /// Not TLS.
     NotTls,
+    /// A TLS handshake record that is not a whole ClientHello: malformed, over a record's
+    /// size, or split across records, which hides its server name from a reader of one
+    /// record (clients send theirs whole).
+    Unreadable,
 }
 
 /// The largest ClientHello record read before a decision (a TLS record's own bound).
@@ -58,14 +62,14 @@ pub fn parse(buf: &[u8]) -> Hello {
     }
     let len = (buf[3] as usize) << 8 | buf[4] as usize;
     if len > 1 << 14 {
-        return Hello::NotTls;
+        return Hello::Unreadable;
     }
     if buf.len() < 5 + len {
         return Hello::Partial;
     }
     match client_hello(&buf[5..5 + len]) {
         Some(name) => Hello::Tls(name),
-        None => Hello::NotTls,
+        None => Hello::Unreadable,
     }
 }
 
@@ -159,17 +163,27 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn other_bytes_are_not_tls() {
+    fn other_bytes_are_not_tls_and_odd_handshakes_are_unreadable() {
         assert_eq!(parse(b"GET / HTTP/1.1\r\n"), Hello::NotTls);
-        assert_eq!(parse(&[22, 3, 1, 0xff, 0xff]), Hello::NotTls);
+        assert_eq!(parse(b"SSH-2.0-OpenSSH\r\n"), Hello::NotTls);
+        assert_eq!(parse(&[22, 3, 1, 0xff, 0xff]), Hello::Unreadable);
         let mut h = hello(Some("example.org"));
         h[5] = 2; // a ServerHello
-        assert_eq!(parse(&h), Hello::NotTls);
+        assert_eq!(parse(&h), Hello::Unreadable);
         // A truncated extension list inside a complete record.
         let mut h = hello(Some("example.org"));
         let l = h.len();
         h[l - 3] = 0xff;
-        assert_eq!(parse(&h), Hello::NotTls);
+        assert_eq!(parse(&h), Hello::Unreadable);
+        // The same ClientHello split across two records: its first record alone is read.
+        let h = hello(Some("evil.test"));
+        let body = &h[5..];
+        let (a, b) = body.split_at(20);
+        let mut split = vec![22, 3, 1, 0, a.len() as u8];
+        split.extend_from_slice(a);
+        split.extend_from_slice(&[22, 3, 1, (b.len() >> 8) as u8, b.len() as u8]);
+        split.extend_from_slice(b);
+        assert_eq!(parse(&split), Hello::Unreadable);
     }
 
     #[test]

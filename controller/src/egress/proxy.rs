@@ -522,6 +522,7 @@ async fn first_bytes(
                 return Err(Some(Denial::SniMismatch));
             }
             Hello::Tls(_) => return Ok(first),
+            Hello::Unreadable => return Err(Some(Denial::UnreadableHello)),
             Hello::NotTls => return plain_host_check(&first, host).map(|_| first).map_err(Some),
         }
         match tokio::time::timeout(IDLE_TIMEOUT, cr.read(&mut buf)).await {

@@ -125,8 +125,25 @@ async fn a_tunnel_passes_bytes_and_a_mismatched_server_name_closes_it() {
     hostile.extend_from_slice(&super::hello::tests::hello(Some("evil.test")));
     let out = exchange(p, &hostile).await;
     assert_eq!(out, "HTTP/1.1 200 Connection established\r\n\r\n");
+    // A ClientHello in two records, its name in the second: not let through unread.
+    let h = super::hello::tests::hello(Some("evil.test"));
+    let (a, b) = h[5..].split_at(20);
+    let mut split = format!("CONNECT up.test:{} HTTP/1.1\r\n\r\n", up.port()).into_bytes();
+    split.extend_from_slice(&[22, 3, 1, 0, a.len() as u8]);
+    split.extend_from_slice(a);
+    split.extend_from_slice(&[22, 3, 1, (b.len() >> 8) as u8, b.len() as u8]);
+    split.extend_from_slice(b);
+    let out = exchange(p, &split).await;
+    assert_eq!(out, "HTTP/1.1 200 Connection established\r\n\r\n");
     let notes = book.notes.lock().unwrap().clone();
-    assert_eq!(notes, ["connected up.test", "denied up.test sni_mismatch"]);
+    assert_eq!(
+        notes,
+        [
+            "connected up.test",
+            "denied up.test sni_mismatch",
+            "denied up.test unreadable_client_hello"
+        ]
+    );
 }
 
 #[tokio::test]
