@@ -359,6 +359,10 @@ pub struct PoolConfig {
     /// ready, before anyone can claim it.
     #[serde(default)]
     pub screen: Option<String>,
+    /// The members' egress policy (`[egress] default` when absent): a claim is served from the
+    /// pool whose policy it asks.
+    #[serde(default)]
+    pub egress: Option<berth_protocol::egress::Egress>,
 }
 
 impl Default for Config {

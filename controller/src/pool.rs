@@ -63,10 +63,15 @@ impl Pools {
         *self.table.starts.locked() =
             Some(Arc::new(Semaphore::new(self.ctx.config.refill_concurrency)));
         for c in self.table.configured.clone() {
-            let (image, key) = self
+            let (image, _) = self
                 .sandboxes
                 .resolve(&c.profile, c.image_ref.as_deref())
                 .map_err(|e| anyhow::anyhow!("pool for {}: {e}", c.profile))?;
+            let egress = self
+                .sandboxes
+                .check_egress(&c.profile, c.egress.as_ref())
+                .map_err(|e| anyhow::anyhow!("pool for {}: {e}", c.profile))?;
+            let key = self.sandboxes.warm_key(&c.profile, &image, &egress);
             let screen = self
                 .sandboxes
                 .check_screen(&c.profile, c.screen.as_deref())
@@ -77,6 +82,7 @@ impl Pools {
                 profile: self.ctx.catalog.canonical(&c.profile).to_string(),
                 image_ref: image,
                 screen,
+                egress,
                 size: AtomicUsize::new(c.size),
                 paused: AtomicBool::new(false),
                 failures: AtomicU32::new(0),
@@ -112,6 +118,7 @@ impl Pools {
                     paused: p.paused.load(Ordering::SeqCst),
                     failing: p.failing.locked().clone(),
                     screen: p.screen.clone(),
+                    egress: (p.egress != self.ctx.config.egress.default).then(|| p.egress.clone()),
                 }
             })
             .collect()
@@ -151,7 +158,7 @@ impl Pools {
                     labels: Default::default(),
                     ttl_seconds: None,
                     screen: pool.screen.clone(),
-                    egress: None,
+                    egress: Some(pool.egress.clone()),
                 };
                 let row = match self
                     .sandboxes
@@ -321,6 +328,7 @@ mod tests {
                     image_ref: None,
                     size,
                     screen: None,
+                    egress: None,
                 }],
                 refill_concurrency: concurrency,
                 refill_max_failures: 3,
@@ -375,6 +383,55 @@ mod tests {
                 .collect();
             assert!(c.pools.adjust("ide-ubuntu", Some(true), None));
             (d, fake, c, members)
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_claim_is_served_by_the_pool_of_the_egress_policy_it_asks() {
+            use berth_protocol::egress::{Egress, EgressMode};
+            let d = tempfile::tempdir().unwrap();
+            let fake = FakeProvider::new("process");
+            fake.set_enforces_egress(true);
+            let mut cfg = config(1, 2);
+            let fenced = PoolConfig {
+                egress: Some(Egress::Mode(EgressMode::None)),
+                ..cfg.pools[0].clone()
+            };
+            cfg.pools.push(fenced);
+            let c = controller_on(d.path(), &fake, cfg);
+            c.pools.start_pools().unwrap();
+            let ready = || c.pools.pool_status().iter().all(|p| p.ready == 1);
+            assert!(
+                fake.wait_for(WITHIN, |_| ready()).await,
+                "{:?}",
+                c.pools.pool_status()
+            );
+            let pools = c.pools.pool_status();
+            let keys: BTreeSet<&str> = pools.iter().map(|p| p.pool.as_str()).collect();
+            assert_eq!(keys.len(), 2, "{pools:?}");
+            let fenced = pools.iter().find(|p| p.egress.is_some()).unwrap();
+            assert!(fenced.pool.contains("#egress-"), "{fenced:?}");
+            let none = Request {
+                egress: Some(Egress::Mode(EgressMode::None)),
+                ..req()
+            };
+            for (r, policy) in [
+                (none, Egress::Mode(EgressMode::None)),
+                (req(), Egress::default()),
+            ] {
+                let (row, how) = c.sandboxes.provision(&r).await.unwrap();
+                assert_eq!(how, "warm");
+                assert_eq!(row.egress.map(|e| e.policy), Some(policy));
+            }
+            // A policy no pool has is served cold.
+            let other = Request {
+                egress: Some(Egress::Rules(berth_protocol::egress::EgressRules {
+                    allow: vec!["github.com".into()],
+                    deny_private: true,
+                })),
+                ..req()
+            };
+            let (_, how) = c.sandboxes.provision(&other).await.unwrap();
+            assert_eq!(how, "cold");
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,9 +11,18 @@ use tokio::sync::{Notify, Semaphore};
 
 use crate::config::PoolConfig;
 
-/// The pool a profile + image belongs to.
-pub fn key(profile: &str, image_ref: &str) -> String {
-    format!("{profile}@{image_ref}")
+/// The pool a profile + image belongs to, with its members' egress policy when that is not
+/// the default one (`profile@image` else, as before policies).
+pub fn key(profile: &str, image_ref: &str, egress: Option<&str>) -> String {
+    match egress {
+        None => format!("{profile}@{image_ref}"),
+        Some(policy) => {
+            use sha2::Digest;
+            let digest = sha2::Sha256::digest(policy.as_bytes());
+            let short: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+            format!("{profile}@{image_ref}#egress-{short}")
+        }
+    }
 }
 
 pub struct PoolState {
@@ -22,6 +31,8 @@ pub struct PoolState {
     pub image_ref: String,
     /// The members' screen (`WxH`), when the pool declares one.
     pub screen: Option<String>,
+    /// The members' egress policy.
+    pub egress: berth_protocol::egress::Egress,
     pub size: AtomicUsize,
     pub paused: AtomicBool,
     pub(crate) failures: AtomicU32,

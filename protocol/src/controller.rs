@@ -371,7 +371,8 @@ pub struct PortUrl {
 /// One warm pool (`GET /sandbox/v1/pools`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct PoolStatus {
-    /// `profile@image_ref`.
+    /// `profile@image_ref`, then `#egress-<digest>` for members with a policy other than the
+    /// config's default.
     pub pool: String,
     pub profile: String,
     pub image_ref: String,
@@ -385,6 +386,9 @@ pub struct PoolStatus {
     /// The members' screen (`"1280x800"`) when the pool declares one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub screen: Option<String>,
+    /// The members' egress policy when it is not the config's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::egress::Egress>,
 }
 
 /// `GET /sandbox/v1/pools` and the answer to `PUT /sandbox/v1/pools/{profile}`.

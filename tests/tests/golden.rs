@@ -351,6 +351,7 @@ fn catalog_viewer_pools_images_and_previews() {
                 paused: false,
                 failing: None,
                 screen: None,
+                egress: None,
             }],
         },
         r#"{"pools": [{"pool": "ide-ubuntu@process:abc", "profile": "ide-ubuntu",

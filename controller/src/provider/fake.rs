@@ -58,6 +58,8 @@ pub struct FakeProvider {
     state: Mutex<Memory>,
     /// Signalled at every create and destroy answered.
     changed: Notify,
+    /// Whether it says it enforces egress policies (`set_enforces_egress`).
+    egress: std::sync::atomic::AtomicBool,
 }
 
 impl FakeProvider {
@@ -69,7 +71,13 @@ impl FakeProvider {
             mode_changed: Notify::new(),
             state: Default::default(),
             changed: Notify::new(),
+            egress: Default::default(),
         })
+    }
+
+    /// Whether it says it enforces egress policies from now on (it keeps no network).
+    pub fn set_enforces_egress(&self, yes: bool) {
+        self.egress.store(yes, std::sync::atomic::Ordering::SeqCst);
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, Memory> {
@@ -223,6 +231,10 @@ impl Provider for FakeProvider {
                 "the fake provider runs fake: images, not {image_ref}"
             )))
         }
+    }
+
+    fn enforces_egress(&self) -> bool {
+        self.egress.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn unenforced(

@@ -119,8 +119,20 @@ impl Sandboxes {
             }
             None => provider.default_image(profile)?,
         };
-        let key = crate::warm::key(profile, &image);
+        let key = crate::warm::key(profile, &image, None);
         Ok((image, key))
+    }
+
+    /// The pool that serves `profile` from `image` with `egress` (the key [`Self::resolve`]
+    /// gives when it is the config's default).
+    pub fn warm_key(&self, profile: &str, image: &str, egress: &Egress) -> String {
+        let policy = (*egress != self.ctx.config.egress.default)
+            .then(|| serde_json::to_string(egress).unwrap_or_default());
+        crate::warm::key(
+            self.ctx.profile(profile).map_or(profile, |p| &p.name),
+            image,
+            policy.as_deref(),
+        )
     }
 
     /// A ready sandbox for `req`: a warm member when a pool serves it, else a cold create.
@@ -162,10 +174,10 @@ impl Sandboxes {
     ) -> Result<(SandboxRow, bool)> {
         validate_labels(&req.labels)?;
         let req = &self.checked(req)?;
-        let (image, key) = self.resolve(&req.profile, req.image_ref.as_deref())?;
-        // Pool members run with the default egress policy.
-        let default_egress = req.egress.as_ref() == Some(&self.ctx.config.egress.default);
-        if default_egress && let Some(row) = self.claim_warm(&key, req).await? {
+        let (image, _) = self.resolve(&req.profile, req.image_ref.as_deref())?;
+        let egress = req.egress.clone().unwrap_or_default();
+        let key = self.warm_key(&req.profile, &image, &egress);
+        if let Some(row) = self.claim_warm(&key, req).await? {
             self.ctx.metrics.claim("warm", started.elapsed());
             return Ok((row, true));
         }
