@@ -162,6 +162,29 @@ fn declared_ports(labels: &HashMap<String, String>) -> BTreeMap<String, u16> {
         .collect()
 }
 
+/// Why a network found under [`EGRESS_NETWORK`] must not hold sandboxes behind the proxy
+/// (one made by hand, or by something else): it has a route out, or its sandboxes reach each
+/// other. None when it is as berth makes it.
+fn egress_network_problem(net: &Network) -> Option<String> {
+    let icc = net
+        .options
+        .as_ref()
+        .and_then(|o| o.get("com.docker.network.bridge.enable_icc"))
+        .map(String::as_str);
+    let fix = format!("remove it (`docker network rm {EGRESS_NETWORK}`) and berth makes it again");
+    if net.internal != Some(true) {
+        return Some(format!(
+            "{EGRESS_NETWORK} exists but is not internal: {fix}"
+        ));
+    }
+    if icc != Some("false") {
+        return Some(format!(
+            "{EGRESS_NETWORK} exists with traffic between its containers allowed: {fix}"
+        ));
+    }
+    None
+}
+
 /// A container's address on the network named `net`.
 fn address_on(c: &bollard::models::ContainerInspectResponse, net: &str) -> Option<String> {
     c.network_settings
@@ -240,6 +263,9 @@ impl DockerProvider {
             return Ok(r.clone());
         }
         let net = self.named_network(EGRESS_NETWORK, true).await?;
+        if let Some(problem) = egress_network_problem(&net) {
+            return Err(failed("the egress network", problem));
+        }
         let id = net.id.clone().unwrap_or_default();
         let gateway: IpAddr = net
             .ipam
@@ -699,6 +725,31 @@ impl Provider for DockerProvider {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_internal_network_without_inter_container_traffic_holds_egress_sandboxes() {
+        let net = |internal: Option<bool>, icc: Option<&str>| Network {
+            internal,
+            options: icc.map(|v| {
+                HashMap::from([("com.docker.network.bridge.enable_icc".into(), v.into())])
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            egress_network_problem(&net(Some(true), Some("false"))),
+            None
+        );
+        let open = egress_network_problem(&net(Some(false), Some("false"))).unwrap();
+        assert!(
+            open.contains("is not internal") && open.contains("docker network rm"),
+            "{open}"
+        );
+        assert!(egress_network_problem(&net(None, Some("false"))).is_some());
+        for icc in [None, Some("true")] {
+            let p = egress_network_problem(&net(Some(true), icc)).unwrap();
+            assert!(p.contains("traffic between its containers"), "{p}");
+        }
+    }
 
     #[test]
     fn a_limit_the_daemon_cannot_set_is_named_and_swap_counts_only_where_there_is_swap() {
