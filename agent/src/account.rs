@@ -210,7 +210,11 @@ impl ChildEnv {
         vars.insert("PATH".into(), path);
         // A sandbox behind an egress proxy is given it in the agent's environment: every
         // program the agent starts finds it there (curl, git, pip, apt, the browser).
-        for name in PROXY_VARS {
+        // Behind the proxy it also trusts the proxy's CA: the variables naming the bundle.
+        let trust = berth_protocol::egress::trust::BUNDLE_VARS
+            .into_iter()
+            .chain([berth_protocol::egress::trust::NODE_VAR]);
+        for name in PROXY_VARS.into_iter().chain(trust) {
             if let Ok(v) = std::env::var(name) {
                 vars.insert(name.into(), v);
             }

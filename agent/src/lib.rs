@@ -9,6 +9,7 @@ pub mod cli;
 pub mod compat;
 pub mod desktop;
 pub mod display;
+pub mod egress;
 pub mod episode;
 pub mod events;
 pub mod exec;

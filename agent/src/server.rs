@@ -30,6 +30,8 @@ pub const ENDPOINTS_FILE: &str = "endpoints.json";
 
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let base = prepare_base(&args)?;
+    // Before anything starts: the egress proxy's CA and settings, where programs look.
+    crate::egress::install_from_env();
 
     if let Err(e) = crate::proc::become_subreaper() {
         tracing::warn!(error = %e, "cannot become a subreaper; orphans may escape to init");

@@ -101,6 +101,14 @@ pub struct EgressConfig {
     /// Names the proxy resolves itself, before the host's resolver: `"git.test" =
     /// ["172.30.0.5"]` (a private mirror, a GitHub Enterprise host, a test host).
     pub hosts: std::collections::BTreeMap<String, Vec<std::net::IpAddr>>,
+    /// `[[egress.credentials]]`: headers the proxy adds to requests for a host, from secrets
+    /// the controller holds (sandboxes behind the proxy only).
+    pub credentials: Vec<CredentialConfig>,
+    /// PEM files of CAs trusted for upstream hosts besides the system's, when the proxy opens
+    /// a tunnel to add a credential (a GitHub Enterprise host with its own CA).
+    pub upstream_ca: Vec<PathBuf>,
+    /// `[egress.github]`: the GitHub host and the token of the GitHub tools.
+    pub github: Option<GithubConfig>,
 }
 
 impl Default for EgressConfig {
@@ -109,6 +117,89 @@ impl Default for EgressConfig {
             default: berth_protocol::egress::Egress::default(),
             proxy_port: 3128,
             hosts: Default::default(),
+            credentials: Vec::new(),
+            upstream_ca: Vec::new(),
+            github: None,
+        }
+    }
+}
+
+/// A secret from the controller's environment (`secret`, a variable's name) or a file
+/// (`secret_file`, a secrets mount; trailing newline dropped); `what` names it in the error.
+pub fn read_secret(
+    secret: Option<&str>,
+    secret_file: Option<&Path>,
+    what: &str,
+) -> anyhow::Result<String> {
+    let v = match (secret, secret_file) {
+        (Some(var), None) => std::env::var(var)
+            .map_err(|_| anyhow::anyhow!("{what}: the environment variable {var} is not set"))?,
+        (None, Some(f)) => std::fs::read_to_string(f)
+            .map_err(|e| anyhow::anyhow!("{what}: {}: {e}", f.display()))?
+            .trim_end_matches(['\r', '\n'])
+            .to_string(),
+        _ => anyhow::bail!("{what}: give one of secret (a variable's name) or secret_file"),
+    };
+    anyhow::ensure!(!v.is_empty(), "{what}: the secret is empty");
+    Ok(v)
+}
+
+/// `[[egress.credentials]]`: `host = "github.com"`, `header = "Authorization"`, `secret =
+/// "GITHUB_TOKEN"`, and `value = "Bearer {secret}"` (the default) or `basic_user = "x"`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CredentialConfig {
+    /// A host name or `*.name`.
+    pub host: String,
+    #[serde(default = "authorization")]
+    pub header: String,
+    /// The header's value, `{secret}` standing for the secret.
+    #[serde(default)]
+    pub value: Option<String>,
+    /// Basic authentication: this user name, the secret its password.
+    #[serde(default)]
+    pub basic_user: Option<String>,
+    /// The controller's environment variable holding the secret.
+    #[serde(default)]
+    pub secret: Option<String>,
+    /// Or a file holding it.
+    #[serde(default)]
+    pub secret_file: Option<PathBuf>,
+}
+
+fn authorization() -> String {
+    "Authorization".into()
+}
+
+/// `[egress.github]`: the tools `github_repositories` and `github_clone_repository`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GithubConfig {
+    /// The host repositories are cloned from (`github.com`, an Enterprise host, a test host).
+    #[serde(default = "github_host")]
+    pub host: String,
+    /// The REST API's base URL: `https://api.github.com` for github.com, else
+    /// `https://<host>/api/v3`.
+    #[serde(default)]
+    pub api: Option<String>,
+    /// The controller's environment variable holding the token.
+    #[serde(default)]
+    pub secret: Option<String>,
+    /// Or a file holding it.
+    #[serde(default)]
+    pub secret_file: Option<PathBuf>,
+}
+
+fn github_host() -> String {
+    "github.com".into()
+}
+
+impl GithubConfig {
+    pub fn api_base(&self) -> String {
+        match &self.api {
+            Some(a) => a.trim_end_matches('/').to_string(),
+            None if self.host == "github.com" => "https://api.github.com".into(),
+            None => format!("https://{}/api/v3", self.host),
         }
     }
 }

@@ -40,9 +40,20 @@ pub struct Controller {
     pub viewers: Arc<Viewers>,
     pub sessions: Arc<Sessions>,
     pub reconciler: Arc<Reconciler>,
+    /// The GitHub tools, when `[egress.github]` is configured (set once at start).
+    pub github: std::sync::OnceLock<Arc<crate::github::Github>>,
 }
 
 impl Controller {
+    /// The GitHub tools, or 404 naming the config they need.
+    pub fn github(&self) -> crate::error::Result<&Arc<crate::github::Github>> {
+        self.github.get().ok_or_else(|| {
+            crate::error::Error::NotFound(
+                "no GitHub tools here: the controller's config has no [egress.github]".into(),
+            )
+        })
+    }
+
     pub fn new(
         config: Config,
         store: Store,
@@ -99,6 +110,7 @@ impl Controller {
             episodes,
             follower,
             reconciler,
+            github: std::sync::OnceLock::new(),
         }))
     }
 }

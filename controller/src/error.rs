@@ -24,6 +24,9 @@ pub enum Error {
     /// The sandbox's agent failed the request.
     #[error("{0}")]
     Agent(String),
+    /// A service outside berth (GitHub) failed or refused.
+    #[error("{0}")]
+    Upstream(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -39,6 +42,7 @@ impl Error {
             Error::Unprocessable(_) => "unprocessable",
             Error::Unavailable(_) => "unavailable",
             Error::Agent(_) => "agent",
+            Error::Upstream(_) => "upstream",
             Error::Internal(_) => "internal",
         }
     }

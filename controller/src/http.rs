@@ -31,7 +31,7 @@ impl IntoResponse for ApiError {
             Error::Conflict(_) => StatusCode::CONFLICT,
             Error::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Error::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Error::Agent(_) => StatusCode::BAD_GATEWAY,
+            Error::Agent(_) | Error::Upstream(_) => StatusCode::BAD_GATEWAY,
             Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         if status.is_server_error() {

@@ -15,6 +15,7 @@ pub mod egress;
 pub mod episode;
 pub mod error;
 pub mod follow;
+pub mod github;
 pub mod http;
 pub mod image;
 pub mod image_job;

@@ -235,6 +235,26 @@ pub struct LeaseId {
     pub lease_id: String,
 }
 
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CloneArgs {
+    /// The sandbox to clone into (behind the egress proxy, its policy allowing the GitHub
+    /// host).
+    pub id: String,
+    /// `owner/name`, as `github_repositories` lists it.
+    pub repository: String,
+    /// Where to clone to, relative to the sandbox's working directory unless absolute
+    /// (default: the repository's name).
+    #[serde(default)]
+    pub path: Option<String>,
+    /// A branch or tag to check out.
+    #[serde(default)]
+    pub branch: Option<String>,
+    /// A shallow clone of this many commits.
+    #[serde(default)]
+    pub depth: Option<u32>,
+}
+
 /// A domain error as a tool error: the REST error body as content.
 #[derive(Debug)]
 pub struct ToolError(pub Error);
@@ -262,10 +282,13 @@ pub struct ControllerMcp {
 
 impl ControllerMcp {
     pub fn new(c: Arc<Controller>) -> Self {
-        ControllerMcp {
-            c,
-            tool_router: Self::tool_router(),
+        let mut tool_router = Self::tool_router();
+        // The GitHub tools only where they work: an agent is not shown tools that answer 404.
+        if c.github.get().is_none() {
+            tool_router.remove_route("github_repositories");
+            tool_router.remove_route("github_clone_repository");
         }
+        ControllerMcp { c, tool_router }
     }
 
     fn answer(&self, sandbox: Sandbox) -> SandboxAnswer {
@@ -404,6 +427,41 @@ impl ControllerMcp {
         Ok(Json(berth_protocol::controller::ArtifactList {
             artifacts: rows.iter().map(|a| a.to_wire()).collect(),
         }))
+    }
+
+    /// Lists the GitHub repositories the controller's token reads (`owner/name` each): what
+    /// `github_clone_repository` can clone. The token stays in the controller.
+    #[tool(annotations(read_only_hint = true, open_world_hint = true))]
+    async fn github_repositories(
+        &self,
+    ) -> Result<Json<berth_protocol::controller::GithubRepositoryList>, ToolError> {
+        Ok(Json(self.c.github()?.repositories().await?))
+    }
+
+    /// Clones a GitHub repository into a sandbox's working directory (`path`, default its
+    /// name). The egress proxy adds the token to that repository's requests only (this clone,
+    /// later fetches and pushes, its pull requests through the API); the sandbox never holds
+    /// it.
+    #[tool(annotations(destructive_hint = false, open_world_hint = true))]
+    async fn github_clone_repository(
+        &self,
+        Parameters(args): Parameters<CloneArgs>,
+    ) -> Result<Json<berth_protocol::controller::GithubCloned>, ToolError> {
+        let github = self.c.github()?.clone();
+        let c = self.c.clone();
+        let req = berth_protocol::controller::GithubClone {
+            repository: args.repository,
+            path: args.path,
+            branch: args.branch,
+            depth: args.depth,
+        };
+        let cloned = Self::detached(async move {
+            github
+                .clone_repository(&c.ctx, &c.runs, &args.id, req)
+                .await
+        })
+        .await?;
+        Ok(Json(cloned))
     }
 
     /// Releases a lease (`DELETE /sandbox/v1/leases/{id}`), which destroys its sandbox.

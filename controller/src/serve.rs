@@ -122,7 +122,9 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
     let store = Store::open(&data_dir.join("berth.db"), sealer).context("opening the store")?;
     let bin = agent_bin(opts.agent_bin.clone(), &opts.config)?;
     let (book, notes) = crate::egress::Book::new();
-    let providers = connect_providers(&opts.config, &data_dir, &bin, &book).await?;
+    let name = store.meta_init("controller_id", &crate::util::new_id("ctl"))?;
+    let edge = crate::egress::edge_from_config(&opts.config.egress, &data_dir, &name)?;
+    let providers = connect_providers(&opts.config, &data_dir, &bin, &book, &edge).await?;
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
         .with_context(|| format!("binding {}", opts.listen))?;
@@ -135,6 +137,12 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
     let controller = Controller::new(opts.config.clone(), store, data_dir, public_url, providers)?;
     let _ = controller.images.settings.set(image_settings(bin));
     tokio::spawn(record_egress_notes(controller.ctx.clone(), notes));
+    if let Some(g) = &opts.config.egress.github {
+        let github = crate::github::Github::new(g, &opts.config.egress, edge.clone())
+            .context("[egress.github]")?;
+        regrant(&controller, &github);
+        let _ = controller.github.set(Arc::new(github));
+    }
     controller.reconciler.recover().await?;
     controller.pools.start_pools()?;
     controller.reconciler.start_loops();
@@ -170,6 +178,7 @@ async fn connect_providers(
     data_dir: &Path,
     bin: &Path,
     book: &Arc<crate::egress::Book>,
+    edge: &Arc<crate::egress::edge::Edge>,
 ) -> anyhow::Result<BTreeMap<String, Arc<dyn Provider>>> {
     let process: Arc<dyn Provider> = Arc::new(ProcessProvider::new(
         data_dir.join("sandboxes"),
@@ -181,6 +190,7 @@ async fn connect_providers(
     if wants_docker {
         let egress = crate::provider::docker::Egress::new(
             book.clone(),
+            edge.clone(),
             config.egress.hosts.clone(),
             config.egress.proxy_port,
         );
@@ -230,6 +240,19 @@ fn image_settings(agent_bin: PathBuf) -> crate::image_job::ImageSettings {
 
 /// Writes what the proxy saw: each refusal an `egress.denied` event on the sandbox's
 /// timeline, each connection and refusal counted in its record.
+/// The repositories granted before a restart, granted again (the grants live in memory; the
+/// sandboxes' records keep them).
+fn regrant(controller: &Controller, github: &crate::github::Github) {
+    let rows = controller.ctx.store.sandboxes(&[]).unwrap_or_default();
+    for row in rows.into_iter().filter(|r| r.status.live()) {
+        for full in row.egress.iter().flat_map(|e| e.repositories.iter()) {
+            if let Ok((owner, name)) = crate::github::parse_repository(full) {
+                github.grant(&row.id, owner, name);
+            }
+        }
+    }
+}
+
 async fn record_egress_notes(
     ctx: Arc<crate::ctx::Ctx>,
     mut notes: tokio::sync::mpsc::Receiver<crate::egress::Note>,

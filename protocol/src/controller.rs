@@ -216,6 +216,10 @@ pub struct EgressReport {
     /// Connections refused (each an `egress.denied` event).
     #[serde(default)]
     pub denied: u64,
+    /// GitHub repositories cloned into it (`owner/name`): the proxy adds the token to their
+    /// requests, and to no other repository's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub repositories: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
@@ -338,6 +342,51 @@ pub struct RenewLease {
 pub struct CatalogList {
     pub kind: String,
     pub items: Vec<serde_json::Value>,
+}
+
+/// `GET /sandbox/v1/github/repositories`: the repositories the configured GitHub token reads.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+pub struct GithubRepositoryList {
+    pub repositories: Vec<GithubRepository>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+pub struct GithubRepository {
+    /// `owner/name`: what `github_clone_repository` takes.
+    pub full_name: String,
+    #[serde(default)]
+    pub private: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_branch: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+/// `POST /sandbox/sandboxes/v1/{id}/github/clone`: clone a repository into the sandbox, the
+/// token added by the egress proxy (it never enters the sandbox).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GithubClone {
+    /// `owner/name`.
+    pub repository: String,
+    /// Where to clone to, relative to the sandbox's working directory (its user's home)
+    /// unless absolute; default: the repository's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// A branch or tag to check out (default: the repository's default branch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch: Option<String>,
+    /// A shallow clone of this many commits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depth: Option<u32>,
+}
+
+/// The answer of a clone: where it went and the `git clone` run (its output).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+pub struct GithubCloned {
+    pub repository: String,
+    pub path: String,
+    pub run: Run,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
@@ -517,6 +566,23 @@ impl ControllerClient {
         Self::call(
             self.request(reqwest::Method::POST, &fill(route::SANDBOX_EXEC, &[id]))
                 .json(req),
+        )
+        .await
+    }
+
+    /// `GET /sandbox/v1/github/repositories`.
+    pub async fn github_repositories(&self) -> Result<GithubRepositoryList> {
+        Self::call(self.request(reqwest::Method::GET, route::GITHUB_REPOSITORIES)).await
+    }
+
+    /// `POST …/{id}/github/clone`.
+    pub async fn github_clone(&self, id: &str, req: &GithubClone) -> Result<GithubCloned> {
+        Self::call(
+            self.request(
+                reqwest::Method::POST,
+                &fill(route::SANDBOX_GITHUB_CLONE, &[id]),
+            )
+            .json(req),
         )
         .await
     }

@@ -6,6 +6,28 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
+/// How a sandbox behind the egress proxy comes to trust the proxy's CA: the controller sets
+/// these in the sandbox's environment, the agent installs the certificate.
+pub mod trust {
+    /// The CA certificate (PEM) for the agent to install.
+    pub const CA_VAR: &str = "BERTH_EGRESS_CA";
+    /// Where the agent puts it (`update-ca-certificates` keeps it on a rebuild).
+    pub const CA_FILE: &str = "/usr/local/share/ca-certificates/berth-egress.crt";
+    /// The system bundle, to which the agent adds it.
+    pub const BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+    /// Variables pointing programs with their own CA list at the system bundle (Python's
+    /// `requests`, pip, git, curl, OpenSSL).
+    pub const BUNDLE_VARS: [&str; 5] = [
+        "SSL_CERT_FILE",
+        "REQUESTS_CA_BUNDLE",
+        "PIP_CERT",
+        "GIT_SSL_CAINFO",
+        "CURL_CA_BUNDLE",
+    ];
+    /// Node's extra CAs: the certificate itself.
+    pub const NODE_VAR: &str = "NODE_EXTRA_CA_CERTS";
+}
+
 /// Where a sandbox's programs may connect.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(untagged)]
@@ -139,6 +161,38 @@ pub fn normalise(host: &str) -> String {
     host.trim().trim_end_matches('.').to_ascii_lowercase()
 }
 
+/// The host of a `Host` header or authority (`h`, `h:80`, `[::1]:80`).
+pub fn host_of(authority: &str) -> &str {
+    let a = authority.trim();
+    if let Some(rest) = a.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    match a.rsplit_once(':') {
+        Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) && !h.contains(':') => h,
+        _ => a,
+    }
+}
+
+/// Whether `host` is the name a credential's pattern names: the name itself, or for
+/// `*.suffix` any name below `suffix`.
+pub fn name_matches(pattern: &str, host: &str) -> bool {
+    let name = normalise(host);
+    match parse_entry(pattern) {
+        Ok(Entry::Exact(n)) => n == name,
+        Ok(Entry::Below(suffix)) => below(&name, &suffix),
+        Ok(Entry::Net(net, bits)) => host
+            .trim_matches(['[', ']'])
+            .parse::<IpAddr>()
+            .is_ok_and(|ip| in_net(ip, net, bits)),
+        Err(_) => false,
+    }
+}
+
+fn below(name: &str, suffix: &str) -> bool {
+    name.strip_suffix(suffix)
+        .is_some_and(|head| head.len() > 1 && head.ends_with('.'))
+}
+
 /// Checks a policy's entries: the reason of the first that does not parse.
 pub fn validate(e: &Egress) -> Result<(), String> {
     if let Egress::Rules(r) = e {
@@ -235,9 +289,7 @@ pub fn host_verdict(policy: &Egress, host: &str) -> HostVerdict {
     let name = normalise(host);
     let named = entries.iter().any(|e| match e {
         Entry::Exact(n) => *n == name,
-        Entry::Below(suffix) => name
-            .strip_suffix(suffix.as_str())
-            .is_some_and(|head| head.len() > 1 && head.ends_with('.')),
+        Entry::Below(suffix) => below(&name, suffix),
         Entry::Net(..) => false,
     });
     if named {
@@ -272,6 +324,18 @@ pub fn address_allowed(policy: &Egress, ip: IpAddr) -> Result<(), Denial> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credential_patterns_name_hosts() {
+        assert!(name_matches("github.com", "GitHub.com."));
+        assert!(!name_matches("github.com", "api.github.com"));
+        assert!(name_matches("*.github.com", "api.github.com"));
+        assert!(!name_matches("*.github.com", "github.com"));
+        assert!(!name_matches("*.github.com", "evilgithub.com"));
+        assert!(name_matches("10.0.0.0/8", "10.1.2.3"));
+        assert!(!name_matches("10.0.0.0/8", "example.org"));
+        assert!(!name_matches("a b", "a b"));
+    }
 
     fn rules(allow: &[&str], deny_private: bool) -> Egress {
         Egress::Rules(EgressRules {

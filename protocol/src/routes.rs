@@ -212,6 +212,10 @@ pub mod controller {
     pub const SANDBOX_MCP: &str = "/sandbox/sandboxes/v1/{id}/mcp";
     pub const SANDBOX_ARTIFACTS: &str = "/sandbox/sandboxes/v1/{id}/artifacts";
     pub const SANDBOX_EPISODE: &str = "/sandbox/sandboxes/v1/{id}/episode";
+    /// `POST` a [`crate::controller::GithubClone`]: the repository cloned into the sandbox.
+    pub const SANDBOX_GITHUB_CLONE: &str = "/sandbox/sandboxes/v1/{id}/github/clone";
+    /// `GET`: the repositories the configured GitHub token reads.
+    pub const GITHUB_REPOSITORIES: &str = "/sandbox/v1/github/repositories";
     /// `POST` → `{"url", "expires_at"}`: a one-time URL for the session view.
     pub const SANDBOX_SESSION: &str = "/sandbox/sandboxes/v1/{id}/session";
     /// (S) the session view page (`?t=` opens a one-time URL and sets the session cookie).
@@ -258,6 +262,8 @@ pub mod header {
     /// MCP (Streamable HTTP): the session a server assigned, and the protocol version a
     /// client speaks; both pass through the controller's relay either way.
     pub const MCP_SESSION_ID: &str = "mcp-session-id";
+    /// The egress proxy's refusals: the reason (`not_allowed`, `host_mismatch`, …).
+    pub const EGRESS_DENIED: &str = "x-berth-egress-denied";
     pub const MCP_PROTOCOL_VERSION: &str = "mcp-protocol-version";
     /// Every header the agent sets on its own answers, which proxies pass through.
     pub const AGENT_RESPONSE: [&str; 6] = [

@@ -14,6 +14,9 @@ Usage:
       `computer_screenshot`, a refused click) and the browser toolset's (`browser_navigate`,
       `browser_find`), runs `exec`; a
       session-less connection there runs `exec` too; the first session deletes the sandbox.
+  client.py github URL KEY SANDBOX REPOSITORY PATH
+      The GitHub tools: lists the tools, calls `github_repositories`, then
+      `github_clone_repository` of REPOSITORY into SANDBOX at PATH.
 
 Every request carries the X-Api-Key header. Prints one JSON object with what it saw; the Rust
 test (tests/tests/mcp_controller.rs) asserts on it.
@@ -164,6 +167,21 @@ async def engine(url: str, http: httpx2.AsyncClient, profile: str, screen: str, 
     return out
 
 
+async def github(url: str, http: httpx2.AsyncClient, sid: str, repo: str, path: str) -> dict:
+    async with streamable_http_client(url, http_client=http) as (read, write):
+        async with ClientSession(read, write) as s:
+            await s.initialize()
+            return {
+                "tools": sorted(t.name for t in (await s.list_tools()).tools),
+                "repositories": answer(await s.call_tool("github_repositories", {})),
+                "clone": answer(
+                    await s.call_tool(
+                        "github_clone_repository", {"id": sid, "repository": repo, "path": path}
+                    )
+                ),
+            }
+
+
 async def main() -> None:
     mode, url, key = sys.argv[1], sys.argv[2], sys.argv[3]
     headers = {"X-Api-Key": key}
@@ -175,6 +193,8 @@ async def main() -> None:
         elif mode == "engine":
             x, y = int(sys.argv[6]), int(sys.argv[7])
             result = await engine(url, http, sys.argv[4], sys.argv[5], x, y)
+        elif mode == "github":
+            result = await github(url, http, sys.argv[4], sys.argv[5], sys.argv[6])
         else:
             raise SystemExit(f"unknown mode {mode!r}")
     print(json.dumps(result))

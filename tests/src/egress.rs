@@ -128,3 +128,346 @@ fn rand_suffix() -> u32 {
         .unwrap()
         .subsec_nanos()
 }
+
+/// The git host: Debian's `git-http-backend` behind a small HTTPS server on 443 that wants a
+/// token (basic authentication as GitHub takes it for git, a bearer token on its REST routes
+/// under `/api/v3`), and `/whoami` answering `authorized` when the `X-Api-Token` header holds
+/// the second secret. No answer ever repeats a request's header.
+const GIT_SERVER: &str = r#"
+import base64, http.server, json, os, ssl, subprocess, sys
+TOKEN, API_TOKEN = open("/certs/token").read().strip(), open("/certs/api-token").read().strip()
+BASIC = "Basic " + base64.b64encode(("x-access-token:" + TOKEN).encode()).decode()
+REPOS = [{"full_name": "acme/private-repo", "private": True, "default_branch": "main",
+          "description": "the test's private repository"},
+         {"full_name": "acme/other", "private": True, "default_branch": "main"}]
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a):
+        pass
+    def reply(self, code, body, ctype="text/plain", extra=()):
+        b = body.encode() if isinstance(body, str) else body
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(b)))
+        for k, v in extra:
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(b)
+    def body(self):
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            out = b""
+            while True:
+                n = int(self.rfile.readline().split(b";")[0].strip(), 16)
+                if n == 0:
+                    self.rfile.readline()
+                    return out
+                out += self.rfile.read(n)
+                self.rfile.readline()
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+    def route(self):
+        path, _, query = self.path.partition("?")
+        auth = self.headers.get("Authorization", "")
+        with open("/srv/requests.log", "a") as f:
+            f.write("%s %s %s\n" % (self.command, path, "auth" if auth else "anon"))
+        if path == "/whoami":
+            ok = self.headers.get("X-Api-Token") == "Token " + API_TOKEN
+            return self.reply(200, "authorized" if ok else "anonymous")
+        if path.startswith("/api/v3/"):
+            if auth != "Bearer " + TOKEN:
+                return self.reply(401, json.dumps({"message": "Bad credentials"}), "application/json")
+            if path == "/api/v3/user/repos":
+                page = "page=1" in query.split("&") or "page" not in query
+                return self.reply(200, json.dumps(REPOS if page else []), "application/json")
+            if path.startswith("/api/v3/repos/acme/") and path.endswith("/pulls"):
+                return self.reply(200, json.dumps([{"number": 1, "title": "A pull request"}]), "application/json")
+            return self.reply(404, json.dumps({"message": "Not Found"}), "application/json")
+        if auth != BASIC:
+            return self.reply(401, "token wanted\n", extra=[("WWW-Authenticate", 'Basic realm="git"')])
+        data = self.body()
+        env = dict(os.environ, GIT_PROJECT_ROOT="/srv/git", GIT_HTTP_EXPORT_ALL="1",
+                   PATH_INFO=path, QUERY_STRING=query, REQUEST_METHOD=self.command,
+                   CONTENT_TYPE=self.headers.get("Content-Type", ""),
+                   CONTENT_LENGTH=str(len(data)), REMOTE_USER="x-access-token",
+                   REMOTE_ADDR=self.client_address[0])
+        out = subprocess.run(["/usr/lib/git-core/git-http-backend"], input=data, env=env,
+                             capture_output=True).stdout
+        head, _, rest = out.partition(b"\r\n\r\n")
+        if not _:
+            head, _, rest = out.partition(b"\n\n")
+        code, extra, ctype = 200, [], "application/octet-stream"
+        for line in head.decode().splitlines():
+            k, _, v = line.partition(":")
+            if k.lower() == "status":
+                code = int(v.strip().split()[0])
+            elif k.lower() == "content-type":
+                ctype = v.strip()
+            elif k and k.lower() != "content-length":
+                extra.append((k, v.strip()))
+        self.reply(code, rest, ctype, extra)
+    do_GET = do_POST = route
+s = http.server.ThreadingHTTPServer(("0.0.0.0", 443), H)
+c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+c.load_cert_chain("/certs/git.pem", "/certs/git-key.pem")
+s.socket = c.wrap_socket(s.socket, server_side=True)
+s.serve_forever()
+"#;
+
+/// The repositories: `acme/private-repo` (a README and a commit on `main`) and `acme/other`.
+const GIT_REPOS: &str = "set -e
+for r in private-repo other; do
+  git init -q --bare -b main /srv/git/acme/$r.git
+  git -C /srv/git/acme/$r.git config http.receivepack true
+  rm -rf /tmp/w && git init -q -b main /tmp/w
+  echo \"# $r: berth egress test\" > /tmp/w/README.md
+  git -C /tmp/w add README.md
+  git -C /tmp/w -c user.name=t -c user.email=t@t commit -q -m first
+  git -C /tmp/w push -q /srv/git/acme/$r.git main
+done";
+
+/// A git host container on the test's network: `git.test` and `creds.test` by a certificate
+/// of the test's own CA (`ca.pem`, what the controller's `[egress] upstream_ca` names).
+pub struct GitHost {
+    pub name: String,
+    pub network: String,
+    /// The test CA (PEM file), the GitHub token and the other credential's secret.
+    pub ca: std::path::PathBuf,
+    pub token: String,
+    pub api_token: String,
+    pub token_file: std::path::PathBuf,
+    pub api_token_file: std::path::PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for GitHost {
+    fn drop(&mut self) {
+        let _ = Command::new("docker")
+            .args(["rm", "-f", &self.name])
+            .output();
+        let _ = Command::new("docker")
+            .args(["network", "rm", &self.network])
+            .output();
+    }
+}
+
+fn openssl(args: &[&str]) {
+    let out = Command::new("openssl").args(args).output().unwrap();
+    assert!(out.status.success(), "openssl {args:?}: {out:?}");
+}
+
+/// The test CA, the git host's certificate for `git.test` and `creds.test`, and the two
+/// secrets (files `token`, `api-token`), in `dir`.
+fn secrets_and_certs(dir: &std::path::Path) -> (String, String) {
+    let d = |f: &str| dir.join(f).to_string_lossy().into_owned();
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=berth test CA",
+        "-keyout",
+        &d("ca-key.pem"),
+        "-out",
+        &d("ca.pem"),
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=git.test",
+        "-keyout",
+        &d("git-key.pem"),
+        "-out",
+        &d("git.csr"),
+    ]);
+    std::fs::write(
+        d("ext"),
+        "subjectAltName=DNS:git.test,DNS:creds.test\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        &d("git.csr"),
+        "-CA",
+        &d("ca.pem"),
+        "-CAkey",
+        &d("ca-key.pem"),
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        &d("ext"),
+        "-out",
+        &d("git.pem"),
+    ]);
+    let token = format!(
+        "ghp_berthtest{:032x}",
+        u128::from(rand_suffix()) << 64 | u128::from(std::process::id()) << 32 | 0xfeed
+    );
+    let api_token = format!("berth-api-secret-{:x}", rand_suffix() ^ 0x5eed);
+    std::fs::write(d("token"), &token).unwrap();
+    std::fs::write(d("api-token"), &api_token).unwrap();
+    for f in ["git-key.pem", "token", "api-token"] {
+        std::fs::set_permissions(
+            dir.join(f),
+            std::os::unix::fs::PermissionsExt::from_mode(0o644),
+        )
+        .unwrap();
+    }
+    (token, api_token)
+}
+
+impl GitHost {
+    /// Starts it from `image` (python3 and git) and waits until it answers.
+    pub fn start(image: &str) -> GitHost {
+        let tag = format!("{:x}", std::process::id() ^ rand_suffix());
+        let dir = tempfile::tempdir().unwrap();
+        let d = |f: &str| dir.path().join(f).to_string_lossy().into_owned();
+        let (token, api_token) = secrets_and_certs(dir.path());
+        let network = format!("berth-git-test-{tag}");
+        docker(&["network", "create", &network]);
+        let name = format!("berth-git-test-{tag}");
+        let script = format!(
+            "{GIT_REPOS}\nexec python3 -c '{}'",
+            GIT_SERVER.replace('\'', "'\\''")
+        );
+        docker(&[
+            "run",
+            "-d",
+            "--name",
+            &name,
+            "--network",
+            &network,
+            "-v",
+            &format!("{}:/certs:ro", d("")),
+            "--entrypoint",
+            "sh",
+            image,
+            "-c",
+            &script,
+        ]);
+        let host = GitHost {
+            name,
+            network,
+            ca: dir.path().join("ca.pem"),
+            token,
+            api_token,
+            token_file: dir.path().join("token"),
+            api_token_file: dir.path().join("api-token"),
+            dir,
+        };
+        host.wait_ready();
+        host
+    }
+
+    fn wait_ready(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let out = Command::new("docker")
+                .args([
+                    "exec",
+                    &self.name,
+                    "curl",
+                    "-sk",
+                    "https://127.0.0.1/whoami",
+                ])
+                .output()
+                .unwrap();
+            if String::from_utf8_lossy(&out.stdout).contains("anonymous") {
+                return;
+            }
+            let logs = Command::new("docker")
+                .args(["logs", &self.name])
+                .output()
+                .unwrap();
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the git host did not start: {logs:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+
+    /// Its address on its network.
+    pub fn ip(&self) -> String {
+        ip_on(&self.name, &self.network)
+    }
+
+    /// A shell line's output in the git host (its repositories are under /srv/git).
+    pub fn sh(&self, line: &str) -> String {
+        docker(&["exec", &self.name, "sh", "-c", line])
+    }
+
+    /// The test's scratch directory (kept while the host lives).
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+}
+
+/// Where `needles` occur in the memory and environment of every process of a container
+/// (read from the host, as root): `(pid, what, needle index)` for each hit, and how many
+/// processes and bytes were read.
+pub fn scan_processes(
+    container: &str,
+    needles: &[&[u8]],
+) -> (Vec<(u32, String, usize)>, usize, u64) {
+    use std::io::{Read, Seek, SeekFrom};
+    let pids: Vec<u32> = docker(&["top", container, "-eo", "pid"])
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    let mut hits = Vec::new();
+    let mut bytes = 0u64;
+    let find = |hay: &[u8], hits: &mut Vec<(u32, String, usize)>, pid: u32, what: &str| {
+        for (i, n) in needles.iter().enumerate() {
+            if memchr::memmem::find(hay, n).is_some() {
+                hits.push((pid, what.to_string(), i));
+            }
+        }
+    };
+    for &pid in &pids {
+        if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) {
+            find(&env, &mut hits, pid, "environ");
+        }
+        if let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) {
+            find(&cmd, &mut hits, pid, "cmdline");
+        }
+        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            continue;
+        };
+        let Ok(mut mem) = std::fs::File::open(format!("/proc/{pid}/mem")) else {
+            continue;
+        };
+        for line in maps.lines() {
+            let mut f = line.split_whitespace();
+            let (Some(range), Some(perms)) = (f.next(), f.next()) else {
+                continue;
+            };
+            let Some((a, b)) = range.split_once('-') else {
+                continue;
+            };
+            let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) else {
+                continue;
+            };
+            // Readable regions up to 1 GiB each (stack, heap, anonymous, mapped files).
+            if !perms.starts_with('r') || b - a > (1 << 30) || line.contains("[vvar") {
+                continue;
+            }
+            let mut buf = vec![0u8; (b - a) as usize];
+            if mem.seek(SeekFrom::Start(a)).is_err() || mem.read_exact(&mut buf).is_err() {
+                continue;
+            }
+            bytes += buf.len() as u64;
+            find(&buf, &mut hits, pid, line);
+        }
+    }
+    (hits, pids.len(), bytes)
+}

@@ -459,7 +459,7 @@ mod tests {
         &["sandbox"],
         &["pool", "lease", "artifact"],
         &["run", "episode"],
-        &["follow"],
+        &["follow", "github"],
         &["recovery"],
         &["controller"],
         &["http", "api", "mcp", "serve"],

@@ -15,6 +15,7 @@ mod desktop;
 mod display;
 mod docker;
 mod egress;
+mod egress_credentials;
 mod engines;
 mod episode;
 mod faults;

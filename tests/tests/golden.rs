@@ -126,6 +126,7 @@ fn desktop_sandbox() -> Sandbox {
             }),
             hosts: BTreeMap::from([("github.com".into(), 3)]),
             denied: 1,
+            repositories: vec!["acme/app".into()],
         }),
     }
 }
@@ -160,7 +161,8 @@ const DESKTOP_SANDBOX: &str = r#"{
     "egress": {
         "policy": {"allow": ["github.com", "*.pypi.org"], "deny_private": true},
         "hosts": {"github.com": 3},
-        "denied": 1
+        "denied": 1,
+        "repositories": ["acme/app"]
     }
 }"#;
 

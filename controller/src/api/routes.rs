@@ -54,6 +54,8 @@ pub fn keyed() -> Routes<ApiState> {
         .bind(&op::SANDBOX_ARTIFACT_LIST, sandbox_artifacts)
         .bind(&op::ARTIFACT_LIST, list_artifacts)
         .bind(&op::SANDBOX_EPISODE, episode)
+        .bind(&op::GITHUB_REPOSITORIES, github_repositories)
+        .bind(&op::SANDBOX_GITHUB_CLONE, github_clone)
         .bind(&op::ARTIFACT_GET, get_artifact)
         .bind(&op::ARTIFACT_DELETE, delete_artifact)
         .merge(super::proxy::keyed_proxies())
@@ -149,6 +151,25 @@ async fn exec(
 ) -> Result<Response> {
     let run = s.c.runs.exec(&id, body).await?;
     Ok(run.into_json().into_response())
+}
+
+async fn github_repositories(State(s): State<ApiState>) -> Result<Response> {
+    Ok(axum::Json(s.c.github()?.repositories().await?).into_response())
+}
+
+async fn github_clone(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    Json(body): Json<berth_protocol::controller::GithubClone>,
+) -> Result<Response> {
+    let github = s.c.github()?.clone();
+    let c = s.c.clone();
+    // Its own task: a client that leaves does not stop a clone halfway.
+    let cloned =
+        tokio::spawn(async move { github.clone_repository(&c.ctx, &c.runs, &id, body).await })
+            .await
+            .map_err(|e| Error::Internal(format!("the clone's task: {e}")))??;
+    Ok(axum::Json(cloned).into_response())
 }
 
 async fn run(

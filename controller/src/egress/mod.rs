@@ -1,6 +1,8 @@
 //! Egress under control: the proxy that is the only way out of a sandbox with an egress
 //! policy, the book of which sandbox each proxy client is, and what the proxy reports.
 
+pub mod ca;
+pub mod edge;
 pub mod hello;
 pub mod proxy;
 
@@ -101,6 +103,55 @@ impl proxy::Sandboxes for Book {
     }
 }
 
+/// The edge of the config: the CA kept in `data_dir` (generated on first use), the
+/// `[[egress.credentials]]` with their secrets read now (a missing one stops the start), and
+/// the upstream CAs.
+pub fn edge_from_config(
+    config: &crate::config::EgressConfig,
+    data_dir: &std::path::Path,
+    name: &str,
+) -> anyhow::Result<Arc<edge::Edge>> {
+    let ca = Arc::new(ca::Ca::load_or_create(data_dir, name)?);
+    let mut credentials = Vec::new();
+    for (i, c) in config.credentials.iter().enumerate() {
+        let what = format!("[[egress.credentials]] #{} ({})", i + 1, c.host);
+        berth_protocol::egress::validate(&Egress::Rules(berth_protocol::egress::EgressRules {
+            allow: vec![c.host.clone()],
+            deny_private: true,
+        }))
+        .map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+        let secret =
+            crate::config::read_secret(c.secret.as_deref(), c.secret_file.as_deref(), &what)?;
+        let value = match (&c.value, &c.basic_user) {
+            (Some(_), Some(_)) => anyhow::bail!("{what}: give value or basic_user, not both"),
+            (Some(v), None) if !v.contains("{secret}") => {
+                anyhow::bail!("{what}: value must hold {{secret}}")
+            }
+            (Some(v), None) => v.replace("{secret}", &secret),
+            (None, Some(user)) => basic(user, &secret),
+            (None, None) => format!("Bearer {secret}"),
+        };
+        credentials.push(
+            edge::Credential::new(&c.host, &c.header, &value)
+                .map_err(|e| anyhow::anyhow!("{what}: {e}"))?,
+        );
+    }
+    let mut upstream = Vec::new();
+    for f in &config.upstream_ca {
+        let pem = std::fs::read(f)
+            .map_err(|e| anyhow::anyhow!("[egress] upstream_ca: {}: {e}", f.display()))?;
+        upstream.push(pem);
+    }
+    Ok(Arc::new(edge::Edge::new(ca, credentials, &upstream)?))
+}
+
+/// An `Authorization` value for basic authentication.
+pub fn basic(user: &str, secret: &str) -> String {
+    use base64::Engine;
+    let b = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{secret}"));
+    format!("Basic {b}")
+}
+
 /// The environment that points a sandbox's programs at the proxy (`proxy`: `host:port`).
 pub fn proxy_env(proxy: &str) -> Vec<String> {
     let url = format!("http://{proxy}");
@@ -111,6 +162,19 @@ pub fn proxy_env(proxy: &str) -> Vec<String> {
     for name in ["no_proxy", "NO_PROXY"] {
         env.push(format!("{name}=localhost,127.0.0.1,::1"));
     }
+    env
+}
+
+/// The environment that has a sandbox trust the egress CA: the certificate for the agent to
+/// install (system bundle, Chrome's policy), and the variables pointing Python, pip, git and
+/// Node at the bundle that holds it.
+pub fn trust_env(ca_pem: &str) -> Vec<String> {
+    use berth_protocol::egress::trust as t;
+    let mut env = vec![format!("{}={ca_pem}", t::CA_VAR)];
+    for name in t::BUNDLE_VARS {
+        env.push(format!("{name}={}", t::BUNDLE));
+    }
+    env.push(format!("{}={}", t::NODE_VAR, t::CA_FILE));
     env
 }
 

@@ -11,10 +11,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use berth_protocol::egress::{self, Denial, Egress, HostVerdict};
+use berth_protocol::egress::{self, Denial, Egress, HostVerdict, host_of};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use super::edge::{Edge, Prefixed};
 use super::hello::{self, Hello};
 
 /// The largest request head read.
@@ -46,6 +47,8 @@ pub struct Proxy {
     sandboxes: Arc<dyn Sandboxes>,
     hosts: Hosts,
     slots: Arc<tokio::sync::Semaphore>,
+    /// Credentials added at the edge, when any are configured.
+    edge: Option<Arc<Edge>>,
 }
 
 /// A refusal as the client sees it: the status, and the reason in the body and a header.
@@ -64,10 +67,10 @@ impl Refusal {
 }
 
 /// Header naming the reason a request was refused.
-pub const DENIED_HEADER: &str = "x-berth-egress-denied";
+pub const DENIED_HEADER: &str = berth_protocol::routes::header::EGRESS_DENIED;
 
 impl Proxy {
-    pub fn new(sandboxes: Arc<dyn Sandboxes>, hosts: Hosts) -> Arc<Proxy> {
+    pub fn new(sandboxes: Arc<dyn Sandboxes>, hosts: Hosts, edge: Option<Arc<Edge>>) -> Arc<Proxy> {
         let hosts = hosts
             .into_iter()
             .map(|(k, v)| (egress::normalise(&k), v))
@@ -76,6 +79,7 @@ impl Proxy {
             sandboxes,
             hosts,
             slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
+            edge,
         })
     }
 
@@ -149,7 +153,14 @@ impl Proxy {
             }
         };
         let rest = head.bytes[head.len..head.filled].to_vec();
-        if req.connect {
+        let edge = self
+            .edge
+            .as_ref()
+            .filter(|e| e.intercepts(&sandbox, &req.host));
+        if let (true, Some(edge)) = (req.connect, edge) {
+            self.intercept(client, upstream, &sandbox, &req, rest, edge.clone())
+                .await;
+        } else if req.connect {
             self.tunnel(client, upstream, &sandbox, &req, rest, deny)
                 .await;
         } else {
@@ -206,6 +217,56 @@ impl Proxy {
             _ = refused => {}
             _ = clock.idle() => {}
         }
+    }
+
+    /// A tunnel to a host with a credential: once the client's first bytes pass the name
+    /// checks, a TLS client is served by the edge (which adds the credential); anything else
+    /// is relayed untouched.
+    async fn intercept(
+        &self,
+        mut client: TcpStream,
+        upstream: TcpStream,
+        sandbox: &str,
+        req: &Request,
+        first: Vec<u8>,
+        edge: Arc<Edge>,
+    ) {
+        if client
+            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let first = match first_bytes(&mut client, first, &req.host).await {
+            Ok(f) => f,
+            Err(d) => {
+                if let Some(d) = d {
+                    self.sandboxes.denied(sandbox, &req.host, req.port, d);
+                }
+                return;
+            }
+        };
+        self.sandboxes.connected(sandbox, &req.host);
+        if !matches!(hello::parse(&first), Hello::Tls(_)) {
+            return relay(client, upstream, first).await;
+        }
+        let (book, id, host, port) = (
+            self.sandboxes.clone(),
+            sandbox.to_string(),
+            req.host.clone(),
+            req.port,
+        );
+        let deny = move |d: Denial| book.denied(&id, &host, port, d);
+        let client = Prefixed::new(first, client);
+        edge.serve(
+            client,
+            upstream,
+            sandbox.to_string(),
+            req.host.clone(),
+            deny,
+        )
+        .await;
     }
 
     /// Resolves and connects, each address checked against the policy.
@@ -320,18 +381,6 @@ struct Request {
     host_header: Option<String>,
     /// For a forwarded request: its head in origin form, `Connection: close`, no `Proxy-*`.
     origin_form_head: String,
-}
-
-/// The host of a `Host` header or authority (`h`, `h:80`, `[::1]:80`).
-fn host_of(authority: &str) -> &str {
-    let a = authority.trim();
-    if let Some(rest) = a.strip_prefix('[') {
-        return rest.split(']').next().unwrap_or(rest);
-    }
-    match a.rsplit_once(':') {
-        Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) && !h.contains(':') => h,
-        _ => a,
-    }
 }
 
 fn split_authority(a: &str, default_port: Option<u16>) -> Result<(String, u16), Refusal> {
@@ -633,6 +682,7 @@ mod tests {
         assert_eq!(host_of("a.b"), "a.b");
         assert_eq!(host_of("[::1]:80"), "::1");
         assert_eq!(host_of("::1"), "::1");
+        assert_eq!(host_of(" A.b:x"), "A.b:x");
     }
 
     #[test]

@@ -80,7 +80,7 @@ async fn proxy(unknown: bool) -> (SocketAddr, SocketAddr, Arc<FakeBook>) {
     ]);
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
-    tokio::spawn(Proxy::new(book.clone() as Arc<dyn Sandboxes>, hosts).serve(l));
+    tokio::spawn(Proxy::new(book.clone() as Arc<dyn Sandboxes>, hosts, None).serve(l));
     (addr, up, book)
 }
 
@@ -244,4 +244,249 @@ async fn clients_that_vanish_at_any_point_leave_the_proxy_serving() {
     println!("{resets} clients reset mid-request");
     let out = exchange(p, full.as_bytes()).await;
     assert!(out.contains("HTTP/1.1 200 OK"), "{out}");
+}
+
+/// An HTTPS upstream (a certificate for `up.test` from `ca`) answering each request on a
+/// connection with its head.
+async fn tls_upstream(ca: &super::ca::Ca) -> SocketAddr {
+    let acceptor = ca.acceptor("up.test").unwrap();
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut s) = acceptor.accept(s).await else {
+                    return;
+                };
+                let mut buf = vec![0u8; 4096];
+                let mut got = Vec::new();
+                loop {
+                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let end = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                    let head: Vec<u8> = got.drain(..end).collect();
+                    let reply =
+                        format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", head.len());
+                    if s.write_all(reply.as_bytes()).await.is_err()
+                        || s.write_all(&head).await.is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A proxy with an edge: `up.test` (the HTTPS upstream) has a credential for `/o/r.git/`
+/// granted to sandbox `sb`, and `X-Key` for every path.
+async fn edge_proxy() -> (SocketAddr, SocketAddr, Arc<FakeBook>, String) {
+    use super::edge::{Credential, Edge};
+    let upstream_ca = super::ca::Ca::ephemeral("upstream").unwrap();
+    let up = tls_upstream(&upstream_ca).await;
+    let ca = Arc::new(super::ca::Ca::ephemeral("test").unwrap());
+    let pem = ca.pem().to_string();
+    let key = Credential::new("up.test", "X-Key", "Key s3cret-key").unwrap();
+    let edge =
+        Arc::new(Edge::new(ca, vec![key], &[upstream_ca.pem().as_bytes().to_vec()]).unwrap());
+    let mut repo = Credential::new("up.test", "Authorization", "Basic s3cret-repo").unwrap();
+    repo.paths = vec!["/o/r.git/".into()];
+    edge.grant("sb", vec![repo]);
+    let book = Arc::new(FakeBook {
+        policy: Egress::Rules(EgressRules {
+            allow: vec!["up.test".into(), "127.0.0.1/32".into()],
+            deny_private: true,
+        }),
+        unknown: false,
+        notes: Mutex::new(Vec::new()),
+    });
+    let hosts = Hosts::from([("up.test".to_string(), vec![up.ip()])]);
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(Proxy::new(book.clone() as Arc<dyn Sandboxes>, hosts, Some(edge)).serve(l));
+    (addr, up, book, pem)
+}
+
+/// Through a CONNECT tunnel, TLS trusting `ca_pem` as `up.test`, the requests' answers.
+async fn through_edge(p: SocketAddr, port: u16, ca_pem: &str, requests: &[String]) -> Vec<String> {
+    let mut s = TcpStream::connect(p).await.unwrap();
+    let connect = format!("CONNECT up.test:{port} HTTP/1.1\r\nHost: up.test:{port}\r\n\r\n");
+    s.write_all(connect.as_bytes()).await.unwrap();
+    let mut head = vec![0u8; 39];
+    s.read_exact(&mut head).await.unwrap();
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    let connector: tokio_native_tls::TlsConnector = native_tls::TlsConnector::builder()
+        .add_root_certificate(native_tls::Certificate::from_pem(ca_pem.as_bytes()).unwrap())
+        .build()
+        .unwrap()
+        .into();
+    let mut tls = connector.connect("up.test", s).await.unwrap();
+    let mut answers = Vec::new();
+    for r in requests {
+        tls.write_all(r.as_bytes()).await.unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        // The answer's head and a body whose length the head gives.
+        loop {
+            let n = tokio::time::timeout(Duration::from_secs(5), tls.read(&mut buf))
+                .await
+                .unwrap()
+                .unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&got).into_owned();
+            if let Some(i) = text.find("\r\n\r\n") {
+                let len: usize = text[..i]
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length: ")
+                            .map(|v| v.trim().parse().unwrap())
+                    })
+                    .unwrap_or(0);
+                if got.len() >= i + 4 + len {
+                    break;
+                }
+            }
+        }
+        answers.push(String::from_utf8_lossy(&got).into_owned());
+    }
+    answers
+}
+
+#[tokio::test]
+async fn the_edge_adds_credentials_by_host_and_path_and_checks_each_host() {
+    let (p, up, book, pem) = edge_proxy().await;
+    let get = |path: &str, host: &str, extra: &str| {
+        format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}\r\n")
+    };
+    let answers = through_edge(
+        p,
+        up.port(),
+        &pem,
+        &[
+            get(
+                "/o/r.git/info/refs?service=git-upload-pack",
+                "up.test",
+                "Authorization: Basic forged\r\n",
+            ),
+            get("/o/other.git/info/refs", "up.test", ""),
+            get("/o/r.git/../other.git/info/refs", "up.test", ""),
+            get("/x", "elsewhere.test", ""),
+        ],
+    )
+    .await;
+    for a in &answers {
+        println!("---\n{a}");
+    }
+    let lower = |i: usize| answers[i].to_ascii_lowercase();
+    // Every request to the host carries its key; the repository's requests its token, the
+    // client's own header replaced.
+    assert!(lower(0).contains("x-key: key s3cret-key"), "{}", answers[0]);
+    assert!(
+        lower(0).contains("authorization: basic s3cret-repo"),
+        "{}",
+        answers[0]
+    );
+    assert!(!lower(0).contains("forged"), "{}", answers[0]);
+    assert!(lower(1).contains("x-key: key s3cret-key"), "{}", answers[1]);
+    assert!(!lower(1).contains("authorization"), "{}", answers[1]);
+    assert!(!lower(2).contains("authorization"), "{}", answers[2]);
+    // Another host named inside the tunnel is refused, not forwarded.
+    assert!(answers[3].starts_with("HTTP/1.1 403"), "{}", answers[3]);
+    assert!(lower(3).contains("host_mismatch"), "{}", answers[3]);
+    let notes = book.notes.lock().unwrap().clone();
+    assert!(
+        notes.contains(&"connected up.test".to_string()),
+        "{notes:?}"
+    );
+    assert!(
+        notes.contains(&"denied up.test host_mismatch".to_string()),
+        "{notes:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_host_without_credentials_is_tunnelled_untouched() {
+    let (p, up, _book, pem) = edge_proxy().await;
+    // Another name for the same upstream: no credential, so no interception: the client sees
+    // the upstream's own certificate, which the proxy's CA did not sign.
+    let mut s = TcpStream::connect(p).await.unwrap();
+    let connect = format!("CONNECT 127.0.0.1:{} HTTP/1.1\r\n\r\n", up.port());
+    s.write_all(connect.as_bytes()).await.unwrap();
+    let mut head = vec![0u8; 39];
+    s.read_exact(&mut head).await.unwrap();
+    let connector: tokio_native_tls::TlsConnector = native_tls::TlsConnector::builder()
+        .add_root_certificate(native_tls::Certificate::from_pem(pem.as_bytes()).unwrap())
+        .danger_accept_invalid_hostnames(true)
+        .build()
+        .unwrap()
+        .into();
+    let err = connector
+        .connect("127.0.0.1", s)
+        .await
+        .err()
+        .map(|e| e.to_string());
+    println!("{err:?}");
+    assert!(
+        err.is_some(),
+        "the proxy's CA signed a tunnel it had no credential for"
+    );
+}
+
+#[test]
+fn credentials_come_from_the_config_with_their_secrets_and_the_ca_is_kept() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("token");
+    std::fs::write(&secret, "t0ken\n").unwrap();
+    let build = |extra: &str| {
+        let text = format!(
+            "[[egress.credentials]]\nhost = \"*.example.org\"\nsecret_file = \"{}\"\n{extra}",
+            secret.display()
+        );
+        let c: crate::config::Config = toml::from_str(&text).unwrap();
+        super::edge_from_config(&c.egress, dir.path(), "t").map(|_| ())
+    };
+    build("").unwrap();
+    build("value = \"token {secret}\"\nheader = \"X-Token\"\n").unwrap();
+    build("basic_user = \"x-access-token\"\n").unwrap();
+    let err = |extra: &str| build(extra).unwrap_err().to_string();
+    assert!(err("value = \"no secret\"\n").contains("{secret}"));
+    assert!(err("value = \"{secret}\"\nbasic_user = \"u\"\n").contains("not both"));
+    assert!(err("header = \"bad header\"\n").contains("header name"));
+    let c: crate::config::Config = toml::from_str(
+        "[[egress.credentials]]\nhost = \"a.test\"\nsecret = \"BERTH_TEST_NO_SUCH_VARIABLE\"\n",
+    )
+    .unwrap();
+    let e = super::edge_from_config(&c.egress, dir.path(), "t")
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("BERTH_TEST_NO_SUCH_VARIABLE is not set"), "{e}");
+    // One CA, generated once, its key the controller's alone.
+    let pem = std::fs::read_to_string(dir.path().join(super::ca::CERT_FILE)).unwrap();
+    let again = super::ca::Ca::load_or_create(dir.path(), "t").unwrap();
+    assert_eq!(again.pem(), pem);
+    let mode = std::fs::metadata(dir.path().join(super::ca::KEY_FILE))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    assert_eq!(
+        super::basic("x-access-token", "t0ken"),
+        "Basic eC1hY2Nlc3MtdG9rZW46dDBrZW4="
+    );
 }

@@ -54,6 +54,8 @@ pub struct DockerProvider {
 /// started with the first sandbox that needs it.
 pub struct Egress {
     pub book: Arc<crate::egress::Book>,
+    /// Credentials added at the edge, and the CA sandboxes behind the proxy trust.
+    pub edge: Arc<crate::egress::edge::Edge>,
     pub hosts: crate::egress::proxy::Hosts,
     pub port: u16,
     /// The internal network's id and where the proxy listens, once both exist.
@@ -63,11 +65,13 @@ pub struct Egress {
 impl Egress {
     pub fn new(
         book: Arc<crate::egress::Book>,
+        edge: Arc<crate::egress::edge::Edge>,
         hosts: crate::egress::proxy::Hosts,
         port: u16,
     ) -> Egress {
         Egress {
             book,
+            edge,
             hosts,
             port,
             running: tokio::sync::Mutex::new(None),
@@ -282,6 +286,7 @@ impl DockerProvider {
         let proxy = crate::egress::proxy::Proxy::new(
             self.egress.book.clone() as Arc<dyn crate::egress::proxy::Sandboxes>,
             self.egress.hosts.clone(),
+            Some(self.egress.edge.clone()),
         );
         tokio::spawn(proxy.serve(listener));
         tracing::info!(%addr, network = EGRESS_NETWORK, "egress proxy serving");
@@ -596,6 +601,7 @@ impl Provider for DockerProvider {
         let mut body = container_body(spec, network, cmd, labels, &ports);
         if let (Some(proxy), Some(env)) = (proxy, body.env.as_mut()) {
             env.extend(crate::egress::proxy_env(&proxy.to_string()));
+            env.extend(crate::egress::trust_env(self.egress.edge.ca().pem()));
         }
         let container = name(&spec.identity.sandbox_id);
         let options = CreateContainerOptionsBuilder::default()
@@ -641,6 +647,7 @@ impl Provider for DockerProvider {
 
     async fn destroy(&self, sandbox_id: &str) -> Result<()> {
         self.egress.book.forget(sandbox_id);
+        self.egress.edge.forget(sandbox_id);
         let options = RemoveContainerOptionsBuilder::default()
             .force(true)
             .v(true)

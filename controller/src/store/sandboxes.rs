@@ -139,9 +139,21 @@ impl Store {
         })
     }
 
-    /// Counts a connection through the egress proxy (`denied`: a refused one) in the
-    /// sandbox's egress report; a sandbox without one is left alone.
+    /// Counts a connection to `host` (or a refusal) in the sandbox's egress report.
     pub fn count_egress(&self, id: &str, host: Option<&str>, denied: bool) -> Result<()> {
+        self.edit_egress(id, |report| match (host, denied) {
+            (_, true) => report.denied += 1,
+            (Some(h), false) => *report.hosts.entry(h.to_string()).or_default() += 1,
+            (None, false) => {}
+        })
+    }
+
+    /// Changes the sandbox's egress report in one transaction (nothing on a row without one).
+    pub fn edit_egress(
+        &self,
+        id: &str,
+        edit: impl FnOnce(&mut berth_protocol::controller::EgressReport),
+    ) -> Result<()> {
         self.with(|c| {
             let tx = c.unchecked_transaction()?;
             let text: Option<String> = tx
@@ -155,11 +167,7 @@ impl Store {
             }) else {
                 return Ok(());
             };
-            match (host, denied) {
-                (_, true) => report.denied += 1,
-                (Some(h), false) => *report.hosts.entry(h.to_string()).or_default() += 1,
-                (None, false) => return Ok(()),
-            }
+            edit(&mut report);
             let text = serde_json::to_string(&report).unwrap_or_default();
             tx.execute(
                 "UPDATE sandboxes SET egress = ?2 WHERE id = ?1",

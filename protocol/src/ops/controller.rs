@@ -157,6 +157,37 @@ pub const SANDBOX_EVENTS: Operation = keyed(Operation::get(
 
 // Episodes and artifacts.
 
+pub const GITHUB_REPOSITORIES: Operation = keyed(Operation::get(
+    path::GITHUB_REPOSITORIES,
+    "github_repositories",
+    "the GitHub repositories the configured token reads (`[egress.github]`)",
+))
+.answers(&[
+    Answer::json("200", "the repositories", schema::<GithubRepositoryList>),
+    Answer::json("404", "no `[egress.github]` in the config", ERROR),
+    Answer::json("502", "GitHub failed or refused the token", ERROR),
+]);
+
+pub const SANDBOX_GITHUB_CLONE: Operation = keyed(Operation::post(
+    path::SANDBOX_GITHUB_CLONE,
+    "github_clone_repository",
+    "clone a GitHub repository into a sandbox behind the egress proxy; the proxy adds the \
+     token to that repository's requests (clone, fetch, push, its API), which never enters \
+     the sandbox",
+))
+.body(Body::json(schema::<GithubClone>))
+.answers(&[
+    Answer::json("200", "cloned", schema::<GithubCloned>),
+    Answer::json("400", "not owner/name, or a bad path or branch", ERROR),
+    Answer::json("404", "no `[egress.github]` in the config", ERROR),
+    Answer::json(
+        "409",
+        "not running, or its egress policy does not send the GitHub host through the proxy",
+        ERROR,
+    ),
+    Answer::json("502", "git clone failed (its output in the error)", ERROR),
+]);
+
 pub const SANDBOX_EPISODE: Operation = keyed(Operation::get(
     path::SANDBOX_EPISODE,
     "sandbox_episode",
@@ -530,6 +561,8 @@ pub const ALL: &[&Operation] = &[
     &RUN_OUTPUT,
     &SANDBOX_EVENTS,
     &SANDBOX_EPISODE,
+    &GITHUB_REPOSITORIES,
+    &SANDBOX_GITHUB_CLONE,
     &SANDBOX_ARTIFACT_PUBLISH,
     &SANDBOX_ARTIFACT_LIST,
     &ARTIFACT_LIST,

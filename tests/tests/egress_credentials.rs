@@ -1,0 +1,346 @@
+//! Credentials added at the edge, from inside a Docker sandbox of the desktop image behind the
+//! controller's egress proxy. The test's git host is a container on a network of its own:
+//! Debian's `git-http-backend` behind a small HTTPS server (a certificate of the test's own CA,
+//! which the controller trusts upstream) that wants a token, with GitHub's REST routes under
+//! `/api/v3`; no traffic leaves the machine.
+//!
+//! The sandbox trusts the proxy's CA without being told (curl, Python, git, the desktop's
+//! browser); a configured credential reaches its host; `github_repositories` lists what the
+//! token reads; `github_clone_repository` clones the private repository, whose fetches, pushes
+//! and pull-request reads then carry the token, and no other repository's requests do, even
+//! after a controller restart. Then the token is searched for in the sandbox's files, every
+//! process's environment and memory, the agent's logs and every API answer of the test: none.
+
+use std::time::Duration;
+
+use berth_protocol::controller::{ControllerClient, CreateSandbox, GithubClone};
+use berth_protocol::egress::{Egress, EgressRules};
+use berth_tests::controller::{ControllerProcess, shell};
+use berth_tests::egress::{GitHost, docker, scan_processes};
+
+/// A shell line's exit code and output (stdout, then stderr), and the answer's JSON.
+async fn sh(
+    cl: &ControllerClient,
+    id: &str,
+    line: &str,
+    answers: &mut String,
+) -> (Option<i32>, String) {
+    let run = cl.exec(id, &shell(line)).await.unwrap();
+    answers.push_str(&serde_json::to_string(&run).unwrap());
+    (run.exit_code, format!("{}{}", run.stdout, run.stderr))
+}
+
+/// Playwright for Python over the sandbox's CDP endpoint: the page's text, or the error.
+fn browser_page(cdp: &str, url: &str) -> String {
+    let script = r#"
+import sys
+from playwright.sync_api import sync_playwright
+with sync_playwright() as p:
+    browser = p.chromium.connect_over_cdp(sys.argv[1], timeout=30000)
+    page = browser.contexts[0].new_page()
+    try:
+        page.goto(sys.argv[2], timeout=15000)
+        print("PAGE", page.inner_text("body"))
+    except Exception as e:
+        print("ERROR", str(e).splitlines()[0])
+    page.close()
+"#;
+    berth_tests::playwright(script, &[cdp, url], 120)
+}
+
+fn config(image: &str, git: &GitHost, proxy_port: u16) -> String {
+    let ip = git.ip();
+    format!(
+        "docker_image = \"{image}\"\n[providers]\ndesktop = \"docker\"\nide = \"docker\"\n\
+         [egress]\nproxy_port = {proxy_port}\nupstream_ca = [\"{ca}\"]\n\
+         [egress.hosts]\n\"git.test\" = [\"{ip}\"]\n\"creds.test\" = [\"{ip}\"]\n\
+         [egress.github]\nhost = \"git.test\"\nsecret_file = \"{token}\"\n\
+         [[egress.credentials]]\nhost = \"creds.test\"\nheader = \"X-Api-Token\"\n\
+         value = \"Token {{secret}}\"\nsecret_file = \"{api}\"\n",
+        ca = git.ca.display(),
+        token = git.token_file.display(),
+        api = git.api_token_file.display(),
+    )
+}
+
+/// A port for the proxy that stays the same across the controller's restart.
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+#[tokio::test]
+async fn credentials_are_added_at_the_edge_and_never_enter_the_sandbox() {
+    let image = berth_tests::controller::build_desktop_image().unwrap()["image_ref"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let git = GitHost::start(&image);
+    let mut c = ControllerProcess::start(&config(&image, &git, free_port())).await;
+    let cl = c.client();
+    let mut answers = String::new();
+    let policy = Egress::Rules(EgressRules {
+        allow: vec!["git.test".into(), "creds.test".into()],
+        deny_private: false,
+    });
+    let desktop = CreateSandbox {
+        egress: Some(policy),
+        ..berth_tests::controller::desktop()
+    };
+    let sb = cl.create(&desktop).await.unwrap();
+    answers.push_str(&serde_json::to_string(&sb).unwrap());
+    let id = sb.id.clone();
+
+    // A configured credential reaches its host; curl and Python trust the proxy's CA.
+    for line in [
+        "curl -sS -m 10 https://creds.test/whoami",
+        "python3 -c 'import urllib.request as u; \
+         print(u.urlopen(\"https://creds.test/whoami\", timeout=10).read().decode())'",
+    ] {
+        let (code, out) = sh(&cl, &id, line, &mut answers).await;
+        println!("{line}: {code:?} {out}");
+        assert_eq!((code, out.trim()), (Some(0), "authorized"), "{line}");
+    }
+    // The desktop's browser trusts it too (Chrome's policy).
+    let cdp = sb.endpoints.cdp.clone().expect("a desktop's CDP endpoint");
+    let page = browser_page(&cdp, "https://creds.test/whoami");
+    println!("browser: {page}");
+    assert!(page.contains("PAGE authorized"), "{page}");
+
+    // The GitHub tools: what the token reads, then a clone.
+    let repos = cl.github_repositories().await.unwrap();
+    answers.push_str(&serde_json::to_string(&repos).unwrap());
+    let names: Vec<&str> = repos
+        .repositories
+        .iter()
+        .map(|r| r.full_name.as_str())
+        .collect();
+    println!("repositories: {names:?}");
+    assert!(names.contains(&"acme/private-repo"), "{names:?}");
+    let t = std::time::Instant::now();
+    let cloned = cl
+        .github_clone(
+            &id,
+            &GithubClone {
+                repository: "acme/private-repo".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    println!(
+        "clone in {:?}: {}",
+        t.elapsed(),
+        serde_json::to_string(&cloned).unwrap()
+    );
+    answers.push_str(&serde_json::to_string(&cloned).unwrap());
+    assert_eq!(cloned.path, "private-repo");
+    let (code, out) = sh(&cl, &id, "cat private-repo/README.md", &mut answers).await;
+    assert_eq!(
+        (code, out.trim()),
+        (Some(0), "# private-repo: berth egress test")
+    );
+
+    // The same tools over MCP, with the official Python SDK.
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/mcp_controller/client.py");
+    let url = format!("{}{}", c.base, berth_protocol::routes::controller::MCP);
+    let out = std::process::Command::new("timeout")
+        .args([
+            "300",
+            "python3",
+            script,
+            "github",
+            &url,
+            berth_tests::controller::API_KEY,
+        ])
+        .args([id.as_str(), "acme/private-repo", "via-mcp"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    answers.push_str(&text);
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    println!("mcp: {v}");
+    let tools = v["tools"].as_array().unwrap();
+    assert!(tools.iter().any(|t| t == "github_clone_repository"), "{v}");
+    assert_eq!(v["repositories"]["is_error"], false, "{v}");
+    assert_eq!(v["clone"]["is_error"], false, "{v}");
+    assert_eq!(v["clone"]["structured"]["path"], "via-mcp", "{v}");
+    let (code, _) = sh(&cl, &id, "test -f via-mcp/README.md", &mut answers).await;
+    assert_eq!(code, Some(0));
+
+    // A push and a pull-request read of that repository carry the token; another
+    // repository's requests do not.
+    let push = "cd private-repo && echo change >> README.md && \
+                git -c user.name=agent -c user.email=a@b commit -qam 'from the sandbox' && \
+                git push -q origin main 2>&1; echo rc=$?";
+    let (_, out) = sh(&cl, &id, push, &mut answers).await;
+    println!("push: {out}");
+    assert!(out.contains("rc=0"), "{out}");
+    let log = git.sh("git --git-dir=/srv/git/acme/private-repo.git log --format=%s -1 main");
+    assert_eq!(log, "from the sandbox");
+    let (code, out) = sh(
+        &cl,
+        &id,
+        "curl -sS -m 10 https://git.test/api/v3/repos/acme/private-repo/pulls",
+        &mut answers,
+    )
+    .await;
+    println!("pulls: {code:?} {out}");
+    assert!(out.contains("A pull request"), "{out}");
+    let other = "curl -sS -m 10 -o /dev/null -w '%{http_code}\\n' \
+                 https://git.test/api/v3/repos/acme/other/pulls; \
+                 GIT_TERMINAL_PROMPT=0 git ls-remote https://git.test/acme/other.git; echo rc=$?";
+    let (_, out) = sh(&cl, &id, other, &mut answers).await;
+    println!("another repository: {out}");
+    assert!(out.starts_with("401"), "{out}");
+    assert!(!out.contains("rc=0"), "{out}");
+
+    // The grant outlives a controller restart (the record keeps it).
+    c.kill9();
+    c.launch();
+    let cl = c.client();
+    let fetch = "cd private-repo && GIT_TERMINAL_PROMPT=0 git fetch -q origin 2>&1; echo rc=$?";
+    let (_, out) = berth_tests::wait_for(
+        "a fetch after the restart",
+        Duration::from_secs(60),
+        || async {
+            let run = cl.exec(&id, &shell(fetch)).await.ok()?;
+            let out = format!("{}{}", run.stdout, run.stderr);
+            out.contains("rc=0").then_some((run.exit_code, out))
+        },
+    )
+    .await;
+    println!("fetch after restart: {out}");
+    let record = cl.get(&id).await.unwrap();
+    answers.push_str(&serde_json::to_string(&record).unwrap());
+    let report = record.egress.unwrap();
+    println!("record: {}", serde_json::to_string(&report).unwrap());
+    assert_eq!(report.repositories, vec!["acme/private-repo".to_string()]);
+    assert!(report.hosts.get("git.test") >= Some(&4), "{report:?}");
+    answers.push_str(&serde_json::to_string(&cl.events(&id, 0).await.unwrap()).unwrap());
+
+    // The secrets, searched for everywhere the sandbox and the test's answers hold.
+    let basic = {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(format!("x-access-token:{}", git.token))
+    };
+    // A control the scan must find: a string a process builds in its memory (its command
+    // line holds only the halves).
+    let marker = "berth-memory-scan-marker";
+    let control = "nohup python3 -c 'import time; m = \"berth-memory-\" + \"scan-marker\"; \
+                   time.sleep(300)' >/dev/null 2>&1 & echo started";
+    let (code, _) = sh(&cl, &id, control, &mut answers).await;
+    assert_eq!(code, Some(0));
+    let needles: [&[u8]; 4] = [
+        git.token.as_bytes(),
+        basic.as_bytes(),
+        git.api_token.as_bytes(),
+        marker.as_bytes(),
+    ];
+    let container = format!("berth-{id}");
+    let t = std::time::Instant::now();
+    let files = docker(&[
+        "exec",
+        &container,
+        "sh",
+        "-c",
+        &format!(
+            "grep -rlaF -e '{}' -e '{}' -e '{}' / --exclude-dir=proc --exclude-dir=sys \
+             --exclude-dir=dev 2>/dev/null; echo searched",
+            git.token, basic, git.api_token
+        ),
+    ]);
+    println!("files: {files:?} in {:?}", t.elapsed());
+    assert_eq!(files, "searched", "the secret is in the sandbox's files");
+    let (hits, procs, bytes) =
+        berth_tests::wait_for("the control in memory", Duration::from_secs(20), || async {
+            let (hits, procs, bytes) = scan_processes(&container, &needles);
+            hits.iter()
+                .any(|h| h.2 == 3)
+                .then_some((hits, procs, bytes))
+        })
+        .await;
+    println!(
+        "memory: {procs} processes, {} MB read, hits {hits:?}",
+        bytes >> 20
+    );
+    // The search's own `docker exec` above has ended; nothing but the control may be found.
+    let secret_hits: Vec<_> = hits.iter().filter(|h| h.2 != 3).collect();
+    assert!(
+        secret_hits.is_empty(),
+        "the secret is in the sandbox's processes: {secret_hits:?}"
+    );
+    let logs = std::process::Command::new("docker")
+        .args(["logs", &container])
+        .output()
+        .unwrap();
+    let logs = [logs.stdout, logs.stderr].concat();
+    for (i, n) in needles[..3].iter().enumerate() {
+        assert!(
+            memchr::memmem::find(&logs, n).is_none(),
+            "needle {i} in the agent's log"
+        );
+        assert!(
+            memchr::memmem::find(answers.as_bytes(), n).is_none(),
+            "needle {i} in an API answer"
+        );
+    }
+    println!("answers searched: {} bytes", answers.len());
+    // The controller's log holds no secret either.
+    let log = c.log_text();
+    for (i, n) in needles[..3].iter().enumerate() {
+        assert!(
+            memchr::memmem::find(log.as_bytes(), n).is_none(),
+            "needle {i} in the controller's log"
+        );
+    }
+    cl.delete(&id).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_clone_into_a_sandbox_whose_traffic_skips_the_proxy_is_refused_with_the_fix() {
+    let image = berth_tests::controller::build_desktop_image().unwrap()["image_ref"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let git = GitHost::start(&image);
+    let c = ControllerProcess::start(&config(&image, &git, 0)).await;
+    let cl = c.client();
+    let open = cl.create(&berth_tests::controller::ide()).await.unwrap();
+    let err = cl
+        .github_clone(
+            &open.id,
+            &GithubClone {
+                repository: "acme/private-repo".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    println!("{err}");
+    assert!(
+        err.contains("409") && err.contains("egress is open"),
+        "{err}"
+    );
+    for bad in ["acme", "acme/../x", "-x/y"] {
+        let err = cl
+            .github_clone(
+                &open.id,
+                &GithubClone {
+                    repository: bad.into(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("400"), "{bad}: {err}");
+    }
+    cl.delete(&open.id).await.unwrap();
+}
