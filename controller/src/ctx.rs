@@ -64,6 +64,8 @@ pub struct Ctx {
     /// When this controller started: a run made before it is an adopted one.
     pub started_ms: i64,
     pub hooks: Hooks,
+    /// The egress proxy's edge (credentials, the CA), set once at start when serving.
+    pub edge: std::sync::OnceLock<Arc<crate::egress::edge::Edge>>,
 }
 
 impl Ctx {
@@ -94,6 +96,7 @@ impl Ctx {
                 .map_err(|e| Error::Internal(format!("HTTP client: {e}")))?,
             started_ms: now_ms(),
             hooks: Hooks::default(),
+            edge: std::sync::OnceLock::new(),
         })
     }
 

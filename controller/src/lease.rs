@@ -68,6 +68,7 @@ impl Leases {
             ttl_seconds: req.ttl_seconds,
             screen,
             egress: Some(egress),
+            credentials: Vec::new(),
         };
         match self.ctx.store.active_lease_for_thread(&req.thread_id)? {
             Some(lease) => self.renew_or_replace(lease, req, want, &image).await,

@@ -159,6 +159,7 @@ impl Pools {
                     ttl_seconds: None,
                     screen: pool.screen.clone(),
                     egress: Some(pool.egress.clone()),
+                    credentials: Vec::new(),
                 };
                 let row = match self
                     .sandboxes
@@ -344,6 +345,7 @@ mod tests {
                 ttl_seconds: None,
                 screen: None,
                 egress: None,
+                credentials: Vec::new(),
             }
         }
 

@@ -262,6 +262,7 @@ mod tests {
             ttl_seconds: None,
             screen: None,
             egress: None,
+            credentials: Vec::new(),
         }
     }
 

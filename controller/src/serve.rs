@@ -137,6 +137,8 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
     let controller = Controller::new(opts.config.clone(), store, data_dir, public_url, providers)?;
     let _ = controller.images.settings.set(image_settings(bin));
     tokio::spawn(record_egress_notes(controller.ctx.clone(), notes));
+    let _ = controller.ctx.edge.set(edge.clone());
+    crate::sandbox::regrant_credentials(&controller.ctx);
     if let Some(g) = &opts.config.egress.github {
         let github = crate::github::Github::new(g, &opts.config.egress, edge.clone())
             .context("[egress.github]")?;

@@ -382,6 +382,7 @@ async fn create(
         ttl_seconds: Some(SANDBOX_TTL_SECS),
         screen: None,
         egress: None,
+        credentials: Vec::new(),
     };
     let mut sb = bounded(controller.create_nowait(&req)).await?;
     *created.locked() = Some(sb.id.clone());

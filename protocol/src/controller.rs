@@ -35,6 +35,47 @@ pub struct CreateSandbox {
     /// `[egress] default` when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<crate::egress::Egress>,
+    /// Headers the egress proxy adds to this sandbox's requests to a host, from secrets given
+    /// here (kept sealed by the controller, never shown again, never in the sandbox). Needs an
+    /// egress allow list naming each host.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub credentials: Vec<SandboxCredential>,
+}
+
+/// A credential given at create: `{"host": "api.example.com", "header": "Authorization",
+/// "value": "Bearer {secret}", "secret": "…"}` (or `"basic_user"` for basic authentication).
+#[derive(Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxCredential {
+    /// A host name or `*.name`, which the sandbox's egress policy allows.
+    pub host: String,
+    /// Default `Authorization`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+    /// The header's value, `{secret}` standing for the secret; default `Bearer {secret}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// Basic authentication with this user name, the secret its password (instead of `value`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basic_user: Option<String>,
+    /// The secret.
+    pub secret: String,
+}
+
+impl std::fmt::Debug for SandboxCredential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SandboxCredential")
+            .field("host", &self.host)
+            .field("header", &self.header)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A credential as the sandbox's record shows it: where it goes, not what it is.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+pub struct CredentialView {
+    pub host: String,
+    pub header: String,
 }
 
 /// The smallest and largest screens a desktop is asked to take (`screen`, `PUT /v1/display`).
@@ -220,6 +261,9 @@ pub struct EgressReport {
     /// requests, and to no other repository's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub repositories: Vec<String>,
+    /// The credentials given at create (their hosts and headers; the secrets are never shown).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub credentials: Vec<CredentialView>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]

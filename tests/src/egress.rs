@@ -132,7 +132,8 @@ fn rand_suffix() -> u32 {
 /// The git host: Debian's `git-http-backend` behind a small HTTPS server on 443 that wants a
 /// token (basic authentication as GitHub takes it for git, a bearer token on its REST routes
 /// under `/api/v3`), and `/whoami` answering `authorized` when the `X-Api-Token` header holds
-/// the second secret. No answer ever repeats a request's header.
+/// the second secret (and ` sandbox` when `X-Sandbox-Token` holds it too). No answer ever
+/// repeats a request's header.
 const GIT_SERVER: &str = r#"
 import base64, http.server, json, os, ssl, subprocess, sys
 TOKEN, API_TOKEN = open("/certs/token").read().strip(), open("/certs/api-token").read().strip()
@@ -171,7 +172,8 @@ class H(http.server.BaseHTTPRequestHandler):
             f.write("%s %s %s\n" % (self.command, path, "auth" if auth else "anon"))
         if path == "/whoami":
             ok = self.headers.get("X-Api-Token") == "Token " + API_TOKEN
-            return self.reply(200, "authorized" if ok else "anonymous")
+            mine = self.headers.get("X-Sandbox-Token") == "Sandbox " + API_TOKEN
+            return self.reply(200, ("authorized" if ok else "anonymous") + (" sandbox" if mine else ""))
         if path.startswith("/api/v3/"):
             if auth != "Bearer " + TOKEN:
                 return self.reply(401, json.dumps({"message": "Bad credentials"}), "application/json")

@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use berth_protocol::controller::{ControllerClient, CreateSandbox, GithubClone};
+use berth_protocol::controller::{ControllerClient, CreateSandbox, GithubClone, SandboxCredential};
 use berth_protocol::egress::{Egress, EgressRules};
 use berth_tests::controller::{ControllerProcess, shell};
 use berth_tests::egress::{GitHost, docker, scan_processes};
@@ -200,7 +200,36 @@ async fn credentials_are_added_at_the_edge_and_never_enter_the_sandbox() {
     assert!(out.starts_with("401"), "{out}");
     assert!(!out.contains("rc=0"), "{out}");
 
-    // The grant outlives a controller restart (the record keeps it).
+    // A credential given at create reaches its host from that sandbox alone.
+    let mine = CreateSandbox {
+        egress: Some(Egress::Rules(EgressRules {
+            allow: vec!["creds.test".into()],
+            deny_private: false,
+        })),
+        credentials: vec![SandboxCredential {
+            host: "creds.test".into(),
+            header: Some("X-Sandbox-Token".into()),
+            value: Some("Sandbox {secret}".into()),
+            basic_user: None,
+            secret: git.api_token.clone(),
+        }],
+        ..berth_tests::controller::ide()
+    };
+    let mine = cl.create(&mine).await.unwrap();
+    answers.push_str(&serde_json::to_string(&mine).unwrap());
+    let whoami = "curl -sS -m 10 https://creds.test/whoami";
+    let (_, out) = sh(&cl, &mine.id, whoami, &mut answers).await;
+    assert_eq!(out.trim(), "authorized sandbox");
+    let (_, out) = sh(&cl, &id, whoami, &mut answers).await;
+    assert_eq!(out.trim(), "authorized", "another sandbox's credential");
+    let views = &mine.egress.as_ref().unwrap().credentials;
+    assert_eq!(views.len(), 1, "{mine:?}");
+    assert_eq!(
+        (views[0].host.as_str(), views[0].header.as_str()),
+        ("creds.test", "X-Sandbox-Token")
+    );
+
+    // The grants outlive a controller restart (the records keep them).
     c.kill9();
     c.launch();
     let cl = c.client();
@@ -216,6 +245,8 @@ async fn credentials_are_added_at_the_edge_and_never_enter_the_sandbox() {
     )
     .await;
     println!("fetch after restart: {out}");
+    let (_, out) = sh(&cl, &mine.id, whoami, &mut answers).await;
+    assert_eq!(out.trim(), "authorized sandbox", "after the restart");
     let record = cl.get(&id).await.unwrap();
     answers.push_str(&serde_json::to_string(&record).unwrap());
     let report = record.egress.unwrap();
@@ -300,6 +331,7 @@ async fn credentials_are_added_at_the_edge_and_never_enter_the_sandbox() {
         );
     }
     cl.delete(&id).await.unwrap();
+    cl.delete(&mine.id).await.unwrap();
 }
 
 #[tokio::test]

@@ -8,8 +8,9 @@ use std::fmt::Debug;
 
 use berth_protocol::controller::{
     AcquireLease, AdjustPool, BuildImage, CatalogList, Command, CreateQuery, CreateSandbox,
-    EgressReport, Endpoints, ImageJob, Lease, Limits, PoolList, PoolStatus, PortPreview, PortUrl,
-    PortUrlRequest, Run, RunRequest, Sandbox, Viewer, ViewerUrl,
+    CredentialView, EgressReport, Endpoints, ImageJob, Lease, Limits, PoolList, PoolStatus,
+    PortPreview, PortUrl, PortUrlRequest, Run, RunRequest, Sandbox, SandboxCredential, Viewer,
+    ViewerUrl,
 };
 use berth_protocol::egress::{Egress, EgressMode, EgressRules};
 use berth_protocol::lifecycle::{ImageJobStatus, RunStatus, SandboxStatus};
@@ -127,6 +128,10 @@ fn desktop_sandbox() -> Sandbox {
             hosts: BTreeMap::from([("github.com".into(), 3)]),
             denied: 1,
             repositories: vec!["acme/app".into()],
+            credentials: vec![CredentialView {
+                host: "api.example.com".into(),
+                header: "Authorization".into(),
+            }],
         }),
     }
 }
@@ -162,7 +167,8 @@ const DESKTOP_SANDBOX: &str = r#"{
         "policy": {"allow": ["github.com", "*.pypi.org"], "deny_private": true},
         "hosts": {"github.com": 3},
         "denied": 1,
-        "repositories": ["acme/app"]
+        "repositories": ["acme/app"],
+        "credentials": [{"host": "api.example.com", "header": "Authorization"}]
     }
 }"#;
 
@@ -216,9 +222,33 @@ fn sandbox_requests() {
             ttl_seconds: Some(600),
             screen: Some("1280x800".into()),
             egress: Some(Egress::Mode(EgressMode::None)),
+            credentials: Vec::new(),
         },
         r#"{"profile": "desktop-ubuntu", "image_ref": "berth-desktop:0f1e2d",
             "labels": {"k": "v"}, "ttl_seconds": 600, "screen": "1280x800", "egress": "none"}"#,
+    );
+    golden(
+        &CreateSandbox {
+            profile: "ide".into(),
+            egress: Some(Egress::Rules(EgressRules {
+                allow: vec!["api.example.com".into()],
+                deny_private: true,
+            })),
+            credentials: vec![SandboxCredential {
+                host: "api.example.com".into(),
+                header: Some("X-Api-Key".into()),
+                value: Some("Key {secret}".into()),
+                basic_user: None,
+                secret: "s3cret".into(),
+            }],
+            ..Default::default()
+        },
+        r#"{"profile": "ide", "egress": {"allow": ["api.example.com"], "deny_private": true},
+            "credentials": [{"host": "api.example.com", "header": "X-Api-Key",
+                             "value": "Key {secret}", "secret": "s3cret"}]}"#,
+    );
+    refused::<CreateSandbox>(
+        r#"{"profile": "ide", "credentials": [{"host": "a.test", "secret": "s", "x": 1}]}"#,
     );
     golden(
         &CreateSandbox {

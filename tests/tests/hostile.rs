@@ -714,6 +714,7 @@ async fn every_route_answers_hostile_input_with_a_4xx_and_its_error_body() {
             ttl_seconds: None,
             screen: None,
             egress: None,
+            credentials: Vec::new(),
         })
         .await
         .expect("an ide sandbox");

@@ -623,6 +623,7 @@ async fn sandbox(c: SandboxCmd) -> anyhow::Result<i32> {
                 ttl_seconds: ttl,
                 screen,
                 egress,
+                credentials: Vec::new(),
             };
             create_sandbox(&request, &remote).await?;
         }

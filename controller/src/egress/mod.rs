@@ -115,26 +115,17 @@ pub fn edge_from_config(
     let mut credentials = Vec::new();
     for (i, c) in config.credentials.iter().enumerate() {
         let what = format!("[[egress.credentials]] #{} ({})", i + 1, c.host);
-        berth_protocol::egress::validate(&Egress::Rules(berth_protocol::egress::EgressRules {
-            allow: vec![c.host.clone()],
-            deny_private: true,
-        }))
-        .map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
         let secret =
             crate::config::read_secret(c.secret.as_deref(), c.secret_file.as_deref(), &what)?;
-        let value = match (&c.value, &c.basic_user) {
-            (Some(_), Some(_)) => anyhow::bail!("{what}: give value or basic_user, not both"),
-            (Some(v), None) if !v.contains("{secret}") => {
-                anyhow::bail!("{what}: value must hold {{secret}}")
-            }
-            (Some(v), None) => v.replace("{secret}", &secret),
-            (None, Some(user)) => basic(user, &secret),
-            (None, None) => format!("Bearer {secret}"),
-        };
-        credentials.push(
-            edge::Credential::new(&c.host, &c.header, &value)
-                .map_err(|e| anyhow::anyhow!("{what}: {e}"))?,
-        );
+        let c = credential(
+            &c.host,
+            &c.header,
+            c.value.as_deref(),
+            c.basic_user.as_deref(),
+            &secret,
+        )
+        .map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+        credentials.push(c);
     }
     let mut upstream = Vec::new();
     for f in &config.upstream_ca {
@@ -143,6 +134,31 @@ pub fn edge_from_config(
         upstream.push(pem);
     }
     Ok(Arc::new(edge::Edge::new(ca, credentials, &upstream)?))
+}
+
+/// A credential for `host`: `value` with `{secret}` replaced, basic authentication as
+/// `basic_user`, or `Bearer <secret>`; its host a name or `*.name`.
+pub fn credential(
+    host: &str,
+    header: &str,
+    value: Option<&str>,
+    basic_user: Option<&str>,
+    secret: &str,
+) -> anyhow::Result<edge::Credential> {
+    berth_protocol::egress::validate(&Egress::Rules(berth_protocol::egress::EgressRules {
+        allow: vec![host.to_string()],
+        deny_private: true,
+    }))
+    .map_err(|e| anyhow::anyhow!(e))?;
+    anyhow::ensure!(!secret.is_empty(), "the secret is empty");
+    let value = match (value, basic_user) {
+        (Some(_), Some(_)) => anyhow::bail!("give value or basic_user, not both"),
+        (Some(v), None) if !v.contains("{secret}") => anyhow::bail!("value must hold {{secret}}"),
+        (Some(v), None) => v.replace("{secret}", secret),
+        (None, Some(user)) => basic(user, secret),
+        (None, None) => format!("Bearer {secret}"),
+    };
+    edge::Credential::new(host, header, &value)
 }
 
 /// An `Authorization` value for basic authentication.

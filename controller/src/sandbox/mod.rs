@@ -2,6 +2,8 @@
 //! member when one serves it (a compare-and-swap on the stored row, then a liveness probe),
 //! else creates one cold and waits, to a bounded deadline, until the agent says it is ready.
 
+mod credentials;
+pub use credentials::regrant_all as regrant_credentials;
 mod destroy;
 
 use std::collections::BTreeMap;
@@ -79,6 +81,8 @@ pub struct Request {
     pub screen: Option<String>,
     /// Its egress policy; the config's default when none (set by [`Sandboxes::checked`]).
     pub egress: Option<Egress>,
+    /// Credentials the proxy adds to its requests (given at create).
+    pub credentials: Vec<berth_protocol::controller::SandboxCredential>,
 }
 
 /// The domain's request for a create body (the REST route's and the MCP tool's).
@@ -91,6 +95,7 @@ impl From<berth_protocol::controller::CreateSandbox> for Request {
             ttl_seconds: body.ttl_seconds,
             screen: body.screen,
             egress: body.egress,
+            credentials: body.credentials,
         }
     }
 }
@@ -178,18 +183,22 @@ impl Sandboxes {
         let egress = req.egress.clone().unwrap_or_default();
         let key = self.warm_key(&req.profile, &image, &egress);
         if let Some(row) = self.claim_warm(&key, req).await? {
+            let row = self.keep_credentials(row, &req.credentials)?;
             self.ctx.metrics.claim("warm", started.elapsed());
             return Ok((row, true));
         }
-        Ok((self.start_cold(req, &image).await?, false))
+        let row = self.start_cold(req, &image).await?;
+        Ok((self.keep_credentials(row, &req.credentials)?, false))
     }
 
     /// `req` with its screen checked and written `WxH`, and its egress policy checked (the
     /// config's default when none).
     fn checked(&self, req: &Request) -> Result<Request> {
+        let egress = self.check_egress(&req.profile, req.egress.as_ref())?;
+        self.check_credentials(&egress, &req.credentials)?;
         Ok(Request {
             screen: self.check_screen(&req.profile, req.screen.as_deref())?,
-            egress: Some(self.check_egress(&req.profile, req.egress.as_ref())?),
+            egress: Some(egress),
             ..req.clone()
         })
     }

@@ -64,7 +64,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     agent_event_seq INTEGER NOT NULL DEFAULT 0,
     screen TEXT,
     limits TEXT,
-    egress TEXT
+    egress TEXT,
+    credentials TEXT
 );
 CREATE INDEX IF NOT EXISTS sandboxes_pool ON sandboxes (pool, status);
 CREATE INDEX IF NOT EXISTS sandboxes_status ON sandboxes (status);
@@ -182,6 +183,13 @@ impl Store {
             .exists([])?;
         if !has_egress {
             conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN egress TEXT")?;
+        }
+        // Stores made before credentials could be given at create.
+        let has_credentials = conn
+            .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'credentials'")?
+            .exists([])?;
+        if !has_credentials {
+            conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN credentials TEXT")?;
         }
         // Stores made before long run output became an artifact.
         let has_output_artifact = conn

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use rusqlite::{OptionalExtension, Row, params};
 
-use super::{Result, Store};
+use super::{Result, Store, StoreError};
 use crate::lifecycle::{SandboxStatus, sql_list};
 
 /// A sandbox row.
@@ -146,6 +146,41 @@ impl Store {
             (Some(h), false) => *report.hosts.entry(h.to_string()).or_default() += 1,
             (None, false) => {}
         })
+    }
+
+    /// Keeps the credentials given at a sandbox's create (`json`), sealed and bound to its row.
+    pub fn set_credentials(&self, id: &str, json: &str) -> Result<()> {
+        let sealed = self
+            .sealer
+            .seal(json.as_bytes(), &format!("credentials:{id}"));
+        self.with(|c| {
+            c.execute(
+                "UPDATE sandboxes SET credentials = ?2 WHERE id = ?1",
+                params![id, sealed],
+            )
+            .map(|_| ())
+        })
+    }
+
+    /// The credentials given at a sandbox's create (the JSON kept), if any.
+    pub fn credentials(&self, id: &str) -> Result<Option<String>> {
+        let sealed: Option<String> = self.with(|c| {
+            c.query_row(
+                "SELECT credentials FROM sandboxes WHERE id = ?1",
+                [id],
+                |r| r.get(0),
+            )
+            .optional()
+            .map(Option::flatten)
+        })?;
+        let Some(sealed) = sealed else {
+            return Ok(None);
+        };
+        let plain = self
+            .sealer
+            .open_string(&sealed, &format!("credentials:{id}"))
+            .map_err(|e| StoreError::Seal(format!("sandbox {id}'s credentials: {e}")))?;
+        Ok(Some(plain))
     }
 
     /// Changes the sandbox's egress report in one transaction (nothing on a row without one).
