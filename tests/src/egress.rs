@@ -67,6 +67,7 @@ impl TestHosts {
                 "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
             ])
             .args(["-subj", "/CN=allowed.test"])
+            .args(["-addext", "subjectAltName=DNS:allowed.test,DNS:edge.test"])
             .args(["-keyout", &format!("{dir}/key.pem")])
             .args(["-out", &format!("{dir}/cert.pem")])
             .output()
@@ -104,6 +105,11 @@ impl TestHosts {
             hosts.names.push(name);
         }
         hosts
+    }
+
+    /// The hosts' HTTPS certificate (self-signed, for `allowed.test` and `edge.test`).
+    pub fn cert(&self) -> std::path::PathBuf {
+        self._certs.path().join("cert.pem")
     }
 
     /// Host `i`'s address on the test's network.

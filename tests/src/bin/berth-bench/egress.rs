@@ -3,8 +3,9 @@
 //! `"open"` (a direct route). Each fetches the same test host (a container on a network of
 //! its own, `berth_tests::egress`) from inside, with Python's `urllib` as programs there do:
 //! a new connection per request, the proxy found in the environment, HTTP and HTTPS (a
-//! CONNECT tunnel, TLS end to end). The p50 and p99 of a whole request are printed side by
-//! side.
+//! CONNECT tunnel, TLS end to end), and HTTPS to a host with a credential (the tunnel opened
+//! at the proxy: TLS from the sandbox to the proxy, the header added, TLS from the proxy to the
+//! host). The p50 and p99 of a whole request are printed side by side.
 
 use berth_protocol::controller::{ControllerClient, CreateSandbox};
 use berth_protocol::egress::{Egress, EgressMode, EgressRules};
@@ -48,9 +49,15 @@ pub async fn bench(n: usize) {
     };
     let hosts = TestHosts::start(&image);
     let ip = hosts.ip(0);
+    let secret = tempfile::NamedTempFile::new().expect("a secret file");
+    std::fs::write(secret.path(), "bench-secret").expect("the secret");
     let c = ControllerProcess::start(&format!(
         "docker_image = \"{image}\"\n[providers]\nide = \"docker\"\n[egress]\nproxy_port = 0\n\
-         [egress.hosts]\n\"allowed.test\" = [\"{ip}\"]\n"
+         upstream_ca = [\"{cert}\"]\n[egress.hosts]\n\"allowed.test\" = [\"{ip}\"]\n\
+         \"edge.test\" = [\"{ip}\"]\n[[egress.credentials]]\nhost = \"edge.test\"\n\
+         secret_file = \"{secret}\"\n",
+        cert = hosts.cert().display(),
+        secret = secret.path().display(),
     ))
     .await;
     let cl = c.client();
@@ -59,7 +66,7 @@ pub async fn bench(n: usize) {
         ..berth_tests::controller::ide()
     };
     let policy = Egress::Rules(EgressRules {
-        allow: vec!["allowed.test".into(), format!("{ip}/32")],
+        allow: vec!["allowed.test".into(), "edge.test".into(), format!("{ip}/32")],
         deny_private: true,
     });
     let proxied = cl.create(&create(policy)).await.expect("a proxied sandbox");
@@ -74,14 +81,15 @@ pub async fn bench(n: usize) {
         "{:<34} {:>18} {:>18}",
         "request (new connection each)", "through the proxy", "direct"
     );
-    for (what, scheme, port) in [
-        ("HTTP GET", "http", 8000),
-        ("HTTPS GET (CONNECT, TLS)", "https", 8443),
+    for (what, scheme, name, port) in [
+        ("HTTP GET", "http", "allowed.test", 8000),
+        ("HTTPS GET (CONNECT, TLS)", "https", "allowed.test", 8443),
+        ("HTTPS GET, credential added", "https", "edge.test", 8443),
     ] {
         let p = fetch(
             &cl,
             &proxied.id,
-            &format!("{scheme}://allowed.test:{port}/"),
+            &format!("{scheme}://{name}:{port}/"),
             n,
         )
         .await;
