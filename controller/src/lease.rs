@@ -49,7 +49,7 @@ impl Leases {
         let screen = self
             .sandboxes
             .check_screen(&req.profile, req.screen.as_deref())?;
-        let (image, _) = self
+        let image = self
             .sandboxes
             .resolve(&req.profile, req.image_ref.as_deref())?;
         let egress = self

@@ -63,7 +63,7 @@ impl Pools {
         *self.table.starts.locked() =
             Some(Arc::new(Semaphore::new(self.ctx.config.refill_concurrency)));
         for c in self.table.configured.clone() {
-            let (image, _) = self
+            let image = self
                 .sandboxes
                 .resolve(&c.profile, c.image_ref.as_deref())
                 .map_err(|e| anyhow::anyhow!("pool for {}: {e}", c.profile))?;

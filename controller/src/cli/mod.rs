@@ -239,6 +239,11 @@ pub enum SandboxCmd {
         /// (`{"allow": ["github.com"], "deny_private": true}`).
         #[arg(long, value_parser = parse_egress)]
         egress: Option<berth_protocol::egress::Egress>,
+        /// A credential the egress proxy adds to the sandbox's requests to HOST:
+        /// `HOST=VAR` (`Authorization: Bearer` the secret in environment variable VAR, read
+        /// here, never on the command line) or `HOST:HEADER=VAR`; repeatable.
+        #[arg(long = "credential", value_parser = parse_credential)]
+        credentials: Vec<berth_protocol::controller::SandboxCredential>,
         #[command(flatten)]
         remote: Remote,
     },
@@ -374,6 +379,34 @@ fn parse_egress(s: &str) -> Result<berth_protocol::egress::Egress, String> {
     })?;
     berth_protocol::egress::validate(&e)?;
     Ok(e)
+}
+
+/// `--credential HOST[:HEADER]=VAR`: the secret from this process's environment.
+fn parse_credential(s: &str) -> Result<berth_protocol::controller::SandboxCredential, String> {
+    parse_credential_with(s, |v| std::env::var(v).ok())
+}
+
+fn parse_credential_with(
+    s: &str,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<berth_protocol::controller::SandboxCredential, String> {
+    let (target, var) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: give HOST=VAR or HOST:HEADER=VAR"))?;
+    let (host, header) = match target.split_once(':') {
+        Some((h, header)) => (h, Some(header.to_string())),
+        None => (target, None),
+    };
+    let secret = env(var)
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| format!("--credential {s}: the environment variable {var} is not set"))?;
+    Ok(berth_protocol::controller::SandboxCredential {
+        host: host.to_string(),
+        header,
+        value: None,
+        basic_user: None,
+        secret,
+    })
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -614,6 +647,7 @@ async fn sandbox(c: SandboxCmd) -> anyhow::Result<i32> {
             ttl,
             screen,
             egress,
+            credentials,
             remote,
         } => {
             let request = CreateSandbox {
@@ -623,7 +657,7 @@ async fn sandbox(c: SandboxCmd) -> anyhow::Result<i32> {
                 ttl_seconds: ttl,
                 screen,
                 egress,
-                credentials: Vec::new(),
+                credentials,
             };
             create_sandbox(&request, &remote).await?;
         }
@@ -938,7 +972,29 @@ fn push_auth(
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_egress, resolve};
+    use super::{parse_credential_with, parse_egress, resolve};
+
+    #[test]
+    fn credential_flags_name_the_variable_holding_the_secret() {
+        let env = |v: &str| (v == "TOKEN").then(|| "s3cret".to_string());
+        let c = parse_credential_with("api.test=TOKEN", env).unwrap();
+        assert_eq!(
+            (c.host.as_str(), c.header, c.secret.as_str()),
+            ("api.test", None, "s3cret")
+        );
+        let c = parse_credential_with("*.corp.test:X-Key=TOKEN", env).unwrap();
+        assert_eq!(c.header.as_deref(), Some("X-Key"));
+        assert!(
+            parse_credential_with("api.test", env)
+                .unwrap_err()
+                .contains("HOST=VAR")
+        );
+        let e = parse_credential_with("api.test=NOPE", env).unwrap_err();
+        assert!(
+            e.contains("NOPE is not set") && !e.contains("s3cret"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn egress_flags_take_a_mode_or_a_policy() {

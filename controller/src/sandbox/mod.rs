@@ -111,9 +111,9 @@ impl Sandboxes {
         }
     }
 
-    /// Resolves profile and image: the image the sandbox will run, and its pool key.
-    /// An alias resolves as its profile's canonical name.
-    pub fn resolve(&self, profile: &str, image_ref: Option<&str>) -> Result<(String, String)> {
+    /// The image a sandbox of `profile` runs: `image_ref` when its provider can run it, else
+    /// the provider's default (its pool key is [`Self::warm_key`]'s to make).
+    pub fn resolve(&self, profile: &str, image_ref: Option<&str>) -> Result<String> {
         let p = self.ctx.profile(profile)?;
         let profile = p.name.as_str();
         let provider = self.ctx.provider_for(p)?;
@@ -124,12 +124,11 @@ impl Sandboxes {
             }
             None => provider.default_image(profile)?,
         };
-        let key = crate::warm::key(profile, &image, None);
-        Ok((image, key))
+        Ok(image)
     }
 
-    /// The pool that serves `profile` from `image` with `egress` (the key [`Self::resolve`]
-    /// gives when it is the config's default).
+    /// The pool that serves `profile` (an alias as its canonical name) from `image` with
+    /// `egress`: the one place pool keys are made.
     pub fn warm_key(&self, profile: &str, image: &str, egress: &Egress) -> String {
         let policy = (*egress != self.ctx.config.egress.default)
             .then(|| serde_json::to_string(egress).unwrap_or_default());
@@ -179,7 +178,7 @@ impl Sandboxes {
     ) -> Result<(SandboxRow, bool)> {
         validate_labels(&req.labels)?;
         let req = &self.checked(req)?;
-        let (image, _) = self.resolve(&req.profile, req.image_ref.as_deref())?;
+        let image = self.resolve(&req.profile, req.image_ref.as_deref())?;
         let egress = req.egress.clone().unwrap_or_default();
         let key = self.warm_key(&req.profile, &image, &egress);
         if let Some(row) = self.claim_warm(&key, req).await? {

@@ -66,7 +66,11 @@ pub async fn bench(n: usize) {
         ..berth_tests::controller::ide()
     };
     let policy = Egress::Rules(EgressRules {
-        allow: vec!["allowed.test".into(), "edge.test".into(), format!("{ip}/32")],
+        allow: vec![
+            "allowed.test".into(),
+            "edge.test".into(),
+            format!("{ip}/32"),
+        ],
         deny_private: true,
     });
     let proxied = cl.create(&create(policy)).await.expect("a proxied sandbox");
@@ -86,13 +90,7 @@ pub async fn bench(n: usize) {
         ("HTTPS GET (CONNECT, TLS)", "https", "allowed.test", 8443),
         ("HTTPS GET, credential added", "https", "edge.test", 8443),
     ] {
-        let p = fetch(
-            &cl,
-            &proxied.id,
-            &format!("{scheme}://{name}:{port}/"),
-            n,
-        )
-        .await;
+        let p = fetch(&cl, &proxied.id, &format!("{scheme}://{name}:{port}/"), n).await;
         let d = fetch(&cl, &open.id, &format!("{scheme}://{direct_ip}:{port}/"), n).await;
         println!(
             "{what:<34} {:>18} {:>18}",
