@@ -43,7 +43,6 @@ with sync_playwright() as p:
         print("PAGE", page.inner_text("body"))
     except Exception as e:
         print("ERROR", str(e).splitlines()[0])
-    page.close()
 "#;
     berth_tests::playwright(script, &[cdp, url], 120)
 }
@@ -106,6 +105,11 @@ async fn credentials_are_added_at_the_edge_and_never_enter_the_sandbox() {
     let page = browser_page(&cdp, "https://creds.test/whoami");
     println!("browser: {page}");
     assert!(page.contains("PAGE authorized"), "{page}");
+    // What the agent sees: the page in front, no certificate warning, no proxy prompt.
+    let png = cl.screenshot(&id).await.unwrap();
+    assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
+    let shot = crate::osworld::repo_root().join("tests/screenshots/egress-credential-chrome.png");
+    std::fs::write(&shot, &png).unwrap();
 
     // The GitHub tools: what the token reads, then a clone.
     let repos = cl.github_repositories().await.unwrap();
@@ -253,7 +257,10 @@ async fn credentials_are_added_at_the_edge_and_never_enter_the_sandbox() {
     println!("record: {}", serde_json::to_string(&report).unwrap());
     assert_eq!(report.repositories, vec!["acme/private-repo".to_string()]);
     assert!(report.hosts.get("git.test") >= Some(&4), "{report:?}");
-    answers.push_str(&serde_json::to_string(&cl.events(&id, 0).await.unwrap()).unwrap());
+    for sb in [&id, &mine.id] {
+        answers.push_str(&serde_json::to_string(&cl.events(sb, 0).await.unwrap()).unwrap());
+    }
+    answers.push_str(&serde_json::to_string(&cl.get(&mine.id).await.unwrap()).unwrap());
 
     // The secrets, searched for everywhere the sandbox and the test's answers hold.
     let basic = {
