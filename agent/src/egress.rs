@@ -122,21 +122,14 @@ fn add_to_bundle(bundle: &Path, pem: &str) -> std::io::Result<()> {
 
 /// `/etc/environment` with the proxy variables (replacing earlier ones).
 fn add_environment(path: &Path, proxy: &str, no_proxy: Option<&str>) -> std::io::Result<()> {
-    let names = [
-        "http_proxy",
-        "https_proxy",
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "no_proxy",
-        "NO_PROXY",
-    ];
+    let names = crate::account::PROXY_VARS;
     let have = std::fs::read_to_string(path).unwrap_or_default();
     let mut out: Vec<String> = have
         .lines()
         .filter(|l| !names.iter().any(|n| l.starts_with(&format!("{n}="))))
         .map(str::to_string)
         .collect();
-    for n in &names[..4] {
+    for n in names.iter().filter(|n| !n.eq_ignore_ascii_case("no_proxy")) {
         out.push(format!("{n}={proxy}"));
     }
     if let Some(np) = no_proxy {

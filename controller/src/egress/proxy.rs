@@ -182,11 +182,7 @@ impl Proxy {
         first: Vec<u8>,
         deny: impl Fn(Denial) -> Refusal,
     ) {
-        if client
-            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            .await
-            .is_err()
-        {
+        if !established(&mut client).await {
             return;
         }
         let (mut cr, cw) = client.into_split();
@@ -231,11 +227,7 @@ impl Proxy {
         first: Vec<u8>,
         edge: Arc<Edge>,
     ) {
-        if client
-            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            .await
-            .is_err()
-        {
+        if !established(&mut client).await {
             return;
         }
         let first = match first_bytes(&mut client, first, &req.host).await {
@@ -521,6 +513,14 @@ async fn refuse(client: &mut TcpStream, r: Refusal) {
         }
     };
     let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
+}
+
+/// Answers a CONNECT: false when the client is gone.
+async fn established(client: &mut TcpStream) -> bool {
+    client
+        .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        .await
+        .is_ok()
 }
 
 /// When a relay last moved a byte, for its idle timeout.
