@@ -620,8 +620,15 @@ pub fn plan(req: &BuildRequest) -> anyhow::Result<(String, bool)> {
     Ok((image, exists))
 }
 
-/// Builds (or finds) the image.
+/// Builds (or finds) the image, its stages kept in the cache for the next build.
 pub fn build(req: &BuildRequest) -> anyhow::Result<Built> {
+    build_keeping(req, true)
+}
+
+/// Builds (or finds) the image; `keep_stage` false removes its packages stage from the cache
+/// once the image is imported (a one-off build: the image itself is found by its name; the
+/// base stage stays). A failed build keeps it, to resume from.
+pub fn build_keeping(req: &BuildRequest, keep_stage: bool) -> anyhow::Result<Built> {
     let started = Instant::now();
     let recipes = load_recipes(&req.images_dir)?;
     let sel = select(req, &recipes)?;
@@ -657,6 +664,26 @@ pub fn build(req: &BuildRequest) -> anyhow::Result<Built> {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755))?;
     }
+    import(&rootfs, &image, &sel)?;
+    if docker_size(&image) == 0 {
+        bail!("docker import produced an empty image {image}");
+    }
+    if !keep_stage && let Some(stage) = rootfs.parent() {
+        std::fs::remove_dir_all(stage)
+            .with_context(|| format!("removing the stage {}", stage.display()))?;
+        eprintln!("==> removed the stage {} from the cache", stage.display());
+    }
+    Ok(Built {
+        size_bytes: docker_size(&image),
+        image_ref: image,
+        built: true,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// `docker import` of a stage's root file system as `image`: the agent its entrypoint, the
+/// selection's session and ports in its environment and labels.
+fn import(rootfs: &Path, image: &str, sel: &Selection) -> anyhow::Result<()> {
     let cmd = match sel.desktop {
         true => r#"CMD ["--listen", "0.0.0.0:5000", "--cdp-listen", "0.0.0.0:9222", "--desktop"]"#,
         false => r#"CMD ["--listen", "0.0.0.0:5000"]"#,
@@ -673,8 +700,8 @@ pub fn build(req: &BuildRequest) -> anyhow::Result<Built> {
             .replace('"', "\\\"")
     );
     docker_import(
-        &rootfs,
-        &image,
+        rootfs,
+        image,
         &[
             r#"ENTRYPOINT ["/usr/local/bin/berth-agent", "init"]"#,
             cmd,
@@ -688,16 +715,7 @@ pub fn build(req: &BuildRequest) -> anyhow::Result<Built> {
             ),
             &ports,
         ],
-    )?;
-    if docker_size(&image) == 0 {
-        bail!("docker import produced an empty image {image}");
-    }
-    Ok(Built {
-        size_bytes: docker_size(&image),
-        image_ref: image,
-        built: true,
-        seconds: started.elapsed().as_secs_f64(),
-    })
+    )
 }
 
 /// What `berth image build --controller` puts together: the base rootfs (the sandbox images'

@@ -300,6 +300,16 @@ fn probe_recipes(name: &str, packages: &[&str]) -> tempfile::TempDir {
 
 /// `berth image build` on another recipes dir: exit status, stdout, stderr.
 fn build_in(images: &std::path::Path, name: &str, agent: Option<&str>) -> (bool, String, String) {
+    build_in_with(images, name, agent, &[])
+}
+
+/// The same, with more flags.
+fn build_in_with(
+    images: &std::path::Path,
+    name: &str,
+    agent: Option<&str>,
+    flags: &[&str],
+) -> (bool, String, String) {
     let mut cmd = Command::new(berth_tests::workspace_bin("berth"));
     cmd.args([
         "image",
@@ -310,6 +320,7 @@ fn build_in(images: &std::path::Path, name: &str, agent: Option<&str>) -> (bool,
         "--images-dir",
     ])
     .arg(images)
+    .args(flags)
     .env("BERTH_LOG", "warn");
     if let Some(a) = agent {
         cmd.args(["--agent-bin", a]);
@@ -350,10 +361,23 @@ async fn a_locked_version_gone_from_the_mirror_is_re_resolved_and_the_lock_rewri
     let images = probe_recipes(name, &["hello"]);
     let lock = images.path().join(format!("{name}.lock"));
     std::fs::write(&lock, "hello=0.0-gone-from-the-mirror\n").unwrap();
-    let (ok, stdout, stderr) = build_in(images.path(), name, None);
+    // A one-off build: its packages stage leaves the cache once the image is imported.
+    let (ok, stdout, stderr) = build_in_with(images.path(), name, None, &["--drop-stage"]);
+    let cache = std::env::var("BERTH_IMAGE_CACHE").unwrap_or("/var/cache/berth/images".into());
+    let stages: Vec<String> = std::fs::read_dir(&cache)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
     forget_probe(name);
     assert!(ok, "{stderr}");
     assert!(stderr.contains("==> base rootfs (cached)"), "{stderr}");
+    assert!(stderr.contains("removed the stage"), "{stderr}");
+    assert!(
+        !stages.iter().any(|s| s.starts_with(&format!("{name}-"))),
+        "{stages:?}"
+    );
+    assert!(stages.iter().any(|s| s.starts_with("base-")), "{stages:?}");
     assert!(
         stderr.contains("warning: a locked version is gone from the mirror"),
         "{stderr}"

@@ -97,6 +97,10 @@ pub enum ImageCmd {
         /// with `berth` and `berth-agent`, running `berth serve`; deploy/kubernetes runs it).
         #[arg(long, conflicts_with_all = ["plan", "profile", "bundle", "apps"])]
         controller: bool,
+        /// Once the image is imported, remove its packages stage from the cache (gigabytes; a
+        /// later build of other inputs starts again from the base stage, which stays).
+        #[arg(long, conflicts_with_all = ["plan", "controller"])]
+        drop_stage: bool,
     },
     /// Push a built image to a registry a cluster pulls from; prints the pushed reference and
     /// its digest (`HOST/PATH/<name>@sha256:…`, what `[kubernetes] image` should name).
@@ -865,9 +869,16 @@ async fn image(c: ImageCmd) -> anyhow::Result<i32> {
                 tokio::task::spawn_blocking(move || crate::image::build_controller(&req)).await??;
             print_built(&built, json)?;
         }
-        ImageCmd::Build { args, json, .. } => {
+        ImageCmd::Build {
+            args,
+            json,
+            drop_stage,
+            ..
+        } => {
             let req = build_request(args)?;
-            let built = tokio::task::spawn_blocking(move || crate::image::build(&req)).await??;
+            let built =
+                tokio::task::spawn_blocking(move || crate::image::build_keeping(&req, !drop_stage))
+                    .await??;
             print_built(&built, json)?;
         }
         ImageCmd::Push {
