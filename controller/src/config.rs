@@ -255,6 +255,14 @@ pub struct KubernetesConfig {
     pub seccomp_localhost_profile: Option<String>,
     /// How long a Pod may take to be scheduled, pull its image and start its agent.
     pub start_timeout_secs: Option<u64>,
+    /// The controller's Service (in its own namespace): sandboxes with an egress policy reach
+    /// the egress proxy (`[egress] proxy_port`) and their DNS (the Service's port 53, to
+    /// `egress_dns_port` on the controller's Pods) at its ClusterIP. Default
+    /// `berth-controller`, as deploy/kubernetes names it.
+    pub egress_service: Option<String>,
+    /// The port the controller serves sandboxes' DNS on in its Pod (unprivileged: the Service
+    /// maps 53 to it). Default 5353.
+    pub egress_dns_port: Option<u16>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
@@ -330,6 +338,20 @@ impl KubernetesConfig {
         self.agent_port.unwrap_or(Self::DEFAULT_AGENT_PORT)
     }
 
+    pub const DEFAULT_EGRESS_SERVICE: &str = "berth-controller";
+    pub const DEFAULT_EGRESS_DNS_PORT: u16 = 5353;
+
+    pub fn egress_service(&self) -> &str {
+        self.egress_service
+            .as_deref()
+            .unwrap_or(Self::DEFAULT_EGRESS_SERVICE)
+    }
+
+    pub fn egress_dns_port(&self) -> u16 {
+        self.egress_dns_port
+            .unwrap_or(Self::DEFAULT_EGRESS_DNS_PORT)
+    }
+
     pub fn start_timeout(&self) -> Duration {
         Duration::from_secs(self.start_timeout_secs.unwrap_or(300))
     }
@@ -368,6 +390,15 @@ impl KubernetesConfig {
                 );
             }
         }
+        anyhow::ensure!(
+            is_dns_label(self.egress_service()),
+            "[kubernetes] egress_service {:?} is not a Service name",
+            self.egress_service()
+        );
+        anyhow::ensure!(
+            self.egress_dns_port() != 0,
+            "[kubernetes] egress_dns_port must not be 0 (the Service maps port 53 to it)"
+        );
         if let Some(p) = &self.seccomp_localhost_profile {
             anyhow::ensure!(
                 !p.is_empty() && !p.starts_with('/') && !p.split('/').any(|c| c == ".."),

@@ -171,7 +171,7 @@ fn the_configmaps_berth_toml_is_a_valid_controller_config_no_cluster_here() {
         m.namespace.metadata.name.as_deref(),
         "sandboxes go where the Role grants"
     );
-    let image = k.image.expect("an image");
+    let image = k.image.clone().expect("an image");
     assert!(berth_protocol::image::valid_reference(&image), "{image}");
     let (_, digest) = image.split_once("@sha256:").expect("the image by digest");
     assert!(
@@ -182,6 +182,40 @@ fn the_configmaps_berth_toml_is_a_valid_controller_config_no_cluster_here() {
         c.api_keys.is_empty(),
         "API keys come from a Secret, not the ConfigMap"
     );
+    // Sandboxes with an egress policy reach the proxy and their DNS through the Service the
+    // controller reads: its name, the proxy's port unchanged, 53 to the DNS's port in the Pod.
+    assert_eq!(m.service.metadata.name.as_deref(), Some(k.egress_service()));
+    let ports = m.service.spec.clone().unwrap().ports.unwrap();
+    let container = &m
+        .stateful_set
+        .spec
+        .clone()
+        .template
+        .spec
+        .unwrap()
+        .containers[0];
+    let target = |name: &str| {
+        let p = ports
+            .iter()
+            .find(|p| p.name.as_deref() == Some(name))
+            .unwrap_or_else(|| panic!("the Service's {name} port"));
+        let IntOrString::String(t) = p.target_port.clone().unwrap() else {
+            panic!("{name}: a named target port");
+        };
+        let cp = container
+            .ports
+            .iter()
+            .flatten()
+            .find(|cp| cp.name.as_deref() == Some(&t));
+        let cp = cp.unwrap_or_else(|| panic!("the container's {t} port"));
+        assert_eq!(cp.protocol, p.protocol, "{name}");
+        (p.port, cp.container_port, p.protocol.clone().unwrap())
+    };
+    let proxy = i32::from(c.egress.proxy_port);
+    assert_eq!(target("egress"), (proxy, proxy, "TCP".to_string()));
+    let dns = i32::from(k.egress_dns_port());
+    assert_eq!(target("dns"), (53, dns, "UDP".to_string()));
+    assert_eq!(target("dns-tcp"), (53, dns, "TCP".to_string()));
 }
 
 /// (api group, resource, verb) triples.

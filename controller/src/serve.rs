@@ -205,8 +205,17 @@ async fn connect_providers(
     let wants_kubernetes =
         config.kubernetes.is_some() || config.providers.values().any(|p| p == "kubernetes");
     if wants_kubernetes {
+        let parts = crate::provider::kubernetes::EgressParts {
+            gate: crate::provider::kubernetes::Gate {
+                book: book.clone(),
+                edge: edge.clone(),
+            },
+            hosts: config.egress.hosts.clone(),
+            proxy_port: config.egress.proxy_port,
+        };
         let kube = crate::provider::kubernetes::KubernetesProvider::connect(
             &config.kubernetes.clone().unwrap_or_default(),
+            parts,
         )
         .await
         .context("connecting to Kubernetes (the config routes profiles to it)")?;
@@ -240,8 +249,6 @@ fn image_settings(agent_bin: PathBuf) -> crate::image_job::ImageSettings {
     }
 }
 
-/// Writes what the proxy saw: each refusal an `egress.denied` event on the sandbox's
-/// timeline, each connection and refusal counted in its record.
 /// The repositories granted before a restart, granted again (the grants live in memory; the
 /// sandboxes' records keep them).
 fn regrant(controller: &Controller, github: &crate::github::Github) {
@@ -255,6 +262,8 @@ fn regrant(controller: &Controller, github: &crate::github::Github) {
     }
 }
 
+/// Writes what the proxy and the DNS saw: each refusal an `egress.denied` event on the
+/// sandbox's timeline, each connection and refusal counted in its record.
 async fn record_egress_notes(
     ctx: Arc<crate::ctx::Ctx>,
     mut notes: tokio::sync::mpsc::Receiver<crate::egress::Note>,
@@ -266,11 +275,14 @@ async fn record_egress_notes(
                 host,
                 port,
                 reason,
+                via,
             } => {
                 ctx.event(
                     sandbox,
                     berth_protocol::events::EventKind::EgressDenied,
-                    serde_json::json!({"host": host, "port": port, "reason": reason}),
+                    serde_json::json!({
+                        "host": host, "port": port, "reason": reason, "via": via.as_str()
+                    }),
                 );
                 ctx.store.count_egress(sandbox, None, true)
             }

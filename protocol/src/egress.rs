@@ -321,6 +321,23 @@ pub fn address_allowed(policy: &Egress, ip: IpAddr) -> Result<(), Denial> {
     }
 }
 
+/// The addresses of an allowed name that the policy lets a sandbox reach (in the order
+/// given), or why none: the reason of the first refused, or `Unresolved` when there are none.
+pub fn reachable(policy: &Egress, addrs: &[IpAddr]) -> Result<Vec<IpAddr>, Denial> {
+    let allowed: Vec<IpAddr> = addrs
+        .iter()
+        .copied()
+        .filter(|ip| address_allowed(policy, *ip).is_ok())
+        .collect();
+    if !allowed.is_empty() {
+        return Ok(allowed);
+    }
+    Err(addrs
+        .first()
+        .and_then(|ip| address_allowed(policy, *ip).err())
+        .unwrap_or(Denial::Unresolved))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -137,10 +137,17 @@ impl Provider {
                     Provider::KubernetesFakeApiserver => "pod-ip",
                     _ => "port-forward",
                 };
+                // The egress DNS binds only once the controller's Service exists (a test
+                // makes it): on a port of its own, so controllers run side by side.
+                let dns_port = std::net::UdpSocket::bind("0.0.0.0:0")
+                    .and_then(|s| s.local_addr())
+                    .map(|a| a.port())
+                    .unwrap_or(5353);
                 format!(
                     "{config}\n[providers]\ndesktop = \"kubernetes\"\nide = \"kubernetes\"\n\
                      [kubernetes]\nnamespace = \"{FAKE_APISERVER_NAMESPACE}\"\nkubeconfig = \"{}\"\n\
-                     reach = \"{reach}\"\nimage = \"{FAKE_APISERVER_IMAGE}\"\n",
+                     reach = \"{reach}\"\nimage = \"{FAKE_APISERVER_IMAGE}\"\n\
+                     egress_dns_port = {dns_port}\n",
                     dir.join("kubeconfig").display()
                 )
             }

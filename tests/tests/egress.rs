@@ -7,8 +7,9 @@
 //! without being told where the proxy is; a name not allowed, an address asked for directly,
 //! a name that resolves to a private address and a TLS server name other than the host
 //! tunnelled to are each refused at once with an `egress.denied` event naming the host; a
-//! connection that goes around the proxy has no route. The record counts the connections by
-//! host. A sandbox with `"none"` reaches nothing, one with `"open"` reaches the test host
+//! connection that goes around the proxy has no route. Its DNS answers the names it may reach
+//! and no other (NXDOMAIN at once, an `egress.denied` event `"via": "dns"`). The record counts
+//! the connections by host. A sandbox with `"none"` reaches nothing, one with `"open"` reaches the test host
 //! directly.
 
 use std::time::Duration;
@@ -75,7 +76,26 @@ async fn sh(cl: &ControllerClient, id: &str, line: &str) -> (Option<i32>, String
     (run.exit_code, format!("{}{}", run.stdout, run.stderr))
 }
 
-/// The `egress.denied` events on a sandbox's timeline: `(host, reason)`.
+/// How the sandbox's resolver answers each name: `name addr [addresses]`, or `name error
+/// <errno>` (-2, EAI_NONAME: the name does not exist; -3, EAI_AGAIN: no answer).
+const LOOKUP: &str = r#"
+import socket, sys
+for n in sys.argv[1:]:
+    try:
+        a = sorted({i[4][0] for i in socket.getaddrinfo(n, 80, proto=socket.IPPROTO_TCP)})
+        print(n, "addr", a)
+    except socket.gaierror as e:
+        print(n, "error", e.errno)
+"#;
+
+/// The resolver's answer for each of `names` inside sandbox `id` (a line each, as [`LOOKUP`]).
+async fn lookups(cl: &ControllerClient, id: &str, names: &[&str]) -> String {
+    let line = format!("python3 -c '{LOOKUP}' {}", names.join(" "));
+    sh(cl, id, &line).await.1
+}
+
+/// The `egress.denied` events on a sandbox's timeline: `(host, reason)` (and `"via": "dns"`
+/// for a name refused by its DNS, appended to the reason).
 async fn denials(cl: &ControllerClient, id: &str) -> Vec<(String, String)> {
     let v = cl.events(id, 0).await.unwrap();
     v["events"]
@@ -86,7 +106,10 @@ async fn denials(cl: &ControllerClient, id: &str) -> Vec<(String, String)> {
         .filter(|e| e["kind"] == "egress.denied")
         .map(|e| {
             let s = |k: &str| e[k].as_str().unwrap_or_default().to_string();
-            (s("host"), s("reason"))
+            match s("via").as_str() {
+                "dns" => (s("host"), format!("{} via dns", s("reason"))),
+                _ => (s("host"), s("reason")),
+            }
         })
         .collect()
 }
@@ -178,6 +201,16 @@ async fn docker_sandboxes_reach_only_what_their_egress_policy_allows_by_name() {
         !refused_page.contains("egress-ok") && refused_page.contains("not_allowed"),
         "{pages}"
     );
+    // Its DNS answers the names it may reach and no other, at once: a name not allowed and
+    // one allowed but private do not exist for it.
+    let out = lookups(&cl, id, &["allowed.test", "refused.test", "private.test"]).await;
+    println!("DNS: {out}");
+    assert!(
+        out.contains(&format!("allowed.test addr ['{allowed}']")),
+        "{out}"
+    );
+    assert!(out.contains("refused.test error -2"), "{out}");
+    assert!(out.contains("private.test error -2"), "{out}");
     // Around the proxy there is no route.
     let line = format!("curl -sS -m 3 --noproxy '*' http://{allowed}:8000/; echo rc=$?");
     let (_, out) = sh(&cl, id, &line).await;
@@ -189,6 +222,8 @@ async fn docker_sandboxes_reach_only_what_their_egress_policy_allows_by_name() {
         (refused.as_str(), "ip_literal"),
         ("private.test", "private_address"),
         ("allowed.test", "sni_mismatch"),
+        ("refused.test", "not_allowed via dns"),
+        ("private.test", "private_address via dns"),
     ];
     let got = wait_for(
         "the denials on the timeline",
@@ -225,17 +260,17 @@ async fn docker_sandboxes_reach_only_what_their_egress_policy_allows_by_name() {
         out.contains("egress_none") && !out.contains("egress-ok"),
         "{out}"
     );
-    // Nor does a sandbox behind the proxy reach another one, or resolve names itself.
+    // …and resolves nothing.
+    let out = lookups(&cl, &none.id, &["allowed.test", "refused.test"]).await;
+    println!("none, DNS: {out}");
+    assert!(out.contains("allowed.test error -2"), "{out}");
+    assert!(out.contains("refused.test error -2"), "{out}");
+    // Nor does a sandbox behind the proxy reach another one.
     let neighbour = ip_on(&format!("berth-{}", none.id), "berth-egress");
-    let line = format!(
-        "curl -sS -m 3 --noproxy '*' http://{neighbour}:5000/; echo rc=$?; \
-         timeout 3 getent hosts allowed.test; echo dns=$?"
-    );
+    let line = format!("curl -sS -m 3 --noproxy '*' http://{neighbour}:5000/; echo rc=$?");
     let (_, out) = sh(&cl, id, &line).await;
-    println!("neighbour {neighbour} and DNS: {out}");
-    // Docker's DNS on an internal network answers no outside name (not found, or no answer).
-    let resolved = !out.contains("dns=2") && !out.contains("dns=124");
-    assert!(!out.contains("rc=0") && !resolved, "{out}");
+    println!("neighbour {neighbour}: {out}");
+    assert!(!out.contains("rc=0"), "{out}");
     let open = cl
         .create(&ide(Egress::Mode(EgressMode::Open)))
         .await

@@ -750,3 +750,261 @@ async fn kubernetes_fake_apiserver_port_forward_reach_runs_commands_and_survives
     cl.delete(&sb.id).await.unwrap();
     assert!(c.leftovers(&sb.id).is_empty(), "{:?}", c.leftovers(&sb.id));
 }
+
+/// An HTTP server on 127.0.0.1 answering every request with `egress-ok <its Host>`, on a
+/// thread of its own (the test's runtime is blocked while `curl` runs).
+fn egress_test_host() -> u16 {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut s in l.incoming().flatten() {
+            let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16384 {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            let text = String::from_utf8_lossy(&head).to_string();
+            let host = text
+                .lines()
+                .find_map(|l| l.strip_prefix("Host: "))
+                .unwrap_or_default()
+                .to_string();
+            let body = format!("egress-ok {host}");
+            let out = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = s.write_all(out.as_bytes());
+        }
+    });
+    port
+}
+
+/// `curl` from `source` (a Pod IP: the fake's Pods share the host's loopback, where a
+/// connection would otherwise come from 127.0.0.1) through the proxy at `proxy`: the status
+/// line and body, or curl's error.
+fn curl_from(source: &str, proxy: &str, url: &str) -> String {
+    let out = std::process::Command::new("curl")
+        .args([
+            "-sS",
+            "-m",
+            "10",
+            "-i",
+            "--interface",
+            source,
+            "-x",
+            proxy,
+            url,
+        ])
+        .output()
+        .unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Asks the DNS at `server` for `name`'s A record from `source`: `rcode=<n> answers=<n>`.
+fn dns_from(source: &str, server: &str, name: &str) -> String {
+    let script = r#"
+import random, socket, struct, sys
+src, host, port, name = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+qid = random.randrange(65536)
+q = struct.pack(">HHHHHH", qid, 0x0100, 1, 0, 0, 0)
+q += b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0"
+q += struct.pack(">HH", 1, 1)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((src, 0))
+s.settimeout(5)
+s.sendto(q, (host, port))
+r = s.recv(4096)
+rid, flags, _, an = struct.unpack(">HHHH", r[:8])
+print("rcode=%d answers=%d" % (flags & 0xF, an) if rid == qid else "wrong id")
+"#;
+    let (host, port) = server.rsplit_once(':').unwrap();
+    let out = std::process::Command::new("python3")
+        .args(["-c", script, source, host, port, name])
+        .output()
+        .unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout).trim(),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[tokio::test]
+async fn kubernetes_fake_apiserver_a_sandbox_with_a_policy_goes_out_through_the_controllers_proxy_and_dns()
+ {
+    use berth_protocol::egress::{Egress, EgressRules};
+    use k8s_openapi::api::core::v1::Service;
+    let up = egress_test_host();
+    // A fixed port, as a Service forwards one: the Pods keep it across restarts.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut c = ControllerProcess::start_on(
+        Provider::KubernetesFakeApiserver,
+        &format!(
+            "[egress]\nproxy_port = {port}\n[egress.hosts]\n\"allowed.test\" = [\"127.0.0.1\"]\n\
+             \"refused.test\" = [\"127.0.0.1\"]\n"
+        ),
+    )
+    .await;
+    let policy = Egress::Rules(EgressRules {
+        allow: vec!["allowed.test".into()],
+        deny_private: false,
+    });
+    let with_policy = berth_protocol::controller::CreateSandbox {
+        egress: Some(policy.clone()),
+        ..ide()
+    };
+    // Without its Service the controller has no address to give sandboxes: refused, named.
+    let err = c
+        .client()
+        .create(&with_policy)
+        .await
+        .unwrap_err()
+        .to_string();
+    println!("{err}");
+    assert!(err.contains("cannot enforce an egress policy"), "{err}");
+    // The Service (a real API server gives it its ClusterIP; the fake's is loopback), then
+    // a restart: the controller reads it at start.
+    let service: Service = serde_json::from_value(json!({
+        "metadata": {"name": "berth-controller"},
+        "spec": {"clusterIP": "127.0.0.1", "ports": [{"name": "http", "port": 8780}]},
+    }))
+    .unwrap();
+    let services: Api<Service> =
+        Api::namespaced(kube_client_for(c.fake()).await, FAKE_APISERVER_NAMESPACE);
+    services
+        .create(&PostParams::default(), &service)
+        .await
+        .unwrap();
+    c.kill9();
+    c.launch();
+    let cl = c.client();
+    let sb = cl.create(&with_policy).await.unwrap();
+    assert_eq!(sb.egress.as_ref().map(|e| &e.policy), Some(&policy));
+    let pods = c.fake().objects::<Pod>();
+    let pod = labelled(&pods, "berth.sandbox", &sb.id)[0].clone();
+    let name = pod.metadata.name.clone().unwrap();
+    let ip = c.fake().pod_ip(&name).unwrap().to_string();
+    // The Pod: its programs find the proxy and the CA in their environment, and ask the
+    // controller's DNS, nothing else.
+    let spec = pod.spec.clone().unwrap();
+    let env: BTreeMap<String, String> = spec.containers[0]
+        .env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+        .collect();
+    let proxy = env["http_proxy"].clone();
+    assert!(proxy.starts_with("http://127.0.0.1:"), "{env:?}");
+    assert_eq!(env["https_proxy"], proxy);
+    assert!(env["BERTH_EGRESS_CA"].starts_with("-----BEGIN CERTIFICATE-----"));
+    assert_eq!(spec.dns_policy.as_deref(), Some("None"));
+    let dns = spec.dns_config.clone().unwrap();
+    assert_eq!(dns.nameservers, Some(vec!["127.0.0.1".to_string()]));
+    // Its NetworkPolicy: out to the controller's Pods on the proxy's and the DNS's ports only.
+    let policies = c.fake().objects::<NetworkPolicy>();
+    let np = labelled(&policies, "berth.sandbox", &sb.id)[0].clone();
+    let out = np.spec.unwrap().egress.unwrap();
+    println!("egress rules: {}", serde_json::to_string(&out).unwrap());
+    assert_eq!(out.len(), 1);
+    let to = &out[0].to.as_ref().unwrap()[0];
+    assert!(to.ip_block.is_none() && to.pod_selector.is_some());
+    let ports: Vec<(String, i32)> = out[0]
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| match p.port.clone().unwrap() {
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(n) => {
+                (p.protocol.clone().unwrap(), n)
+            }
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    let proxy_port: i32 = proxy.rsplit(':').next().unwrap().parse().unwrap();
+    assert_eq!(ports[0], ("TCP".to_string(), proxy_port));
+    let dns_port = ports[1].1;
+    assert_eq!(
+        ports[1..],
+        [("UDP".into(), dns_port), ("TCP".into(), dns_port)]
+    );
+    let dns_at = format!("127.0.0.1:{dns_port}");
+
+    // From the Pod's IP: the allowed host answers through the proxy, the other is refused at
+    // once with the reason; its DNS answers the allowed name only.
+    let ok = curl_from(&ip, &proxy, &format!("http://allowed.test:{up}/a"));
+    println!("allowed: {ok}");
+    assert!(ok.contains(&format!("egress-ok allowed.test:{up}")), "{ok}");
+    let no = curl_from(&ip, &proxy, &format!("http://refused.test:{up}/b"));
+    println!("refused: {no}");
+    assert!(
+        no.contains("not_allowed") && !no.contains("egress-ok"),
+        "{no}"
+    );
+    assert_eq!(dns_from(&ip, &dns_at, "allowed.test"), "rcode=0 answers=1");
+    assert_eq!(dns_from(&ip, &dns_at, "refused.test"), "rcode=3 answers=0");
+    // Any other address is no sandbox of the proxy's.
+    let stranger = curl_from("127.0.0.1", &proxy, &format!("http://allowed.test:{up}/c"));
+    assert!(!stranger.contains("egress-ok"), "{stranger}");
+    assert_eq!(
+        dns_from("127.0.0.1", &dns_at, "allowed.test"),
+        "rcode=5 answers=0"
+    );
+    let denied = |cl: berth_protocol::controller::ControllerClient, id: String| async move {
+        let v = cl.events(&id, 0).await.unwrap();
+        let events = v["events"].as_array().cloned().unwrap_or_default();
+        let kinds: Vec<String> = events
+            .iter()
+            .filter(|e| e["kind"] == "egress.denied")
+            .map(|e| format!("{} {} {}", e["host"], e["reason"], e["via"]))
+            .collect();
+        kinds
+    };
+    let want = [
+        "\"refused.test\" \"not_allowed\" \"proxy\"",
+        "\"refused.test\" \"not_allowed\" \"dns\"",
+    ];
+    let got = wait_for(
+        "the denials on the timeline",
+        Duration::from_secs(10),
+        || {
+            let (cl, id) = (c.client(), sb.id.clone());
+            async move {
+                let d = denied(cl, id).await;
+                want.iter().all(|w| d.iter().any(|g| g == w)).then_some(d)
+            }
+        },
+    )
+    .await;
+    println!("denials: {got:?}");
+    let report = cl.get(&sb.id).await.unwrap().egress.unwrap();
+    assert_eq!(report.hosts.get("allowed.test"), Some(&1), "{report:?}");
+
+    // A restarted controller knows the Pod again by its annotation.
+    c.kill9();
+    c.launch();
+    let again = wait_for("the proxy after a restart", Duration::from_secs(30), || {
+        let (ip, proxy) = (ip.clone(), proxy.clone());
+        async move {
+            let out = curl_from(&ip, &proxy, &format!("http://allowed.test:{up}/d"));
+            out.contains("egress-ok").then_some(out)
+        }
+    })
+    .await;
+    println!("after a restart: {again}");
+    c.client().delete(&sb.id).await.unwrap();
+    let gone = curl_from(&ip, &proxy, &format!("http://allowed.test:{up}/e"));
+    assert!(!gone.contains("egress-ok"), "{gone}");
+}

@@ -2,6 +2,7 @@
 //! policy, the book of which sandbox each proxy client is, and what the proxy reports.
 
 pub mod ca;
+pub mod dns;
 pub mod edge;
 pub mod hello;
 pub mod proxy;
@@ -21,11 +22,28 @@ pub enum Note {
         host: String,
         port: u16,
         reason: &'static str,
+        via: Via,
     },
     Connected {
         sandbox: String,
         host: String,
     },
+}
+
+/// Where a refusal happened: at the proxy (a connection) or at the sandboxes' DNS (a name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    Proxy,
+    Dns,
+}
+
+impl Via {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Via::Proxy => "proxy",
+            Via::Dns => "dns",
+        }
+    }
 }
 
 /// Notes waiting for the controller; past this many, new ones are dropped (and counted).
@@ -92,6 +110,17 @@ impl proxy::Sandboxes for Book {
             host: host.into(),
             port,
             reason: reason.as_str(),
+            via: Via::Proxy,
+        });
+    }
+
+    fn name_refused(&self, sandbox: &str, name: &str, reason: Denial) {
+        self.note(Note::Denied {
+            sandbox: sandbox.into(),
+            host: name.into(),
+            port: 53,
+            reason: reason.as_str(),
+            via: Via::Dns,
         });
     }
 
@@ -194,5 +223,7 @@ pub fn trust_env(ca_pem: &str) -> Vec<String> {
     env
 }
 
+#[cfg(test)]
+mod dns_tests;
 #[cfg(test)]
 mod tests;

@@ -37,6 +37,8 @@ pub trait Sandboxes: Send + Sync + 'static {
     fn denied(&self, sandbox: &str, host: &str, port: u16, reason: Denial);
     /// A connection made to `host`.
     fn connected(&self, sandbox: &str, host: &str);
+    /// A name refused by the sandbox's DNS (`egress.denied`, `"via": "dns"`).
+    fn name_refused(&self, sandbox: &str, name: &str, reason: Denial);
 }
 
 /// Names resolved by the proxy itself before the system's resolver (the config's
@@ -71,13 +73,9 @@ pub const DENIED_HEADER: &str = berth_protocol::routes::header::EGRESS_DENIED;
 
 impl Proxy {
     pub fn new(sandboxes: Arc<dyn Sandboxes>, hosts: Hosts, edge: Option<Arc<Edge>>) -> Arc<Proxy> {
-        let hosts = hosts
-            .into_iter()
-            .map(|(k, v)| (egress::normalise(&k), v))
-            .collect();
         Arc::new(Proxy {
             sandboxes,
-            hosts,
+            hosts: normalised(hosts),
             slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
             edge,
         })
@@ -85,24 +83,12 @@ impl Proxy {
 
     /// Serves `listener` until the task is dropped.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
-        loop {
-            let Ok(permit) = self.slots.clone().acquire_owned().await else {
-                return;
-            };
-            let (stream, peer) = match listener.accept().await {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::debug!(error = %e, "egress proxy: accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
+        let slots = self.slots.clone();
+        accept_each(listener, slots, "egress proxy", move |stream, peer| {
             let me = self.clone();
-            tokio::spawn(async move {
-                let _permit = permit;
-                me.connection(stream, peer).await;
-            });
-        }
+            async move { me.connection(stream, peer).await }
+        })
+        .await
     }
 
     async fn connection(&self, mut client: TcpStream, peer: SocketAddr) {
@@ -268,18 +254,7 @@ impl Proxy {
             HostVerdict::Connect(ip) => vec![ip],
             HostVerdict::Resolve => self.resolve(host).await?,
         };
-        let allowed: Vec<IpAddr> = addrs
-            .iter()
-            .copied()
-            .filter(|ip| egress::address_allowed(policy, *ip).is_ok())
-            .collect();
-        if allowed.is_empty() {
-            let reason = addrs
-                .first()
-                .and_then(|ip| egress::address_allowed(policy, *ip).err())
-                .unwrap_or(Denial::Unresolved);
-            return Err(Dial::Denied(reason));
-        }
+        let allowed = egress::reachable(policy, &addrs).map_err(Dial::Denied)?;
         let mut last = String::from("no address");
         for ip in allowed {
             let to = SocketAddr::new(ip, port);
@@ -296,26 +271,80 @@ impl Proxy {
     }
 
     async fn resolve(&self, host: &str) -> Result<Vec<IpAddr>, Dial> {
-        if let Some(a) = self.hosts.get(&egress::normalise(host)) {
-            return Ok(a.clone());
-        }
-        let lookup = tokio::net::lookup_host((host, 0));
-        match tokio::time::timeout(DIAL_TIMEOUT, lookup).await {
-            Ok(Ok(it)) => {
-                let v: Vec<IpAddr> = it.map(|a| a.ip()).collect();
-                if v.is_empty() {
-                    Err(Dial::Denied(Denial::Unresolved))
-                } else {
-                    Ok(v)
-                }
-            }
-            Ok(Err(_)) => Err(Dial::Denied(Denial::Unresolved)),
-            Err(_) => Err(Dial::Failed(format!(
+        resolve(&self.hosts, host).await.map_err(|e| match e {
+            Unresolved::NotFound => Dial::Denied(Denial::Unresolved),
+            Unresolved::TimedOut => Dial::Failed(format!(
                 "{host} did not resolve within {} s",
                 DIAL_TIMEOUT.as_secs()
-            ))),
-        }
+            )),
+        })
     }
+}
+
+/// Accepts connections on `listener` until the task is dropped, each served by `serve` on a
+/// task of its own while it holds one of `slots` (more wait for one).
+pub async fn accept_each<F, Fut>(
+    listener: TcpListener,
+    slots: Arc<tokio::sync::Semaphore>,
+    what: &'static str,
+    serve: F,
+) where
+    F: Fn(TcpStream, SocketAddr) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let (stream, peer) = match listener.accept().await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::debug!(error = %e, "{what}: accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let work = serve(stream, peer);
+        tokio::spawn(async move {
+            let _permit = permit;
+            work.await;
+        });
+    }
+}
+
+/// Why a name has no addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unresolved {
+    NotFound,
+    TimedOut,
+}
+
+/// The addresses of `host`: from `hosts` (normalised names), else the system's resolver.
+pub async fn resolve(hosts: &Hosts, host: &str) -> Result<Vec<IpAddr>, Unresolved> {
+    if let Some(a) = hosts.get(&egress::normalise(host)) {
+        return Ok(a.clone());
+    }
+    let lookup = tokio::net::lookup_host((host, 0));
+    match tokio::time::timeout(DIAL_TIMEOUT, lookup).await {
+        Ok(Ok(it)) => {
+            let v: Vec<IpAddr> = it.map(|a| a.ip()).collect();
+            if v.is_empty() {
+                Err(Unresolved::NotFound)
+            } else {
+                Ok(v)
+            }
+        }
+        Ok(Err(_)) => Err(Unresolved::NotFound),
+        Err(_) => Err(Unresolved::TimedOut),
+    }
+}
+
+/// `[egress.hosts]` with its names as compared.
+pub fn normalised(hosts: Hosts) -> Hosts {
+    hosts
+        .into_iter()
+        .map(|(k, v)| (egress::normalise(&k), v))
+        .collect()
 }
 
 enum Dial {

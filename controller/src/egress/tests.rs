@@ -13,10 +13,10 @@ use tokio::net::{TcpListener, TcpStream};
 use super::proxy::{Hosts, Proxy, Sandboxes};
 
 /// A fake book: every client is sandbox `sb` with `policy`, unless `unknown`.
-struct FakeBook {
+pub(super) struct FakeBook {
     policy: Egress,
     unknown: bool,
-    notes: Mutex<Vec<String>>,
+    pub(super) notes: Mutex<Vec<String>>,
 }
 
 impl Sandboxes for FakeBook {
@@ -29,6 +29,10 @@ impl Sandboxes for FakeBook {
     }
     fn connected(&self, _sandbox: &str, host: &str) {
         self.notes.lock().unwrap().push(format!("connected {host}"));
+    }
+    fn name_refused(&self, _sandbox: &str, name: &str, reason: Denial) {
+        let n = format!("name refused {name} {}", reason.as_str());
+        self.notes.lock().unwrap().push(n);
     }
 }
 
@@ -56,10 +60,9 @@ async fn upstream() -> SocketAddr {
     addr
 }
 
-/// A proxy on loopback whose one sandbox may reach `up.test` (the upstream) and nothing else.
-async fn proxy(unknown: bool) -> (SocketAddr, SocketAddr, Arc<FakeBook>) {
-    let up = upstream().await;
-    let book = Arc::new(FakeBook {
+/// A fake book whose one sandbox may reach `up.test`, `private.test` by name and 127.0.0.1.
+pub(super) fn book(unknown: bool) -> Arc<FakeBook> {
+    Arc::new(FakeBook {
         policy: Egress::Rules(EgressRules {
             allow: vec![
                 "up.test".into(),
@@ -70,16 +73,27 @@ async fn proxy(unknown: bool) -> (SocketAddr, SocketAddr, Arc<FakeBook>) {
         }),
         unknown,
         notes: Mutex::new(Vec::new()),
-    });
-    let hosts = Hosts::from([
-        ("up.test".to_string(), vec![up.ip()]),
+    })
+}
+
+/// `up.test` at `up`, `private.test` at a private address.
+pub(super) fn hosts(up: IpAddr) -> Hosts {
+    Hosts::from([
+        ("up.test".to_string(), vec![up]),
         (
             "private.test".to_string(),
             vec!["10.0.0.1".parse().unwrap()],
         ),
-    ]);
+    ])
+}
+
+/// A proxy on loopback whose one sandbox may reach `up.test` (the upstream) and nothing else.
+async fn proxy(unknown: bool) -> (SocketAddr, SocketAddr, Arc<FakeBook>) {
+    let up = upstream().await;
+    let book = book(unknown);
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
+    let hosts = hosts(up.ip());
     tokio::spawn(Proxy::new(book.clone() as Arc<dyn Sandboxes>, hosts, None).serve(l));
     (addr, up, book)
 }

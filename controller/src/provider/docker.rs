@@ -28,9 +28,7 @@ pub const NETWORK: &str = "berth";
 /// The internal network of sandboxes with an egress policy: no route out; the egress proxy,
 /// on its gateway address, is their only way out.
 pub const EGRESS_NETWORK: &str = "berth-egress";
-/// The container label holding a sandbox's egress policy (JSON), so a restarted controller
-/// knows its proxy clients again.
-pub const LABEL_EGRESS: &str = "berth.egress";
+pub use super::LABEL_EGRESS;
 const AGENT_PORT: u16 = 5000;
 const CDP_PORT: u16 = 9222;
 /// The image label naming the ports its apps serve, as JSON: `{"vlc": 8080}`. Each is published
@@ -60,6 +58,8 @@ pub struct Egress {
     pub port: u16,
     /// The internal network's id and where the proxy listens, once both exist.
     running: tokio::sync::Mutex<Option<(String, SocketAddr)>>,
+    /// Whether the sandboxes' DNS serves (port 53 on the gateway: one controller per host).
+    dns: std::sync::atomic::AtomicBool,
 }
 
 impl Egress {
@@ -75,6 +75,7 @@ impl Egress {
             hosts,
             port,
             running: tokio::sync::Mutex::new(None),
+            dns: Default::default(),
         }
     }
 }
@@ -264,6 +265,11 @@ impl DockerProvider {
     async fn ensure_egress(&self) -> Result<(String, SocketAddr)> {
         let mut running = self.egress.running.lock().await;
         if let Some(r) = running.as_ref() {
+            // A DNS whose port was taken (another controller on this host, or one still
+            // stopping) is tried again with each sandbox.
+            if !self.egress.dns.load(std::sync::atomic::Ordering::Relaxed) {
+                self.serve_dns(r.1.ip()).await;
+            }
             return Ok(r.clone());
         }
         let net = self.named_network(EGRESS_NETWORK, true).await?;
@@ -290,8 +296,40 @@ impl DockerProvider {
         );
         tokio::spawn(proxy.serve(listener));
         tracing::info!(%addr, network = EGRESS_NETWORK, "egress proxy serving");
+        self.serve_dns(gateway).await;
         *running = Some((id.clone(), addr));
         Ok((id, addr))
+    }
+
+    /// The sandboxes' DNS on the gateway's port 53 (UDP and TCP). Without it (the port is
+    /// taken, or the controller may not bind it) names do not resolve inside, which the log
+    /// says, and the next sandbox behind the proxy tries again; the proxy still serves.
+    async fn serve_dns(&self, gateway: IpAddr) {
+        let dns = crate::egress::dns::Dns::new(
+            self.egress.book.clone() as Arc<dyn crate::egress::proxy::Sandboxes>,
+            self.egress.hosts.clone(),
+        );
+        let at = SocketAddr::new(gateway, 53);
+        let bound = async {
+            let udp = tokio::net::UdpSocket::bind(at).await?;
+            let tcp = tokio::net::TcpListener::bind(at).await?;
+            std::io::Result::Ok((udp, tcp))
+        };
+        match bound.await {
+            Ok((udp, tcp)) => {
+                tokio::spawn(dns.clone().serve_udp(udp));
+                tokio::spawn(dns.serve_tcp(tcp));
+                self.egress
+                    .dns
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                tracing::info!(%at, "egress DNS serving");
+            }
+            Err(e) => tracing::warn!(
+                %at, error = %e,
+                "egress DNS not served: names will not resolve inside egress sandboxes \
+                 (give the controller port 53 there: root or CAP_NET_BIND_SERVICE)"
+            ),
+        }
     }
 
     /// The id of the private network, created once (`named_network`).
@@ -602,6 +640,12 @@ impl Provider for DockerProvider {
         if let (Some(proxy), Some(env)) = (proxy, body.env.as_mut()) {
             env.extend(crate::egress::proxy_env(&proxy.to_string()));
             env.extend(crate::egress::trust_env(self.egress.edge.ca().pem()));
+            // Docker's own resolver asks the egress DNS (on the gateway, beside the proxy),
+            // and no search domain of the host's turns a name into another.
+            if let Some(h) = body.host_config.as_mut() {
+                h.dns = Some(vec![proxy.ip().to_string()]);
+                h.dns_search = Some(vec![".".into()]);
+            }
         }
         let container = name(&spec.identity.sandbox_id);
         let options = CreateContainerOptionsBuilder::default()

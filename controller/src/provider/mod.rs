@@ -18,6 +18,9 @@ pub const LABEL_CONTROLLER: &str = "berth.controller";
 pub const LABEL_SANDBOX: &str = "berth.sandbox";
 pub const LABEL_PROFILE: &str = "berth.profile";
 pub const LABEL_IMAGE: &str = "berth.image_ref";
+/// A sandbox behind the egress proxy: its policy (JSON), so a restarted controller knows it
+/// again (a Docker label, a Kubernetes annotation).
+pub const LABEL_EGRESS: &str = "berth.egress";
 
 /// The labels every provider sandbox carries.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -213,8 +213,9 @@ impl Sandboxes {
         let provider = self.ctx.provider_for(p)?;
         if policy != Egress::default() && !provider.enforces_egress() {
             return Err(Error::BadRequest(format!(
-                "profile {} runs on the {} provider, which cannot enforce an egress policy: \
-                 use \"egress\": \"open\", or route the profile to docker",
+                "profile {} runs on the {} provider, which cannot enforce an egress policy \
+                 here: use \"egress\": \"open\", or route the profile to docker (or to \
+                 kubernetes with the controller in the cluster, beside its Service)",
                 p.name,
                 provider.name()
             )));

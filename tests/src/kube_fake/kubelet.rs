@@ -536,6 +536,17 @@ fn agent_command(agent_bin: &Path, argv: &[String], root: &Path) -> std::process
     cmd
 }
 
+/// Variables a fake Pod's agent is not given (see [`container_env`]).
+const HOST_WIDE: [&str; 7] = [
+    "http_proxy",
+    "https_proxy",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "no_proxy",
+    "NO_PROXY",
+    "BERTH_EGRESS_CA",
+];
+
 /// The container's `env`, in order, its values resolved and rewritten to the Pod's paths and
 /// IP; a variable without a name or whose source is missing is left out.
 fn container_env(
@@ -553,6 +564,12 @@ fn container_env(
         else {
             continue;
         };
+        // The agent installs the egress proxy and its CA system-wide when it has them: a
+        // fake Pod shares the host's files, so it is not given them (tests read them in the
+        // Pod's spec, and name the proxy themselves).
+        if HOST_WIDE.contains(&name) {
+            continue;
+        }
         env.push((name.to_string(), rewrite(&value, ip, root, mounts)));
     }
     env

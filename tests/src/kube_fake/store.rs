@@ -16,14 +16,16 @@ pub enum Kind {
     Secret,
     ConfigMap,
     NetworkPolicy,
+    Service,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 4] = [
+    pub const ALL: [Kind; 5] = [
         Kind::Pod,
         Kind::Secret,
         Kind::ConfigMap,
         Kind::NetworkPolicy,
+        Kind::Service,
     ];
 
     pub fn plural(self) -> &'static str {
@@ -32,6 +34,7 @@ impl Kind {
             Kind::Secret => "secrets",
             Kind::ConfigMap => "configmaps",
             Kind::NetworkPolicy => "networkpolicies",
+            Kind::Service => "services",
         }
     }
 
@@ -41,6 +44,7 @@ impl Kind {
             Kind::Secret => "Secret",
             Kind::ConfigMap => "ConfigMap",
             Kind::NetworkPolicy => "NetworkPolicy",
+            Kind::Service => "Service",
         }
     }
 
@@ -81,6 +85,7 @@ impl Kind {
             Kind::Secret => serde_json::from_value::<v1::Secret>(o).map(drop),
             Kind::ConfigMap => serde_json::from_value::<v1::ConfigMap>(o).map(drop),
             Kind::NetworkPolicy => serde_json::from_value::<net::NetworkPolicy>(o).map(drop),
+            Kind::Service => serde_json::from_value::<v1::Service>(o).map(drop),
         };
         r.map_err(|e| format!("{} is invalid: {e}", self.name()))
     }

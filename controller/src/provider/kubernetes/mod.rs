@@ -73,6 +73,13 @@ pub const RBAC: &[Permission] = &[
         resource: "networkpolicies",
         verbs: &["create", "delete"],
     },
+    // The controller's own Service, read at start: its ClusterIP is where sandboxes with an
+    // egress policy find the proxy and their DNS.
+    Permission {
+        api_group: "",
+        resource: "services",
+        verbs: &["get"],
+    },
 ];
 
 /// The service account's files in a Pod.
@@ -133,12 +140,32 @@ pub struct KubernetesProvider {
     owners: tokio::sync::Mutex<HashMap<String, Owner>>,
     forwards: tokio::sync::Mutex<HashMap<String, Forwards>>,
     destroying: Arc<watch::Destroying>,
+    /// Which sandbox each Pod IP is, for the egress proxy and DNS, and the credentials they
+    /// were granted (`None`: no sandbox is behind the proxy here).
+    gate: Option<Gate>,
+}
+
+/// The egress proxy's book and edge, shared with every provider of the controller.
+#[derive(Clone)]
+pub struct Gate {
+    pub book: Arc<crate::egress::Book>,
+    pub edge: Arc<crate::egress::edge::Edge>,
+}
+
+/// What the egress proxy and DNS of Kubernetes sandboxes are made of.
+pub struct EgressParts {
+    pub gate: Gate,
+    pub hosts: crate::egress::proxy::Hosts,
+    pub proxy_port: u16,
 }
 
 impl KubernetesProvider {
     /// The client from the configuration: the kubeconfig named, else the in-cluster
     /// configuration in a Pod, else `KUBECONFIG` / `~/.kube/config`.
-    pub async fn connect(cfg: &KubernetesConfig) -> anyhow::Result<KubernetesProvider> {
+    pub async fn connect(
+        cfg: &KubernetesConfig,
+        egress: EgressParts,
+    ) -> anyhow::Result<KubernetesProvider> {
         let in_cluster = in_cluster();
         let config = match &cfg.kubeconfig {
             Some(path) => {
@@ -174,6 +201,14 @@ impl KubernetesProvider {
         let client = kube::Client::try_from(config)
             .map_err(|e| anyhow::anyhow!("building the Kubernetes client: {e}"))?;
         tracing::info!(%namespace, ?reach, in_cluster, "kubernetes provider");
+        // The proxy needs the controller on the Pod network, where sandboxes reach it.
+        let egress_route = match reach {
+            KubeReach::PodIp => {
+                let ns = controller_namespace.as_deref().unwrap_or(&namespace);
+                serve_egress(&client, ns, cfg, &egress).await
+            }
+            KubeReach::PortForward => None,
+        };
         Ok(Self::new(
             client,
             Settings {
@@ -184,9 +219,32 @@ impl KubernetesProvider {
                 image_pull_secrets: cfg.image_pull_secrets.clone(),
                 seccomp_localhost_profile: cfg.seccomp_localhost_profile.clone(),
                 controller_namespace,
+                egress_route,
             },
             cfg,
-        ))
+        )
+        .with_gate(egress.gate))
+    }
+
+    /// Sandboxes behind the proxy are registered in `gate`'s book by Pod IP.
+    pub fn with_gate(mut self, gate: Gate) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+
+    /// A sandbox behind the proxy is known by its Pod IP from the moment it has one (again
+    /// after a restart of the controller: the policy is the Pod's annotation).
+    fn register(&self, sandbox_id: &str, ip: &str, pod: &Pod) {
+        let policy = objects::egress_of(pod);
+        let (Some(gate), Some(policy), Ok(ip)) = (&self.gate, policy, ip.parse()) else {
+            return;
+        };
+        // A Pod being deleted (by this controller or another) is forgotten, not known again.
+        let going =
+            pod.metadata.deletion_timestamp.is_some() || self.destroying.contains(sandbox_id);
+        if self.settings.egress_route.is_some() && !going {
+            gate.book.register(ip, sandbox_id, policy);
+        }
     }
 
     /// A provider on a client made elsewhere (a test's mock service).
@@ -206,6 +264,7 @@ impl KubernetesProvider {
             owners: Default::default(),
             forwards: Default::default(),
             destroying: Default::default(),
+            gate: None,
         }
     }
 
@@ -306,6 +365,7 @@ impl KubernetesProvider {
         let state = objects::pod_state(pod);
         let endpoint = match &state {
             PodState::Running { ip: Some(ip), .. } => {
+                self.register(&identity.sandbox_id, ip, pod);
                 Some(self.endpoint(pod, &identity.sandbox_id, ip).await?)
             }
             _ => None,
@@ -340,6 +400,7 @@ impl KubernetesProvider {
                 StartStep::Wait => {}
                 StartStep::Fail(reason) => return Err(ProviderError::Failed(reason)),
                 StartStep::Probe(ip) => {
+                    self.register(sid, &ip, &pod);
                     let ep = self.endpoint(&pod, sid, &ip).await?;
                     if healthz(&ep.agent_url).await {
                         return Ok(ep);
@@ -364,6 +425,78 @@ impl KubernetesProvider {
             tokio::time::sleep(self.poll).await;
         }
     }
+}
+
+/// The egress proxy and DNS for sandbox Pods, served on the controller's Pod network
+/// (every address: the proxy on `[egress] proxy_port`, the DNS on `[kubernetes]
+/// egress_dns_port`), and the route to them: the controller's Service's ClusterIP. `None`,
+/// with the reason logged, when either cannot be had; sandboxes then get no policy here.
+async fn serve_egress(
+    client: &kube::Client,
+    namespace: &str,
+    cfg: &KubernetesConfig,
+    parts: &EgressParts,
+) -> Option<objects::EgressRoute> {
+    use k8s_openapi::api::core::v1::Service;
+    let name = cfg.egress_service();
+    let services: Api<Service> = Api::namespaced(client.clone(), namespace);
+    let unserved = |why: String| {
+        tracing::warn!(
+            service = name, %namespace, reason = %why,
+            "kubernetes: no egress proxy for sandboxes; a policy other than \"open\" is refused"
+        );
+        None
+    };
+    let service = match timed("reading the controller's Service", services.get_opt(name)).await {
+        Ok(Some(s)) => s,
+        Ok(None) => return unserved(format!("the Service {name} does not exist")),
+        Err(e) => return unserved(e.to_string()),
+    };
+    let address = match service
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .and_then(|ip| ip.parse::<std::net::IpAddr>().ok())
+    {
+        Some(ip) => ip,
+        None => return unserved(format!("the Service {name} has no ClusterIP")),
+    };
+    // Sandboxes reach it from the Service's address family.
+    let any: std::net::IpAddr = match address {
+        std::net::IpAddr::V4(_) => std::net::Ipv4Addr::UNSPECIFIED.into(),
+        std::net::IpAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
+    };
+    let bound = async {
+        let proxy = tokio::net::TcpListener::bind((any, parts.proxy_port)).await?;
+        let dns_udp = tokio::net::UdpSocket::bind((any, cfg.egress_dns_port())).await?;
+        let dns_tcp = tokio::net::TcpListener::bind((any, cfg.egress_dns_port())).await?;
+        std::io::Result::Ok((proxy, dns_udp, dns_tcp))
+    };
+    let (proxy, dns_udp, dns_tcp) = match bound.await {
+        Ok(b) => b,
+        Err(e) => return unserved(format!("listening for the proxy and DNS: {e}")),
+    };
+    let proxy_port = proxy
+        .local_addr()
+        .map(|a| a.port())
+        .unwrap_or(parts.proxy_port);
+    let dns_port = cfg.egress_dns_port();
+    let book = parts.gate.book.clone() as Arc<dyn crate::egress::proxy::Sandboxes>;
+    let server = crate::egress::proxy::Proxy::new(
+        book.clone(),
+        parts.hosts.clone(),
+        Some(parts.gate.edge.clone()),
+    );
+    tokio::spawn(server.serve(proxy));
+    let dns = crate::egress::dns::Dns::new(book, parts.hosts.clone());
+    tokio::spawn(dns.clone().serve_udp(dns_udp));
+    tokio::spawn(dns.serve_tcp(dns_tcp));
+    tracing::info!(%address, proxy_port, dns_port, "kubernetes: egress proxy and DNS serving");
+    Some(objects::EgressRoute {
+        address,
+        proxy_port,
+        dns_port,
+        ca_pem: parts.gate.edge.ca().pem().to_string(),
+    })
 }
 
 /// Whether the agent at `url` answers `GET /healthz` (no token) with 200.
@@ -487,9 +620,17 @@ impl Provider for KubernetesProvider {
         Ok(out)
     }
 
+    fn enforces_egress(&self) -> bool {
+        self.settings.egress_route.is_some() && self.gate.is_some()
+    }
+
     async fn destroy(&self, sandbox_id: &str) -> Result<()> {
         self.destroying.mark(sandbox_id);
         self.forwards.lock().await.remove(sandbox_id);
+        if let Some(g) = &self.gate {
+            g.book.forget(sandbox_id);
+            g.edge.forget(sandbox_id);
+        }
         let name = objects::pod_name(sandbox_id);
         delete_quietly(&self.api::<Pod>(), "deleting the Pod", &name).await?;
         delete_quietly(

@@ -16,8 +16,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, HTTPGetAction,
-    LocalObjectReference, Pod, PodSecurityContext, PodSpec, Probe, ResourceRequirements,
-    SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
+    LocalObjectReference, Pod, PodDNSConfig, PodSecurityContext, PodSpec, Probe,
+    ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Volume,
+    VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{
     IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
@@ -29,7 +30,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::config::{KubeEgress, KubeReach};
 use crate::provider::{
-    Identity, LABEL_CONTROLLER, LABEL_IMAGE, LABEL_PROFILE, LABEL_SANDBOX, Spec,
+    Identity, LABEL_CONTROLLER, LABEL_EGRESS, LABEL_IMAGE, LABEL_PROFILE, LABEL_SANDBOX, Spec,
 };
 
 /// Every object berth makes carries it.
@@ -72,6 +73,28 @@ pub struct Settings {
     /// The controller's own namespace when it runs in the cluster: the NetworkPolicy admits
     /// the controller's Pods from there.
     pub controller_namespace: Option<String>,
+    /// Where sandboxes with an egress policy find the egress proxy and their DNS (`None`:
+    /// the provider cannot hold a sandbox to one).
+    pub egress_route: Option<EgressRoute>,
+}
+
+/// The way out of a sandbox with an egress policy: the controller's Service address, where
+/// the proxy listens (the Service forwards `proxy_port` unchanged) and where its DNS does in
+/// the controller's Pods (the Service's port 53 forwards there); and the CA the sandbox trusts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressRoute {
+    pub address: std::net::IpAddr,
+    pub proxy_port: u16,
+    pub dns_port: u16,
+    pub ca_pem: String,
+}
+
+/// The route a sandbox of `spec` takes out: `Some` when it has a policy other than `"open"`
+/// (and the provider a route to give it).
+pub fn behind_proxy<'a>(spec: &Spec, s: &'a Settings) -> Option<&'a EgressRoute> {
+    (spec.egress != berth_protocol::egress::Egress::default())
+        .then_some(s.egress_route.as_ref())
+        .flatten()
 }
 
 /// The owner object a sandbox's Pod points at (its uid is known once it exists).
@@ -192,11 +215,17 @@ pub fn owner_config_map(controller_id: &str, namespace: &str) -> ConfigMap {
 }
 
 fn meta(name: String, spec: &Spec, s: &Settings, owner: &Owner) -> ObjectMeta {
+    let mut annotations = annotations(&spec.identity);
+    if behind_proxy(spec, s).is_some()
+        && let Ok(policy) = serde_json::to_string(&spec.egress)
+    {
+        annotations.insert(LABEL_EGRESS.to_string(), policy);
+    }
     ObjectMeta {
         name: Some(name),
         namespace: Some(s.namespace.clone()),
         labels: Some(labels(&spec.identity)),
-        annotations: Some(annotations(&spec.identity)),
+        annotations: Some(annotations),
         owner_references: Some(vec![owner.reference()]),
         ..Default::default()
     }
@@ -292,10 +321,35 @@ pub fn pod(spec: &Spec, s: &Settings, owner: &Owner) -> Pod {
                 ..Default::default()
             }),
             volumes: Some(pod_volumes(sid, spec.limits.shm_mb)),
+            // Behind the proxy, names are asked of the controller's DNS, which answers those
+            // the policy allows (the cluster's DNS is not reachable).
+            dns_policy: behind_proxy(spec, s).map(|_| "None".to_string()),
+            dns_config: behind_proxy(spec, s).map(|r| PodDNSConfig {
+                nameservers: Some(vec![r.address.to_string()]),
+                searches: Some(vec![]),
+                options: None,
+            }),
             ..Default::default()
         }),
         status: None,
     }
+}
+
+/// The environment of a sandbox behind the proxy: where the proxy is, and the CA to trust.
+fn egress_env(r: &EgressRoute) -> Vec<EnvVar> {
+    let proxy = std::net::SocketAddr::new(r.address, r.proxy_port).to_string();
+    crate::egress::proxy_env(&proxy)
+        .into_iter()
+        .chain(crate::egress::trust_env(&r.ca_pem))
+        .filter_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            Some(EnvVar {
+                name: k.to_string(),
+                value: Some(v.to_string()),
+                ..Default::default()
+            })
+        })
+        .collect()
 }
 
 /// The Pod's seccomp profile: the configured localhost one, else the runtime's default.
@@ -371,11 +425,15 @@ fn agent_container(spec: &Spec, s: &Settings) -> Container {
             args
         }),
         // The token's path, never the token.
-        env: Some(vec![EnvVar {
-            name: "BERTH_AGENT_TOKEN_FILE".into(),
-            value: Some(format!("{TOKEN_DIR}/{TOKEN_KEY}")),
-            ..Default::default()
-        }]),
+        env: Some({
+            let mut env = vec![EnvVar {
+                name: "BERTH_AGENT_TOKEN_FILE".into(),
+                value: Some(format!("{TOKEN_DIR}/{TOKEN_KEY}")),
+                ..Default::default()
+            }];
+            env.extend(behind_proxy(spec, s).map(egress_env).unwrap_or_default());
+            env
+        }),
         ports: Some(container_ports(spec.desktop, s.agent_port)),
         resources: resources(spec.limits.cpus, spec.limits.memory_mb),
         // /healthz needs no token.
@@ -448,27 +506,33 @@ fn selector(pairs: &[(&str, &str)]) -> LabelSelector {
     }
 }
 
+/// The controller's Pods (in its namespace when that is another).
+fn controller_pods(s: &Settings) -> NetworkPolicyPeer {
+    let mut peer = NetworkPolicyPeer {
+        pod_selector: Some(selector(&[CONTROLLER_POD_LABEL])),
+        ..Default::default()
+    };
+    if let Some(ns) = s
+        .controller_namespace
+        .as_ref()
+        .filter(|ns| **ns != s.namespace)
+    {
+        peer.namespace_selector = Some(selector(&[("kubernetes.io/metadata.name", ns.as_str())]));
+    }
+    peer
+}
+
 /// The sandbox's NetworkPolicy, owned by the Pod. Ingress: from the controller's Pods to the
 /// agent and CDP ports when they reach the Pod IP; none when agents are reached through the
 /// API server's port-forward (which enters through the kubelet, not the Pod network).
-/// Egress: per `egress`, with the cluster's DNS unless it is `none`.
+/// Egress: behind the egress proxy, the controller's Pods on the proxy's and the DNS's ports
+/// only; otherwise per `[kubernetes] egress`, with the cluster's DNS unless it is `none`.
 pub fn network_policy(spec: &Spec, s: &Settings, pod: &Owner) -> NetworkPolicy {
     let sid = &spec.identity.sandbox_id;
     let ingress = match s.reach {
         KubeReach::PortForward => vec![],
         KubeReach::PodIp => {
-            let mut from = NetworkPolicyPeer {
-                pod_selector: Some(selector(&[CONTROLLER_POD_LABEL])),
-                ..Default::default()
-            };
-            if let Some(ns) = s
-                .controller_namespace
-                .as_ref()
-                .filter(|ns| **ns != s.namespace)
-            {
-                from.namespace_selector =
-                    Some(selector(&[("kubernetes.io/metadata.name", ns.as_str())]));
-            }
+            let from = controller_pods(s);
             let mut ports = vec![port(s.agent_port, "TCP")];
             if spec.desktop {
                 ports.push(port(CDP_PORT, "TCP"));
@@ -487,9 +551,17 @@ pub fn network_policy(spec: &Spec, s: &Settings, pod: &Owner) -> NetworkPolicy {
         }]),
         ports: Some(vec![port(53, "UDP"), port(53, "TCP")]),
     };
-    let egress = match &s.egress {
-        KubeEgress::None => vec![],
-        KubeEgress::Public => vec![
+    let egress = match (behind_proxy(spec, s), &s.egress) {
+        (Some(r), _) => vec![NetworkPolicyEgressRule {
+            to: Some(vec![controller_pods(s)]),
+            ports: Some(vec![
+                port(r.proxy_port, "TCP"),
+                port(r.dns_port, "UDP"),
+                port(r.dns_port, "TCP"),
+            ]),
+        }],
+        (None, KubeEgress::None) => vec![],
+        (None, KubeEgress::Public) => vec![
             dns,
             NetworkPolicyEgressRule {
                 to: Some(vec![
@@ -499,7 +571,7 @@ pub fn network_policy(spec: &Spec, s: &Settings, pod: &Owner) -> NetworkPolicy {
                 ports: None,
             },
         ],
-        KubeEgress::Allow(cidrs) => vec![
+        (None, KubeEgress::Allow(cidrs)) => vec![
             dns,
             NetworkPolicyEgressRule {
                 to: Some(cidrs.iter().map(|c| ip_block(c, &[])).collect()),
@@ -519,6 +591,12 @@ pub fn network_policy(spec: &Spec, s: &Settings, pod: &Owner) -> NetworkPolicy {
             egress: Some(egress),
         }),
     }
+}
+
+/// The egress policy a Pod behind the proxy was made with (its annotation).
+pub fn egress_of(pod: &Pod) -> Option<berth_protocol::egress::Egress> {
+    let a = pod.metadata.annotations.as_ref()?.get(LABEL_EGRESS)?;
+    serde_json::from_str(a).ok()
 }
 
 /// The identity a Pod carries (`None` for a Pod that is not a berth sandbox).
@@ -734,6 +812,7 @@ mod tests {
             image_pull_secrets: vec!["pull".into()],
             seccomp_localhost_profile: None,
             controller_namespace: Some("berth".into()),
+            egress_route: None,
         }
     }
 
@@ -914,6 +993,101 @@ mod tests {
         s.limits = Default::default();
         let p = pod(&s, &settings(KubeReach::PodIp), &owner());
         assert!(p.spec.unwrap().containers[0].resources.is_none());
+    }
+
+    #[test]
+    fn a_sandbox_with_a_policy_goes_out_through_the_controller_only() {
+        let mut st = settings(KubeReach::PodIp);
+        st.controller_namespace = Some("berth-system".into());
+        st.egress_route = Some(EgressRoute {
+            address: "10.96.0.40".parse().unwrap(),
+            proxy_port: 3128,
+            dns_port: 5353,
+            ca_pem: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".into(),
+        });
+        let mut s = spec(true);
+        let policy = berth_protocol::egress::Egress::Rules(berth_protocol::egress::EgressRules {
+            allow: vec!["github.com".into()],
+            deny_private: true,
+        });
+        s.egress = policy.clone();
+        let p = pod(&s, &st, &owner());
+        assert_eq!(egress_of(&p), Some(policy));
+        let ps = p.spec.as_ref().unwrap();
+        assert_eq!(ps.dns_policy.as_deref(), Some("None"));
+        let dns = ps.dns_config.as_ref().unwrap();
+        assert_eq!(dns.nameservers, Some(vec!["10.96.0.40".to_string()]));
+        assert_eq!(dns.searches, Some(vec![]));
+        let env: BTreeMap<String, String> = ps.containers[0]
+            .env
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+            .collect();
+        assert_eq!(env["https_proxy"], "http://10.96.0.40:3128");
+        assert_eq!(env["HTTP_PROXY"], "http://10.96.0.40:3128");
+        assert!(env["BERTH_EGRESS_CA"].contains("BEGIN CERTIFICATE"));
+        assert_eq!(env["GIT_SSL_CAINFO"], "/etc/ssl/certs/ca-certificates.crt");
+        assert_eq!(env["BERTH_AGENT_TOKEN_FILE"], "/run/berth/token/token");
+
+        let np = network_policy(&s, &st, &owner());
+        let ns = np.spec.unwrap();
+        let egress = ns.egress.unwrap();
+        assert_eq!(egress.len(), 1, "{egress:?}");
+        let to = &egress[0].to.as_ref().unwrap()[0];
+        assert!(to.ip_block.is_none());
+        let pods = to
+            .pod_selector
+            .as_ref()
+            .unwrap()
+            .match_labels
+            .clone()
+            .unwrap();
+        assert_eq!(pods["app.kubernetes.io/name"], "berth-controller");
+        let nss = to
+            .namespace_selector
+            .as_ref()
+            .unwrap()
+            .match_labels
+            .clone()
+            .unwrap();
+        assert_eq!(nss["kubernetes.io/metadata.name"], "berth-system");
+        let ports: Vec<(IntOrString, String)> = egress[0]
+            .ports
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|p| (p.port.clone().unwrap(), p.protocol.clone().unwrap()))
+            .collect();
+        assert_eq!(
+            ports,
+            [
+                (IntOrString::Int(3128), "TCP".to_string()),
+                (IntOrString::Int(5353), "UDP".to_string()),
+                (IntOrString::Int(5353), "TCP".to_string()),
+            ]
+        );
+
+        // "open" keeps the cluster's DNS and the configured egress; so does every policy on a
+        // provider without a route.
+        for (open, route) in [(true, true), (false, false)] {
+            let mut s2 = spec(true);
+            if !open {
+                s2.egress = s.egress.clone();
+            }
+            let mut st2 = st.clone();
+            if !route {
+                st2.egress_route = None;
+            }
+            let p = pod(&s2, &st2, &owner());
+            let ps = p.spec.as_ref().unwrap();
+            assert!(ps.dns_policy.is_none() && ps.dns_config.is_none());
+            assert!(egress_of(&p).is_none());
+            assert_eq!(ps.containers[0].env.as_ref().unwrap().len(), 1);
+            let np = network_policy(&s2, &st2, &owner());
+            assert_eq!(np.spec.unwrap().egress.unwrap().len(), 2);
+        }
     }
 
     #[test]

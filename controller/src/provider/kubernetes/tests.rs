@@ -109,6 +109,21 @@ fn spec(desktop: bool) -> Spec {
     }
 }
 
+/// The controller's egress book and edge (its CA in a temporary dir, kept while it lives).
+pub(super) fn egress_parts() -> (super::EgressParts, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Arc::new(crate::egress::ca::Ca::load_or_create(dir.path(), "test").unwrap());
+    let edge = Arc::new(crate::egress::edge::Edge::new(ca, Vec::new(), &[]).unwrap());
+    let (book, _notes) = crate::egress::Book::new();
+    let gate = super::Gate { book, edge };
+    let parts = super::EgressParts {
+        gate,
+        hosts: Default::default(),
+        proxy_port: 0,
+    };
+    (parts, dir)
+}
+
 fn settings(reach: KubeReach, agent_port: u16) -> Settings {
     Settings {
         namespace: NS.into(),
@@ -118,6 +133,7 @@ fn settings(reach: KubeReach, agent_port: u16) -> Settings {
         image_pull_secrets: vec!["regcred".into()],
         seccomp_localhost_profile: None,
         controller_namespace: Some(NS.into()),
+        egress_route: None,
     }
 }
 
@@ -1030,7 +1046,12 @@ async fn mock_apiserver_port_forward_over_a_plain_http_kubeconfig() {
         reach: Some(KubeReach::PortForward),
         ..Default::default()
     };
-    let p = KubernetesProvider::connect(&cfg).await.unwrap();
+    let (parts, _ca_dir) = egress_parts();
+    let p = KubernetesProvider::connect(&cfg, parts).await.unwrap();
+    assert!(
+        !p.enforces_egress(),
+        "out of the Pod network there is no way to the proxy"
+    );
     assert_eq!(
         p.settings().namespace,
         "berth",
