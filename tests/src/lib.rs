@@ -569,6 +569,15 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) as f64 / hz
 }
 
+/// A finished command's stdout, then its stderr, as text.
+pub fn output_text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 /// Runs a Playwright for Python script (`python3 -c`) with `args`, killed after `secs`: its
 /// stdout; panics with its stderr when it fails.
 pub fn playwright(script: &str, args: &[&str], secs: u32) -> String {

@@ -52,11 +52,7 @@ impl Container {
             .args(["logs", &self.0])
             .output()
             .unwrap();
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
+        berth_tests::output_text(&out)
     }
 }
 

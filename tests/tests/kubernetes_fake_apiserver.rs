@@ -803,11 +803,7 @@ fn curl_from(source: &str, proxy: &str, url: &str) -> String {
         ])
         .output()
         .unwrap();
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    berth_tests::output_text(&out)
 }
 
 /// Asks the DNS at `server` for `name`'s A record from `source`: `rcode=<n> answers=<n>`.
@@ -832,11 +828,7 @@ print("rcode=%d answers=%d" % (flags & 0xF, an) if rid == qid else "wrong id")
         .args(["-c", script, source, host, port, name])
         .output()
         .unwrap();
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout).trim(),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    berth_tests::output_text(&out).trim().to_string()
 }
 
 #[tokio::test]

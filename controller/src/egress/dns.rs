@@ -33,7 +33,7 @@ const REPORTED: usize = 4096;
 /// The answer size a client without EDNS accepts over UDP.
 const UDP_PLAIN: usize = 512;
 
-/// What a query asks, once read: the one question, or the response code refusing it.
+/// What a query asks: its one question's name and type.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Question {
     pub name: Name,
@@ -42,9 +42,6 @@ pub struct Question {
 
 /// The question of a query, or why it gets none answered (`FORMERR`, `NOTIMP`, `REFUSED`).
 pub fn question(query: &Message) -> Result<Question, ResponseCode> {
-    if query.metadata.message_type != MessageType::Query {
-        return Err(ResponseCode::FormErr);
-    }
     if query.metadata.op_code != OpCode::Query {
         return Err(ResponseCode::NotImp);
     }
@@ -211,6 +208,15 @@ impl Dns {
             seen.insert(key, now);
         }
         self.sandboxes.name_refused(sandbox, &name, reason);
+    }
+
+    /// Serves UDP and TCP on `at` (both bound, or neither serves) until the runtime ends.
+    pub async fn listen(self: Arc<Self>, at: SocketAddr) -> std::io::Result<()> {
+        let udp = UdpSocket::bind(at).await?;
+        let tcp = TcpListener::bind(at).await?;
+        tokio::spawn(self.clone().serve_udp(udp));
+        tokio::spawn(self.serve_tcp(tcp));
+        Ok(())
     }
 
     /// Answers datagrams on `socket` until the task is dropped.

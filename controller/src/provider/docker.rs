@@ -310,15 +310,8 @@ impl DockerProvider {
             self.egress.hosts.clone(),
         );
         let at = SocketAddr::new(gateway, 53);
-        let bound = async {
-            let udp = tokio::net::UdpSocket::bind(at).await?;
-            let tcp = tokio::net::TcpListener::bind(at).await?;
-            std::io::Result::Ok((udp, tcp))
-        };
-        match bound.await {
-            Ok((udp, tcp)) => {
-                tokio::spawn(dns.clone().serve_udp(udp));
-                tokio::spawn(dns.serve_tcp(tcp));
+        match dns.listen(at).await {
+            Ok(()) => {
                 self.egress
                     .dns
                     .store(true, std::sync::atomic::Ordering::Relaxed);

@@ -465,15 +465,9 @@ async fn serve_egress(
         std::net::IpAddr::V4(_) => std::net::Ipv4Addr::UNSPECIFIED.into(),
         std::net::IpAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
     };
-    let bound = async {
-        let proxy = tokio::net::TcpListener::bind((any, parts.proxy_port)).await?;
-        let dns_udp = tokio::net::UdpSocket::bind((any, cfg.egress_dns_port())).await?;
-        let dns_tcp = tokio::net::TcpListener::bind((any, cfg.egress_dns_port())).await?;
-        std::io::Result::Ok((proxy, dns_udp, dns_tcp))
-    };
-    let (proxy, dns_udp, dns_tcp) = match bound.await {
-        Ok(b) => b,
-        Err(e) => return unserved(format!("listening for the proxy and DNS: {e}")),
+    let proxy = match tokio::net::TcpListener::bind((any, parts.proxy_port)).await {
+        Ok(l) => l,
+        Err(e) => return unserved(format!("listening for the proxy: {e}")),
     };
     let proxy_port = proxy
         .local_addr()
@@ -481,15 +475,13 @@ async fn serve_egress(
         .unwrap_or(parts.proxy_port);
     let dns_port = cfg.egress_dns_port();
     let book = parts.gate.book.clone() as Arc<dyn crate::egress::proxy::Sandboxes>;
-    let server = crate::egress::proxy::Proxy::new(
-        book.clone(),
-        parts.hosts.clone(),
-        Some(parts.gate.edge.clone()),
-    );
+    let dns = crate::egress::dns::Dns::new(book.clone(), parts.hosts.clone());
+    if let Err(e) = dns.listen((any, dns_port).into()).await {
+        return unserved(format!("listening for the DNS: {e}"));
+    }
+    let server =
+        crate::egress::proxy::Proxy::new(book, parts.hosts.clone(), Some(parts.gate.edge.clone()));
     tokio::spawn(server.serve(proxy));
-    let dns = crate::egress::dns::Dns::new(book, parts.hosts.clone());
-    tokio::spawn(dns.clone().serve_udp(dns_udp));
-    tokio::spawn(dns.serve_tcp(dns_tcp));
     tracing::info!(%address, proxy_port, dns_port, "kubernetes: egress proxy and DNS serving");
     Some(objects::EgressRoute {
         address,
