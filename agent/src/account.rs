@@ -131,6 +131,28 @@ pub unsafe fn switch_identity(uid: u32, gid: u32, groups: &[u32]) -> std::io::Re
     Ok(())
 }
 
+/// Gives the calling thread alone `uid`/`gid`/`groups` (raw system calls: the C library's
+/// wrappers would change every thread of the process). Once its uids are all the user's the
+/// thread holds no capability, and it cannot take root's identity back: call it only on a
+/// thread that ends after the work it does as the user ([`crate::fs::Files::as_user`]).
+pub fn become_on_this_thread(uid: u32, gid: u32, groups: &[u32]) -> std::io::Result<()> {
+    let check = |r: libc::c_long| match r {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    };
+    // SAFETY: plain system calls on this thread's credentials with valid arguments.
+    unsafe {
+        check(libc::syscall(
+            libc::SYS_setgroups,
+            groups.len(),
+            groups.as_ptr(),
+        ))?;
+        check(libc::syscall(libc::SYS_setresgid, gid, gid, gid))?;
+        check(libc::syscall(libc::SYS_setresuid, uid, uid, uid))?;
+    }
+    Ok(())
+}
+
 /// The environment every child starts from (ARCHITECTURE: HOME, USER, LOGNAME, DISPLAY,
 /// XAUTHORITY, DBUS_SESSION_BUS_ADDRESS, XDG_RUNTIME_DIR, LANG, PATH). Nothing of the agent's own
 /// environment leaks through except PATH, and never a `BERTH_AGENT_*` variable.

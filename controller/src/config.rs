@@ -43,6 +43,10 @@ pub struct Config {
     pub limits: std::collections::BTreeMap<String, LimitsConfig>,
     /// The image Docker sandboxes run when a create names none (`berth image build`).
     pub docker_image: Option<String>,
+    /// `[runtime]`: the OCI runtime a profile's Docker containers run under, by profile name
+    /// or alias (`desktop = "runsc"`: gVisor, a second kernel between the sandbox and the
+    /// host); the daemon's default (runc) for the rest. The daemon must have it registered.
+    pub runtime: std::collections::BTreeMap<String, String>,
     /// The optional members of Anthropic's browser toolset that desktop sandboxes serve
     /// (`javascript_exec`, `read_console`, `read_network`, `file_upload`; none by default): the
     /// agents are started with them enabled.
@@ -263,6 +267,10 @@ pub struct KubernetesConfig {
     /// The port the controller serves sandboxes' DNS on in its Pod (unprivileged: the Service
     /// maps 53 to it). Default 5353.
     pub egress_dns_port: Option<u16>,
+    /// `[kubernetes.runtime_class]`: the RuntimeClass a profile's Pods run under, by profile
+    /// name or alias (`desktop = "gvisor"`, a class the cluster defines for runsc); the
+    /// cluster's default for the rest.
+    pub runtime_class: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
@@ -414,6 +422,15 @@ impl KubernetesConfig {
     }
 }
 
+/// A Docker runtime's or a Kubernetes RuntimeClass's name: what both accept (a DNS label's
+/// characters, dots and underscores), at most 253 long.
+fn is_runtime_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 253
+        && n.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
 /// The key of `[limits]` that applies to every profile.
 pub const EVERY_PROFILE: &str = "*";
 
@@ -507,6 +524,7 @@ impl Default for Config {
             providers: Default::default(),
             limits: Default::default(),
             docker_image: None,
+            runtime: Default::default(),
             browser_toolset_enable: Vec::new(),
             memory_merge: false,
             http_header_timeout_secs: 10.0,
@@ -547,6 +565,30 @@ impl Config {
             );
             limits.validate(key)?;
         }
+        for (key, runtime) in &self.runtime {
+            anyhow::ensure!(
+                catalog.profile(key).is_some(),
+                "[runtime] {key:?} names no profile; known: {}",
+                catalog.known_profiles()
+            );
+            anyhow::ensure!(
+                is_runtime_name(runtime),
+                "[runtime] {key} = {runtime:?} is not a runtime's name (letters, digits, . _ -)"
+            );
+        }
+        if let Some(k) = &self.kubernetes {
+            for (key, class) in &k.runtime_class {
+                anyhow::ensure!(
+                    catalog.profile(key).is_some(),
+                    "[kubernetes.runtime_class] {key:?} names no profile; known: {}",
+                    catalog.known_profiles()
+                );
+                anyhow::ensure!(
+                    is_runtime_name(class),
+                    "[kubernetes.runtime_class] {key} = {class:?} is not a RuntimeClass name"
+                );
+            }
+        }
         berth_protocol::toolset::check_browser_enable(&self.browser_toolset_enable)
             .map_err(|e| anyhow::anyhow!("browser_toolset_enable: {e}"))?;
         anyhow::ensure!(
@@ -583,6 +625,18 @@ impl Config {
         berth_protocol::egress::validate(&self.egress.default)
             .map_err(|e| anyhow::anyhow!("[egress] default: {e}"))?;
         Ok(())
+    }
+
+    /// `table` (`[runtime]` or `[kubernetes.runtime_class]`) keyed by each profile's own name
+    /// instead of the name or alias the config used.
+    pub fn by_profile_name(
+        table: &std::collections::BTreeMap<String, String>,
+    ) -> std::collections::BTreeMap<String, String> {
+        let catalog = crate::catalog::Catalog::builtin();
+        table
+            .iter()
+            .filter_map(|(k, v)| Some((catalog.profile(k)?.name.clone(), v.clone())))
+            .collect()
     }
 
     pub fn create_timeout(&self) -> Duration {

@@ -127,9 +127,17 @@ impl Runs {
                     "the agent refused the command: {e}"
                 )))
             }
-            Ok(Err(e)) => {
+            // The agent answered that it could not start it, or was never reached.
+            Ok(Err(e)) if e.status().is_some() || e.never_sent() => {
                 let reason = format!("the agent could not start it: {e}");
                 self.end_run(run, RunStatus::Failed, None, None, Some(reason.clone()))?;
+                Ok(())
+            }
+            // The answer was lost after the request went out (a reset connection, a body cut
+            // short): the agent starts what it accepted whatever its client does, so this is
+            // the timeout's case, not a failure.
+            Ok(Err(e)) => {
+                tracing::warn!(run = %run.id, error = %e, "no answer to the run's start; the reconciler checks it");
                 Ok(())
             }
             Err(_) => {

@@ -124,7 +124,7 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
     let (book, notes) = crate::egress::Book::new();
     let name = store.meta_init("controller_id", &crate::util::new_id("ctl"))?;
     let edge = crate::egress::edge_from_config(&opts.config.egress, &data_dir, &name)?;
-    let providers = connect_providers(&opts.config, &data_dir, &bin, &book, &edge).await?;
+    let providers = connect_providers(&opts.config, &data_dir, &bin, &book, &edge, &name).await?;
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
         .with_context(|| format!("binding {}", opts.listen))?;
@@ -158,6 +158,17 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
         opts.config.http_limits(),
     ));
     tracing::info!(listen = %addr, controller_id = %controller.ctx.controller_id, "berth controller serving");
+    let unfenced = unfenced_process_profiles(&controller.ctx);
+    if !addr.ip().is_loopback() && !unfenced.is_empty() {
+        tracing::warn!(
+            listen = %addr,
+            profiles = %unfenced.join(", "),
+            "process sandboxes are not fenced: they share this host's kernel, user and network, \
+             and any of them (or any local user) reaches another's agent on 127.0.0.1; a listener \
+             others can reach hands them out to other people: route these profiles to docker or \
+             kubernetes ([providers]) or listen on loopback"
+        );
+    }
     let ksm = std::fs::read_to_string("/sys/kernel/mm/ksm/run")
         .map_or("absent".into(), |r| r.trim().to_string());
     tracing::info!(
@@ -181,6 +192,7 @@ async fn connect_providers(
     bin: &Path,
     book: &Arc<crate::egress::Book>,
     edge: &Arc<crate::egress::edge::Edge>,
+    controller_id: &str,
 ) -> anyhow::Result<BTreeMap<String, Arc<dyn Provider>>> {
     let process: Arc<dyn Provider> = Arc::new(ProcessProvider::new(
         data_dir.join("sandboxes"),
@@ -196,10 +208,14 @@ async fn connect_providers(
             config.egress.hosts.clone(),
             config.egress.proxy_port,
         );
-        let docker =
-            crate::provider::docker::DockerProvider::connect(config.docker_image.clone(), egress)
-                .await
-                .context("connecting to Docker (the config routes profiles to it)")?;
+        let docker = crate::provider::docker::DockerProvider::connect(
+            config.docker_image.clone(),
+            controller_id,
+            Config::by_profile_name(&config.runtime),
+            egress,
+        )
+        .await
+        .context("connecting to Docker (the config routes profiles to it)")?;
         providers.insert("docker".to_string(), Arc::new(docker) as Arc<dyn Provider>);
     }
     let wants_kubernetes =
@@ -225,6 +241,17 @@ async fn connect_providers(
         );
     }
     Ok(providers)
+}
+
+/// The enabled profiles the process provider serves (which cannot fence one sandbox from
+/// another).
+fn unfenced_process_profiles(ctx: &crate::ctx::Ctx) -> Vec<String> {
+    ctx.catalog
+        .profiles
+        .iter()
+        .filter(|p| p.enabled && ctx.provider_name_for(p) == "process")
+        .map(|p| p.name.clone())
+        .collect()
 }
 
 /// The URL the controller is reached at when the config names none: where it listens, with

@@ -48,6 +48,12 @@ impl ClientError {
         }
     }
 
+    /// The request never reached the agent: no connection to it could be made. (Any other
+    /// transport error may come after the agent had the request.)
+    pub fn never_sent(&self) -> bool {
+        matches!(self, ClientError::Transport(e) if e.is_connect())
+    }
+
     pub fn code(&self) -> Option<&str> {
         match self {
             ClientError::Api { body, .. } => Some(&body.error.code),

@@ -80,6 +80,15 @@ impl TestHosts {
         .unwrap();
         let network = format!("berth-egress-test-{tag}");
         docker(&["network", "create", &network]);
+        // Their ports published on the network's gateway: the host's address, which a
+        // sandbox without a policy reaches as it would a server on the internet.
+        let gateway = docker(&[
+            "network",
+            "inspect",
+            "-f",
+            "{{(index .IPAM.Config 0).Gateway}}",
+            &network,
+        ]);
         let mut hosts = TestHosts {
             network,
             names: Vec::new(),
@@ -96,6 +105,10 @@ impl TestHosts {
                 &hosts.network,
                 "-v",
                 &format!("{dir}:/certs:ro"),
+                "-p",
+                &format!("{gateway}::8000"),
+                "-p",
+                &format!("{gateway}::8443"),
                 "--entrypoint",
                 "python3",
                 image,
@@ -112,10 +125,30 @@ impl TestHosts {
         self._certs.path().join("cert.pem")
     }
 
+    /// Host `i`'s `port` (8000 or 8443) as the host publishes it (`gateway:port`): reached
+    /// from any container with a route out, as a server outside would be.
+    pub fn outside(&self, i: usize, port: u16) -> String {
+        docker(&["port", &self.names[i], &port.to_string()])
+            .lines()
+            .next()
+            .unwrap()
+            .to_string()
+    }
+
     /// Host `i`'s address on the test's network.
     pub fn ip(&self, i: usize) -> String {
         ip_on(&self.names[i], &self.network)
     }
+}
+
+/// A container's address on the one network it is on.
+pub fn address_of(container: &str) -> String {
+    docker(&[
+        "inspect",
+        "-f",
+        "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+        container,
+    ])
 }
 
 /// A container's address on `network`.

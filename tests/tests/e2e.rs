@@ -9,6 +9,7 @@ mod compat_exec;
 mod compat_files;
 mod computer;
 mod connections;
+mod containment;
 mod controller;
 mod controller_desktop;
 mod desktop;

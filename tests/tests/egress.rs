@@ -17,7 +17,7 @@ use std::time::Duration;
 use berth_protocol::controller::{ControllerClient, CreateSandbox, Sandbox};
 use berth_protocol::egress::{Egress, EgressMode, EgressRules};
 use berth_tests::controller::{ControllerProcess, shell};
-use berth_tests::egress::{TestHosts, docker, ip_on};
+use berth_tests::egress::TestHosts;
 use berth_tests::wait_for;
 
 /// A CONNECT to the allowed host, then a TLS ClientHello naming another.
@@ -266,7 +266,7 @@ async fn docker_sandboxes_reach_only_what_their_egress_policy_allows_by_name() {
     assert!(out.contains("allowed.test error -2"), "{out}");
     assert!(out.contains("refused.test error -2"), "{out}");
     // Nor does a sandbox behind the proxy reach another one.
-    let neighbour = ip_on(&format!("berth-{}", none.id), "berth-egress");
+    let neighbour = berth_tests::egress::address_of(&format!("berth-{}", none.id));
     let line = format!("curl -sS -m 3 --noproxy '*' http://{neighbour}:5000/; echo rc=$?");
     let (_, out) = sh(&cl, id, &line).await;
     println!("neighbour {neighbour}: {out}");
@@ -275,14 +275,8 @@ async fn docker_sandboxes_reach_only_what_their_egress_policy_allows_by_name() {
         .create(&ide(Egress::Mode(EgressMode::Open)))
         .await
         .unwrap();
-    docker(&["network", "connect", "berth", &hosts.names[0]]);
-    let on_berth = ip_on(&hosts.names[0], "berth");
-    let (code, out) = sh(
-        &cl,
-        &open.id,
-        &format!("curl -sS -m 10 http://{on_berth}:8000/"),
-    )
-    .await;
+    let outside = hosts.outside(0, 8000);
+    let (code, out) = sh(&cl, &open.id, &format!("curl -sS -m 10 http://{outside}/")).await;
     println!("open: {code:?} {out}");
     assert_eq!(code, Some(0), "{out}");
     assert!(out.starts_with("egress-ok"), "{out}");
@@ -309,4 +303,45 @@ async fn a_policy_the_provider_cannot_enforce_is_refused_with_the_reason() {
     let err = c.client().create(&ide(bad)).await.unwrap_err().to_string();
     println!("{err}");
     assert!(err.contains("egress allow entry"), "{err}");
+}
+
+/// Each controller on a host has its own egress network, gateway, proxy and DNS: two at once
+/// each answer their own sandboxes' names (the same name mapped to a different host by each),
+/// and the proxy of one does not serve the other's sandboxes.
+#[tokio::test]
+async fn two_controllers_on_one_host_each_serve_their_own_egress_sandboxes() {
+    let image = image();
+    let hosts = TestHosts::start(&image);
+    let start = |ip: String| {
+        let image = image.clone();
+        async move {
+            ControllerProcess::start(&format!(
+                "docker_image = \"{image}\"\n[providers]\nide = \"docker\"\n[egress]\nproxy_port = 0\n\
+                 [egress.hosts]\n\"allowed.test\" = [\"{ip}\"]\n"
+            ))
+            .await
+        }
+    };
+    let (one, two) = (start(hosts.ip(0)).await, start(hosts.ip(1)).await);
+    let policy = Egress::Rules(EgressRules {
+        allow: vec!["allowed.test".into()],
+        deny_private: false,
+    });
+    let mut sandboxes = Vec::new();
+    for (c, ip) in [(&one, hosts.ip(0)), (&two, hosts.ip(1))] {
+        let cl = c.client();
+        let sb = cl.create(&ide(policy.clone())).await.unwrap();
+        let out = lookups(&cl, &sb.id, &["allowed.test"]).await;
+        println!("{}: {out}", c.id);
+        assert_eq!(out.trim(), format!("allowed.test addr ['{ip}']"));
+        let (code, out) = sh(&cl, &sb.id, "curl -sS -m 10 http://allowed.test:8000/").await;
+        assert_eq!(
+            (code, out.as_str()),
+            (Some(0), "egress-ok allowed.test:8000")
+        );
+        sandboxes.push((cl, sb.id));
+    }
+    for (cl, id) in sandboxes {
+        cl.delete(&id).await.unwrap();
+    }
 }

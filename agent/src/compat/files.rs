@@ -57,8 +57,18 @@ pub async fn file(State(agent): State<Arc<Agent>>, FormFields(fields): FormField
             &json!({"error": format!("Failed to serve file: {msg}")}),
         )
     };
-    let meta = match tokio::fs::metadata(&path).await {
-        Ok(m) => m,
+    // Opened with the sandbox user's rights: this route needs no token (see Files::as_user).
+    let at = path.clone();
+    let opened = agent
+        .files
+        .as_user(move || {
+            let f = std::fs::File::open(&at)?;
+            let meta = f.metadata()?;
+            Ok((f, meta))
+        })
+        .await;
+    let (file, meta) = match opened {
+        Ok(o) => o,
         Err(e)
             if e.raw_os_error() == Some(libc::ENOENT)
                 || e.raw_os_error() == Some(libc::ENOTDIR) =>
@@ -70,10 +80,7 @@ pub async fn file(State(agent): State<Arc<Agent>>, FormFields(fields): FormField
     if meta.is_dir() {
         return failed(std::io::Error::from_raw_os_error(libc::EISDIR));
     }
-    let file = match tokio::fs::File::open(&path).await {
-        Ok(f) => f,
-        Err(e) => return failed(e),
-    };
+    let file = tokio::fs::File::from_std(file);
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -179,19 +186,23 @@ pub async fn upload(State(agent): State<Arc<Agent>>, req: Request) -> Response {
     let (Some(target), Some((tmp, n))) = (form.target, form.staged) else {
         return upload_fields_required();
     };
-    if let Err(e) = agent.files.create_parents(&target) {
-        return upload_failed(e.to_string());
-    }
-    agent.files.chown(tmp.path());
-    let moved = match std::fs::rename(tmp.path(), &target) {
-        Ok(()) => {
-            tmp.keep();
-            Ok(())
+    let moved = match tmp {
+        // Staged beside the target, as the user: renamed onto it, as the user.
+        Staged::Beside(tmp) => {
+            let (from, to) = (tmp.path().to_path_buf(), target.clone());
+            let r = agent
+                .files
+                .as_user(move || std::fs::rename(&from, &to))
+                .await;
+            if r.is_ok() {
+                tmp.keep();
+            }
+            r
         }
-        // Staged in the state dir on another file system: copied beside the target first, so
-        // the target is still replaced whole or not at all.
-        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => copy_into_place(&agent, &tmp, &target),
-        Err(e) => Err(e),
+        // Staged in the agent's state dir (the data came before the path): copied beside
+        // the target as the user, then renamed onto it, so the target is replaced whole or
+        // not at all.
+        Staged::InState(tmp) => copy_into_place(&agent, &tmp, &target).await,
     };
     if let Err(e) = moved {
         let msg = match e.raw_os_error() {
@@ -213,7 +224,7 @@ struct UploadForm {
     target: Option<PathBuf>,
     /// Where the data went: (temp file, bytes). The temp file goes when `staged` is dropped,
     /// also when the client resets the request mid-body and the handler's future is dropped.
-    staged: Option<(crate::fs::TempFile, u64)>,
+    staged: Option<(Staged, u64)>,
     /// A NUL in file_path: the rest of the body is read and dropped, then a 400 (the client is
     /// still sending; answering mid-body would reset its connection).
     nul_path: bool,
@@ -279,28 +290,64 @@ async fn read_upload_form(
     }
 }
 
+/// Where an upload's data waits for its rename: beside the target (made as the sandbox user),
+/// or in the agent's state dir when the data came before the path.
+enum Staged {
+    Beside(crate::fs::TempFile),
+    InState(crate::fs::TempFile),
+}
+
+/// A new file at `tmp` (beside `target`, its missing parents made first), created with the
+/// sandbox user's rights and so the user's.
+async fn create_as_user(
+    agent: &Agent,
+    target: &Path,
+    tmp: &Path,
+) -> std::io::Result<tokio::fs::File> {
+    let files = agent.files.clone();
+    let (target, tmp) = (target.to_path_buf(), tmp.to_path_buf());
+    let f = agent
+        .files
+        .as_user(move || {
+            files
+                .create_parents(&target)
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&tmp)
+        })
+        .await?;
+    Ok(tokio::fs::File::from_std(f))
+}
+
 /// Streams the `file_data` part into a temp file and answers it with its size.
 async fn stage_file_data(
     agent: &Agent,
     target: Option<&Path>,
     field: axum::extract::multipart::Field<'_>,
-) -> Result<(crate::fs::TempFile, u64), Response> {
+) -> Result<(Staged, u64), Response> {
     // Stage beside the target when it is known (rename stays atomic), else in the
     // state dir until file_path arrives.
-    let tmp = match target {
+    let (tmp, file) = match target {
         Some(t) => {
-            if let Err(e) = agent.files.create_parents(t) {
-                return Err(upload_failed(e.to_string()));
+            let tmp = crate::fs::TempFile::beside(t);
+            match create_as_user(agent, t, tmp.path()).await {
+                Ok(f) => (Staged::Beside(tmp), f),
+                Err(e) => return Err(upload_failed(opening_error(&e, tmp.path()))),
             }
-            crate::fs::TempFile::beside(t)
         }
         None => {
             let staging_dir = agent.state_dir.join("uploads");
             let _ = std::fs::create_dir_all(&staging_dir);
-            crate::fs::TempFile::beside(&staging_dir.join("upload"))
+            let tmp = crate::fs::TempFile::beside(&staging_dir.join("upload"));
+            match tokio::fs::File::create(tmp.path()).await {
+                Ok(f) => (Staged::InState(tmp), f),
+                Err(e) => return Err(upload_failed(opening_error(&e, tmp.path()))),
+            }
         }
     };
-    match write_stream(tmp.path(), field).await {
+    match write_stream(file, field).await {
         Ok(n) => Ok((tmp, n)),
         Err(e) => Err(match e {
             StreamError::Read(e) => upload_malformed(e),
@@ -309,18 +356,37 @@ async fn stage_file_data(
     }
 }
 
-/// Copies the staged file beside the target, then renames the copy onto it, so the target
-/// is replaced whole or not at all.
-fn copy_into_place(agent: &Agent, tmp: &crate::fs::TempFile, target: &Path) -> std::io::Result<()> {
+/// Copies the staged file beside the target, then renames the copy onto it (both as the
+/// sandbox user), so the target is replaced whole or not at all.
+async fn copy_into_place(
+    agent: &Agent,
+    tmp: &crate::fs::TempFile,
+    target: &Path,
+) -> std::io::Result<()> {
+    let mut source = std::fs::File::open(tmp.path())?;
     let beside = crate::fs::TempFile::beside(target);
-    let copied = std::fs::copy(tmp.path(), beside.path()).and_then(|_| {
-        agent.files.chown(beside.path());
-        std::fs::rename(beside.path(), target)
-    });
+    let dest = create_as_user(agent, target, beside.path()).await?;
+    let mut dest = dest.into_std().await;
+    let (from, to) = (beside.path().to_path_buf(), target.to_path_buf());
+    let copied = agent
+        .files
+        .as_user(move || {
+            std::io::copy(&mut source, &mut dest)?;
+            std::fs::rename(&from, &to)
+        })
+        .await;
     if copied.is_ok() {
         beside.keep();
     }
     copied
+}
+
+/// An error opening `path`, as Python words it (`[Errno 13] Permission denied: '…'`).
+fn opening_error(e: &std::io::Error, path: &Path) -> String {
+    match e.raw_os_error() {
+        Some(errno) => py_os_error(errno, &path.to_string_lossy()),
+        None => e.to_string(),
+    }
 }
 
 /// Reads and drops what remains of a rejected multipart body, for at most 10 s.
@@ -340,24 +406,17 @@ enum StreamError<E> {
     Write(String),
 }
 
-async fn write_stream<S, E>(path: &Path, mut stream: S) -> Result<u64, StreamError<E>>
+async fn write_stream<S, E>(mut f: tokio::fs::File, mut stream: S) -> Result<u64, StreamError<E>>
 where
     S: futures_util::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
 {
     use futures_util::StreamExt;
     use tokio::io::AsyncWriteExt;
-    // As Python words them: opening names the file, a failed write (a full disk) does not.
-    let opening = |e: std::io::Error| match e.raw_os_error() {
-        Some(errno) => py_os_error(errno, &path.to_string_lossy()),
-        None => e.to_string(),
-    };
+    // As Python words it: a failed write (a full disk) names no file.
     let writing = |e: std::io::Error| match e.raw_os_error() {
         Some(errno) => format!("[Errno {errno}] {}", crate::text::errno_message(errno)),
         None => e.to_string(),
     };
-    let mut f = tokio::fs::File::create(path)
-        .await
-        .map_err(|e| StreamError::Write(opening(e)))?;
     let mut n = 0u64;
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(StreamError::Read)?;
@@ -372,7 +431,10 @@ where
     Ok(n)
 }
 
-pub async fn list_directory(CompatJson(data): CompatJson) -> Response {
+pub async fn list_directory(
+    State(agent): State<Arc<Agent>>,
+    CompatJson(data): CompatJson,
+) -> Response {
     let path = match data.get("path") {
         Some(Value::String(p)) if !p.is_empty() => p.clone(),
         Some(v) if truthy(v) => {
@@ -394,19 +456,25 @@ pub async fn list_directory(CompatJson(data): CompatJson) -> Response {
             &json!({"error": "path contains a NUL byte"}),
         );
     }
-    if !Path::new(&path).is_dir() {
-        return flask(
+    // Walked with the sandbox user's rights: this route needs no token (see Files::as_user).
+    let tree = agent
+        .files
+        .as_user(move || {
+            if !Path::new(&path).is_dir() {
+                return Ok(None);
+            }
+            let mut ancestors = HashSet::new();
+            Ok(Some(tree_node(&path, &mut ancestors, 0)))
+        })
+        .await
+        .unwrap_or_else(|e| Some(json!({"error": e.to_string()})));
+    match tree {
+        Some(tree) => flask(StatusCode::OK, &json!({"directory_tree": tree})),
+        None => flask(
             StatusCode::BAD_REQUEST,
             &json!({"error": "The provided path is not a directory"}),
-        );
+        ),
     }
-    let tree = tokio::task::spawn_blocking(move || {
-        let mut ancestors = HashSet::new();
-        tree_node(&path, &mut ancestors, 0)
-    })
-    .await
-    .unwrap_or_else(|e| json!({"error": e.to_string()}));
-    flask(StatusCode::OK, &json!({"directory_tree": tree}))
 }
 
 /// One node of the reference server's tree: `os.listdir` order, directories (symlinks
@@ -507,12 +575,11 @@ async fn fetch(agent: &Agent, url: &str, target: &Path) -> Result<u64, String> {
         return Err(format!("{status} for url: {url}"));
     }
     let expected = resp.content_length();
-    agent
-        .files
-        .create_parents(target)
-        .map_err(|e| e.to_string())?;
     let tmp = crate::fs::TempFile::beside(target);
-    let n = match write_stream(tmp.path(), Box::pin(resp.bytes_stream())).await {
+    let file = create_as_user(agent, target, tmp.path())
+        .await
+        .map_err(|e| opening_error(&e, tmp.path()))?;
+    let n = match write_stream(file, Box::pin(resp.bytes_stream())).await {
         Ok(n) => n,
         Err(e) => {
             return Err(match e {
@@ -528,8 +595,12 @@ async fn fetch(agent: &Agent, url: &str, target: &Path) -> Result<u64, String> {
             "Download incomplete: expected {len} bytes, got {n}"
         ));
     }
-    agent.files.chown(tmp.path());
-    std::fs::rename(tmp.path(), target).map_err(|e| e.to_string())?;
+    let (from, to) = (tmp.path().to_path_buf(), target.to_path_buf());
+    agent
+        .files
+        .as_user(move || std::fs::rename(&from, &to))
+        .await
+        .map_err(|e| e.to_string())?;
     tmp.keep();
     Ok(n)
 }

@@ -33,8 +33,13 @@ use super::spawn::{self, Group, Launch, SpawnFailure};
 use crate::reaper::Exit;
 
 /// How long output may keep arriving after the command exited before its exit is recorded
-/// (a process it left behind may hold the pipe open for good).
+/// while a process it left behind holds its output pipe open (it may for good).
 pub const DRAIN_GRACE: Duration = Duration::from_millis(200);
+/// How long the exit waits for the rest of an output pipe that nothing but the shim holds any
+/// more. Such a reader is bound to reach the end (only a reader stalled on a loaded CPU or
+/// disk takes long): an exit recorded before it would be final to every reader of the log,
+/// without the output the reader was still copying. This only bounds a reader stuck for good.
+const DRAIN_MAX: Duration = Duration::from_secs(30);
 
 /// The handshake line on the shim's stdout.
 #[derive(Debug, Serialize, Deserialize)]
@@ -99,7 +104,7 @@ fn run(dir: &Path, handshake: &mut std::io::Stdout) -> Result<(), String> {
     let me = std::process::id();
     announce_started(dir, pid, me, handshake)?;
 
-    let readers = spawn_readers(&mut child, merged_output, &writer, &tx);
+    let (readers, pipes) = spawn_readers(&mut child, merged_output, &writer, &tx);
     drop(tx);
 
     let deadline = meta
@@ -113,6 +118,7 @@ fn run(dir: &Path, handshake: &mut std::io::Stdout) -> Result<(), String> {
         writer,
         stdin_keeper,
         readers,
+        pipes,
         timed_out: false,
         child_exit: None,
         exit_written: false,
@@ -257,20 +263,25 @@ fn announce_started(
 }
 
 /// Starts one thread per output pipe that copies it into the log and says when it is done;
-/// returns how many were started.
+/// returns how many were started and the pipes' inodes.
 fn spawn_readers(
     child: &mut std::process::Child,
     merged_output: Option<OwnedFd>,
     writer: &Arc<Mutex<LogWriter>>,
     tx: &mpsc::Sender<Ev>,
-) -> i32 {
+) -> (i32, Vec<u64>) {
     let mut readers = 0;
+    let mut pipes = Vec::new();
     let mut spawn_reader = |fd: OwnedFd, stream: Stream| {
         readers += 1;
+        let src = std::fs::File::from(fd);
+        if let Ok(m) = src.metadata() {
+            pipes.push(std::os::unix::fs::MetadataExt::ino(&m));
+        }
         let w = writer.clone();
         let tx = tx.clone();
         std::thread::spawn(move || {
-            pump(std::fs::File::from(fd), stream, &w);
+            pump(src, stream, &w);
             let _ = tx.send(Ev::ReaderDone);
         });
     };
@@ -284,7 +295,7 @@ fn spawn_readers(
             spawn_reader(OwnedFd::from(e), Stream::Stderr);
         }
     }
-    readers
+    (readers, pipes)
 }
 
 /// The supervision loop's state: the running command, its deadline, its output readers and
@@ -301,6 +312,8 @@ struct Supervision<'a> {
     stdin_keeper: Option<std::fs::File>,
     /// Output readers still running.
     readers: i32,
+    /// The inodes of the command's output pipes (`pipe:[inode]` in `/proc/<pid>/fd`).
+    pipes: Vec<u64>,
     timed_out: bool,
     child_exit: Option<(Exit, Instant)>,
     exit_written: bool,
@@ -340,7 +353,13 @@ impl Supervision<'_> {
         if let Some((_, at)) = self.child_exit
             && !self.exit_written
         {
-            wait = wait.min((at + DRAIN_GRACE).saturating_duration_since(now));
+            // The grace's end; past it (a reader still copying a pipe nobody else holds), the
+            // bound of that wait. A reader that ends wakes the loop sooner.
+            let next = match now < at + DRAIN_GRACE {
+                true => at + DRAIN_GRACE,
+                false => at + DRAIN_MAX,
+            };
+            wait = wait.min(next.saturating_duration_since(now));
         }
         wait
     }
@@ -394,12 +413,12 @@ impl Supervision<'_> {
         }
     }
 
-    /// Writes the exit record once the command has exited and its output is read (or the
-    /// drain grace is over), then closes the stdin FIFO's write end.
+    /// Writes the exit record once the command has exited and its output is read (see
+    /// [`Self::drained`]), then closes the stdin FIFO's write end.
     fn record_exit_when_drained(&mut self) {
         if let Some((exit, at)) = self.child_exit
             && !self.exit_written
-            && (self.readers == 0 || Instant::now() >= at + DRAIN_GRACE)
+            && self.drained(at)
         {
             let output_error = self.writer.lock().ok().and_then(|w| w.error.clone());
             let rec = ExitRecord {
@@ -416,6 +435,42 @@ impl Supervision<'_> {
             self.exit_written = true;
             drop(self.stdin_keeper.take());
         }
+    }
+}
+
+impl Supervision<'_> {
+    /// Whether the exit of a command that exited at `at` may be recorded: all its output is
+    /// read; or the drain grace is over and a process it left behind holds an output pipe
+    /// open (the rest may never come); or the readers are past `DRAIN_MAX`. A reader that is
+    /// only slow (not scheduled, or its write to the log waiting on the disk) is waited for:
+    /// nothing else holds its pipe, so it reaches the end.
+    fn drained(&self, at: Instant) -> bool {
+        if self.readers == 0 {
+            return true;
+        }
+        let waited = at.elapsed();
+        waited >= DRAIN_MAX || (waited >= DRAIN_GRACE && self.output_held())
+    }
+
+    /// Whether a process of the command's tree (it has exited: what it left behind) holds one
+    /// of its output pipes. One whose descriptors cannot be read may: it counts.
+    fn output_held(&self) -> bool {
+        if self.pipes.is_empty() {
+            return !crate::proc::descendants(self.me).is_empty();
+        }
+        let links: Vec<String> = self.pipes.iter().map(|i| format!("pipe:[{i}]")).collect();
+        crate::proc::descendants(self.me).into_iter().any(|pid| {
+            match std::fs::read_dir(format!("/proc/{pid}/fd")) {
+                Ok(fds) => fds.flatten().any(|fd| {
+                    std::fs::read_link(fd.path())
+                        .ok()
+                        .and_then(|l| l.to_str().map(|l| links.iter().any(|p| p == l)))
+                        .unwrap_or(false)
+                }),
+                // Gone meanwhile: it holds nothing.
+                Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+            }
+        })
     }
 }
 
@@ -466,5 +521,70 @@ fn detach_stdout() {
         unsafe {
             libc::dup2(null.as_raw_fd(), 1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The supervision of a command that exited `ago`, one reader still copying pipe `r`.
+    fn exited<'a>(dir: &'a Path, r: &OwnedFd, ago: Duration) -> Supervision<'a> {
+        let pipe = std::fs::File::from(r.try_clone().unwrap());
+        Supervision {
+            dir,
+            pid: 0,
+            me: std::process::id(),
+            deadline: None,
+            writer: Arc::new(Mutex::new(LogWriter::create(dir, 1 << 20).unwrap())),
+            stdin_keeper: None,
+            readers: 1,
+            pipes: vec![std::os::unix::fs::MetadataExt::ino(
+                &pipe.metadata().unwrap(),
+            )],
+            timed_out: false,
+            child_exit: Some((
+                Exit {
+                    code: Some(0),
+                    signal: None,
+                },
+                Instant::now()
+                    .checked_sub(ago)
+                    .expect("the clock is past `ago`"),
+            )),
+            exit_written: false,
+        }
+    }
+
+    #[test]
+    fn the_exit_waits_for_a_slow_reader_unless_a_process_left_behind_holds_the_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        // Past the grace, a reader still copying a pipe only the shim holds: the rest of the
+        // output is certain to come, so the exit is not recorded before it.
+        let mut s = exited(dir.path(), &r, DRAIN_GRACE * 5);
+        s.record_exit_when_drained();
+        assert!(!s.exit_written && !dir.path().join(EXIT).exists());
+        s.readers = 0;
+        s.record_exit_when_drained();
+        assert!(s.exit_written && dir.path().join(EXIT).exists());
+        // A process left behind holds the pipe: past the grace the exit is recorded.
+        let held = tempfile::tempdir().unwrap();
+        let mut daemon = std::process::Command::new("sleep")
+            .arg("60")
+            .stdout(Stdio::from(w))
+            .spawn()
+            .unwrap();
+        let mut s = exited(held.path(), &r, DRAIN_GRACE * 5);
+        s.record_exit_when_drained();
+        let recorded = s.exit_written;
+        let _ = daemon.kill();
+        let _ = daemon.wait();
+        assert!(recorded);
+        // A reader stuck past the bound does not hold the exit back for ever.
+        let stuck = tempfile::tempdir().unwrap();
+        let mut s = exited(stuck.path(), &r, DRAIN_MAX + DRAIN_GRACE);
+        s.record_exit_when_drained();
+        assert!(s.exit_written);
     }
 }

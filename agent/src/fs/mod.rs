@@ -71,11 +71,57 @@ pub struct Files {
     home: PathBuf,
     uid: u32,
     gid: u32,
+    /// The sandbox user's supplementary groups (for [`Files::as_user`]).
+    groups: Vec<u32>,
 }
 
 impl Files {
     pub fn new(home: PathBuf, uid: u32, gid: u32) -> Files {
-        Files { home, uid, gid }
+        Files {
+            home,
+            uid,
+            gid,
+            groups: Vec::new(),
+        }
+    }
+
+    /// The same, with the sandbox user's supplementary groups.
+    pub fn for_account(home: PathBuf, account: &crate::account::Account) -> Files {
+        Files {
+            groups: account.groups.clone(),
+            ..Files::new(home, account.uid, account.gid)
+        }
+    }
+
+    /// Runs `f` with the sandbox user's rights and nothing more: on a thread of its own that
+    /// takes the user's uid, gid and groups (and so loses every capability) before `f` runs,
+    /// and ends with it. The kernel then checks every path `f` opens, creates or renames as
+    /// it would for the user's own programs — root's files and other processes' `/proc`
+    /// entries (the agent's environment) included — and what `f` creates is the user's.
+    /// Used by the routes anyone reaching the agent may call without its token (OSWorld's
+    /// open compat surface, which the sandbox's own programs reach too), so they grant no
+    /// more than the user already has. An agent not running as root, or serving root, runs
+    /// `f` as it is. File descriptors `f` returns stay usable after the thread is gone.
+    pub async fn as_user<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+    ) -> std::io::Result<T> {
+        let switch = nix::unistd::Uid::effective().is_root() && self.uid != 0;
+        let (uid, gid, groups) = (self.uid, self.gid, self.groups.clone());
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("berth-as-user".into())
+            .spawn(move || {
+                let r = match switch {
+                    true => {
+                        crate::account::become_on_this_thread(uid, gid, &groups).and_then(|()| f())
+                    }
+                    false => f(),
+                };
+                let _ = tx.send(r);
+            })?;
+        rx.await
+            .unwrap_or_else(|_| Err(std::io::Error::other("the file operation's thread died")))
     }
 
     /// An API path as a file system path.

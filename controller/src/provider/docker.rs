@@ -1,7 +1,8 @@
 //! The `docker` provider: one container per sandbox from a berth image (berth-agent as PID 1),
-//! on a private bridge network, addressed by its IP — no host ports. Containers carry the
-//! identity labels from creation on, so a restarted controller finds exactly what it owns.
-//! Docker's die/oom events are passed up at once.
+//! on a private bridge network without traffic between its containers (no sandbox reaches
+//! another), addressed by its IP from the host. Containers carry the identity labels from
+//! creation on, so a restarted controller finds exactly what it owns. Docker's die/oom events
+//! are passed up at once.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -23,11 +24,18 @@ use berth_protocol::controller::Limits;
 use super::{Death, Endpoint, Identity, Observed, Provider, ProviderError, Result, Spec};
 use super::{LABEL_CONTROLLER, LABEL_IMAGE, LABEL_PROFILE, LABEL_SANDBOX};
 
-/// The private network every sandbox container joins.
+/// The private network every sandbox container without an egress policy joins: a route out,
+/// none to another container (inter-container traffic off), so sandboxes reach the host and
+/// the internet but not each other. One for every controller on the host.
 pub const NETWORK: &str = "berth";
-/// The internal network of sandboxes with an egress policy: no route out; the egress proxy,
-/// on its gateway address, is their only way out.
+/// The prefix of a controller's internal network for sandboxes with an egress policy
+/// (`berth-egress-<controller id>`): no route out; that controller's egress proxy and DNS, on
+/// its gateway address, are their only way out. A network per controller gives each its own
+/// gateway, so two controllers on one host each serve their own sandboxes' DNS on port 53.
 pub const EGRESS_NETWORK: &str = "berth-egress";
+/// Docker's bridge option that lets (`true`, its default) or stops containers of one network
+/// talking to each other.
+const ICC: &str = "com.docker.network.bridge.enable_icc";
 pub use super::LABEL_EGRESS;
 const AGENT_PORT: u16 = 5000;
 const CDP_PORT: u16 = 9222;
@@ -42,6 +50,11 @@ pub struct DockerProvider {
     default_image: Option<String>,
     /// The private network's id once known (`ensure_network`).
     network: tokio::sync::Mutex<Option<String>>,
+    /// This controller's egress network (`berth-egress-<controller id>`).
+    egress_network: String,
+    /// The OCI runtime each profile's containers run under (`[runtime]`; else the daemon's
+    /// default), each checked against the daemon's runtimes at connect.
+    runtimes: BTreeMap<String, String>,
     /// The limits the daemon says its kernel can enforce.
     support: Support,
     /// The egress proxy's settings, and its address once it listens.
@@ -167,27 +180,41 @@ fn declared_ports(labels: &HashMap<String, String>) -> BTreeMap<String, u16> {
         .collect()
 }
 
-/// Why a network found under [`EGRESS_NETWORK`] must not hold sandboxes behind the proxy
-/// (one made by hand, or by something else): it has a route out, or its sandboxes reach each
-/// other. None when it is as berth makes it.
-fn egress_network_problem(net: &Network) -> Option<String> {
+/// Why a network found by the name berth gives its sandboxes' network must not hold them (one
+/// made by hand, or by an older berth): its containers reach each other, or (`internal`: an
+/// egress network) it has a route out. None when it is as berth makes it.
+fn network_problem(net: &Network, internal: bool) -> Option<String> {
+    let name = net.name.as_deref().unwrap_or(NETWORK);
     let icc = net
         .options
         .as_ref()
-        .and_then(|o| o.get("com.docker.network.bridge.enable_icc"))
+        .and_then(|o| o.get(ICC))
         .map(String::as_str);
-    let fix = format!("remove it (`docker network rm {EGRESS_NETWORK}`) and berth makes it again");
-    if net.internal != Some(true) {
-        return Some(format!(
-            "{EGRESS_NETWORK} exists but is not internal: {fix}"
-        ));
+    let fix = format!(
+        "remove it (delete its sandboxes, then `docker network rm {name}`) and berth makes it again"
+    );
+    if internal && net.internal != Some(true) {
+        return Some(format!("{name} exists but is not internal: {fix}"));
     }
     if icc != Some("false") {
         return Some(format!(
-            "{EGRESS_NETWORK} exists with traffic between its containers allowed: {fix}"
+            "{name} exists with traffic between its containers allowed, so its sandboxes \
+             would reach each other: {fix}"
         ));
     }
     None
+}
+
+/// Why the `[runtime]` of a profile cannot be used: the daemon does not have it (`known`: its
+/// runtimes), with how to register it.
+fn runtimes_problem(wanted: &BTreeMap<String, String>, known: &[String]) -> Option<String> {
+    let (profile, runtime) = wanted.iter().find(|(_, r)| !known.contains(r))?;
+    Some(format!(
+        "[runtime] {profile} = {runtime:?}, but the Docker daemon has no runtime of that name \
+         (it has {}): register it in /etc/docker/daemon.json (\"runtimes\": {{\"{runtime}\": \
+         {{\"path\": \"/usr/bin/{runtime}\"}}}}) and reload the daemon (kill -HUP $(pidof dockerd))",
+        known.join(", ")
+    ))
 }
 
 /// A container's address on the network named `net`.
@@ -222,9 +249,12 @@ async fn timed<T, E: std::fmt::Display>(
 }
 
 impl DockerProvider {
-    /// Connects to the local daemon (its socket), speaking the daemon's API version.
+    /// Connects to the local daemon (its socket), speaking the daemon's API version. `runtimes`
+    /// (profile to OCI runtime) must each be one the daemon has.
     pub async fn connect(
         default_image: Option<String>,
+        controller_id: &str,
+        runtimes: BTreeMap<String, String>,
         egress: Egress,
     ) -> anyhow::Result<DockerProvider> {
         let docker = Docker::connect_with_socket_defaults()?;
@@ -234,10 +264,20 @@ impl DockerProvider {
         let info = tokio::time::timeout(CALL, docker.info())
             .await
             .map_err(|_| anyhow::anyhow!("the Docker daemon did not answer"))??;
+        let known: Vec<String> = info
+            .runtimes
+            .as_ref()
+            .map(|r| r.keys().cloned().collect())
+            .unwrap_or_default();
+        if let Some(problem) = runtimes_problem(&runtimes, &known) {
+            anyhow::bail!(problem);
+        }
         Ok(DockerProvider {
             docker,
             default_image,
             network: tokio::sync::Mutex::new(None),
+            egress_network: format!("{EGRESS_NETWORK}-{controller_id}"),
+            runtimes,
             support: Support::of(&info),
             egress,
         })
@@ -272,8 +312,8 @@ impl DockerProvider {
             }
             return Ok(r.clone());
         }
-        let net = self.named_network(EGRESS_NETWORK, true).await?;
-        if let Some(problem) = egress_network_problem(&net) {
+        let net = self.named_network(&self.egress_network, true).await?;
+        if let Some(problem) = network_problem(&net, true) {
             return Err(failed("the egress network", problem));
         }
         let id = net.id.clone().unwrap_or_default();
@@ -295,7 +335,7 @@ impl DockerProvider {
             Some(self.egress.edge.clone()),
         );
         tokio::spawn(proxy.serve(listener));
-        tracing::info!(%addr, network = EGRESS_NETWORK, "egress proxy serving");
+        tracing::info!(%addr, network = %self.egress_network, "egress proxy serving");
         self.serve_dns(gateway).await;
         *running = Some((id.clone(), addr));
         Ok((id, addr))
@@ -331,11 +371,11 @@ impl DockerProvider {
         if let Some(id) = known.as_ref() {
             return Ok(id.clone());
         }
-        let id = self
-            .named_network(NETWORK, false)
-            .await?
-            .id
-            .unwrap_or_default();
+        let net = self.named_network(NETWORK, false).await?;
+        if let Some(problem) = network_problem(&net, false) {
+            return Err(failed("the sandboxes' network", problem));
+        }
+        let id = net.id.unwrap_or_default();
         *known = Some(id.clone());
         Ok(id)
     }
@@ -354,13 +394,8 @@ impl DockerProvider {
             driver: Some("bridge".into()),
             internal: Some(internal),
             labels: Some(HashMap::from([("berth.managed".into(), "true".into())])),
-            // Sandboxes behind the proxy do not reach each other either.
-            options: internal.then(|| {
-                HashMap::from([(
-                    "com.docker.network.bridge.enable_icc".into(),
-                    "false".into(),
-                )])
-            }),
+            // No sandbox reaches another, behind the proxy or not.
+            options: Some(HashMap::from([(ICC.into(), "false".into())])),
             ..Default::default()
         };
         timed("network create", self.docker.create_network(create)).await?;
@@ -414,9 +449,9 @@ impl DockerProvider {
         };
         let alive = c.state.as_ref().and_then(|s| s.running).unwrap_or(false);
         let on = |net: &str| address_on(&c, net);
-        let ip = on(NETWORK).or_else(|| on(EGRESS_NETWORK));
+        let ip = on(NETWORK).or_else(|| on(&self.egress_network));
         if alive {
-            self.register_egress(&labels, on(EGRESS_NETWORK), &identity.sandbox_id)
+            self.register_egress(&labels, on(&self.egress_network), &identity.sandbox_id)
                 .await?;
         }
         let created_at_ms = c
@@ -529,6 +564,7 @@ impl DockerProvider {
 fn container_body(
     spec: &Spec,
     network: String,
+    runtime: Option<String>,
     cmd: Vec<String>,
     labels: HashMap<String, String>,
     ports: &[u16],
@@ -541,6 +577,7 @@ fn container_body(
         exposed_ports: Some(ports.iter().map(|p| format!("{p}/tcp")).collect()),
         host_config: Some(HostConfig {
             network_mode: Some(network),
+            runtime,
             // Harnesses on the host reach the compat surface and CDP through loopback
             // ports Docker picks; the controller uses the container's IP.
             port_bindings: Some(
@@ -629,7 +666,8 @@ impl Provider for DockerProvider {
         }
         cmd.extend(spec.agent_args());
         let ports = self.container_ports(spec).await?;
-        let mut body = container_body(spec, network, cmd, labels, &ports);
+        let runtime = self.runtimes.get(&spec.identity.profile).cloned();
+        let mut body = container_body(spec, network, runtime, cmd, labels, &ports);
         if let (Some(proxy), Some(env)) = (proxy, body.env.as_mut()) {
             env.extend(crate::egress::proxy_env(&proxy.to_string()));
             env.extend(crate::egress::trust_env(self.egress.edge.ca().pem()));
@@ -771,28 +809,54 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_an_internal_network_without_inter_container_traffic_holds_egress_sandboxes() {
-        let net = |internal: Option<bool>, icc: Option<&str>| Network {
+    fn only_networks_without_inter_container_traffic_hold_sandboxes_and_egress_ones_are_internal() {
+        let net = |name: &str, internal: Option<bool>, icc: Option<&str>| Network {
+            name: Some(name.into()),
             internal,
-            options: icc.map(|v| {
-                HashMap::from([("com.docker.network.bridge.enable_icc".into(), v.into())])
-            }),
+            options: icc.map(|v| HashMap::from([(ICC.into(), v.into())])),
             ..Default::default()
         };
+        let egress = "berth-egress-ctl_1";
         assert_eq!(
-            egress_network_problem(&net(Some(true), Some("false"))),
+            network_problem(&net(egress, Some(true), Some("false")), true),
             None
         );
-        let open = egress_network_problem(&net(Some(false), Some("false"))).unwrap();
+        assert_eq!(
+            network_problem(&net(NETWORK, Some(false), Some("false")), false),
+            None
+        );
+        let open = network_problem(&net(egress, Some(false), Some("false")), true).unwrap();
         assert!(
-            open.contains("is not internal") && open.contains("docker network rm"),
+            open.contains("is not internal")
+                && open.contains("docker network rm berth-egress-ctl_1"),
             "{open}"
         );
-        assert!(egress_network_problem(&net(None, Some("false"))).is_some());
+        assert!(network_problem(&net(egress, None, Some("false")), true).is_some());
         for icc in [None, Some("true")] {
-            let p = egress_network_problem(&net(Some(true), icc)).unwrap();
-            assert!(p.contains("traffic between its containers"), "{p}");
+            for (name, internal) in [(egress, true), (NETWORK, false)] {
+                let p = network_problem(&net(name, Some(internal), icc), internal).unwrap();
+                assert!(
+                    p.contains("traffic between its containers")
+                        && p.contains(&format!("docker network rm {name}")),
+                    "{p}"
+                );
+            }
         }
+    }
+
+    #[test]
+    fn a_runtime_the_daemon_lacks_is_named_with_how_to_register_it() {
+        let known = ["runc".to_string(), "runsc".to_string()];
+        let wanted = |r: &str| BTreeMap::from([("desktop".to_string(), r.to_string())]);
+        assert_eq!(runtimes_problem(&wanted("runsc"), &known), None);
+        assert_eq!(runtimes_problem(&BTreeMap::new(), &known), None);
+        let p = runtimes_problem(&wanted("kata"), &known).unwrap();
+        assert!(
+            p.contains("desktop = \"kata\"")
+                && p.contains("runc, runsc")
+                && p.contains("daemon.json"),
+            "{p}"
+        );
     }
 
     #[test]

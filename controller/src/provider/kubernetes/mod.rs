@@ -218,6 +218,7 @@ impl KubernetesProvider {
                 egress: cfg.egress.clone(),
                 image_pull_secrets: cfg.image_pull_secrets.clone(),
                 seccomp_localhost_profile: cfg.seccomp_localhost_profile.clone(),
+                runtime_class: crate::config::Config::by_profile_name(&cfg.runtime_class),
                 controller_namespace,
                 egress_route,
             },

@@ -70,6 +70,8 @@ pub struct Settings {
     pub egress: KubeEgress,
     pub image_pull_secrets: Vec<String>,
     pub seccomp_localhost_profile: Option<String>,
+    /// The RuntimeClass of each profile's Pods (`[kubernetes.runtime_class]`, by profile name).
+    pub runtime_class: std::collections::BTreeMap<String, String>,
     /// The controller's own namespace when it runs in the cluster: the NetworkPolicy admits
     /// the controller's Pods from there.
     pub controller_namespace: Option<String>,
@@ -305,6 +307,8 @@ pub fn pod(spec: &Spec, s: &Settings, owner: &Owner) -> Pod {
         metadata: meta(pod_name(sid), spec, s, owner),
         spec: Some(PodSpec {
             containers: vec![agent_container(spec, s)],
+            // A second kernel (gVisor, Kata) where the profile asks for one.
+            runtime_class_name: s.runtime_class.get(&spec.identity.profile).cloned(),
             restart_policy: Some("Never".into()),
             automount_service_account_token: Some(false),
             // No Service addresses of the namespace in the sandbox's environment.
@@ -811,6 +815,7 @@ mod tests {
             egress: KubeEgress::Public,
             image_pull_secrets: vec!["pull".into()],
             seccomp_localhost_profile: None,
+            runtime_class: Default::default(),
             controller_namespace: Some("berth".into()),
             egress_route: None,
         }
@@ -921,6 +926,17 @@ mod tests {
             secret.metadata.name.as_deref(),
             Some("berth-sb-00aa11bb22cc33dd-token")
         );
+    }
+
+    #[test]
+    fn a_profile_with_a_runtime_class_runs_its_pods_under_it_and_the_others_under_the_default() {
+        let mut st = settings(KubeReach::PodIp);
+        st.runtime_class = [("desktop-ubuntu".to_string(), "gvisor".to_string())].into();
+        let class = |s: &Spec| pod(s, &st, &owner()).spec.unwrap().runtime_class_name;
+        assert_eq!(class(&spec(true)).as_deref(), Some("gvisor"));
+        let mut ide = spec(false);
+        ide.identity.profile = "ide-ubuntu".into();
+        assert_eq!(class(&ide), None);
     }
 
     #[test]

@@ -132,6 +132,7 @@ fn settings(reach: KubeReach, agent_port: u16) -> Settings {
         egress: KubeEgress::Public,
         image_pull_secrets: vec!["regcred".into()],
         seccomp_localhost_profile: None,
+        runtime_class: Default::default(),
         controller_namespace: Some(NS.into()),
         egress_route: None,
     }

@@ -10,7 +10,7 @@
 use berth_protocol::controller::{ControllerClient, CreateSandbox};
 use berth_protocol::egress::{Egress, EgressMode, EgressRules};
 use berth_tests::controller::{ControllerProcess, build_desktop_image, shell};
-use berth_tests::egress::{TestHosts, docker, ip_on};
+use berth_tests::egress::TestHosts;
 
 /// Requests `argv[1]` `argv[2]` times, each on a new connection; prints p50 and p99 in ms.
 const FETCH: &str = r#"
@@ -78,9 +78,8 @@ pub async fn bench(n: usize) {
         .create(&create(Egress::Mode(EgressMode::Open)))
         .await
         .expect("an open sandbox");
-    // The open sandbox reaches the host directly on the sandboxes' network.
-    docker(&["network", "connect", "berth", &hosts.names[0]]);
-    let direct_ip = ip_on(&hosts.names[0], "berth");
+    // The open sandbox reaches the test host as a server outside: its ports published on the
+    // host (sandboxes do not reach each other's containers).
     println!(
         "{:<34} {:>18} {:>18}",
         "request (new connection each)", "through the proxy", "direct"
@@ -91,7 +90,8 @@ pub async fn bench(n: usize) {
         ("HTTPS GET, credential added", "https", "edge.test", 8443),
     ] {
         let p = fetch(&cl, &proxied.id, &format!("{scheme}://{name}:{port}/"), n).await;
-        let d = fetch(&cl, &open.id, &format!("{scheme}://{direct_ip}:{port}/"), n).await;
+        let direct = hosts.outside(0, port);
+        let d = fetch(&cl, &open.id, &format!("{scheme}://{direct}/"), n).await;
         println!(
             "{what:<34} {:>18} {:>18}",
             format!("{:.2} / {:.2} ms", p.0, p.1),
