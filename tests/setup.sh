@@ -26,6 +26,7 @@ packages=(
   debootstrap                            # the image builder's base rootfs
   docker-registry                        # a local registry for `berth image push` (tests/tests/registry.rs)
   apache2-utils                          # htpasswd: that registry's password file
+  runsc                                  # gVisor, the second kernel `[runtime]` can ask for (tests/tests/gvisor.rs)
 )
 
 sudo=""
@@ -153,4 +154,32 @@ if [ "$(python3 -c 'import berth, os; print(os.path.dirname(os.path.dirname(os.p
   echo "setup: installing the berth Python package from $berth_python" >&2
   python3 -m pip install --quiet --no-deps -e "$berth_python" 2>/dev/null \
     || python3 -m pip install --quiet --no-deps --break-system-packages -e "$berth_python"
+fi
+
+# gVisor registered with the Docker daemon as the runtime `runsc`, once: added to daemon.json
+# (every other key kept) and loaded with SIGHUP (runtimes are reloadable; running containers are
+# not touched). This runsc takes any container's network namespace for the host's and refuses
+# to start its own network stack there, so it uses the container's (`--network=host`: the
+# container's namespace and address, not the host's).
+if [ "$(id -u)" = 0 ] && docker info >/dev/null 2>&1 \
+  && ! docker info --format '{{json .Runtimes}}' | grep -q '"runsc"'; then
+  echo "setup: registering runsc with the Docker daemon" >&2
+  python3 - /etc/docker/daemon.json <<'PY'
+import json, os, sys
+path = sys.argv[1]
+cfg = json.load(open(path)) if os.path.exists(path) and os.path.getsize(path) else {}
+cfg.setdefault("runtimes", {})["runsc"] = {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=host"]}
+tmp = path + ".berth-tmp"
+with open(tmp, "w") as f:
+    json.dump(cfg, f, indent=2)
+os.chmod(tmp, 0o644)
+os.replace(tmp, path)
+PY
+  kill -HUP "$(pidof dockerd)"
+  for _ in $(seq 100); do
+    docker info --format '{{json .Runtimes}}' | grep -q '"runsc"' && break
+    sleep 0.1
+  done
+  docker info --format '{{json .Runtimes}}' | grep -q '"runsc"' \
+    || { echo "setup: the Docker daemon did not take the runsc runtime" >&2; exit 1; }
 fi

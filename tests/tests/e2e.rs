@@ -23,6 +23,7 @@ mod faults;
 mod gateway;
 mod golden;
 mod guest;
+mod gvisor;
 mod hostile;
 mod ide_viewer;
 mod images;

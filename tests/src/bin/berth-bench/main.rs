@@ -7,6 +7,7 @@
 //!                                                 [density] [--max N] [--animated] [--memory-merge] [--osworld]
 //!                                                 [coldstart] [--runs R] [--process-only]
 //!                                                 [egress] [--requests N]
+//!                                                 [runtime] [--runs R] [--requests N]
 //!
 //! `exec`: `/execute` round trip for `echo hi`, a new TCP connection per request as OSWorld's
 //! `requests.post` makes them, against berth-agent and against a Flask + `subprocess.run`
@@ -33,6 +34,9 @@
 //! provider alone) (only when named).
 //! `egress`: a request from inside a Docker sandbox through the egress proxy beside the same
 //! request on a direct route, HTTP and HTTPS, a new connection each (only when named).
+//! `runtime`: ide sandboxes on Docker under runc and under gVisor (`[runtime] ide = "runsc"`)
+//! side by side: create to ready, an exec and a 1 MiB file each way through the controller, and
+//! memory once ready (only when named).
 //! `settle`: a computer-toolset turn (an action, then `screenshot`) to its answer, and whether
 //! the answer equals the screen a second later, for a window opening, a menu, a page navigation
 //! and typing, under the agent's `quiet` and `idle` rules in one run (only when named).
@@ -49,6 +53,7 @@ mod gateway;
 mod mcp;
 mod osworld;
 mod record;
+mod runtime;
 mod settle;
 mod workstation;
 /// The `p` quantile (0–1) of `v`, nearest rank (sorts `v`).
@@ -144,6 +149,9 @@ async fn main() {
     }
     if which.contains(&"egress") {
         egress::bench(requests.min(500)).await;
+    }
+    if which.contains(&"runtime") {
+        runtime::bench(flag(&args, "--runs", 5), requests.min(200)).await;
     }
     if which.contains(&"settle") {
         settle::bench(flag(&args, "--rounds", 50)).await;
