@@ -64,7 +64,9 @@ async fn measure(config: &str, runs: usize, requests: usize) -> Result<Figures, 
         }
         match kept {
             None => kept = Some(sb.id),
-            Some(_) => cl.delete(&sb.id).await.map_err(|e| e.to_string())?,
+            Some(_) => {
+                cl.delete(&sb.id).await.map_err(|e| e.to_string())?;
+            }
         }
     }
     let id = kept.expect("one sandbox kept");
