@@ -82,7 +82,13 @@ pub fn main(dir: &Path) -> i32 {
 fn run(dir: &Path, handshake: &mut std::io::Stdout) -> Result<(), String> {
     let meta: Meta = record::read_json(dir, record::META)
         .ok_or_else(|| format!("no readable meta.json in {}", dir.display()))?;
-    crate::proc::become_subreaper().map_err(|e| format!("subreaper: {e}"))?;
+    // A kernel without child subreapers (gVisor's, under `[runtime] = "runsc"`) still runs the
+    // command: what it leaves behind goes to the sandbox's init instead of staying under the
+    // shim, so deleting the command no longer ends such a daemon.
+    match crate::proc::become_subreaper() {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)) => {}
+        r => r.map_err(|e| format!("subreaper: {e}"))?,
+    }
 
     let (tx, rx) = mpsc::channel::<Ev>();
     forward_signals(tx.clone())?;
