@@ -20,7 +20,7 @@
 use std::collections::BTreeSet;
 
 use berth_protocol::controller::{
-    Command as RunCommand, ControllerClient, CreateSandbox, RunRequest,
+    Command as RunCommand, ControllerClient, CreateSandbox, RunRequest, Sandbox,
 };
 use berth_protocol::egress::{Egress, EgressMode};
 use berth_tests::controller::{ControllerProcess, Provider, build_image};
@@ -268,24 +268,22 @@ fn sha256_hex(s: &str) -> String {
         .collect()
 }
 
-/// The token search inside `id`, as its user and (the control) as root.
+/// The token search inside sandbox `sb`, as its user and (the control) as root: files changed
+/// since a little before its create (the image's own files cannot hold its token).
 async fn token_search(
     c: &ControllerProcess,
     cl: &ControllerClient,
-    id: &str,
+    sb: &Sandbox,
 ) -> (serde_json::Value, serde_json::Value) {
-    let token = c.agent_token(id);
+    let token = c.agent_token(&sb.id);
     assert_eq!(token.len(), 48, "the search looks for 48 hex digits");
-    let since = (std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        - 900)
-        .to_string();
+    let created = berth_tests::epoch_ms(&sb.created_at).expect("the record's created_at");
+    let since = (created / 1000 - 5).to_string();
     let args = [sha256_hex(&token), since];
     let user: serde_json::Value =
-        serde_json::from_str(&python(cl, id, SEARCH, &args).await).unwrap();
-    let root: serde_json::Value = serde_json::from_str(&python_as_root(id, SEARCH, &args)).unwrap();
+        serde_json::from_str(&python(cl, &sb.id, SEARCH, &args).await).unwrap();
+    let root: serde_json::Value =
+        serde_json::from_str(&python_as_root(&sb.id, SEARCH, &args)).unwrap();
     println!("token search as the user: {user}\nas root: {root}");
     (user, root)
 }
@@ -416,7 +414,7 @@ async fn docker_sandboxes_reach_no_neighbour_and_their_user_cannot_take_the_agen
     }
 
     // The agent's keys.
-    let (user, root) = token_search(&c, &cl, &a.id).await;
+    let (user, root) = token_search(&c, &cl, &a).await;
     assert_token_fenced(&user, &root);
     let powers: serde_json::Value =
         serde_json::from_str(&python(&cl, &a.id, POWERS, &[]).await).unwrap();
@@ -445,7 +443,7 @@ async fn the_osworld_image_fences_its_user_without_sudo_and_its_network_with_it(
     };
     let a = cl.create(&create()).await.unwrap();
     let b = cl.create(&berth_tests::controller::ide()).await.unwrap();
-    let (user, root) = token_search(&c, &cl, &a.id).await;
+    let (user, root) = token_search(&c, &cl, &a).await;
     assert_token_fenced(&user, &root);
     let powers: serde_json::Value =
         serde_json::from_str(&python(&cl, &a.id, POWERS, &[]).await).unwrap();
