@@ -44,7 +44,7 @@ pub struct Config {
     /// The image Docker sandboxes run when a create names none (`berth image build`).
     pub docker_image: Option<String>,
     /// `[runtime]`: the OCI runtime a profile's Docker containers run under, by profile name
-    /// or alias (`desktop = "runsc"`: gVisor, a second kernel between the sandbox and the
+    /// or alias (`ide = "runsc"`: gVisor, a second kernel between the sandbox and the
     /// host); the daemon's default (runc) for the rest. The daemon must have it registered.
     pub runtime: std::collections::BTreeMap<String, String>,
     /// The optional members of Anthropic's browser toolset that desktop sandboxes serve
