@@ -689,6 +689,36 @@ mod tests {
     }
 
     #[test]
+    fn runtimes_name_a_profile_and_a_runtime_and_are_keyed_by_the_profiles_own_name() {
+        let c: Config = toml::from_str(
+            "[runtime]\nide = \"runsc\"\n[kubernetes.runtime_class]\ndesktop = \"gvisor\"\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(
+            Config::by_profile_name(&c.runtime),
+            [("ide-ubuntu".to_string(), "runsc".to_string())].into()
+        );
+        let k = c.kubernetes.unwrap();
+        assert_eq!(
+            Config::by_profile_name(&k.runtime_class),
+            [("desktop-ubuntu".to_string(), "gvisor".to_string())].into()
+        );
+        let refused = |text: &str| {
+            toml::from_str::<Config>(text)
+                .unwrap()
+                .validate()
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(refused("[runtime]\nnope = \"runsc\"\n").contains("names no profile"));
+        assert!(refused("[runtime]\nide = \"run sc\"\n").contains("not a runtime's name"));
+        assert!(
+            refused("[kubernetes.runtime_class]\nnope = \"gvisor\"\n").contains("names no profile")
+        );
+    }
+
+    #[test]
     fn egress_defaults_parse_in_their_three_forms_and_bad_entries_are_named() {
         use berth_protocol::egress::{Egress, EgressMode, EgressRules};
         let parse = |t: &str| {
