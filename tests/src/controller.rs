@@ -675,6 +675,12 @@ impl Drop for ControllerProcess {
                 .args(&containers)
                 .output();
         }
+        // Its egress network, kept by a controller for its next start (one per controller id):
+        // a test's controller has none, and Docker's address pools hold about 30 networks.
+        let _ = Command::new("docker")
+            .args(["network", "rm", &format!("berth-egress-{}", self.id)])
+            .stderr(Stdio::null())
+            .output();
         // The agents outlive the controller by design: stop them (SIGINT = full shutdown).
         let pids = self.all_sandbox_processes();
         for p in &pids {
