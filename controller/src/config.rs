@@ -422,6 +422,26 @@ impl KubernetesConfig {
     }
 }
 
+/// A `[runtime]`-shaped table (`what`): each key a profile, each value a runtime's name.
+fn check_runtimes(
+    what: &str,
+    table: &std::collections::BTreeMap<String, String>,
+    catalog: &crate::catalog::Catalog,
+) -> anyhow::Result<()> {
+    for (key, runtime) in table {
+        anyhow::ensure!(
+            catalog.profile(key).is_some(),
+            "{what} {key:?} names no profile; known: {}",
+            catalog.known_profiles()
+        );
+        anyhow::ensure!(
+            is_runtime_name(runtime),
+            "{what} {key} = {runtime:?} is not a runtime's name (letters, digits, . _ -)"
+        );
+    }
+    Ok(())
+}
+
 /// A Docker runtime's or a Kubernetes RuntimeClass's name: what both accept (a DNS label's
 /// characters, dots and underscores), at most 253 long.
 fn is_runtime_name(n: &str) -> bool {
@@ -565,29 +585,9 @@ impl Config {
             );
             limits.validate(key)?;
         }
-        for (key, runtime) in &self.runtime {
-            anyhow::ensure!(
-                catalog.profile(key).is_some(),
-                "[runtime] {key:?} names no profile; known: {}",
-                catalog.known_profiles()
-            );
-            anyhow::ensure!(
-                is_runtime_name(runtime),
-                "[runtime] {key} = {runtime:?} is not a runtime's name (letters, digits, . _ -)"
-            );
-        }
+        check_runtimes("[runtime]", &self.runtime, &catalog)?;
         if let Some(k) = &self.kubernetes {
-            for (key, class) in &k.runtime_class {
-                anyhow::ensure!(
-                    catalog.profile(key).is_some(),
-                    "[kubernetes.runtime_class] {key:?} names no profile; known: {}",
-                    catalog.known_profiles()
-                );
-                anyhow::ensure!(
-                    is_runtime_name(class),
-                    "[kubernetes.runtime_class] {key} = {class:?} is not a RuntimeClass name"
-                );
-            }
+            check_runtimes("[kubernetes.runtime_class]", &k.runtime_class, &catalog)?;
         }
         berth_protocol::toolset::check_browser_enable(&self.browser_toolset_enable)
             .map_err(|e| anyhow::anyhow!("browser_toolset_enable: {e}"))?;

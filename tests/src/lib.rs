@@ -594,3 +594,35 @@ pub fn playwright(script: &str, args: &[&str], secs: u32) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// Reads a terminal's binary frames until their text holds `needle` (20 s at most): everything
+/// read so far.
+pub async fn read_terminal_until(
+    ws: &mut berth_protocol::client::WebSocket,
+    needle: &str,
+) -> String {
+    use futures_util::StreamExt;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut text = String::new();
+    while !text.contains(needle) {
+        let msg = tokio::time::timeout_at(deadline, ws.next())
+            .await
+            .unwrap_or_else(|_| panic!("{needle:?} never came; the terminal said {text:?}"))
+            .expect("the terminal stayed open")
+            .expect("a frame");
+        if let tokio_tungstenite::tungstenite::Message::Binary(b) = msg {
+            text.push_str(&String::from_utf8_lossy(&b));
+        }
+    }
+    text
+}
+
+/// The exit code of terminal `id`'s program, once it has ended (20 s at most).
+pub async fn terminal_exit_code(agent: &AgentClient, id: &str) -> i32 {
+    wait_for(
+        "the terminal's program to end",
+        Duration::from_secs(20),
+        || async move { agent.pty(id).await.ok()?.exit_code },
+    )
+    .await
+}

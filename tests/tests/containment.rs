@@ -322,8 +322,11 @@ fn assert_token_fenced(user: &serde_json::Value, root: &serde_json::Value) {
     assert_eq!(routes["file /proc/1/cmdline"], 200, "{routes}");
 }
 
-/// The user's powers: none of root's, no host path beyond Docker's three files.
-fn assert_powerless(powers: &serde_json::Value) {
+/// The user's powers in sandbox `id`: none of root's, no host path beyond Docker's three files.
+async fn assert_powerless(cl: &ControllerClient, id: &str) {
+    let powers: serde_json::Value =
+        serde_json::from_str(&python(cl, id, POWERS, &[]).await).unwrap();
+    println!("the user's powers: {powers}");
     for cap in ["CapInh", "CapPrm", "CapEff", "CapAmb"] {
         assert_eq!(powers[cap], "0000000000000000", "{cap}: {powers}");
     }
@@ -416,10 +419,7 @@ async fn docker_sandboxes_reach_no_neighbour_and_their_user_cannot_take_the_agen
     // The agent's keys.
     let (user, root) = token_search(&c, &cl, &a).await;
     assert_token_fenced(&user, &root);
-    let powers: serde_json::Value =
-        serde_json::from_str(&python(&cl, &a.id, POWERS, &[]).await).unwrap();
-    println!("the user's powers: {powers}");
-    assert_powerless(&powers);
+    assert_powerless(&cl, &a.id).await;
 
     for s in [&a.id, &b.id, &e.id] {
         cl.delete(s).await.unwrap();
@@ -445,10 +445,7 @@ async fn the_osworld_image_fences_its_user_without_sudo_and_its_network_with_it(
     let b = cl.create(&berth_tests::controller::ide()).await.unwrap();
     let (user, root) = token_search(&c, &cl, &a).await;
     assert_token_fenced(&user, &root);
-    let powers: serde_json::Value =
-        serde_json::from_str(&python(&cl, &a.id, POWERS, &[]).await).unwrap();
-    println!("the user's powers: {powers}");
-    assert_powerless(&powers);
+    assert_powerless(&cl, &a.id).await;
     // With sudo, root's: the token too (the control that sudo is what it is).
     let run = cl
         .exec(

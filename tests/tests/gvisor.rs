@@ -4,12 +4,9 @@
 //! controller, each checked to run on gVisor's kernel and not the host's. (The desktop profile
 //! starts but is never ready under this runsc: see the README's gVisor section.)
 
-use std::time::Duration;
-
 use berth_protocol::PtyRequest;
-use berth_protocol::controller::CreateSandbox;
 use berth_tests::controller::{ControllerProcess, Provider, shell};
-use futures_util::{SinkExt, StreamExt};
+use futures_util::SinkExt;
 use tokio_tungstenite::tungstenite::Message;
 
 /// Whether the daemon has the runtime (`tests/setup.sh` registers it; elsewhere the suite says
@@ -30,12 +27,7 @@ async fn an_ide_sandbox_under_runsc_runs_commands_files_and_a_terminal_on_gvisor
     );
     let c = ControllerProcess::start_on(Provider::Docker, "[runtime]\nide = \"runsc\"\n").await;
     let cl = c.client();
-    let sb = cl
-        .create(&CreateSandbox {
-            ..berth_tests::controller::ide()
-        })
-        .await
-        .unwrap();
+    let sb = cl.create(&berth_tests::controller::ide()).await.unwrap();
     assert_eq!(sb.status, "running", "{sb:?}");
     let runtime = berth_tests::egress::docker(&[
         "inspect",
@@ -103,33 +95,11 @@ async fn an_ide_sandbox_under_runsc_runs_commands_files_and_a_terminal_on_gvisor
     ))
     .await
     .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let mut text = String::new();
-    while !text.contains("typed-42") {
-        let msg = tokio::time::timeout_at(deadline, term.next())
-            .await
-            .unwrap_or_else(|_| panic!("the terminal said only {text:?}"))
-            .expect("the terminal stayed open")
-            .expect("a frame");
-        if let Message::Binary(b) = msg {
-            text.push_str(&String::from_utf8_lossy(&b));
-        }
-    }
+    let text = berth_tests::read_terminal_until(&mut term, "typed-42").await;
     assert!(text.contains("20 90"), "{text:?}");
     term.send(Message::Binary(b"exit 4\n".to_vec().into()))
         .await
         .unwrap();
-    let id = pty.id.clone();
-    let agent_ref = &agent;
-    let ended = berth_tests::wait_for(
-        "the terminal's program to end",
-        Duration::from_secs(30),
-        || {
-            let id = id.clone();
-            async move { agent_ref.pty(&id).await.ok()?.exit_code }
-        },
-    )
-    .await;
-    assert_eq!(ended, 4);
+    assert_eq!(berth_tests::terminal_exit_code(&agent, &pty.id).await, 4);
     cl.delete(&sb.id).await.unwrap();
 }

@@ -13,25 +13,6 @@ use berth_tests::wait_for;
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::Message;
 
-type Ws = berth_protocol::client::WebSocket;
-
-/// Reads binary frames until their text holds `needle`; everything read so far.
-async fn read_until(ws: &mut Ws, needle: &str) -> String {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let mut text = String::new();
-    while !text.contains(needle) {
-        let msg = tokio::time::timeout_at(deadline, ws.next())
-            .await
-            .unwrap_or_else(|_| panic!("{needle:?} never came; the terminal said {text:?}"))
-            .expect("the terminal stayed open")
-            .expect("a frame");
-        if let Message::Binary(b) = msg {
-            text.push_str(&String::from_utf8_lossy(&b));
-        }
-    }
-    text
-}
-
 #[tokio::test]
 async fn a_docker_desktop_is_worked_only_through_the_controller() {
     let c = ControllerProcess::start_on(Provider::Docker, "").await;
@@ -92,26 +73,13 @@ async fn a_docker_desktop_is_worked_only_through_the_controller() {
     ))
     .await
     .unwrap();
-    let out = read_until(&mut term, "typed-42").await;
+    let out = berth_tests::read_terminal_until(&mut term, "typed-42").await;
     assert!(out.contains("30 100"), "{out:?}");
     term.send(Message::Binary(b"exit 3\n".to_vec().into()))
         .await
         .unwrap();
-    let id = pty.id.clone();
+    assert_eq!(berth_tests::terminal_exit_code(&agent, &pty.id).await, 3);
     let agent_ref = &agent;
-    let ended = wait_for(
-        "the terminal's program to end",
-        Duration::from_secs(20),
-        || {
-            let id = id.clone();
-            async move {
-                let p = agent_ref.pty(&id).await.ok()?;
-                p.exit_code
-            }
-        },
-    )
-    .await;
-    assert_eq!(ended, 3);
 
     // Files: uploaded, listed, watched while moved.
     agent

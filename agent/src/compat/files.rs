@@ -188,17 +188,7 @@ pub async fn upload(State(agent): State<Arc<Agent>>, req: Request) -> Response {
     };
     let moved = match tmp {
         // Staged beside the target, as the user: renamed onto it, as the user.
-        Staged::Beside(tmp) => {
-            let (from, to) = (tmp.path().to_path_buf(), target.clone());
-            let r = agent
-                .files
-                .as_user(move || std::fs::rename(&from, &to))
-                .await;
-            if r.is_ok() {
-                tmp.keep();
-            }
-            r
-        }
+        Staged::Beside(tmp) => rename_as_user(&agent, tmp, &target).await,
         // Staged in the agent's state dir (the data came before the path): copied beside
         // the target as the user, then renamed onto it, so the target is replaced whole or
         // not at all.
@@ -354,6 +344,22 @@ async fn stage_file_data(
             StreamError::Write(m) => upload_failed(m),
         }),
     }
+}
+
+/// Renames `tmp` onto `target` with the sandbox user's rights; the temp file is kept once it
+/// is in place (removed otherwise, when dropped).
+async fn rename_as_user(
+    agent: &Agent,
+    tmp: crate::fs::TempFile,
+    target: &Path,
+) -> std::io::Result<()> {
+    let (from, to) = (tmp.path().to_path_buf(), target.to_path_buf());
+    agent
+        .files
+        .as_user(move || std::fs::rename(&from, &to))
+        .await?;
+    tmp.keep();
+    Ok(())
 }
 
 /// Copies the staged file beside the target, then renames the copy onto it (both as the
@@ -595,13 +601,9 @@ async fn fetch(agent: &Agent, url: &str, target: &Path) -> Result<u64, String> {
             "Download incomplete: expected {len} bytes, got {n}"
         ));
     }
-    let (from, to) = (tmp.path().to_path_buf(), target.to_path_buf());
-    agent
-        .files
-        .as_user(move || std::fs::rename(&from, &to))
+    rename_as_user(agent, tmp, target)
         .await
         .map_err(|e| e.to_string())?;
-    tmp.keep();
     Ok(n)
 }
 
