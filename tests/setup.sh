@@ -107,6 +107,15 @@ if [ "$(python3 -c 'import importlib.metadata as m; print(m.version("anthropic")
     || python3 -m pip install --quiet --break-system-packages "anthropic==$anthropic_version"
 fi
 
+# Independent readers of what the workpiece engine (LibreOffice, PyMuPDF) wrote, for
+# tests/workpieces/client.py: none of them is the code that wrote the files.
+readers=(openpyxl==3.1.5 python-docx==1.2.0 python-pptx==1.0.2 pdfplumber==0.11.11 pypdf==7.1.1)
+if ! python3 -c 'import openpyxl, docx, pptx, pdfplumber, pypdf' 2>/dev/null; then
+  echo "setup: installing ${readers[*]}" >&2
+  python3 -m pip install --quiet "${readers[@]}" 2>/dev/null \
+    || python3 -m pip install --quiet --break-system-packages "${readers[@]}"
+fi
+
 if ! command -v cargo-nextest >/dev/null 2>&1; then
   echo "setup: installing cargo-nextest" >&2
   cargo install --locked cargo-nextest

@@ -27,6 +27,7 @@ pub mod text;
 pub mod time;
 pub mod toolset_input;
 pub mod viewers;
+pub mod workpiece;
 
 use std::path::PathBuf;
 use std::sync::Arc;

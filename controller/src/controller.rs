@@ -40,6 +40,7 @@ pub struct Controller {
     pub viewers: Arc<Viewers>,
     pub sessions: Arc<Sessions>,
     pub reconciler: Arc<Reconciler>,
+    pub workpieces: Arc<crate::workpiece::Workpieces>,
     /// The GitHub tools, when `[egress.github]` is configured (set once at start).
     pub github: std::sync::OnceLock<Arc<crate::github::Github>>,
 }
@@ -72,10 +73,15 @@ impl Controller {
             &ctx.data_dir.join("artifacts"),
         )?);
         let runs = Arc::new(Runs::new(ctx.clone(), artifacts.clone()));
+        let workpieces = Arc::new(crate::workpiece::Workpieces::new(
+            ctx.clone(),
+            artifacts.clone(),
+        ));
         let episodes = Arc::new(Episodes::new(
             ctx.clone(),
             artifacts.clone(),
             timeline.clone(),
+            workpieces.clone(),
         ));
         let follower = Arc::new(Follower::new(
             ctx.clone(),
@@ -95,6 +101,7 @@ impl Controller {
             artifacts: artifacts.clone(),
             timeline: timeline.clone(),
             follower: follower.clone(),
+            workpieces: workpieces.clone(),
         });
         Ok(Arc::new(Controller {
             viewers: Arc::new(Viewers::new(ctx.clone())),
@@ -110,6 +117,7 @@ impl Controller {
             episodes,
             follower,
             reconciler,
+            workpieces,
             github: std::sync::OnceLock::new(),
         }))
     }

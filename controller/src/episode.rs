@@ -319,6 +319,7 @@ pub struct Episodes {
     ctx: Arc<Ctx>,
     artifacts: Arc<Artifacts>,
     timeline: Arc<Timeline>,
+    workpieces: Arc<crate::workpiece::Workpieces>,
 }
 
 impl KeepWork for Episodes {
@@ -328,11 +329,17 @@ impl KeepWork for Episodes {
 }
 
 impl Episodes {
-    pub fn new(ctx: Arc<Ctx>, artifacts: Arc<Artifacts>, timeline: Arc<Timeline>) -> Episodes {
+    pub fn new(
+        ctx: Arc<Ctx>,
+        artifacts: Arc<Artifacts>,
+        timeline: Arc<Timeline>,
+        workpieces: Arc<crate::workpiece::Workpieces>,
+    ) -> Episodes {
         Episodes {
             ctx,
             artifacts,
             timeline,
+            workpieces,
         }
     }
 
@@ -344,6 +351,7 @@ impl Episodes {
         let work = async {
             self.artifacts.keep_recordings(row).await;
             self.keep_episode(row).await;
+            self.workpieces.keep(row).await;
             // Extension point: further work kept before the sandbox goes is added here, each
             // step bounded by the same deadline.
         };

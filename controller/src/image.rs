@@ -47,6 +47,12 @@ const GUEST_FILES: &[(&str, &str, u32)] = &[
         include_str!("../../images/xfce/xfce4-panel.xml"),
         0o644,
     ),
+    // LibreOffice (the workpieces' editors) opens documents without its first-run dialogs.
+    (
+        "etc/libreoffice/registry/berth.xcd",
+        include_str!("../../images/libreoffice/berth.xcd"),
+        0o644,
+    ),
     // There is no systemd to answer `timedatectl`.
     (
         "usr/local/bin/timedatectl",

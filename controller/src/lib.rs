@@ -39,3 +39,4 @@ pub mod util;
 pub mod verify;
 pub mod viewer;
 pub mod warm;
+pub mod workpiece;

@@ -255,6 +255,109 @@ pub struct CloneArgs {
     pub depth: Option<u32>,
 }
 
+/// `workpiece_create`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkpieceCreateArgs {
+    /// The sandbox's id (`sb_…`).
+    pub id: String,
+    /// deck, sheet, document or pdf.
+    pub kind: berth_protocol::workpiece::WorkpieceKind,
+    /// Absolute, or relative to the sandbox user's home; its extension names the format
+    /// (.pptx/.odp, .xlsx/.ods, .docx/.odt, .pdf).
+    pub path: String,
+    /// The title (the first slide's title, the first paragraph, cell A1, the first page).
+    #[serde(default)]
+    pub title: Option<String>,
+    /// Register the file already at `path` instead of making a new one.
+    #[serde(default)]
+    pub existing: bool,
+    /// The run it belongs to.
+    #[serde(default)]
+    pub run: Option<String>,
+}
+
+/// A workpiece of a sandbox.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkpieceArgs {
+    /// The sandbox's id (`sb_…`).
+    pub id: String,
+    /// The workpiece's id (`wp_…`).
+    pub workpiece: String,
+}
+
+/// `workpiece_read`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkpieceReadArgs {
+    /// The sandbox's id (`sb_…`).
+    pub id: String,
+    /// The workpiece's id (`wp_…`).
+    pub workpiece: String,
+    /// A version (default the latest).
+    #[serde(default)]
+    pub version: Option<u32>,
+    /// The page of the answer, from 0 (`pages` says how many there are).
+    #[serde(default)]
+    pub page: u32,
+    /// A sheet's name (sheets; default the first).
+    #[serde(default)]
+    pub sheet: Option<String>,
+}
+
+/// `workpiece_propose`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkpieceProposeArgs {
+    /// The sandbox's id (`sb_…`).
+    pub id: String,
+    /// The workpiece's id (`wp_…`).
+    pub workpiece: String,
+    /// The version the edits were written against (its latest).
+    pub base_version: u32,
+    /// What the edits do, for the person reviewing them.
+    pub summary: String,
+    /// The edits in order, each `{"op": …}` of the workpiece's kind.
+    #[schemars(with = "Vec<berth_protocol::workpiece::Operation>")]
+    pub operations: Vec<serde_json::Value>,
+    /// The run it belongs to.
+    #[serde(default)]
+    pub run: Option<String>,
+}
+
+/// `workpiece_proposals`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkpieceProposalsArgs {
+    /// The sandbox's id (`sb_…`).
+    pub id: String,
+    /// The workpiece's id (`wp_…`).
+    pub workpiece: String,
+    /// pending, accepted or rejected.
+    #[serde(default)]
+    pub status: Option<String>,
+}
+
+/// `workpiece_proposal`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkpieceProposalArgs {
+    /// The sandbox's id (`sb_…`).
+    pub id: String,
+    /// The workpiece's id (`wp_…`).
+    pub workpiece: String,
+    /// The proposal's id (`wpp_…`).
+    pub proposal: String,
+}
+
+/// A workpiece's content, as `workpiece_read` answers it.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct WorkpieceContent {
+    #[serde(flatten)]
+    pub content: serde_json::Map<String, serde_json::Value>,
+}
+
 /// A domain error as a tool error: the REST error body as content.
 #[derive(Debug)]
 pub struct ToolError(pub Error);
@@ -464,6 +567,108 @@ impl ControllerMcp {
         Ok(Json(cloned))
     }
 
+    /// Makes a new, valid document in a sandbox — a deck (.pptx/.odp), sheet (.xlsx/.ods),
+    /// document (.docx/.odt) or PDF — titled when `title` is given, or registers the file
+    /// already at `path` (`existing`). Its first version is kept. Edit it with
+    /// `workpiece_propose`: a person accepts or rejects each proposal.
+    #[tool(annotations(destructive_hint = false, open_world_hint = false))]
+    async fn workpiece_create(
+        &self,
+        Parameters(a): Parameters<WorkpieceCreateArgs>,
+    ) -> Result<Json<berth_protocol::workpiece::Workpiece>, ToolError> {
+        let req = berth_protocol::workpiece::CreateWorkpiece {
+            kind: Some(a.kind),
+            path: a.path,
+            title: a.title,
+            existing: a.existing,
+            run: a.run,
+        };
+        Ok(Json(self.c.workpieces.create(&a.id, req).await?))
+    }
+
+    /// Lists a sandbox's workpieces with their versions (a change made in the sandbox by
+    /// other means shows as a version by `sandbox`).
+    #[tool(annotations(read_only_hint = true, open_world_hint = false))]
+    async fn workpiece_list(
+        &self,
+        Parameters(a): Parameters<SandboxId>,
+    ) -> Result<Json<berth_protocol::workpiece::WorkpieceList>, ToolError> {
+        Ok(Json(self.c.workpieces.list(&a.id).await?))
+    }
+
+    /// Reads a workpiece's structured content, one page at a time: a deck's slides (title,
+    /// text shapes, notes), a sheet's sheets and the selected sheet's cells (values and
+    /// formulas), a document's paragraphs (with styles) and tables, a PDF's pages (text,
+    /// annotations) and form fields. Indexes are the ones `workpiece_propose` takes.
+    #[tool(annotations(read_only_hint = true, open_world_hint = false))]
+    async fn workpiece_read(
+        &self,
+        Parameters(a): Parameters<WorkpieceReadArgs>,
+    ) -> Result<Json<WorkpieceContent>, ToolError> {
+        let c = self
+            .c
+            .workpieces
+            .content(&a.id, &a.workpiece, a.version, a.page, a.sheet)
+            .await?;
+        let content = match c {
+            serde_json::Value::Object(m) => m,
+            _ => Default::default(),
+        };
+        Ok(Json(WorkpieceContent { content }))
+    }
+
+    /// Proposes edits to a workpiece: an ordered list of typed operations against its latest
+    /// version (`base_version`), with a summary. They are checked and applied to a copy at
+    /// once (a bad operation is an error naming it); the proposal then waits for a person to
+    /// accept or reject it — the file changes only when accepted.
+    /// Sheet: set_cells, add_sheet, rename_sheet, delete_sheet. Document: replace_text,
+    /// insert_paragraph, delete_paragraph, set_paragraph_style, insert_table. Deck: add_slide,
+    /// delete_slide, move_slide, set_text, set_notes. PDF: add_note, highlight, fill_field,
+    /// delete_page, rotate_page, reorder_pages.
+    #[tool(annotations(destructive_hint = false, open_world_hint = false))]
+    async fn workpiece_propose(
+        &self,
+        Parameters(a): Parameters<WorkpieceProposeArgs>,
+    ) -> Result<Json<berth_protocol::workpiece::Proposal>, ToolError> {
+        let req = berth_protocol::workpiece::ProposeEdits {
+            base_version: a.base_version,
+            summary: a.summary,
+            operations: a.operations,
+            run: a.run,
+        };
+        Ok(Json(
+            self.c.workpieces.propose(&a.id, &a.workpiece, req).await?,
+        ))
+    }
+
+    /// Lists a workpiece's proposals, newest first, with their status (pending, accepted,
+    /// rejected) and whether a pending one is stale.
+    #[tool(annotations(read_only_hint = true, open_world_hint = false))]
+    async fn workpiece_proposals(
+        &self,
+        Parameters(a): Parameters<WorkpieceProposalsArgs>,
+    ) -> Result<Json<berth_protocol::workpiece::ProposalList>, ToolError> {
+        Ok(Json(self.c.workpieces.proposals(
+            &a.id,
+            &a.workpiece,
+            a.status.as_deref(),
+        )?))
+    }
+
+    /// Shows one proposal: its status, operations, the version accepting it made, and its
+    /// rendered preview (`preview_pages` pages).
+    #[tool(annotations(read_only_hint = true, open_world_hint = false))]
+    async fn workpiece_proposal(
+        &self,
+        Parameters(a): Parameters<WorkpieceProposalArgs>,
+    ) -> Result<Json<berth_protocol::workpiece::Proposal>, ToolError> {
+        Ok(Json(self.c.workpieces.proposal(
+            &a.id,
+            &a.workpiece,
+            &a.proposal,
+        )?))
+    }
+
     /// Releases a lease (`DELETE /sandbox/v1/leases/{id}`), which destroys its sandbox.
     #[tool(annotations(
         destructive_hint = true,
@@ -489,7 +694,8 @@ impl ControllerMcp {
     router = self.tool_router,
     name = "berth-controller",
     instructions = "berth's controller: create, list, show and delete sandboxes; acquire and \
-                    release leases. Each sandbox answer carries mcp_url, that sandbox's own MCP \
+                    release leases; make, read and propose edits to workpieces (decks, sheets, \
+                    documents, PDFs) that a person reviews. Each sandbox answer carries mcp_url, that sandbox's own MCP \
                     server (computer, screenshot, exec, files, accessibility tree, recording), \
                     reached with the same X-Api-Key header."
 )]

@@ -30,6 +30,7 @@ pub struct Reconciler {
     pub artifacts: Arc<Artifacts>,
     pub timeline: Arc<Timeline>,
     pub follower: Arc<Follower>,
+    pub workpieces: Arc<crate::workpiece::Workpieces>,
 }
 
 impl Reconciler {
@@ -183,6 +184,9 @@ impl Reconciler {
         };
         // Artifacts past their retention.
         self.artifacts.sweep_artifacts().await;
+        // Its own task: a slow sandbox's look does not hold the rest of the sweep.
+        let workpieces = self.workpieces.clone();
+        tokio::spawn(async move { workpieces.sweep().await });
         let cx = self.context(Pass::Sweep);
         for row in rows {
             let stored = Stored::of(&row);

@@ -125,6 +125,18 @@ event_kinds! {
     ArtifactDeleted => "artifact.deleted",
     /// Keeping the sandbox's work before its destroy ran out of time.
     ArtifactKeepTimeout => "artifact.keep_timeout",
+    /// A workpiece was made or registered (`workpiece`, `kind`, `path`, `title`).
+    WorkpieceCreated => "workpiece.created",
+    /// A workpiece has a new version (`workpiece`, `version`, `author`: `creator`, `proposal`
+    /// or `sandbox`, `sha256`).
+    WorkpieceVersion => "workpiece.version",
+    /// Edits to a workpiece were proposed (`workpiece`, `proposal`, `base_version`,
+    /// `operations`: their count, `summary`).
+    WorkpieceProposed => "workpiece.proposed",
+    /// A person accepted a proposal (`workpiece`, `proposal`, `version`).
+    WorkpieceAccepted => "workpiece.accepted",
+    /// A person rejected a proposal (`workpiece`, `proposal`, `reason`).
+    WorkpieceRejected => "workpiece.rejected",
 }
 
 impl std::fmt::Display for EventKind {

@@ -28,6 +28,7 @@ pub mod routes;
 pub mod serve;
 pub mod sync;
 pub mod toolset;
+pub mod workpiece;
 
 pub use client::{AgentClient, Auth, ClientError};
 pub use desktop::*;

@@ -106,6 +106,12 @@ pub mod native {
         /// `GET`: the desktop-state contract (session, theme, dock, handlers, windows, first-run
         /// state, programs) against the image's expected state.
         DESKTOP_STATE = "/desktop/state";
+        /// `POST {"op", …}`: the workpiece engine (inspect, create, read, apply, render, open,
+        /// discard), run as the sandbox user.
+        WORKPIECE = "/workpiece";
+        /// `GET` reads, `PUT` writes (atomically, checked against `sha256`) a workpiece file
+        /// with the sandbox user's rights (`?path=`).
+        WORKPIECE_FILE = "/workpiece/file";
         A11Y = "/a11y";
         BROWSER = "/browser";
         BROWSER_RESTART = "/browser/restart";
@@ -212,6 +218,26 @@ pub mod controller {
     pub const SANDBOX_MCP: &str = "/sandbox/sandboxes/v1/{id}/mcp";
     pub const SANDBOX_ARTIFACTS: &str = "/sandbox/sandboxes/v1/{id}/artifacts";
     pub const SANDBOX_EPISODE: &str = "/sandbox/sandboxes/v1/{id}/episode";
+    /// `GET` the sandbox's workpieces, `POST` a new one.
+    pub const WORKPIECES: &str = "/sandbox/sandboxes/v1/{id}/workpieces";
+    pub const WORKPIECE: &str = "/sandbox/sandboxes/v1/{id}/workpieces/{wid}";
+    /// `GET ?version=&page=&sheet=`: structured content, paged.
+    pub const WORKPIECE_CONTENT: &str = "/sandbox/sandboxes/v1/{id}/workpieces/{wid}/content";
+    /// `GET`: a version's page rendered as PNG (from 1).
+    pub const WORKPIECE_VERSION_PAGE: &str =
+        "/sandbox/sandboxes/v1/{id}/workpieces/{wid}/versions/{version}/pages/{page}";
+    /// `POST`: opens it in the desktop's editor.
+    pub const WORKPIECE_OPEN: &str = "/sandbox/sandboxes/v1/{id}/workpieces/{wid}/open";
+    pub const WORKPIECE_PROPOSALS: &str = "/sandbox/sandboxes/v1/{id}/workpieces/{wid}/proposals";
+    pub const WORKPIECE_PROPOSAL: &str =
+        "/sandbox/sandboxes/v1/{id}/workpieces/{wid}/proposals/{pid}";
+    /// `GET`: a proposal's result rendered, page by page (from 1).
+    pub const WORKPIECE_PROPOSAL_PAGE: &str =
+        "/sandbox/sandboxes/v1/{id}/workpieces/{wid}/proposals/{pid}/pages/{page}";
+    pub const WORKPIECE_ACCEPT: &str =
+        "/sandbox/sandboxes/v1/{id}/workpieces/{wid}/proposals/{pid}/accept";
+    pub const WORKPIECE_REJECT: &str =
+        "/sandbox/sandboxes/v1/{id}/workpieces/{wid}/proposals/{pid}/reject";
     /// `POST` a [`crate::controller::GithubClone`]: the repository cloned into the sandbox.
     pub const SANDBOX_GITHUB_CLONE: &str = "/sandbox/sandboxes/v1/{id}/github/clone";
     /// `GET`: the repositories the configured GitHub token reads.

@@ -46,6 +46,7 @@ mod resize;
 mod schemathesis;
 mod session_view;
 mod verify;
+mod workpieces;
 
 /// Every `.rs` file beside this one is one of the modules above: a suite left out would not be
 /// compiled, and its tests would silently never run.

@@ -12,7 +12,7 @@ use berth_tests::wait_for;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
-const CONTROLLER_TOOLS: [&str; 8] = [
+const CONTROLLER_TOOLS: [&str; 14] = [
     "acquire_lease",
     "create_sandbox",
     "delete_sandbox",
@@ -21,6 +21,12 @@ const CONTROLLER_TOOLS: [&str; 8] = [
     "list_sandboxes",
     "publish_artifact",
     "release_lease",
+    "workpiece_create",
+    "workpiece_list",
+    "workpiece_proposal",
+    "workpiece_proposals",
+    "workpiece_propose",
+    "workpiece_read",
 ];
 /// What `Accept` an MCP client sends on a POST.
 const ACCEPT: &str = "application/json, text/event-stream";

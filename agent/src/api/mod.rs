@@ -12,6 +12,7 @@ pub mod pty;
 pub mod record;
 pub mod toolset;
 pub mod viewer;
+pub mod workpiece;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -80,6 +81,9 @@ pub fn routes(agent: Arc<Agent>) -> Routes<Arc<Agent>> {
         .bind(&op::READY, desktop::ready)
         .bind(&op::A11Y, desktop::a11y)
         .bind(&op::DESKTOP_STATE, desktop::desktop_state)
+        .bind(&op::WORKPIECE, workpiece::engine)
+        .bind(&op::WORKPIECE_FILE_GET, workpiece::read)
+        .bind_with(&op::WORKPIECE_FILE_PUT, workpiece::write, unlimited)
         .bind(&op::BROWSER, desktop::browser_info)
         .bind(&op::BROWSER_RESTART, desktop::browser_restart)
         .bind(&op::BROWSER_CDP, desktop::browser_cdp)

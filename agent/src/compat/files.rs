@@ -289,7 +289,7 @@ enum Staged {
 
 /// A new file at `tmp` (beside `target`, its missing parents made first), created with the
 /// sandbox user's rights and so the user's.
-async fn create_as_user(
+pub(crate) async fn create_as_user(
     agent: &Agent,
     target: &Path,
     tmp: &Path,
@@ -348,7 +348,7 @@ async fn stage_file_data(
 
 /// Renames `tmp` onto `target` with the sandbox user's rights; the temp file is kept once it
 /// is in place (removed otherwise, when dropped).
-async fn rename_as_user(
+pub(crate) async fn rename_as_user(
     agent: &Agent,
     tmp: crate::fs::TempFile,
     target: &Path,

@@ -18,6 +18,13 @@ use super::{
 };
 use crate::reaper::Exit;
 
+/// What a program the agent ran for its own use printed.
+pub struct ToolOutput {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub timed_out: bool,
+}
+
 impl CommandTable {
     /// Runs `program` as the sandbox user, in their home and environment, for the agent's own
     /// use (reading the desktop's settings): not a command of the table — no record, no
@@ -29,25 +36,51 @@ impl CommandTable {
         timeout: std::time::Duration,
         limit: usize,
     ) -> Result<Vec<u8>, ExecError> {
+        Ok(self
+            .tool_output(program, None, timeout, limit)
+            .await?
+            .stdout)
+    }
+
+    /// [`Self::output_of`] with `stdin` written to the program, answering its stderr (at most
+    /// 16 KiB) and whether it timed out as well.
+    pub async fn tool_output(
+        &self,
+        program: Vec<String>,
+        stdin: Option<Vec<u8>>,
+        timeout: std::time::Duration,
+        limit: usize,
+    ) -> Result<ToolOutput, ExecError> {
         let p = self.for_sandbox(program, None)?;
         spawn::precheck(&p.program, &p.cwd).map_err(ExecError::Spawn)?;
         let mut cmd = spawn::command(&p.launch()).map_err(ExecError::Spawn)?;
-        cmd.stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null());
+        cmd.stdin(match stdin {
+            Some(_) => std::process::Stdio::piped(),
+            None => std::process::Stdio::null(),
+        })
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
         let mut child = cmd
             .spawn()
             .map_err(|e| ExecError::Spawn(SpawnFailure::from_io(&e, &p.program[0])))?;
         let pid = child.id();
         let mut exited = self.reaper.watch(pid);
         let stdout = child.stdout.take();
+        let stderr = child.stderr.take();
+        if let (Some(data), Some(pipe)) = (stdin, child.stdin.take()) {
+            tokio::spawn(async move {
+                if let Ok(mut tx) = tokio::net::unix::pipe::Sender::from_owned_fd(pipe.into()) {
+                    let _ = tx.write_all(&data).await;
+                }
+            });
+        }
         drop(child);
-        let read = async move {
+        async fn read_pipe(pipe: Option<OwnedFd>, limit: usize) -> Vec<u8> {
             let mut kept = Vec::new();
-            let Some(out) = stdout else {
+            let Some(out) = pipe else {
                 return kept;
             };
-            let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(out.into()) else {
+            let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(out) else {
                 return kept;
             };
             let mut buf = vec![0u8; 16 * 1024];
@@ -59,13 +92,19 @@ impl CommandTable {
                 kept.extend_from_slice(&buf[..n.min(room)]);
             }
             kept
-        };
+        }
         let deadline = tokio::time::Instant::now() + timeout;
-        let (kept, _) = tokio::join!(
+        let grace = deadline + shim::DRAIN_GRACE;
+        let (stdout, stderr, timed_out) = tokio::join!(
+            // Past the deadline the group is killed and the pipes close; a descendant that
+            // left the group and holds them gets a moment more.
             async {
-                // Past the deadline the group is killed and the pipe closes; a descendant that
-                // left the group and holds it gets a moment more.
-                tokio::time::timeout_at(deadline + shim::DRAIN_GRACE, read)
+                tokio::time::timeout_at(grace, read_pipe(stdout.map(Into::into), limit))
+                    .await
+                    .unwrap_or_default()
+            },
+            async {
+                tokio::time::timeout_at(grace, read_pipe(stderr.map(Into::into), 16 << 10))
                     .await
                     .unwrap_or_default()
             },
@@ -76,10 +115,17 @@ impl CommandTable {
                 {
                     crate::proc::signal_group(pid, Signal::SIGKILL);
                     let _ = exited.await;
+                    true
+                } else {
+                    false
                 }
             }
         );
-        Ok(kept)
+        Ok(ToolOutput {
+            stdout,
+            stderr,
+            timed_out,
+        })
     }
 
     /// Runs a command to completion in the agent itself and collects its output.

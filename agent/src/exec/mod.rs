@@ -5,6 +5,7 @@
 mod background;
 mod command;
 mod foreground;
+pub use foreground::ToolOutput;
 pub mod log;
 pub mod record;
 pub mod result;

@@ -3,6 +3,7 @@
 mod proxy;
 mod routes;
 mod session;
+pub(crate) mod workpieces;
 
 use std::sync::Arc;
 
@@ -49,6 +50,7 @@ pub fn hash(key: &str) -> [u8; 32] {
 
 pub fn router(state: ApiState) -> Router {
     let keyed = routes::keyed()
+        .merge(workpieces::keyed())
         .merge(crate::mcp::router(state.c.clone()))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

@@ -154,7 +154,51 @@ enum Target<'a> {
     Episode,
     /// An agent operation the page uses, by its path below the agent's `/v1/`.
     Agent(&'a str),
+    /// The editor pane's workpiece routes.
+    Workpiece(Wp<'a>),
     Unknown,
+}
+
+/// The editor pane's calls, below `api/workpieces`.
+#[derive(Debug, PartialEq, Eq)]
+enum Wp<'a> {
+    List,
+    Get(&'a str),
+    Content(&'a str),
+    Proposals(&'a str),
+    VersionPage(&'a str, u32, u32),
+    ProposalPage(&'a str, &'a str, u32),
+    Accept(&'a str, &'a str),
+    Reject(&'a str, &'a str),
+    Open(&'a str),
+}
+
+/// The workpiece call of `rest` (below `api/workpieces`) for `method`, if it is one.
+fn workpiece_target<'a>(method: &Method, rest: &'a str) -> Option<Wp<'a>> {
+    let read = method == Method::GET || method == Method::HEAD;
+    let post = method == Method::POST;
+    let segs: Vec<&str> = rest.split('/').collect();
+    let id = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 64
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    };
+    let n = |s: &str| s.parse::<u32>().ok();
+    Some(match segs.as_slice() {
+        [""] if read => Wp::List,
+        [w] if read && id(w) => Wp::Get(w),
+        [w, "content"] if read && id(w) => Wp::Content(w),
+        [w, "proposals"] if read && id(w) => Wp::Proposals(w),
+        [w, "versions", v, "pages", p] if read && id(w) => Wp::VersionPage(w, n(v)?, n(p)?),
+        [w, "proposals", pid, "pages", p] if read && id(w) && id(pid) => {
+            Wp::ProposalPage(w, pid, n(p)?)
+        }
+        [w, "proposals", pid, "accept"] if post && id(w) && id(pid) => Wp::Accept(w, pid),
+        [w, "proposals", pid, "reject"] if post && id(w) && id(pid) => Wp::Reject(w, pid),
+        [w, "open"] if post && id(w) => Wp::Open(w),
+        _ => return None,
+    })
 }
 
 /// The target of `rel` (decoded, below `session/`) for `method`: a pure decision.
@@ -183,6 +227,13 @@ fn target<'a>(method: &Method, rel: &'a str) -> Target<'a> {
                 && agent_allowed(method, p)
             {
                 return Target::Agent(p);
+            }
+            if let Some(w) = rel
+                .strip_prefix("api/workpieces")
+                .map(|r| r.strip_prefix('/').unwrap_or(r))
+                .and_then(|r| workpiece_target(method, r))
+            {
+                return Target::Workpiece(w);
             }
             Target::Unknown
         }
@@ -322,10 +373,40 @@ async fn path(
                 .unwrap_or_default();
             to_agent(&s, &id, req, format!("/v1/{agent_rest}{q}")).await
         }
+        Target::Workpiece(w) => workpiece(&s, &id, w, req).await,
         Target::Unknown => Err(ApiError(Error::NotFound(format!(
             "the session view has no {rel:?}"
         )))),
     }
+}
+
+/// The editor pane's calls: the same domain calls as the keyed routes.
+async fn workpiece(s: &ApiState, id: &str, w: Wp<'_>, req: Request) -> Result<Response> {
+    let wp = &s.c.workpieces;
+    let json = |v: serde_json::Value| axum::Json(v).into_response();
+    let to = |e: serde_json::Error| ApiError(Error::Internal(e.to_string()));
+    Ok(match w {
+        Wp::List => json(serde_json::to_value(wp.list(id).await?).map_err(to)?),
+        Wp::Get(w) => json(serde_json::to_value(wp.get(id, w).await?).map_err(to)?),
+        Wp::Content(w) => {
+            let q: super::workpieces::ContentQuery =
+                serde_urlencoded::from_str(req.uri().query().unwrap_or(""))
+                    .map_err(|e| ApiError(Error::BadRequest(format!("query: {e}"))))?;
+            json(wp.content(id, w, q.version, q.page, q.sheet).await?)
+        }
+        Wp::Proposals(w) => json(serde_json::to_value(wp.proposals(id, w, None)?).map_err(to)?),
+        Wp::VersionPage(w, v, p) => super::workpieces::png(wp.version_page(id, w, v, p).await?),
+        Wp::ProposalPage(w, pid, p) => super::workpieces::png(wp.proposal_page(id, w, pid, p)?),
+        Wp::Accept(w, pid) => json(serde_json::to_value(wp.accept(id, w, pid).await?).map_err(to)?),
+        Wp::Reject(w, pid) => {
+            let body = axum::body::to_bytes(req.into_body(), 64 << 10)
+                .await
+                .map_err(|e| ApiError(Error::BadRequest(format!("reading the body: {e}"))))?;
+            let d = super::workpieces::decision(&body)?;
+            json(serde_json::to_value(wp.reject(id, w, pid, d).await?).map_err(to)?)
+        }
+        Wp::Open(w) => json(wp.open(id, w).await?),
+    })
 }
 
 /// What the page needs to draw itself: the sandbox, whether its agent can be reached, and
@@ -432,6 +513,35 @@ mod tests {
         assert!(!agent_allowed(&get, "pty/../exec"));
         assert!(!agent_allowed(&post, "files"));
         assert!(!agent_allowed(&get, "viewer-tokens"));
+    }
+
+    #[test]
+    fn the_editor_pane_reaches_only_its_workpiece_calls() {
+        let (get, post) = (Method::GET, Method::POST);
+        assert_eq!(workpiece_target(&get, ""), Some(Wp::List));
+        assert_eq!(workpiece_target(&get, "wp_1"), Some(Wp::Get("wp_1")));
+        assert_eq!(
+            workpiece_target(&get, "wp_1/versions/2/pages/3"),
+            Some(Wp::VersionPage("wp_1", 2, 3))
+        );
+        assert_eq!(
+            workpiece_target(&post, "wp_1/proposals/wpp_2/accept"),
+            Some(Wp::Accept("wp_1", "wpp_2"))
+        );
+        // A GET never accepts; a POST never reads; odd ids and pages are nothing.
+        assert_eq!(workpiece_target(&get, "wp_1/proposals/wpp_2/accept"), None);
+        assert_eq!(workpiece_target(&post, "wp_1"), None);
+        assert_eq!(workpiece_target(&get, "wp_1/versions/x/pages/1"), None);
+        assert_eq!(workpiece_target(&get, "../x"), None);
+        assert_eq!(workpiece_target(&post, "wp_1/proposals"), None);
+        assert!(matches!(
+            target(&post, "api/workpieces/wp_1/open"),
+            Target::Workpiece(Wp::Open("wp_1"))
+        ));
+        assert!(matches!(
+            target(&get, "api/workpieces"),
+            Target::Workpiece(Wp::List)
+        ));
     }
 
     #[test]

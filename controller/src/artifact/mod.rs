@@ -375,8 +375,11 @@ impl Artifacts {
         self.ctx
             .metrics
             .set_artifacts(rows.len() as u64, rows.iter().map(|r| r.size).sum::<u64>());
+        // A workpiece's versions and proposals live as long as it does.
+        let held = self.ctx.store.workpiece_artifact_ids().unwrap_or_default();
         let keys: Vec<(String, i64, u64)> = rows
             .iter()
+            .filter(|r| r.kind != ArtifactKind::Workpiece || !held.contains(&r.id))
             .map(|r| (r.id.clone(), r.created_at, r.size))
             .collect();
         let victims = retention_victims(

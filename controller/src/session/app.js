@@ -1,5 +1,6 @@
 // The berth session view: one sandbox's desktop (noVNC), terminal (xterm.js over the agent's
-// PTY WebSocket), files, timeline, artifacts and episode. Every request goes to this page's
+// PTY WebSocket), files, the editor (workpieces, their versions and proposals), timeline,
+// artifacts and episode. Every request goes to this page's
 // own `api/…` routes, authorized by the cookie the one-time URL set.
 
 const base = location.pathname.endsWith('/') ? location.pathname : location.pathname + '/';
@@ -401,6 +402,173 @@ function highlight() {
   }
 }
 
+// Editor: workpieces, their versions rendered, proposals with before / after -----------------
+
+const wp = { list: [], current: null, version: null };
+state.workpieces = wp;
+
+function pagesOf(url, n) {
+  const box = el('div', { className: 'pages' });
+  if (!n) box.append(el('span', { className: 'note', textContent: 'No rendered pages.' }));
+  for (let i = 1; i <= n; i++) {
+    box.append(el('img', { src: url + i, alt: 'page ' + i, loading: 'lazy', title: 'page ' + i }));
+  }
+  return box;
+}
+
+function sheetTable(content) {
+  const rows = content.rows || [];
+  const t = el('table', { className: 'sheet-table' });
+  const cols = new Set();
+  for (const r of rows) for (const c of r.cells || []) cols.add(c.ref.replace(/[0-9]+$/, ''));
+  const order = [...cols].sort((a, b) => a.length - b.length || a.localeCompare(b));
+  const head = el('tr', {}, el('th', { textContent: content.sheet || '' }));
+  for (const c of order) head.append(el('th', { textContent: c }));
+  t.append(head);
+  for (const r of rows) {
+    const tr = el('tr', {}, el('th', { textContent: String(r.row) }));
+    const byCol = {};
+    for (const c of r.cells || []) byCol[c.ref.replace(/[0-9]+$/, '')] = c;
+    for (const c of order) {
+      const cell = byCol[c];
+      const shown = cell ? (cell.value === null || cell.value === undefined ? '' : String(cell.value)) : '';
+      tr.append(el('td', { textContent: shown, title: cell && cell.formula ? cell.formula : '' }));
+    }
+    t.append(tr);
+  }
+  return t;
+}
+
+async function showVersion() {
+  const w = wp.current;
+  const view = $('wp-view');
+  const shown = (wp.shown = (wp.shown || 0) + 1);
+  view.replaceChildren();
+  if (!w) return;
+  const v = w.versions.find((x) => x.version === wp.version) || w.versions[w.versions.length - 1];
+  const url = api + 'workpieces/' + w.id + '/versions/' + v.version + '/pages/';
+  $('wp-download').href = api + 'artifacts/' + v.artifact_id;
+  $('wp-meta').textContent = w.kind + ' · ' + w.path + ' · version ' + v.version + ' of ' + w.latest_version +
+    ' by ' + v.author + ' · ' + size(v.size) + (w.record ? ' · a record: the sandbox has ended' : '') +
+    (w.missing ? ' · the file is gone from the sandbox' : '');
+  view.append(pagesOf(url, v.preview_pages));
+  if (w.kind === 'sheet') {
+    try {
+      const c = await getJson(api + 'workpieces/' + w.id + '/content?version=' + v.version);
+      if (shown === wp.shown) view.append(sheetTable(c));
+    } catch (e) {
+      view.append(el('p', { className: 'note', textContent: 'Cells: ' + e.message }));
+    }
+  }
+}
+
+function proposalItem(w, p) {
+  const li = el('li', { className: 'proposal' });
+  li.dataset.status = p.status;
+  li.dataset.id = p.id;
+  const head = el('div', { className: 'head' },
+    el('span', { className: 'status', textContent: p.status + (p.stale ? ' (stale)' : '') }),
+    el('span', { textContent: p.summary }),
+    el('span', { className: 'note', textContent: 'against version ' + p.base_version +
+      (p.result_version ? ' → version ' + p.result_version : '') }));
+  li.append(head);
+  const ops = el('ol', { className: 'ops', start: 0 });
+  for (const op of p.operations) ops.append(el('li', { textContent: JSON.stringify(op) }));
+  li.append(ops);
+  const before = api + 'workpieces/' + w.id + '/versions/' + p.base_version + '/pages/';
+  const baseV = w.versions.find((x) => x.version === p.base_version);
+  li.append(el('div', { className: 'compare' },
+    el('div', {}, el('h4', { textContent: 'Before (version ' + p.base_version + ')' }),
+      pagesOf(before, baseV ? baseV.preview_pages : 0)),
+    el('div', {}, el('h4', { textContent: 'After' }),
+      pagesOf(api + 'workpieces/' + w.id + '/proposals/' + p.id + '/pages/', p.preview_pages))));
+  if (p.status === 'pending') {
+    const accept = el('button', { type: 'button', className: 'accept', textContent: 'Accept' });
+    const reject = el('button', { type: 'button', className: 'reject', textContent: 'Reject' });
+    const decide = async (how) => {
+      accept.disabled = reject.disabled = true;
+      try {
+        await getJson(api + 'workpieces/' + w.id + '/proposals/' + p.id + '/' + how, { method: 'POST' });
+        note('editor-note', 'Proposal ' + p.id + ' ' + how + 'ed.');
+      } catch (e) {
+        note('editor-note', 'Could not ' + how + ' ' + p.id + ': ' + e.message, true);
+      }
+      await loadWorkpiece(w.id, true);
+    };
+    accept.addEventListener('click', () => decide('accept'));
+    reject.addEventListener('click', () => decide('reject'));
+    li.append(el('div', { className: 'toolbar' }, accept, reject));
+  }
+  return li;
+}
+
+async function loadWorkpiece(id, latest) {
+  // Only the newest load draws (a refresh and a choice may overlap).
+  const load = (wp.load = (wp.load || 0) + 1);
+  let w;
+  let proposals;
+  try {
+    w = await getJson(api + 'workpieces/' + id);
+    proposals = (await getJson(api + 'workpieces/' + id + '/proposals')).proposals;
+  } catch (e) {
+    return note('editor-note', 'Workpiece ' + id + ': ' + e.message, true);
+  }
+  if (load !== wp.load) return;
+  wp.current = w;
+  if (latest || !wp.version || !w.versions.some((x) => x.version === wp.version)) wp.version = w.latest_version;
+  const sel = $('wp-version');
+  sel.replaceChildren(...w.versions.map((v) => el('option', {
+    value: v.version, textContent: 'version ' + v.version + ' (' + v.author + ')', selected: v.version === wp.version,
+  })));
+  $('wp-open').disabled = !state.info.running || !state.info.desktop;
+  await showVersion();
+  $('wp-proposals').replaceChildren(...proposals.map((p) => proposalItem(w, p)));
+  if (!proposals.length) $('wp-proposals').append(el('li', { className: 'note', textContent: 'No proposals.' }));
+}
+
+async function editor(info, onlyChanged) {
+  let list;
+  try {
+    list = (await getJson(api + 'workpieces')).workpieces;
+  } catch (e) {
+    return note('editor-note', 'Workpieces: ' + e.message, true);
+  }
+  // Redrawn only when a workpiece, version or proposal count changed (a reviewer keeps their place).
+  const sig = JSON.stringify(list.map((w) => [w.id, w.latest_version, w.pending_proposals,
+    w.versions.map((v) => v.preview_pages)]));
+  if (onlyChanged && sig === wp.sig) return;
+  wp.sig = sig;
+  wp.list = list;
+  const sel = $('wp-select');
+  const chosen = wp.current && wp.current.id;
+  sel.replaceChildren(...wp.list.map((w) => el('option', {
+    value: w.id, textContent: w.title + ' (' + w.kind + ', ' + w.pending_proposals + ' pending)', selected: w.id === chosen,
+  })));
+  if (!wp.list.length) {
+    $('wp-view').replaceChildren();
+    $('wp-proposals').replaceChildren();
+    return note('editor-note', 'No workpieces yet: a run makes them with workpiece_create.');
+  }
+  note('editor-note', info.running ? '' : 'The sandbox has ended: versions and proposals are the record kept.');
+  await loadWorkpiece(chosen || wp.list[0].id, false);
+}
+
+function editorControls(info) {
+  $('wp-select').addEventListener('change', (e) => loadWorkpiece(e.target.value, true));
+  $('wp-version').addEventListener('change', (e) => { wp.version = Number(e.target.value); showVersion(); });
+  $('wp-open').addEventListener('click', async () => {
+    if (!wp.current) return;
+    try {
+      const r = await getJson(api + 'workpieces/' + wp.current.id + '/open', { method: 'POST' });
+      note('editor-note', 'Opened ' + r.opened + ' in ' + r.editor + ' on the desktop.');
+    } catch (e) {
+      note('editor-note', 'Could not open it: ' + e.message, true);
+    }
+  });
+  editor(info);
+  setInterval(() => editor(info, true), 5000);
+}
+
 // Start -------------------------------------------------------------------------------------
 
 async function main() {
@@ -429,6 +597,7 @@ async function main() {
   timeline();
   artifacts();
   setInterval(artifacts, 5000);
+  editorControls(info);
   await Promise.all([desktop(info), terminal(info), filesPane(info)]);
 }
 

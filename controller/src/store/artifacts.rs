@@ -24,6 +24,8 @@ pub enum ArtifactKind {
     Output,
     /// An episode bundle (zip: the recording, the actions, their screenshots, the timeline).
     Episode,
+    /// A workpiece's version, or a proposal's result: kept while the workpiece is.
+    Workpiece,
 }
 
 impl ArtifactKind {
@@ -33,6 +35,7 @@ impl ArtifactKind {
         ArtifactKind::Directory,
         ArtifactKind::Output,
         ArtifactKind::Episode,
+        ArtifactKind::Workpiece,
     ];
 
     /// Whether a sandbox has at most one artifact of this kind per source (a recording, a
@@ -51,6 +54,7 @@ impl ArtifactKind {
             ArtifactKind::Directory => "directory",
             ArtifactKind::Output => "output",
             ArtifactKind::Episode => "episode",
+            ArtifactKind::Workpiece => "workpiece",
         }
     }
 }

@@ -21,11 +21,13 @@ mod leases;
 mod runs;
 mod sandboxes;
 mod viewers;
+mod workpieces;
 
 pub use artifacts::{ArtifactKind, ArtifactRow};
 pub use leases::LeaseRow;
 pub use runs::{RunRow, StreamSpan};
 pub use sandboxes::{SandboxRow, SandboxUpdate};
+pub use workpieces::{ProposalRow, VersionRow, WorkpieceRow};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -147,6 +149,7 @@ impl Store {
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
+        conn.execute_batch(workpieces::SCHEMA)?;
         // Stores made before sandboxes had declared ports.
         let has_ports = conn
             .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'ports'")?

@@ -10,6 +10,7 @@ use super::{
 };
 use crate::controller::*;
 use crate::routes::controller as path;
+use crate::workpiece::*;
 use crate::{ComputerBody, OutputPage, UploadResult};
 
 const KEY: &[&str] = &["apiKey"];
@@ -205,6 +206,194 @@ pub const SANDBOX_EPISODE: Operation = keyed(Operation::get(
     Answer::media("206", "the requested range", ZIP),
     Answer::json("404", "no such sandbox, or none kept", ERROR),
     Answer::json("413", "the bundle passes artifact_max_file_bytes", ERROR),
+]);
+
+// Workpieces.
+
+const PNG: &[(&str, Schema)] = &[("image/png", binary)];
+const WORKPIECE_MISSING: Answer = Answer::json("404", "no such sandbox or workpiece", ERROR);
+
+pub const WORKPIECE_LIST: Operation = keyed(Operation::get(
+    path::WORKPIECES,
+    "workpiece_list",
+    "the sandbox's workpieces (decks, sheets, documents, PDFs) with their versions; kept after \
+     the sandbox ends",
+))
+.answers(&[
+    Answer::json("200", "the workpieces", schema::<WorkpieceList>),
+    Answer::json("404", "no such sandbox", ERROR),
+]);
+
+pub const WORKPIECE_CREATE: Operation = keyed(Operation::post(
+    path::WORKPIECES,
+    "workpiece_create",
+    "a new, valid document of a kind at a path in the sandbox (titled when a title is given), \
+     or the file there registered (`existing`); its first version is kept as an artifact",
+))
+.body(Body::json(schema::<CreateWorkpiece>))
+.answers(&[
+    Answer::json("201", "the workpiece", schema::<Workpiece>),
+    Answer::json(
+        "400",
+        "no kind, a path whose extension is not of the kind, a file that is not of its kind",
+        ERROR,
+    ),
+    Answer::json("404", "no such sandbox, or (existing) no file there", ERROR),
+    Answer::json(
+        "409",
+        "not running, a file already at the path, or a workpiece there already",
+        ERROR,
+    ),
+    Answer::json("413", "the file passes the workpiece size limit", ERROR),
+    Answer::json(
+        "422",
+        "the sandbox user cannot read or write the path, or the image has no LibreOffice",
+        ERROR,
+    ),
+]);
+
+pub const WORKPIECE_GET: Operation = keyed(Operation::get(
+    path::WORKPIECE,
+    "workpiece_get",
+    "one workpiece and its versions (a change made in the sandbox is recorded first)",
+))
+.answers(&[
+    Answer::json("200", "the workpiece", schema::<Workpiece>),
+    WORKPIECE_MISSING,
+]);
+
+pub const WORKPIECE_CONTENT: Operation = keyed(Operation::get(
+    path::WORKPIECE_CONTENT,
+    "workpiece_read",
+    "a version's structured content, paged: a deck's slides (titles, text frames, notes), a \
+     sheet's sheets, used range, values and formulas, a document's paragraphs with styles and \
+     tables, a PDF's pages' text, form fields and annotations",
+))
+.query(&[
+    Param::query("version", int, "default: the latest"),
+    Param::query("page", int, "the page of the answer, from 0"),
+    Param::query(
+        "sheet",
+        string,
+        "a sheet's name (sheets; default the first)",
+    ),
+])
+.answers(&[
+    Answer::json("200", "the content", object),
+    WORKPIECE_MISSING,
+    Answer::json(
+        "409",
+        "the sandbox is not running (only the kept previews remain)",
+        ERROR,
+    ),
+]);
+
+pub const WORKPIECE_VERSION_PAGE: Operation = keyed(Operation::get(
+    path::WORKPIECE_VERSION_PAGE,
+    "workpiece_version_page",
+    "a version's page (slide, sheet print page, PDF page) rendered as PNG, from 1",
+))
+.answers(&[
+    Answer::media("200", "the page", PNG),
+    Answer::json("404", "no such version or page", ERROR),
+]);
+
+pub const WORKPIECE_OPEN: Operation = keyed(Operation::post(
+    path::WORKPIECE_OPEN,
+    "workpiece_open",
+    "opens the workpiece in the desktop's editor (LibreOffice Impress, Calc, Writer; the PDF \
+     viewer)",
+))
+.answers(&[
+    Answer::json("200", "opened", object),
+    WORKPIECE_MISSING,
+    Answer::json("409", "not running, or the sandbox has no desktop", ERROR),
+]);
+
+pub const WORKPIECE_PROPOSE: Operation = keyed(Operation::post(
+    path::WORKPIECE_PROPOSALS,
+    "workpiece_propose",
+    "proposes an ordered list of typed edit operations against the latest version: checked \
+     and applied to a copy at once (the preview), pending until a person accepts or rejects it",
+))
+.body(Body::json(schema::<ProposeEdits>))
+.answers(&[
+    Answer::json("201", "the proposal", schema::<Proposal>),
+    Answer::json(
+        "400",
+        "an operation the kind has not, a missing sheet/slide/page/paragraph, a formula \
+         LibreOffice refuses (the error names the operation and its index)",
+        ERROR,
+    ),
+    WORKPIECE_MISSING,
+    Answer::json(
+        "409",
+        "not running, or base_version is not the latest",
+        ERROR,
+    ),
+]);
+
+pub const WORKPIECE_PROPOSALS: Operation = keyed(Operation::get(
+    path::WORKPIECE_PROPOSALS,
+    "workpiece_proposals",
+    "the workpiece's proposals, newest first",
+))
+.query(&[Param::query(
+    "status",
+    string,
+    "pending, accepted or rejected",
+)])
+.answers(&[
+    Answer::json("200", "the proposals", schema::<ProposalList>),
+    WORKPIECE_MISSING,
+]);
+
+pub const WORKPIECE_PROPOSAL: Operation = keyed(Operation::get(
+    path::WORKPIECE_PROPOSAL,
+    "workpiece_proposal",
+    "one proposal: status, operations, preview",
+))
+.answers(&[
+    Answer::json("200", "the proposal", schema::<Proposal>),
+    WORKPIECE_MISSING,
+]);
+
+pub const WORKPIECE_PROPOSAL_PAGE: Operation = keyed(Operation::get(
+    path::WORKPIECE_PROPOSAL_PAGE,
+    "workpiece_proposal_page",
+    "a page of the proposal's result rendered as PNG, from 1",
+))
+.answers(&[
+    Answer::media("200", "the page", PNG),
+    Answer::json("404", "no such proposal or page", ERROR),
+]);
+
+pub const WORKPIECE_ACCEPT: Operation = keyed(Operation::post(
+    path::WORKPIECE_ACCEPT,
+    "workpiece_accept",
+    "a person accepts a proposal: its result becomes the next version and replaces the file \
+     in the sandbox atomically",
+))
+.answers(&[
+    Answer::json("200", "the proposal, accepted", schema::<Proposal>),
+    WORKPIECE_MISSING,
+    Answer::json(
+        "409",
+        "not running, rejected already, or its base is no longer the latest version (both named)",
+        ERROR,
+    ),
+]);
+
+pub const WORKPIECE_REJECT: Operation = keyed(Operation::post(
+    path::WORKPIECE_REJECT,
+    "workpiece_reject",
+    "a person rejects a proposal: the file stays as it is",
+))
+.body(Body::json(schema::<Decision>).optional())
+.answers(&[
+    Answer::json("200", "the proposal, rejected", schema::<Proposal>),
+    WORKPIECE_MISSING,
+    Answer::json("409", "accepted already", ERROR),
 ]);
 
 pub const SANDBOX_ARTIFACT_PUBLISH: Operation = keyed(Operation::post(
@@ -471,7 +660,8 @@ pub const SESSION_PATH: Operation = keyed(Operation::get(
     path::SESSION_PATH,
     "sandbox_session_path",
     "the session view's assets and its api/… routes (info, events, artifacts, \
-     episode, and the agent's pty, fs/list, files and vnc/websockify)",
+     episode, workpieces and their pages, open, accept and reject, and the agent's pty, \
+     fs/list, files and vnc/websockify)",
 ))
 .security(SESSION)
 .answers(&[Answer::media("200", "the asset or answer", ANY)]);
@@ -563,6 +753,18 @@ pub const ALL: &[&Operation] = &[
     &SANDBOX_EPISODE,
     &GITHUB_REPOSITORIES,
     &SANDBOX_GITHUB_CLONE,
+    &WORKPIECE_LIST,
+    &WORKPIECE_CREATE,
+    &WORKPIECE_GET,
+    &WORKPIECE_CONTENT,
+    &WORKPIECE_VERSION_PAGE,
+    &WORKPIECE_OPEN,
+    &WORKPIECE_PROPOSE,
+    &WORKPIECE_PROPOSALS,
+    &WORKPIECE_PROPOSAL,
+    &WORKPIECE_PROPOSAL_PAGE,
+    &WORKPIECE_ACCEPT,
+    &WORKPIECE_REJECT,
     &SANDBOX_ARTIFACT_PUBLISH,
     &SANDBOX_ARTIFACT_LIST,
     &ARTIFACT_LIST,

@@ -200,6 +200,60 @@ const STALL_CLIENT: Param = Param::query(
 const PATH: Param = Param::required("path", string, "absolute, or relative to the home");
 const BYTES: &[(&str, Schema)] = &[("application/octet-stream", binary)];
 
+// Workpieces (the controller's engine in the guest).
+
+pub const WORKPIECE: Operation = v1(Operation::post(
+    path::WORKPIECE,
+    "workpiece",
+    "the workpiece engine, run as the sandbox user: {\"op\": inspect | create | read | apply | \
+     render | open | discard, …} (LibreOffice for decks, sheets and documents, PyMuPDF for PDFs)",
+))
+.body(Body::json(object))
+.answers(&[
+    Answer::json("200", "the engine's answer", object),
+    Answer::json("400", "a bad request or operation (named)", ERROR),
+    Answer::json("403", "the sandbox user cannot reach the path", ERROR),
+    Answer::json("404", "no such file", ERROR),
+    Answer::json("409", "a file exists already", ERROR),
+    Answer::json("413", "past the size limit", ERROR),
+    Answer::json("422", "the editor could not be started (open)", ERROR),
+    Answer::json(
+        "503",
+        "the image has no python3, LibreOffice or PyMuPDF",
+        ERROR,
+    ),
+    Answer::json("504", "the engine took longer than its bound", ERROR),
+]);
+
+pub const WORKPIECE_FILE_GET: Operation = v1(Operation::get(
+    path::WORKPIECE_FILE,
+    "workpiece_file_get",
+    "a workpiece file, read with the sandbox user's rights",
+))
+.query(&[PATH])
+.answers(&[
+    Answer::media("200", "the bytes", BYTES),
+    Answer::json("403", "the sandbox user cannot read it", ERROR),
+    Answer::json("404", "no such file", ERROR),
+]);
+
+pub const WORKPIECE_FILE_PUT: Operation = v1(Operation::put(
+    path::WORKPIECE_FILE,
+    "workpiece_file_put",
+    "replaces a workpiece file whole (temp beside it, then rename) with the sandbox user's \
+     rights, when the body's SHA-256 is `sha256`",
+))
+.query(&[
+    PATH,
+    Param::required("sha256", string, "the body's hex SHA-256"),
+])
+.body(Body::new("application/octet-stream", binary))
+.answers(&[
+    Answer::json("201", "written", schema::<UploadResult>),
+    Answer::json("400", "the body is not the named content", ERROR),
+    Answer::json("403", "the sandbox user cannot write there", ERROR),
+]);
+
 pub const FILES_DOWNLOAD: Operation = v1(Operation::get(
     path::FILES,
     "files_download",
@@ -369,6 +423,9 @@ pub const ALL: &[&Operation] = &[
     &PTY_RESIZE,
     &FILES_DOWNLOAD,
     &FILES_UPLOAD,
+    &WORKPIECE,
+    &WORKPIECE_FILE_GET,
+    &WORKPIECE_FILE_PUT,
     &FS_REMOVE,
     &FS_LIST,
     &FS_STAT,
