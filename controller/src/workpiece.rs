@@ -763,6 +763,24 @@ impl Workpieces {
         .map_err(|_| Error::NotFound(format!("proposal {pid} has no rendered page {page}")))
     }
 
+    /// The first page of a proposal's result as structured content (kept when it was
+    /// proposed): what the editor pane compares with its base.
+    pub fn proposal_content(&self, sandbox_id: &str, wid: &str, pid: &str) -> Result<Value> {
+        let p = self.proposal_row(sandbox_id, wid, pid)?;
+        let kept = self.previews_dir(&p.preview_sha256).join("content.json");
+        let bytes = std::fs::read(&kept)
+            .map_err(|_| Error::NotFound(format!("proposal {pid} has no kept content")))?;
+        let mut c: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::Internal(format!("{}: {e}", kept.display())))?;
+        if let Value::Object(m) = &mut c {
+            m.remove("ok");
+            m.remove("path");
+            m.insert("workpiece".into(), wid.into());
+            m.insert("proposal".into(), pid.into());
+        }
+        Ok(c)
+    }
+
     /// `POST …/workpieces/{wid}/open`.
     pub async fn open(&self, sandbox_id: &str, wid: &str) -> Result<Value> {
         let h = self.held(sandbox_id, wid)?;

@@ -168,6 +168,7 @@ enum Wp<'a> {
     Proposals(&'a str),
     VersionPage(&'a str, u32, u32),
     ProposalPage(&'a str, &'a str, u32),
+    ProposalContent(&'a str, &'a str),
     Accept(&'a str, &'a str),
     Reject(&'a str, &'a str),
     Open(&'a str),
@@ -194,6 +195,7 @@ fn workpiece_target<'a>(method: &Method, rest: &'a str) -> Option<Wp<'a>> {
         [w, "proposals", pid, "pages", p] if read && id(w) && id(pid) => {
             Wp::ProposalPage(w, pid, n(p)?)
         }
+        [w, "proposals", pid, "content"] if read && id(w) && id(pid) => Wp::ProposalContent(w, pid),
         [w, "proposals", pid, "accept"] if post && id(w) && id(pid) => Wp::Accept(w, pid),
         [w, "proposals", pid, "reject"] if post && id(w) && id(pid) => Wp::Reject(w, pid),
         [w, "open"] if post && id(w) => Wp::Open(w),
@@ -397,6 +399,7 @@ async fn workpiece(s: &ApiState, id: &str, w: Wp<'_>, req: Request) -> Result<Re
         Wp::Proposals(w) => json(serde_json::to_value(wp.proposals(id, w, None)?).map_err(to)?),
         Wp::VersionPage(w, v, p) => super::workpieces::png(wp.version_page(id, w, v, p).await?),
         Wp::ProposalPage(w, pid, p) => super::workpieces::png(wp.proposal_page(id, w, pid, p)?),
+        Wp::ProposalContent(w, pid) => json(wp.proposal_content(id, w, pid)?),
         Wp::Accept(w, pid) => json(serde_json::to_value(wp.accept(id, w, pid).await?).map_err(to)?),
         Wp::Reject(w, pid) => {
             let body = axum::body::to_bytes(req.into_body(), 64 << 10)
@@ -530,6 +533,10 @@ mod tests {
         );
         // A GET never accepts; a POST never reads; odd ids and pages are nothing.
         assert_eq!(workpiece_target(&get, "wp_1/proposals/wpp_2/accept"), None);
+        assert_eq!(
+            workpiece_target(&get, "wp_1/proposals/wpp_2/content"),
+            Some(Wp::ProposalContent("wp_1", "wpp_2"))
+        );
         assert_eq!(workpiece_target(&post, "wp_1"), None);
         assert_eq!(workpiece_target(&get, "wp_1/versions/x/pages/1"), None);
         assert_eq!(workpiece_target(&get, "../x"), None);

@@ -416,8 +416,14 @@ function pagesOf(url, n) {
   return box;
 }
 
-function sheetTable(content) {
+// A sheet's cells as a table; with `other` (the version it is compared with), the cells that
+// differ are marked.
+function sheetTable(content, other) {
   const rows = content.rows || [];
+  const was = {};
+  for (const r of (other && other.rows) || []) for (const c of r.cells || []) was[c.ref] = c;
+  const differs = (c, ref) => other && JSON.stringify([c && c.value, c && c.formula]) !==
+    JSON.stringify([was[ref] && was[ref].value, was[ref] && was[ref].formula]);
   const t = el('table', { className: 'sheet-table' });
   const cols = new Set();
   for (const r of rows) for (const c of r.cells || []) cols.add(c.ref.replace(/[0-9]+$/, ''));
@@ -432,7 +438,9 @@ function sheetTable(content) {
     for (const c of order) {
       const cell = byCol[c];
       const shown = cell ? (cell.value === null || cell.value === undefined ? '' : String(cell.value)) : '';
-      tr.append(el('td', { textContent: shown, title: cell && cell.formula ? cell.formula : '' }));
+      const td = el('td', { textContent: shown, title: cell && cell.formula ? cell.formula : '' });
+      if (differs(cell, c + r.row)) td.className = 'changed';
+      tr.append(td);
     }
     t.append(tr);
   }
@@ -473,7 +481,10 @@ function proposalItem(w, p) {
       (p.result_version ? ' → version ' + p.result_version : '') }));
   li.append(head);
   const ops = el('ol', { className: 'ops', start: 0 });
-  for (const op of p.operations) ops.append(el('li', { textContent: JSON.stringify(op) }));
+  for (const op of p.operations) {
+    const { op: name, ...rest } = op;
+    ops.append(el('li', {}, el('b', { textContent: name }), ' ' + JSON.stringify(rest)));
+  }
   li.append(ops);
   const before = api + 'workpieces/' + w.id + '/versions/' + p.base_version + '/pages/';
   const baseV = w.versions.find((x) => x.version === p.base_version);
@@ -482,6 +493,18 @@ function proposalItem(w, p) {
       pagesOf(before, baseV ? baseV.preview_pages : 0)),
     el('div', {}, el('h4', { textContent: 'After' }),
       pagesOf(api + 'workpieces/' + w.id + '/proposals/' + p.id + '/pages/', p.preview_pages))));
+  if (w.kind === 'sheet') {
+    // A sheet's change is in its cells: both tables, the changed cells marked.
+    const tables = el('div', { className: 'compare' });
+    li.append(tables);
+    Promise.all([
+      getJson(api + 'workpieces/' + w.id + '/content?version=' + p.base_version),
+      getJson(api + 'workpieces/' + w.id + '/proposals/' + p.id + '/content'),
+    ]).then(([before, after]) => {
+      tables.append(el('div', {}, el('h4', { textContent: 'Cells before' }), sheetTable(before)),
+        el('div', {}, el('h4', { textContent: 'Cells after (changed marked)' }), sheetTable(after, before)));
+    }).catch((e) => tables.append(el('p', { className: 'note', textContent: 'Cells: ' + e.message })));
+  }
   if (p.status === 'pending') {
     const accept = el('button', { type: 'button', className: 'accept', textContent: 'Accept' });
     const reject = el('button', { type: 'button', className: 'reject', textContent: 'Reject' });
