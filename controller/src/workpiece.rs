@@ -255,20 +255,7 @@ impl Workpieces {
         format: &str,
         req: CreateWorkpiece,
     ) -> Result<berth_protocol::workpiece::Workpiece> {
-        let made = if req.existing {
-            self.engine(
-                agent,
-                json!({"op": "inspect", "path": req.path, "kind": kind}),
-            )
-            .await?
-        } else {
-            let mut r = json!({"op": "create", "path": req.path, "kind": kind,
-                               "template": if req.title.is_some() { "titled" } else { "empty" }});
-            if let Some(t) = &req.title {
-                r["title"] = t.as_str().into();
-            }
-            self.engine(agent, r).await?
-        };
+        let made = self.make_or_inspect(agent, kind, &req).await?;
         let path = made["path"]
             .as_str()
             .ok_or_else(|| Error::Agent("the engine did not name the path".into()))?
@@ -332,15 +319,43 @@ impl Workpieces {
                 "{path} is a workpiece of this sandbox already"
             )));
         }
-        let mut data = json!({"workpiece": id, "kind": kind, "path": path, "title": title});
-        if let Some(r) = &req.run {
+        self.created_events(&row, &first);
+        self.preview_version(agent, &row, &first, &path).await;
+        self.show(sandbox_id, &id)
+    }
+
+    fn created_events(&self, w: &WorkpieceRow, first: &VersionRow) {
+        let mut data = json!({"workpiece": w.id, "kind": w.kind, "path": w.path, "title": w.title});
+        if let Some(r) = &w.run_id {
             data["run"] = r.as_str().into();
         }
         self.ctx
-            .event(sandbox_id, EventKind::WorkpieceCreated, data);
-        self.version_event(sandbox_id, &first);
-        self.preview_version(agent, &row, &first, &path).await;
-        self.show(sandbox_id, &id)
+            .event(&w.sandbox_id, EventKind::WorkpieceCreated, data);
+        self.version_event(&w.sandbox_id, first);
+    }
+
+    /// The engine makes the new document (titled when a title is given), or checks the file
+    /// already there is of its kind.
+    async fn make_or_inspect(
+        &self,
+        agent: &AgentClient,
+        kind: WorkpieceKind,
+        req: &CreateWorkpiece,
+    ) -> Result<Value> {
+        if req.existing {
+            return self
+                .engine(
+                    agent,
+                    json!({"op": "inspect", "path": req.path, "kind": kind}),
+                )
+                .await;
+        }
+        let mut r = json!({"op": "create", "path": req.path, "kind": kind,
+                           "template": if req.title.is_some() { "titled" } else { "empty" }});
+        if let Some(t) = &req.title {
+            r["title"] = t.as_str().into();
+        }
+        self.engine(agent, r).await
     }
 
     fn version_event(&self, sandbox_id: &str, v: &VersionRow) {
@@ -369,17 +384,7 @@ impl Workpieces {
             Err(e) => tracing::warn!(workpiece = %w.id, version = v.version, error = %e,
                                      "rendering a version"),
         }
-        let dir = self.previews_dir(&v.sha256);
-        if !dir.join("content.json").exists()
-            && let Ok(c) = self
-                .engine(
-                    agent,
-                    json!({"op": "read", "path": file, "kind": w.kind, "page": 0}),
-                )
-                .await
-        {
-            let _ = write_atomic(&dir.join("content.json"), c.to_string().as_bytes());
-        }
+        self.keep_content(agent, w.kind, file, &v.sha256).await;
     }
 
     /// Renders `file` into the previews of `sha256` (once): the number of pages kept.
@@ -478,52 +483,66 @@ impl Workpieces {
                 }
             }
             Observed::Changed => {
-                let (file, size, sha) = self.fetch(agent, &w.path).await?;
-                if Some(&sha) != file_sha.as_ref() {
-                    // Changed again while read: the next look takes it.
-                    let _ = std::fs::remove_file(&file);
-                    return Ok(());
-                }
-                let art = self
-                    .artifacts
-                    .publish_file(
-                        &w.sandbox_id,
-                        None,
-                        &base_name(&w.path),
-                        WorkpieceKind::content_type(&w.format),
-                        ArtifactKind::Workpiece,
-                        Some(&w.path),
-                        &file,
-                    )
+                self.record_sandbox_version(agent, &w, latest, file_sha.as_deref())
                     .await?;
-                let v = VersionRow {
-                    workpiece_id: wid.to_string(),
-                    version: latest.version + 1,
-                    artifact_id: art.id.clone(),
-                    sha256: sha,
-                    size,
-                    author: VersionAuthor::Sandbox,
-                    proposal_id: None,
-                    created_at: now_ms(),
-                    preview_pages: 0,
-                    installed: true,
-                };
-                if !self.ctx.store.insert_version(&v)? {
-                    let _ = self.artifacts.delete_artifact(&art.id, "superseded").await;
-                    return Ok(());
-                }
-                if !latest.installed {
-                    // A hand edit landed before the accepted version was put in place: it is
-                    // newer, and the accepted one stays a version.
-                    self.ctx.store.set_version_installed(wid, latest.version)?;
-                }
-                if w.missing_since.is_some() {
-                    self.ctx.store.set_workpiece_missing(wid, None)?;
-                }
-                self.version_event(&w.sandbox_id, &v);
-                self.preview_version(agent, &w, &v, &w.path).await;
             }
         }
+        Ok(())
+    }
+
+    /// The file changed by other means: its bytes become a version by `sandbox` (unless it
+    /// changed again while read: the next look takes it).
+    async fn record_sandbox_version(
+        &self,
+        agent: &AgentClient,
+        w: &WorkpieceRow,
+        latest: &VersionRow,
+        seen_sha: Option<&str>,
+    ) -> Result<()> {
+        let wid = w.id.as_str();
+        let (file, size, sha) = self.fetch(agent, &w.path).await?;
+        if Some(sha.as_str()) != seen_sha {
+            let _ = std::fs::remove_file(&file);
+            return Ok(());
+        }
+        let art = self
+            .artifacts
+            .publish_file(
+                &w.sandbox_id,
+                None,
+                &base_name(&w.path),
+                WorkpieceKind::content_type(&w.format),
+                ArtifactKind::Workpiece,
+                Some(&w.path),
+                &file,
+            )
+            .await?;
+        let v = VersionRow {
+            workpiece_id: wid.to_string(),
+            version: latest.version + 1,
+            artifact_id: art.id.clone(),
+            sha256: sha,
+            size,
+            author: VersionAuthor::Sandbox,
+            proposal_id: None,
+            created_at: now_ms(),
+            preview_pages: 0,
+            installed: true,
+        };
+        if !self.ctx.store.insert_version(&v)? {
+            let _ = self.artifacts.delete_artifact(&art.id, "superseded").await;
+            return Ok(());
+        }
+        if !latest.installed {
+            // A hand edit landed before the accepted version was put in place: it is newer,
+            // and the accepted one stays a version.
+            self.ctx.store.set_version_installed(wid, latest.version)?;
+        }
+        if w.missing_since.is_some() {
+            self.ctx.store.set_workpiece_missing(wid, None)?;
+        }
+        self.version_event(&w.sandbox_id, &v);
+        self.preview_version(agent, w, &v, &w.path).await;
         Ok(())
     }
 
@@ -574,13 +593,19 @@ impl Workpieces {
         }
     }
 
-    /// Before a sandbox is destroyed: its workpieces' last changes become versions.
+    /// Before a sandbox is destroyed (already `stopping`, its agent still up): its workpieces'
+    /// last changes become versions, and an accepted version not yet in place is put there.
     pub async fn keep(&self, row: &SandboxRow) {
         let Ok(all) = self.ctx.store.workpieces(Some(&row.id)) else {
             return;
         };
+        let Ok(agent) = self.ctx.agent(row) else {
+            return;
+        };
         for w in all {
-            if let Err(e) = self.sync(&row.id, &w.id).await {
+            let lock = self.locks.get(&w.id);
+            let _held = lock.lock().await;
+            if let Err(e) = self.sync_one(&agent, &w.id).await {
                 tracing::warn!(workpiece = %w.id, error = %e, "keeping the workpiece's last change");
             }
         }
@@ -651,41 +676,7 @@ impl Workpieces {
                 .ok_or_else(|| Error::NotFound(format!("workpiece {wid} has no version {n}")))?,
         };
         let mut answer = match self.ctx.running_agent(sandbox_id) {
-            Ok((_, agent)) => {
-                let lock = self.locks.get(wid);
-                let _held = lock.lock().await;
-                let is_latest = v.version == h.latest().version && h.latest().installed;
-                let (file, staged) = if is_latest {
-                    (h.row.path.clone(), false)
-                } else {
-                    let staged = scratch_path(&new_id("read"), &h.row.format);
-                    self.put(&agent, &v.artifact_id, &v.sha256, &staged).await?;
-                    (staged, true)
-                };
-                let mut req = json!({"op": "read", "path": file, "kind": h.row.kind, "page": page});
-                if let Some(s) = &sheet {
-                    req["sheet"] = s.as_str().into();
-                }
-                let read = self.engine(&agent, req).await;
-                if staged {
-                    self.discard(&agent, &file).await;
-                }
-                let mut read = read?;
-                if is_latest {
-                    // The file may have changed between the look and the read.
-                    if let Ok(now) = self
-                        .engine(
-                            &agent,
-                            json!({"op": "inspect", "path": file, "kind": h.row.kind}),
-                        )
-                        .await
-                        && now["sha256"].as_str() != Some(v.sha256.as_str())
-                    {
-                        read["changed_since"] = true.into();
-                    }
-                }
-                read
-            }
+            Ok((_, agent)) => self.read_live(&agent, &h, &v, page, sheet).await?,
             Err(_) => {
                 // A record: the first page kept when the version was made.
                 let kept = self.previews_dir(&v.sha256).join("content.json");
@@ -711,6 +702,50 @@ impl Workpieces {
             m.insert("version".into(), v.version.into());
         }
         Ok(answer)
+    }
+
+    /// One page of a version's content read in the running sandbox: the file itself when it is
+    /// the latest version in place, else a copy of the version staged for the read.
+    async fn read_live(
+        &self,
+        agent: &AgentClient,
+        h: &Held,
+        v: &VersionRow,
+        page: u32,
+        sheet: Option<String>,
+    ) -> Result<Value> {
+        let lock = self.locks.get(&h.row.id);
+        let _held = lock.lock().await;
+        let is_latest = v.version == h.latest().version && h.latest().installed;
+        let (file, staged) = if is_latest {
+            (h.row.path.clone(), false)
+        } else {
+            let staged = scratch_path(&new_id("read"), &h.row.format);
+            self.put(agent, &v.artifact_id, &v.sha256, &staged).await?;
+            (staged, true)
+        };
+        let mut req = json!({"op": "read", "path": file, "kind": h.row.kind, "page": page});
+        if let Some(s) = &sheet {
+            req["sheet"] = s.as_str().into();
+        }
+        let read = self.engine(agent, req).await;
+        if staged {
+            self.discard(agent, &file).await;
+        }
+        let mut read = read?;
+        // The file may have changed between the look and the read.
+        if is_latest
+            && let Ok(now) = self
+                .engine(
+                    agent,
+                    json!({"op": "inspect", "path": file, "kind": h.row.kind}),
+                )
+                .await
+            && now["sha256"].as_str() != Some(v.sha256.as_str())
+        {
+            read["changed_since"] = true.into();
+        }
+        Ok(read)
     }
 
     /// A rendered page of a version (`page` from 1): rendered now when not kept and the
@@ -875,59 +910,9 @@ impl Workpieces {
             )));
         }
         let id = new_id("wpp");
-        // Applied to a copy of exactly the base version.
-        let base = scratch_path(&format!("{id}-base"), &h.row.format);
-        let out = scratch_path(&id, &h.row.format);
-        let result = async {
-            self.put(agent, &latest.artifact_id, &latest.sha256, &base)
-                .await?;
-            self.engine(
-                agent,
-                json!({"op": "apply", "path": base, "out": out, "kind": h.row.kind,
-                       "ops": req.operations}),
-            )
+        let (artifact, size, sha, pages) = self
+            .stage_proposal(agent, sandbox_id, &h.row, &latest, &id, &req)
             .await?;
-            let (file, size, sha) = self.fetch(agent, &out).await?;
-            let pages = self
-                .render(agent, h.row.kind, &out, &sha)
-                .await
-                .unwrap_or(0);
-            if !self.previews_dir(&sha).join("content.json").exists()
-                && let Ok(c) = self
-                    .engine(
-                        agent,
-                        json!({"op": "read", "path": out, "kind": h.row.kind, "page": 0}),
-                    )
-                    .await
-            {
-                let _ = write_atomic(
-                    &self.previews_dir(&sha).join("content.json"),
-                    c.to_string().as_bytes(),
-                );
-            }
-            let name = format!(
-                "{}.proposal-{id}{}",
-                stem(&base_name(&h.row.path)),
-                h.row.format
-            );
-            let art = self
-                .artifacts
-                .publish_file(
-                    sandbox_id,
-                    req.run.as_deref(),
-                    &name,
-                    WorkpieceKind::content_type(&h.row.format),
-                    ArtifactKind::Workpiece,
-                    Some(&format!("{}#{id}", h.row.path)),
-                    &file,
-                )
-                .await?;
-            Ok::<_, Error>((art.id, size, sha, pages))
-        }
-        .await;
-        self.discard(agent, &base).await;
-        self.discard(agent, &out).await;
-        let (artifact, size, sha, pages) = result?;
         let row = ProposalRow {
             id: id.clone(),
             workpiece_id: wid.to_string(),
@@ -954,6 +939,82 @@ impl Workpieces {
         self.ctx
             .event(sandbox_id, EventKind::WorkpieceProposed, data);
         self.proposal_wire(&row)
+    }
+
+    /// Applies a proposal's operations to a copy of exactly its base version in the sandbox and
+    /// keeps the result as an artifact with its rendered pages and first content page: the
+    /// artifact, its size and SHA-256, and the pages rendered.
+    async fn stage_proposal(
+        &self,
+        agent: &AgentClient,
+        sandbox_id: &str,
+        w: &WorkpieceRow,
+        base_version: &VersionRow,
+        id: &str,
+        req: &ProposeEdits,
+    ) -> Result<(String, u64, String, u32)> {
+        let base = scratch_path(&format!("{id}-base"), &w.format);
+        let out = scratch_path(id, &w.format);
+        let result = async {
+            self.put(
+                agent,
+                &base_version.artifact_id,
+                &base_version.sha256,
+                &base,
+            )
+            .await?;
+            self.engine(
+                agent,
+                json!({"op": "apply", "path": base, "out": out, "kind": w.kind,
+                       "ops": req.operations}),
+            )
+            .await?;
+            let (file, size, sha) = self.fetch(agent, &out).await?;
+            let pages = self.render(agent, w.kind, &out, &sha).await.unwrap_or(0);
+            self.keep_content(agent, w.kind, &out, &sha).await;
+            let name = format!("{}.proposal-{id}{}", stem(&base_name(&w.path)), w.format);
+            let art = self
+                .artifacts
+                .publish_file(
+                    sandbox_id,
+                    req.run.as_deref(),
+                    &name,
+                    WorkpieceKind::content_type(&w.format),
+                    ArtifactKind::Workpiece,
+                    Some(&format!("{}#{id}", w.path)),
+                    &file,
+                )
+                .await?;
+            Ok::<_, Error>((art.id, size, sha, pages))
+        }
+        .await;
+        self.discard(agent, &base).await;
+        self.discard(agent, &out).await;
+        result
+    }
+
+    /// Keeps the first page of `file`'s content (a version or a proposal's result, `sha256`)
+    /// for when the sandbox is gone.
+    async fn keep_content(
+        &self,
+        agent: &AgentClient,
+        kind: WorkpieceKind,
+        file: &str,
+        sha256: &str,
+    ) {
+        let kept = self.previews_dir(sha256).join("content.json");
+        if kept.exists() {
+            return;
+        }
+        if let Ok(c) = self
+            .engine(
+                agent,
+                json!({"op": "read", "path": file, "kind": kind, "page": 0}),
+            )
+            .await
+        {
+            let _ = write_atomic(&kept, c.to_string().as_bytes());
+        }
     }
 
     /// `GET …/workpieces/{wid}/proposals`.

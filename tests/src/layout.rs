@@ -457,7 +457,7 @@ mod tests {
         &["ctx"],
         &["timeline", "viewer", "session", "image_job"],
         &["sandbox"],
-        &["pool", "lease", "artifact"],
+        &["pool", "lease", "artifact", "workpiece"],
         &["run", "episode"],
         &["follow", "github"],
         &["recovery"],

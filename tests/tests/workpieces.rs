@@ -537,8 +537,31 @@ async fn four_kinds_are_made_proposed_reviewed_and_kept_through_mcp_rest_and_the
         outcomes.0, outcomes.1
     );
 
-    // After the sandbox: the record, across another restart.
+    // After the sandbox: the record, across another restart. A change made just before the
+    // delete (the deck put back to its first version by hand) is kept as its last version.
     let (_, before_delete) = call(reqwest::Method::GET, &wps(&c), None).await;
+    let deck = find("deck");
+    let v1 = &deck["versions"][0];
+    let r = http()
+        .get(format!(
+            "{}/sandbox/v1/artifacts/{}",
+            c.base,
+            v1["artifact_id"].as_str().unwrap()
+        ))
+        .header("x-api-key", API_KEY)
+        .send()
+        .await
+        .unwrap();
+    let first = r.bytes().await.unwrap();
+    let r = http()
+        .put(format!("{}/files", sb_url(&c, &id)))
+        .query(&[("path", deck["path"].as_str().unwrap())])
+        .header("x-api-key", API_KEY)
+        .body(first)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
     cl_delete(&c, &id).await;
     c.kill9();
     c.launch();
@@ -552,7 +575,21 @@ async fn four_kinds_are_made_proposed_reviewed_and_kept_through_mcp_rest_and_the
             .map(|w| w["versions"].clone())
             .collect()
     };
-    assert_eq!(versions(&after), versions(&before_delete));
+    let kept = versions(&after);
+    let was = versions(&before_delete);
+    for (i, w) in after["workpieces"].as_array().unwrap().iter().enumerate() {
+        if w["id"] != deck["id"] {
+            assert_eq!(kept[i], was[i], "{w}");
+            continue;
+        }
+        let v = kept[i].as_array().unwrap();
+        assert_eq!(v.len(), was[i].as_array().unwrap().len() + 1, "{w}");
+        let last = v.last().unwrap();
+        assert_eq!(
+            (&last["author"], &last["sha256"]),
+            (&json!("sandbox"), &v1["sha256"])
+        );
+    }
     assert!(
         after["workpieces"]
             .as_array()

@@ -75,24 +75,6 @@ impl CommandTable {
             });
         }
         drop(child);
-        async fn read_pipe(pipe: Option<OwnedFd>, limit: usize) -> Vec<u8> {
-            let mut kept = Vec::new();
-            let Some(out) = pipe else {
-                return kept;
-            };
-            let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(out) else {
-                return kept;
-            };
-            let mut buf = vec![0u8; 16 * 1024];
-            while let Ok(n) = rx.read(&mut buf).await {
-                if n == 0 {
-                    break;
-                }
-                let room = limit.saturating_sub(kept.len());
-                kept.extend_from_slice(&buf[..n.min(room)]);
-            }
-            kept
-        }
         let deadline = tokio::time::Instant::now() + timeout;
         let grace = deadline + shim::DRAIN_GRACE;
         let (stdout, stderr, timed_out) = tokio::join!(
@@ -366,4 +348,24 @@ async fn collect_output(
         }
     }
     (stdout, stderr, truncated)
+}
+
+/// What a pipe delivers until it closes, at most `limit` bytes kept.
+async fn read_pipe(pipe: Option<OwnedFd>, limit: usize) -> Vec<u8> {
+    let mut kept = Vec::new();
+    let Some(out) = pipe else {
+        return kept;
+    };
+    let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(out) else {
+        return kept;
+    };
+    let mut buf = vec![0u8; 16 * 1024];
+    while let Ok(n) = rx.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        let room = limit.saturating_sub(kept.len());
+        kept.extend_from_slice(&buf[..n.min(room)]);
+    }
+    kept
 }
