@@ -158,7 +158,7 @@ impl Workpieces {
                 )));
             }
         }
-        let (size, sha) = hash(&scratch).await?;
+        let (size, sha) = crate::artifact::hash_off_thread(&scratch).await?;
         Ok((scratch, size, sha))
     }
 
@@ -242,9 +242,10 @@ impl Workpieces {
         let me = self.clone();
         let sid = sb.id.clone();
         // Its own task: a caller that leaves does not leave a file without its row.
-        tokio::spawn(async move { me.create_in(&sid, &agent, kind, format, req).await })
-            .await
-            .map_err(|e| Error::Internal(format!("the create's task: {e}")))?
+        detached("create", async move {
+            me.create_in(&sid, &agent, kind, format, req).await
+        })
+        .await
     }
 
     async fn create_in(
@@ -886,9 +887,10 @@ impl Workpieces {
         let (_, agent) = self.ctx.running_agent(sandbox_id)?;
         let me = self.clone();
         let (sid, wid) = (sandbox_id.to_string(), wid.to_string());
-        tokio::spawn(async move { me.propose_in(&sid, &wid, &agent, req).await })
-            .await
-            .map_err(|e| Error::Internal(format!("the proposal's task: {e}")))?
+        detached("proposal", async move {
+            me.propose_in(&sid, &wid, &agent, req).await
+        })
+        .await
     }
 
     async fn propose_in(
@@ -1063,9 +1065,10 @@ impl Workpieces {
         let me = self.clone();
         let (sid, wid, pid) = (sandbox_id.to_string(), wid.to_string(), pid.to_string());
         // Its own task: a reviewer who leaves mid-accept does not stop it halfway.
-        tokio::spawn(async move { me.accept_in(&sid, &wid, &pid, &agent).await })
-            .await
-            .map_err(|e| Error::Internal(format!("the accept's task: {e}")))?
+        detached("accept", async move {
+            me.accept_in(&sid, &wid, &pid, &agent).await
+        })
+        .await
     }
 
     async fn accept_in(
@@ -1177,13 +1180,18 @@ fn engine_error(e: &ClientError) -> Error {
 
 /// A staged file of a proposal or read, under the sandbox user's scratch directory.
 fn scratch_path(name: &str, format: &str) -> String {
-    format!("~/{}/{name}{format}", berth_agent_scratch())
+    format!("~/{}/{name}{format}", berth_protocol::workpiece::SCRATCH)
 }
 
-/// Where the agent stages workpiece files (`berth_agent::workpiece::SCRATCH`), relative to the
-/// sandbox user's home.
-fn berth_agent_scratch() -> &'static str {
-    ".cache/berth/workpieces"
+/// Runs `f` in its own task, so a caller that leaves mid-call does not stop it halfway (a file
+/// without its row, an accept without its install).
+async fn detached<T: Send + 'static>(
+    what: &str,
+    f: impl std::future::Future<Output = Result<T>> + Send + 'static,
+) -> Result<T> {
+    tokio::spawn(f)
+        .await
+        .map_err(|e| Error::Internal(format!("the {what}'s task: {e}")))?
 }
 
 fn base_name(path: &str) -> String {
@@ -1212,30 +1220,6 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
             let _ = std::fs::remove_file(&tmp);
             Error::Internal(format!("{}: {e}", path.display()))
         })
-}
-
-async fn hash(path: &Path) -> Result<(u64, String)> {
-    let p = path.to_path_buf();
-    tokio::task::spawn_blocking(move || {
-        use sha2::Digest;
-        use std::io::Read;
-        let mut f = std::fs::File::open(&p)?;
-        let mut h = sha2::Sha256::new();
-        let mut buf = vec![0u8; 256 << 10];
-        let mut n = 0u64;
-        loop {
-            let k = f.read(&mut buf)?;
-            if k == 0 {
-                break;
-            }
-            n += k as u64;
-            h.update(&buf[..k]);
-        }
-        Ok::<_, std::io::Error>((n, crate::util::hex(&h.finalize())))
-    })
-    .await
-    .map_err(|e| Error::Internal(format!("hashing: {e}")))?
-    .map_err(|e| Error::Internal(format!("hashing {}: {e}", path.display())))
 }
 
 fn to_wire(h: &Held, pending: u32, record: bool) -> berth_protocol::workpiece::Workpiece {

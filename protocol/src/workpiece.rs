@@ -20,6 +20,9 @@ pub const MAX_CELLS: usize = 10_000;
 pub const MAX_SUMMARY_BYTES: usize = 4 << 10;
 /// The most pages (slides, sheet print pages) a version's or proposal's preview renders.
 pub const PREVIEW_PAGES: u32 = 20;
+/// Where the agent stages proposals' results and copies of versions, under the sandbox
+/// user's home.
+pub const SCRATCH: &str = ".cache/berth/workpieces";
 /// The most workpieces one sandbox holds.
 pub const MAX_PER_SANDBOX: usize = 200;
 

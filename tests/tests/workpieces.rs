@@ -56,7 +56,7 @@ async fn sandbox_sha(c: &ControllerProcess, id: &str, path: &str) -> String {
         .await
         .unwrap();
     assert_eq!(r.status(), 200, "{path}");
-    berth_tests_hex(&sha2::Sha256::digest(r.bytes().await.unwrap()))
+    hex(&sha2::Sha256::digest(r.bytes().await.unwrap()))
 }
 
 /// How many distinct colours a screenshot holds below the panel (every third pixel): a window
@@ -84,7 +84,7 @@ fn differing_pixels(a: &[u8], b: &[u8]) -> usize {
         .count()
 }
 
-fn berth_tests_hex(b: &[u8]) -> String {
+fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 

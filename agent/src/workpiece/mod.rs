@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use berth_protocol::workpiece::{MAX_FILE_BYTES, WorkpieceKind};
+use berth_protocol::workpiece::{MAX_FILE_BYTES, SCRATCH, WorkpieceKind};
 use serde_json::{Map, Value};
 
 use crate::Agent;
@@ -28,8 +28,6 @@ pub const OPS: &[&str] = &[
 const ENGINE_TIMEOUT: Duration = Duration::from_secs(180);
 /// The most an engine answer may print (rendered pages are base64 PNGs).
 const ENGINE_OUTPUT: usize = 64 << 20;
-/// Where proposals' results are staged, under the sandbox user's home.
-pub const SCRATCH: &str = ".cache/berth/workpieces";
 
 /// The engine as a file the sandbox user can read and not change: under `/usr/local/lib/berth`
 /// when the agent runs as root, else in its state dir; named by its content, written once.

@@ -420,7 +420,7 @@ impl Artifacts {
 }
 
 /// The size and SHA-256 of `file`, read on a blocking thread.
-async fn hash_off_thread(file: &Path) -> Result<(u64, String)> {
+pub(crate) async fn hash_off_thread(file: &Path) -> Result<(u64, String)> {
     let f = file.to_path_buf();
     tokio::task::spawn_blocking(move || hash_file(&f))
         .await
