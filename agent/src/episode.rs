@@ -54,6 +54,8 @@ pub enum Source {
     Mcp,
     /// Anthropic's computer toolset (`/v1/toolsets/computer`).
     Toolset,
+    /// A person took or handed back the controls.
+    Control,
 }
 
 impl Source {
@@ -63,6 +65,7 @@ impl Source {
             Source::Input => "input",
             Source::Mcp => "mcp",
             Source::Toolset => "toolset",
+            Source::Control => "control",
         }
     }
 }

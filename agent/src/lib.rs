@@ -7,6 +7,7 @@ pub mod api;
 pub mod browser;
 pub mod cli;
 pub mod compat;
+pub mod control;
 pub mod desktop;
 pub mod display;
 pub mod egress;
@@ -78,6 +79,8 @@ pub struct Agent {
     pub novnc_dir: PathBuf,
     /// The accessibility tree (AT-SPI on the session bus).
     pub a11y: Arc<a11y::A11y>,
+    /// The desktop's controls: a person holding them, the agent asking for one.
+    pub control: Arc<control::Control>,
     shutdown: watch::Sender<Option<ShutdownKind>>,
 }
 
@@ -115,6 +118,24 @@ impl Agent {
         let body = serde_json::json!({ "actions": answer.ran });
         self.log_computer(source, &body, &answer.trace, answer.error.clone(), called)
             .await;
+    }
+
+    /// Marks a change of the controls (`control.taken`, `control.returned`) in the episode.
+    pub fn log_control(&self, what: &str) {
+        let a = episode::Action {
+            source: episode::Source::Control,
+            dialect: None,
+            action: serde_json::json!({ "action": what }),
+            started: std::time::Instant::now(),
+            duration: std::time::Duration::ZERO,
+            settled: None,
+            error: None,
+            cursor: None,
+            screenshot: None,
+            batch: None,
+            media: Vec::new(),
+        };
+        self.episode.log(a.with_media(&self.recorder));
     }
 
     pub fn request_shutdown(&self, kind: ShutdownKind) {

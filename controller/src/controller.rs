@@ -41,6 +41,10 @@ pub struct Controller {
     pub sessions: Arc<Sessions>,
     pub reconciler: Arc<Reconciler>,
     pub workpieces: Arc<crate::workpiece::Workpieces>,
+    /// The session view's browser, diff, agents and workspace panes.
+    pub panes: Arc<crate::panes::Panes>,
+    /// The control leases of people taking the controls.
+    pub controls: Arc<crate::control::Controls>,
     /// The GitHub tools, when `[egress.github]` is configured (set once at start).
     pub github: std::sync::OnceLock<Arc<crate::github::Github>>,
 }
@@ -77,11 +81,13 @@ impl Controller {
             ctx.clone(),
             artifacts.clone(),
         ));
+        let panes = Arc::new(crate::panes::Panes::new(ctx.clone(), artifacts.clone()));
         let episodes = Arc::new(Episodes::new(
             ctx.clone(),
             artifacts.clone(),
             timeline.clone(),
             workpieces.clone(),
+            panes.clone(),
         ));
         let follower = Arc::new(Follower::new(
             ctx.clone(),
@@ -106,6 +112,8 @@ impl Controller {
         Ok(Arc::new(Controller {
             viewers: Arc::new(Viewers::new(ctx.clone())),
             sessions: Arc::new(Sessions::new(ctx.clone())),
+            controls: Arc::new(crate::control::Controls::new(ctx.clone())),
+            panes,
             images: Arc::default(),
             ctx,
             timeline,

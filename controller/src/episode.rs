@@ -320,6 +320,7 @@ pub struct Episodes {
     artifacts: Arc<Artifacts>,
     timeline: Arc<Timeline>,
     workpieces: Arc<crate::workpiece::Workpieces>,
+    panes: Arc<crate::panes::Panes>,
 }
 
 impl KeepWork for Episodes {
@@ -334,12 +335,14 @@ impl Episodes {
         artifacts: Arc<Artifacts>,
         timeline: Arc<Timeline>,
         workpieces: Arc<crate::workpiece::Workpieces>,
+        panes: Arc<crate::panes::Panes>,
     ) -> Episodes {
         Episodes {
             ctx,
             artifacts,
             timeline,
             workpieces,
+            panes,
         }
     }
 
@@ -352,6 +355,7 @@ impl Episodes {
             self.artifacts.keep_recordings(row).await;
             self.keep_episode(row).await;
             self.workpieces.keep(row).await;
+            self.panes.keep(row).await;
             // Extension point: further work kept before the sandbox goes is added here, each
             // step bounded by the same deadline.
         };

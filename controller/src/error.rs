@@ -15,6 +15,9 @@ pub enum Error {
     NotFound(String),
     #[error("{0}")]
     Conflict(String),
+    /// A conflict with its own error code (`control_held`, `not_holder`).
+    #[error("{1}")]
+    ConflictCode(&'static str, String),
     /// Valid, but cannot be done here (a disabled profile, an image this provider cannot run).
     #[error("{0}")]
     Unprocessable(String),
@@ -39,6 +42,7 @@ impl Error {
             Error::TooLarge(_) => "too_large",
             Error::NotFound(_) => "not_found",
             Error::Conflict(_) => "conflict",
+            Error::ConflictCode(code, _) => code,
             Error::Unprocessable(_) => "unprocessable",
             Error::Unavailable(_) => "unavailable",
             Error::Agent(_) => "agent",

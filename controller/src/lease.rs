@@ -69,6 +69,7 @@ impl Leases {
             screen,
             egress: Some(egress),
             credentials: Vec::new(),
+            human_control: false,
         };
         match self.ctx.store.active_lease_for_thread(&req.thread_id)? {
             Some(lease) => self.renew_or_replace(lease, req, want, &image).await,

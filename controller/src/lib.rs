@@ -7,6 +7,7 @@ pub mod artifact;
 pub mod catalog;
 pub mod cli;
 pub mod config;
+pub mod control;
 pub mod controller;
 pub mod ctx;
 #[cfg(test)]
@@ -24,6 +25,7 @@ pub mod lifecycle;
 pub mod limits;
 pub mod mcp;
 pub mod metrics;
+pub mod panes;
 pub mod pool;
 pub mod provider;
 pub mod reconcile;

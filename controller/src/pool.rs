@@ -160,6 +160,7 @@ impl Pools {
                     screen: pool.screen.clone(),
                     egress: Some(pool.egress.clone()),
                     credentials: Vec::new(),
+                    human_control: false,
                 };
                 let row = match self
                     .sandboxes
@@ -346,6 +347,7 @@ mod tests {
                 screen: None,
                 egress: None,
                 credentials: Vec::new(),
+                human_control: false,
             }
         }
 

@@ -267,6 +267,7 @@ mod tests {
             screen: None,
             egress: None,
             credentials: Vec::new(),
+            human_control: false,
         }
     }
 

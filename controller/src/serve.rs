@@ -145,9 +145,7 @@ pub async fn start(opts: Options) -> anyhow::Result<Running> {
         regrant(&controller, &github);
         let _ = controller.github.set(Arc::new(github));
     }
-    controller.reconciler.recover().await?;
-    controller.pools.start_pools()?;
-    controller.reconciler.start_loops();
+    start_background(&controller).await?;
     let app = api::router(ApiState {
         c: controller.clone(),
         key_hashes: Arc::new(hashes),
@@ -321,4 +319,13 @@ async fn record_egress_notes(
             tracing::warn!(error = %e, "egress: a count was not stored");
         }
     }
+}
+/// Recovers the store's state, then starts the pools, the reconciler's loops and the control
+/// leases' sweep.
+async fn start_background(controller: &Arc<Controller>) -> anyhow::Result<()> {
+    controller.reconciler.recover().await?;
+    controller.pools.start_pools()?;
+    controller.reconciler.start_loops();
+    controller.controls.spawn();
+    Ok(())
 }

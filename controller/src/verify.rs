@@ -383,6 +383,7 @@ async fn create(
         screen: None,
         egress: None,
         credentials: Vec::new(),
+        human_control: None,
     };
     let mut sb = bounded(controller.create_nowait(&req)).await?;
     *created.locked() = Some(sb.id.clone());

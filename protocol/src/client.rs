@@ -519,6 +519,59 @@ impl AgentClient {
     pub async fn a11y(&self) -> Result<A11yTree> {
         self.get(native::A11Y).await
     }
+
+    /// `PUT /v1/control`: a person holds the controls.
+    pub async fn control_grant(
+        &self,
+        g: &crate::control::ControlGrant,
+    ) -> Result<crate::control::AgentControl> {
+        self.call_json(reqwest::Method::PUT, native::CONTROL, g)
+            .await
+    }
+
+    /// `DELETE /v1/control`: the person handed back.
+    pub async fn control_release(&self) -> Result<crate::control::AgentControl> {
+        Self::call(self.request(reqwest::Method::DELETE, native::CONTROL)).await
+    }
+
+    pub async fn control(&self) -> Result<crate::control::AgentControl> {
+        self.get(native::CONTROL).await
+    }
+
+    pub async fn control_settings(
+        &self,
+        s: &crate::control::ControlSettings,
+    ) -> Result<crate::control::AgentControl> {
+        self.call_json(reqwest::Method::PUT, native::CONTROL_SETTINGS, s)
+            .await
+    }
+
+    pub async fn control_decline(&self) -> Result<crate::control::AgentControl> {
+        Self::call(self.request(reqwest::Method::POST, native::CONTROL_DECLINE)).await
+    }
+
+    pub async fn browser_tabs(&self) -> Result<crate::workspace::BrowserTabs> {
+        self.get(native::BROWSER_TABS).await
+    }
+
+    /// A tab's page as JPEG bytes.
+    pub async fn browser_tab_screenshot(&self, id: &str) -> Result<Vec<u8>> {
+        let path = crate::routes::fill(native::BROWSER_TAB_SCREENSHOT, &[id]);
+        let resp = check(self.request(reqwest::Method::GET, &path).send().await?).await?;
+        Ok(resp.bytes().await?.to_vec())
+    }
+
+    pub async fn git_repos(&self) -> Result<crate::workspace::GitRepos> {
+        self.get(native::GIT_REPOS).await
+    }
+
+    pub async fn git_diff(&self, repo: &str, path: &str) -> Result<crate::workspace::FileDiff> {
+        Self::call(
+            self.request(reqwest::Method::GET, native::GIT_DIFF)
+                .query(&[("repo", repo), ("path", path)]),
+        )
+        .await
+    }
 }
 
 /// Turns an error status into `ClientError`, keeping the native error body when present.

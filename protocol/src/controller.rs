@@ -40,6 +40,10 @@ pub struct CreateSandbox {
     /// egress allow list naming each host.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub credentials: Vec<SandboxCredential>,
+    /// Lets its agent ask for a person (`request_human_control`, MCP and
+    /// `POST /v1/control/request`); the tool is not listed otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub human_control: Option<bool>,
 }
 
 /// A credential given at create: `{"host": "api.example.com", "header": "Authorization",

@@ -137,6 +137,18 @@ event_kinds! {
     WorkpieceAccepted => "workpiece.accepted",
     /// A person rejected a proposal (`workpiece`, `proposal`, `reason`).
     WorkpieceRejected => "workpiece.rejected",
+    /// A person took the controls of the desktop (`holder`, `expires_at`); the agent's input
+    /// and observations are refused until they hand back.
+    ControlTaken => "control.taken",
+    /// The controls came back to the agent (`reason`: `handed_back`, `expired`, `forced`,
+    /// `sandbox_ended`; `held_ms`).
+    ControlReturned => "control.returned",
+    /// The agent asked for a person (`id`, `reason`, `timeout_seconds`).
+    ControlRequested => "control.requested",
+    /// A person declined the agent's request (`id`).
+    ControlDeclined => "control.declined",
+    /// The agent's request for a person ended (`id`, `outcome`, `waited_ms`).
+    ControlRequestEnded => "control.request_ended",
 }
 
 impl std::fmt::Display for EventKind {

@@ -6,6 +6,7 @@
 
 pub mod cgroup;
 pub mod client;
+pub mod control;
 pub mod controller;
 pub mod desktop;
 pub mod display;
@@ -29,6 +30,7 @@ pub mod serve;
 pub mod sync;
 pub mod toolset;
 pub mod workpiece;
+pub mod workspace;
 
 pub use client::{AgentClient, Auth, ClientError};
 pub use desktop::*;

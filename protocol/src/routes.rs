@@ -117,6 +117,25 @@ pub mod native {
         BROWSER_RESTART = "/browser/restart";
         BROWSER_CDP = "/browser/cdp";
         BROWSER_CDP_TARGET = "/browser/cdp/{kind}/{id}";
+        /// `GET`: the browser's tabs (title, URL, the active one).
+        BROWSER_TABS = "/browser/tabs";
+        /// `GET`: a tab's page as a JPEG (the session view's live view).
+        BROWSER_TAB_SCREENSHOT = "/browser/tabs/{id}/screenshot";
+        /// `GET`: the git repositories under the sandbox user's working directory and what
+        /// changed in each.
+        GIT_REPOS = "/git/repos";
+        /// `GET ?repo=&path=`: one file's unified diff.
+        GIT_DIFF = "/git/diff";
+        /// `GET` the controls' state; `PUT` a person holds them, `DELETE` they handed back
+        /// (the controller's pushes).
+        CONTROL = "/control";
+        /// `PUT {"requests_enabled"}` (the controller's push).
+        CONTROL_SETTINGS = "/control/settings";
+        /// `POST {"reason"}`: the agent asks for a person; answers when one came and went,
+        /// declined, or the wait ended.
+        CONTROL_REQUEST = "/control/request";
+        /// `POST`: a person declined the pending request (the controller's push).
+        CONTROL_DECLINE = "/control/decline";
         EVENTS = "/events";
         /// `DELETE` starts a new episode (clears the action log).
         EPISODE = "/episode";
@@ -219,6 +238,10 @@ pub mod controller {
     pub const SANDBOX_ARTIFACTS: &str = "/sandbox/sandboxes/v1/{id}/artifacts";
     pub const SANDBOX_EPISODE: &str = "/sandbox/sandboxes/v1/{id}/episode";
     /// `GET` the sandbox's workpieces, `POST` a new one.
+    /// `GET` the controls, `POST` take (or renew) them, `DELETE` hand them back.
+    pub const CONTROL: &str = "/sandbox/sandboxes/v1/{id}/control";
+    /// `POST`: a person declines the agent's request for one.
+    pub const CONTROL_DECLINE: &str = "/sandbox/sandboxes/v1/{id}/control/decline";
     pub const WORKPIECES: &str = "/sandbox/sandboxes/v1/{id}/workpieces";
     pub const WORKPIECE: &str = "/sandbox/sandboxes/v1/{id}/workpieces/{wid}";
     /// `GET ?version=&page=&sheet=`: structured content, paged.
@@ -291,6 +314,11 @@ pub mod header {
     /// The egress proxy's refusals: the reason (`not_allowed`, `host_mismatch`, …).
     pub const EGRESS_DENIED: &str = "x-berth-egress-denied";
     pub const MCP_PROTOCOL_VERSION: &str = "mcp-protocol-version";
+    /// The control token of a person holding the controls: input carrying it passes while
+    /// every other caller is refused `human_in_control`.
+    pub const CONTROL: &str = "x-berth-control";
+    /// Set by the controller's relay on a viewer's VNC connection that must not send input.
+    pub const VIEW_ONLY: &str = "x-berth-view-only";
     /// Every header the agent sets on its own answers, which proxies pass through.
     pub const AGENT_RESPONSE: [&str; 6] = [
         SCREEN_WIDTH,

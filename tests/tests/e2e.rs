@@ -44,6 +44,7 @@ mod record;
 mod registry;
 mod resize;
 mod schemathesis;
+mod session_control;
 mod session_view;
 mod verify;
 mod workpieces;

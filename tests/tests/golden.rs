@@ -223,6 +223,7 @@ fn sandbox_requests() {
             screen: Some("1280x800".into()),
             egress: Some(Egress::Mode(EgressMode::None)),
             credentials: Vec::new(),
+            human_control: None,
         },
         r#"{"profile": "desktop-ubuntu", "image_ref": "berth-desktop:0f1e2d",
             "labels": {"k": "v"}, "ttl_seconds": 600, "screen": "1280x800", "egress": "none"}"#,

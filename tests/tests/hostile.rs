@@ -715,6 +715,7 @@ async fn every_route_answers_hostile_input_with_a_4xx_and_its_error_body() {
             screen: None,
             egress: None,
             credentials: Vec::new(),
+            human_control: None,
         })
         .await
         .expect("an ide sandbox");

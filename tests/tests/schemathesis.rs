@@ -8,7 +8,9 @@
 //! host. Left out even there: `POST /v1/shutdown` (ends the sandbox the rest of the run needs),
 //! `POST /setup/download_file` (would fetch random URLs: no traffic leaves this machine),
 //! `POST /v1/browser/restart` (each call waits for a new Chromium: minutes on 2 cores) and the
-//! endless `GET /v1/stream.mp4` (and the controller's); and the relays (tag `relay`: preview of a port, the agent
+//! endless `GET /v1/stream.mp4` (and the controller's), the controller's pushes of a control
+//! lease and of request settings (`PUT /v1/control`, `PUT /v1/control/settings`: a random lease
+//! would refuse the rest of the run's input); and the relays (tag `relay`: preview of a port, the agent
 //! through the controller), whose answers are the upstream's (a random port: 502). On the controller the operations that create containers or
 //! build images (sandbox create, lease acquire, image build) are left out; the rest meet
 //! unknown ids. Follows are pinned off (`follow=false`) and waits short (`timeout_ms=1000`) so a
@@ -28,11 +30,15 @@ use serde_json::Value;
 /// Generated requests per operation.
 const EXAMPLES: &str = "8";
 
-const AGENT_EXCLUDED: [&str; 4] = [
+const AGENT_EXCLUDED: [&str; 6] = [
     "shutdown",
     "compat_download_file",
     "browser_restart",
     "stream_mp4",
+    // A person holding the controls (a random grant) refuses the rest of the run's input and
+    // observations for up to an hour; enabling requests lets `control_request` wait 600 s.
+    "control_put",
+    "control_settings",
 ];
 const CONTROLLER_EXCLUDED: [&str; 4] = [
     "sandbox_create",

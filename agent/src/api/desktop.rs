@@ -132,9 +132,16 @@ pub async fn vnc_file(
 pub async fn vnc_ws(
     State(agent): State<Arc<Agent>>,
     Extension(grant): Extension<Grant>,
+    headers: axum::http::HeaderMap,
     ws: WsResult,
 ) -> Result<Response, ApiError> {
     let d = desktop(&agent)?.clone();
+    // The controller's relay marks a session viewer that must only watch; the holder of the
+    // controls sends its token, asked again at every message.
+    let view_only =
+        grant.view_only || headers.contains_key(berth_protocol::routes::header::VIEW_ONLY);
+    let token = super::control::token(&headers).map(str::to_string);
+    let control = agent.control.clone();
     let Ok(ws) = ws else {
         return Err(ApiError::bad_request(
             "this route is noVNC's WebSocket; open /v1/vnc/ in a browser",
@@ -142,7 +149,8 @@ pub async fn vnc_ws(
     };
     let socket = d.vnc_socket.clone();
     Ok(ws.protocols(["binary"]).on_upgrade(move |ws| async move {
-        crate::desktop::vnc::relay(ws, &socket, grant.view_only).await
+        let may = move || control.allows(token.as_deref());
+        crate::desktop::vnc::relay(ws, &socket, view_only, may).await
     }))
 }
 
@@ -341,4 +349,83 @@ pub async fn a11y(State(agent): State<Arc<Agent>>) -> Result<Response, ApiError>
             )
         })?;
     Ok(Json(A11yTree { applications: apps }).into_response())
+}
+
+/// `GET /v1/browser/tabs`: the browser's page targets; the first the browser lists is the one
+/// last active (DevTools lists targets by their last activity).
+pub async fn browser_tabs(
+    State(agent): State<Arc<Agent>>,
+) -> Result<Json<berth_protocol::workspace::BrowserTabs>, ApiError> {
+    use berth_protocol::workspace::{BrowserTab, BrowserTabs, MAX_TABS};
+    let d = desktop(&agent)?;
+    let dt = running_browser(d).await?;
+    let targets = crate::browser::cdp::targets(dt.port)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "browser_down", e))?;
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+    let tabs = targets
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter(|t| t["type"] == "page")
+        .take(MAX_TABS)
+        .enumerate()
+        .map(|(i, t)| BrowserTab {
+            id: text(&t["id"]),
+            title: text(&t["title"]),
+            url: text(&t["url"]),
+            active: i == 0,
+        })
+        .collect();
+    Ok(Json(BrowserTabs { tabs }))
+}
+
+/// `GET /v1/browser/tabs/{id}/screenshot`: the tab's page as a JPEG, over CDP.
+pub async fn browser_tab_screenshot(
+    State(agent): State<Arc<Agent>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    use base64::Engine;
+    if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(ApiError::not_found(format!("no tab {id:?}")));
+    }
+    let d = desktop(&agent)?;
+    let dt = running_browser(d).await?;
+    let down = |e: String| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "browser_down", e);
+    let listed = crate::browser::cdp::targets(dt.port).await.map_err(down)?;
+    if !listed.as_array().is_some_and(|a| {
+        a.iter()
+            .any(|t| t["id"] == id.as_str() && t["type"] == "page")
+    }) {
+        return Err(ApiError::not_found(format!("no tab {id}")));
+    }
+    let shot = async {
+        let url = format!("ws://127.0.0.1:{}/devtools/page/{id}", dt.port);
+        let mut cdp = crate::browser::cdp::Cdp::connect(url).await?;
+        let r = cdp
+            .call(
+                "Page.captureScreenshot",
+                serde_json::json!({"format": "jpeg", "quality": 60}),
+                None,
+            )
+            .await;
+        cdp.close().await;
+        r
+    };
+    let r = tokio::time::timeout(Duration::from_secs(10), shot)
+        .await
+        .map_err(|_| down("the tab did not answer within 10 s".into()))?
+        .map_err(down)?;
+    let jpeg = base64::engine::general_purpose::STANDARD
+        .decode(r["data"].as_str().unwrap_or_default())
+        .map_err(|e| down(format!("the screenshot: {e}")))?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "image/jpeg"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        jpeg,
+    )
+        .into_response())
 }

@@ -1,12 +1,14 @@
 //! The native surface `/v1/*`: bearer-token auth and thin handlers over the domains.
 
 pub mod computer;
+pub mod control;
 pub mod desktop;
 pub mod display;
 pub mod episode;
 pub mod exec;
 pub mod follow;
 pub mod fs;
+pub mod git;
 pub mod ports;
 pub mod pty;
 pub mod record;
@@ -37,7 +39,7 @@ use follow::{Batch, Followable};
 
 /// The native routes, relative to their nest (`/v1`).
 pub fn routes(agent: Arc<Agent>) -> Routes<Arc<Agent>> {
-    let bearer = Routes::new()
+    let bearer = guarded_routes(Routes::new(), &agent)
         .bind(&op::EXEC, exec::exec)
         .bind(&op::COMMANDS_LIST, exec::list)
         .bind(&op::COMMAND_GET, exec::get)
@@ -59,18 +61,9 @@ pub fn routes(agent: Arc<Agent>) -> Routes<Arc<Agent>> {
         .bind(&op::FS_MKDIR, fs::mkdir)
         .bind(&op::FS_MOVE, fs::rename)
         .bind(&op::FS_WATCH, fs::watch)
-        .bind(&op::SCREENSHOT, display::screenshot)
-        .bind(&op::INPUT, display::input)
         .bind(&op::DISPLAY, display::info)
-        .bind(&op::DISPLAY_RESIZE, display::resize)
-        .bind(&op::WINDOWS, display::windows)
-        .bind(&op::CLIPBOARD_GET, display::clipboard_get)
-        .bind(&op::CLIPBOARD_PUT, display::clipboard_put)
-        .bind(&op::COMPUTER, computer::computer)
         .bind(&op::TOOLSET_COMPUTER_INFO, toolset::computer_info)
-        .bind(&op::TOOLSET_COMPUTER_TURN, toolset::computer_turn)
         .bind(&op::TOOLSET_BROWSER_INFO, toolset::browser_info)
-        .bind(&op::TOOLSET_BROWSER_TURN, toolset::browser_turn)
         .bind(&op::RECORDING_START, record::start)
         .bind(&op::RECORDINGS_LIST, record::list)
         .bind(&op::RECORDING_GET, record::get)
@@ -79,15 +72,13 @@ pub fn routes(agent: Arc<Agent>) -> Routes<Arc<Agent>> {
         .bind(&op::RECORDING_FILE, record::file)
         .bind(&op::VIEWER_TOKEN, viewer::mint)
         .bind(&op::READY, desktop::ready)
-        .bind(&op::A11Y, desktop::a11y)
         .bind(&op::DESKTOP_STATE, desktop::desktop_state)
         .bind(&op::WORKPIECE, workpiece::engine)
         .bind(&op::WORKPIECE_FILE_GET, workpiece::read)
         .bind_with(&op::WORKPIECE_FILE_PUT, workpiece::write, unlimited)
         .bind(&op::BROWSER, desktop::browser_info)
         .bind(&op::BROWSER_RESTART, desktop::browser_restart)
-        .bind(&op::BROWSER_CDP, desktop::browser_cdp)
-        .bind(&op::BROWSER_CDP_TARGET, desktop::browser_cdp_target)
+        .merge(panes_and_control())
         .bind(&op::EVENTS, events)
         .bind(&op::EPISODE_CLEAR, episode::clear)
         .bind(&op::EPISODE_ACTIONS, episode::actions)
@@ -108,6 +99,59 @@ pub fn routes(agent: Arc<Agent>) -> Routes<Arc<Agent>> {
             viewer::require_viewer,
         ));
     bearer.merge(browser)
+}
+
+/// The input and observation routes, refused to all but the holder while a person holds the
+/// controls.
+fn guarded_routes(r: Routes<Arc<Agent>>, agent: &Arc<Agent>) -> Routes<Arc<Agent>> {
+    r.bind_with(&op::SCREENSHOT, display::screenshot, guarded(agent))
+        .bind_with(&op::INPUT, display::input, guarded(agent))
+        .bind_with(&op::DISPLAY_RESIZE, display::resize, guarded(agent))
+        .bind_with(&op::WINDOWS, display::windows, guarded(agent))
+        .bind_with(&op::CLIPBOARD_GET, display::clipboard_get, guarded(agent))
+        .bind_with(&op::CLIPBOARD_PUT, display::clipboard_put, guarded(agent))
+        .bind_with(&op::COMPUTER, computer::computer, guarded(agent))
+        .bind_with(
+            &op::TOOLSET_COMPUTER_TURN,
+            toolset::computer_turn,
+            guarded(agent),
+        )
+        .bind_with(
+            &op::TOOLSET_BROWSER_TURN,
+            toolset::browser_turn,
+            guarded(agent),
+        )
+        .bind_with(&op::A11Y, desktop::a11y, guarded(agent))
+        .bind_with(&op::BROWSER_CDP, desktop::browser_cdp, guarded(agent))
+        .bind_with(
+            &op::BROWSER_CDP_TARGET,
+            desktop::browser_cdp_target,
+            guarded(agent),
+        )
+}
+
+/// The session view's panes (tabs, repositories) and the controls' routes.
+fn panes_and_control() -> Routes<Arc<Agent>> {
+    Routes::new()
+        .bind(&op::BROWSER_TABS, desktop::browser_tabs)
+        .bind(&op::BROWSER_TAB_SCREENSHOT, desktop::browser_tab_screenshot)
+        .bind(&op::GIT_REPOS, git::repos)
+        .bind(&op::GIT_DIFF, git::diff)
+        .bind(&op::CONTROL_GET, control::get)
+        .bind(&op::CONTROL_PUT, control::put)
+        .bind(&op::CONTROL_DELETE, control::delete)
+        .bind(&op::CONTROL_SETTINGS, control::settings)
+        .bind(&op::CONTROL_REQUEST, control::request)
+        .bind(&op::CONTROL_DECLINE, control::decline)
+}
+
+/// An input or observation route: refused to all but the holder while a person holds the
+/// controls (`control::guard`).
+fn guarded(
+    agent: &Arc<Agent>,
+) -> impl FnOnce(MethodRouter<Arc<Agent>>) -> MethodRouter<Arc<Agent>> {
+    let agent = agent.clone();
+    move |m| m.route_layer(middleware::from_fn_with_state(agent, control::guard))
 }
 
 /// Files stream: no body limit.

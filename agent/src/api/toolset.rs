@@ -28,13 +28,32 @@ pub async fn computer_turn(
 ) -> Result<Json<ToolsetTurn>, ApiError> {
     let called = std::time::Instant::now();
     let calls = toolset::calls(&turn.content, COMPUTER_FAMILY).map_err(ApiError::bad_request)?;
-    let answer = toolset::run_turn(&agent.display, &calls).await?;
+    let mut answer = toolset::run_turn(&agent.display, &calls).await?;
+    if let Some(n) = agent.control.take_notice() {
+        toolset::prepend_notice(&agent.display, &mut answer, notice_text(n)).await?;
+    }
     agent
         .log_toolset_turn(crate::episode::Source::Toolset, &answer, called)
         .await;
     Ok(Json(ToolsetTurn {
         content: answer.content,
     }))
+}
+
+/// What the model is told after a person handed the controls back.
+pub fn notice_text(n: crate::control::Notice) -> String {
+    let held = n
+        .returned
+        .duration_since(n.taken)
+        .unwrap_or_default()
+        .as_secs();
+    format!(
+        "{} for {held} s (from {} to {}) and handed them back; windows, text and the page may \
+         have changed. This is the screen now; look at it before acting.",
+        berth_protocol::control::SCREEN_CHANGED,
+        crate::time::rfc3339(n.taken),
+        crate::time::rfc3339(n.returned)
+    )
 }
 
 fn browser_desktop(agent: &Agent) -> Result<&Arc<crate::desktop::Desktop>, ApiError> {

@@ -30,7 +30,11 @@ pub const COMPAT_JSON_LIMIT: usize = 16 << 20;
 
 pub fn routes(agent: Arc<Agent>) -> Routes<Arc<Agent>> {
     let mut r = Routes::new()
-        .bind(&op::EXECUTE, execute::execute)
+        .bind_with(
+            &op::EXECUTE,
+            execute::execute,
+            guarded(&agent, Guard::Input),
+        )
         .bind(&op::SETUP_EXECUTE, execute::execute)
         .bind(&op::EXECUTE_VERIFY, execute::execute_with_verification)
         .bind(
@@ -38,8 +42,16 @@ pub fn routes(agent: Arc<Agent>) -> Routes<Arc<Agent>> {
             execute::execute_with_verification,
         )
         .bind(&op::LAUNCH, execute::launch)
-        .bind(&op::RUN_PYTHON, execute::run_python)
-        .bind(&op::RUN_BASH, execute::run_bash_script)
+        .bind_with(
+            &op::RUN_PYTHON,
+            execute::run_python,
+            guarded(&agent, Guard::Input),
+        )
+        .bind_with(
+            &op::RUN_BASH,
+            execute::run_bash_script,
+            guarded(&agent, Guard::Input),
+        )
         .bind(&op::FILE, files::file)
         .bind_with(&op::UPLOAD, files::upload, |m| {
             m.layer(DefaultBodyLimit::disable())
@@ -48,9 +60,17 @@ pub fn routes(agent: Arc<Agent>) -> Routes<Arc<Agent>> {
         .bind(&op::DESKTOP_PATH, files::desktop_path)
         .bind(&op::DOWNLOAD_FILE, files::download_file)
         .bind(&op::PLATFORM, platform)
-        .bind(&op::SCREENSHOT, display::screenshot)
+        .bind_with(
+            &op::SCREENSHOT,
+            display::screenshot,
+            guarded(&agent, Guard::Always),
+        )
         .bind(&op::SCREEN_SIZE, display::screen_size)
-        .bind(&op::CURSOR_POSITION, display::cursor_position)
+        .bind_with(
+            &op::CURSOR_POSITION,
+            display::cursor_position,
+            guarded(&agent, Guard::Always),
+        )
         .bind(&op::WINDOW_SIZE, display::window_size)
         .bind(&op::ACTIVATE_WINDOW, display::activate_window)
         .bind(&op::CLOSE_WINDOW, display::close_window)
@@ -59,8 +79,16 @@ pub fn routes(agent: Arc<Agent>) -> Routes<Arc<Agent>> {
         .bind(&op::CHANGE_WALLPAPER, display::change_wallpaper)
         .bind(&op::START_RECORDING, record::start_recording)
         .bind(&op::END_RECORDING, record::end_recording)
-        .bind(&op::ACCESSIBILITY, a11y::accessibility)
-        .bind(&op::TERMINAL, a11y::terminal)
+        .bind_with(
+            &op::ACCESSIBILITY,
+            a11y::accessibility,
+            guarded(&agent, Guard::Always),
+        )
+        .bind_with(
+            &op::TERMINAL,
+            a11y::terminal,
+            guarded(&agent, Guard::Always),
+        )
         // Multipart forms (read by axum's extractor) get the compat limit too, not axum's
         // 2 MiB default; `/setup/upload` disables it on its own route, which wins.
         .layer(DefaultBodyLimit::max(COMPAT_JSON_LIMIT));
@@ -68,6 +96,72 @@ pub fn routes(agent: Arc<Agent>) -> Routes<Arc<Agent>> {
         r = r.route_layer(middleware::from_fn_with_state(agent, require_token));
     }
     r
+}
+
+/// Which compat routes a person holding the controls closes to the harness.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Guard {
+    /// Observations (`/screenshot`, `/cursor_position`, `/accessibility`, `/terminal`).
+    Always,
+    /// Commands that drive the desktop: only when they name `pyautogui` or `xdotool`
+    /// (OSWorld's actions are `pyautogui` code run through `/execute` or `/run_python`).
+    Input,
+}
+
+/// Whether a compat request with `body` drives the desktop.
+fn drives_desktop(body: &[u8]) -> bool {
+    let has = |w: &[u8]| body.windows(w.len()).any(|x| x == w);
+    has(b"pyautogui") || has(b"xdotool")
+}
+
+fn guarded(
+    agent: &Arc<Agent>,
+    guard: Guard,
+) -> impl FnOnce(axum::routing::MethodRouter<Arc<Agent>>) -> axum::routing::MethodRouter<Arc<Agent>>
+{
+    let agent = agent.clone();
+    move |m| {
+        m.route_layer(middleware::from_fn_with_state(
+            agent,
+            move |State(agent): State<Arc<Agent>>, req: Request, next: Next| {
+                compat_guard(agent, guard, req, next)
+            },
+        ))
+    }
+}
+
+/// Refuses a guarded compat request while a person holds the controls (409, the compat
+/// error body with the reason).
+async fn compat_guard(agent: Arc<Agent>, guard: Guard, req: Request, next: Next) -> Response {
+    let token = crate::api::control::token(req.headers()).map(str::to_string);
+    let Err(ms) = agent.control.check(token.as_deref()) else {
+        return next.run(req).await;
+    };
+    let req = match guard {
+        Guard::Always => None,
+        Guard::Input => {
+            let (parts, body) = req.into_parts();
+            let bytes = match axum::body::to_bytes(body, COMPAT_JSON_LIMIT).await {
+                Ok(b) => b,
+                Err(e) => {
+                    return error(StatusCode::BAD_REQUEST, format!("reading the body: {e}"));
+                }
+            };
+            (!drives_desktop(&bytes))
+                .then(|| Request::from_parts(parts, axum::body::Body::from(bytes)))
+        }
+    };
+    match req {
+        Some(req) => next.run(req).await,
+        None => error(
+            StatusCode::CONFLICT,
+            format!(
+                "{}: {}",
+                berth_protocol::control::HUMAN_IN_CONTROL,
+                berth_protocol::control::refusal(ms)
+            ),
+        ),
+    }
 }
 
 async fn require_token(State(agent): State<Arc<Agent>>, req: Request, next: Next) -> Response {

@@ -1,7 +1,9 @@
 //! noVNC's WebSocket relayed to the VNC server's private Unix socket, binary frames both ways
-//! with back-pressure (each direction waits for its writes). A view-only viewer is held to it
+//! with back-pressure (each direction waits for its writes). Who may send input is decided
 //! here, not by the page: the relay reads the RFB client's message stream and drops key,
-//! pointer, clipboard, resize and power messages before they reach the server.
+//! pointer, clipboard, resize and power messages before they reach the server, for a
+//! view-only viewer always, and for every other viewer while a person who is not them holds
+//! the controls (asked per message, so taking the controls silences open connections).
 
 use std::path::Path;
 
@@ -12,7 +14,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// Largest client message the filter buffers (a cut text past this ends the session).
 const MAX_CLIENT_MESSAGE: usize = 16 << 20;
 
-pub async fn relay(ws: WebSocket, socket: &Path, view_only: bool) {
+pub async fn relay(
+    ws: WebSocket,
+    socket: &Path,
+    view_only: bool,
+    may_send_input: impl Fn() -> bool + Send,
+) {
     let vnc = match tokio::net::UnixStream::connect(socket).await {
         Ok(s) => s,
         Err(e) => {
@@ -43,7 +50,7 @@ pub async fn relay(ws: WebSocket, socket: &Path, view_only: bool) {
         let _ = ws_tx.send(Message::Close(None)).await;
     };
     let up = async move {
-        let mut filter = view_only.then(ViewOnly::default);
+        let mut filter = ClientFilter::default();
         while let Some(Ok(msg)) = ws_rx.next().await {
             let data = match msg {
                 Message::Binary(b) => b,
@@ -52,15 +59,13 @@ pub async fn relay(ws: WebSocket, socket: &Path, view_only: bool) {
                 Message::Close(_) => break,
                 _ => continue,
             };
-            let out = match &mut filter {
-                None => data.to_vec(),
-                Some(f) => match f.feed(&data) {
-                    Ok(out) => out,
-                    Err(e) => {
-                        tracing::info!(reason = %e, "VNC relay: closing a view-only viewer");
-                        break;
-                    }
-                },
+            let input = !view_only && may_send_input();
+            let out = match filter.feed(&data, input) {
+                Ok(out) => out,
+                Err(e) => {
+                    tracing::info!(reason = %e, "VNC relay: closing a viewer");
+                    break;
+                }
             };
             if !out.is_empty() && vnc_write.write_all(&out).await.is_err() {
                 break;
@@ -84,16 +89,17 @@ enum Phase {
 }
 
 /// The client-to-server half of RFB, parsed only as far as needed to pass the handshake and
-/// view requests and to drop input.
+/// view requests and to drop input when the viewer may not send it.
 #[derive(Default)]
-pub struct ViewOnly {
+pub struct ClientFilter {
     phase: Phase,
     buf: Vec<u8>,
 }
 
-impl ViewOnly {
-    /// Takes the client's next bytes; returns what may go on to the server.
-    pub fn feed(&mut self, data: &[u8]) -> Result<Vec<u8>, String> {
+impl ClientFilter {
+    /// Takes the client's next bytes; returns what may go on to the server (input only when
+    /// `input` allows it).
+    pub fn feed(&mut self, data: &[u8], input: bool) -> Result<Vec<u8>, String> {
         self.buf.extend_from_slice(data);
         let mut out = Vec::new();
         loop {
@@ -139,7 +145,10 @@ impl ViewOnly {
                     out.extend_from_slice(&msg);
                 }
                 Phase::Messages => {
-                    if passes(msg[0]) {
+                    // A cut text past the clipboard's bound is dropped, not pasted.
+                    let too_big =
+                        msg[0] == 6 && msg.len() > 8 + berth_protocol::control::MAX_CLIPBOARD_BYTES;
+                    if (input && !too_big) || passes(msg[0]) {
                         out.extend_from_slice(&msg);
                     }
                 }
@@ -190,16 +199,16 @@ fn message_len(b: &[u8]) -> Result<Option<usize>, String> {
 mod tests {
     use super::*;
 
-    fn handshake(f: &mut ViewOnly) {
-        let out = f.feed(b"RFB 003.008\n").unwrap();
+    fn handshake(f: &mut ClientFilter) {
+        let out = f.feed(b"RFB 003.008\n", false).unwrap();
         assert_eq!(out, b"RFB 003.008\n");
-        assert_eq!(f.feed(&[1]).unwrap(), [1]);
-        assert_eq!(f.feed(&[1]).unwrap(), [1]);
+        assert_eq!(f.feed(&[1], false).unwrap(), [1]);
+        assert_eq!(f.feed(&[1], false).unwrap(), [1]);
     }
 
     #[test]
     fn view_requests_pass_and_input_is_dropped() {
-        let mut f = ViewOnly::default();
+        let mut f = ClientFilter::default();
         handshake(&mut f);
         let update = [3u8, 0, 0, 0, 0, 0, 7, 128, 4, 56];
         let pointer = [5u8, 1, 0, 10, 0, 20];
@@ -215,7 +224,7 @@ mod tests {
         // Fed one byte at a time: the split points must not matter.
         let mut out = Vec::new();
         for b in &all {
-            out.extend(f.feed(std::slice::from_ref(b)).unwrap());
+            out.extend(f.feed(std::slice::from_ref(b), false).unwrap());
         }
         let mut want = update.to_vec();
         want.extend_from_slice(&encodings);
@@ -225,25 +234,38 @@ mod tests {
 
     #[test]
     fn resize_power_and_qemu_keys_are_dropped_unknown_messages_end_it() {
-        let mut f = ViewOnly::default();
+        let mut f = ClientFilter::default();
         handshake(&mut f);
         let mut resize = vec![251u8, 0, 0x07, 0x80, 0x04, 0x38, 1, 0];
         resize.extend_from_slice(&[0u8; 16]);
-        assert!(f.feed(&resize).unwrap().is_empty());
-        assert!(f.feed(&[250, 0, 1, 2]).unwrap().is_empty());
+        assert!(f.feed(&resize, false).unwrap().is_empty());
+        assert!(f.feed(&[250, 0, 1, 2], false).unwrap().is_empty());
         assert!(
-            f.feed(&[255, 0, 0, 1, 0, 0, 0, 0x61, 0, 0, 0, 30])
+            f.feed(&[255, 0, 0, 1, 0, 0, 0, 0x61, 0, 0, 0, 30], false)
                 .unwrap()
                 .is_empty()
         );
-        assert!(f.feed(&[99]).is_err());
+        assert!(f.feed(&[99], false).is_err());
+    }
+
+    #[test]
+    fn a_viewer_allowed_input_passes_it_and_loses_it_when_control_is_taken() {
+        let mut f = ClientFilter::default();
+        let out = f.feed(b"RFB 003.008\n", true).unwrap();
+        assert_eq!(out, b"RFB 003.008\n");
+        f.feed(&[1], true).unwrap();
+        f.feed(&[1], true).unwrap();
+        let key = [4u8, 1, 0, 0, 0, 0, 0, 0x61];
+        assert_eq!(f.feed(&key, true).unwrap(), key);
+        assert!(f.feed(&key, false).unwrap().is_empty());
+        assert_eq!(f.feed(&key, true).unwrap(), key);
     }
 
     #[test]
     fn rfb_3_3_has_no_security_byte() {
-        let mut f = ViewOnly::default();
-        f.feed(b"RFB 003.003\n").unwrap();
-        assert_eq!(f.feed(&[1]).unwrap(), [1]); // ClientInit
-        assert!(f.feed(&[5, 0, 0, 1, 0, 1]).unwrap().is_empty());
+        let mut f = ClientFilter::default();
+        f.feed(b"RFB 003.003\n", false).unwrap();
+        assert_eq!(f.feed(&[1], false).unwrap(), [1]); // ClientInit
+        assert!(f.feed(&[5, 0, 0, 1, 0, 1], false).unwrap().is_empty());
     }
 }

@@ -70,6 +70,9 @@ impl Mcp {
             None => Vec::new(),
         };
         let tools = Arc::new(tool_table(&browser));
+        let mut asking = tool_table(&browser);
+        asking.add_route(toolset::request_route());
+        let asking = Arc::new(asking);
         // The bearer token guards this route, so `Host` is not checked (the agent is reached
         // by container addresses and through the controller's relay, not only on loopback).
         // A session-less (2026-07-28) request whose answer is one message gets it as JSON
@@ -79,7 +82,15 @@ impl Mcp {
             .with_json_response(true)
             .with_max_request_body_bytes(MAX_BODY);
         let service = StreamableHttpService::new(
-            move || Ok(BerthMcp::new(agent.clone(), tools.clone())),
+            // A session opened while the sandbox lets the agent ask for a person lists
+            // `request_human_control`; others do not have it at all.
+            move || {
+                let table = match agent.control.view().requests_enabled {
+                    true => asking.clone(),
+                    false => tools.clone(),
+                };
+                Ok(BerthMcp::new(agent.clone(), table))
+            },
             sessions.clone(),
             config,
         );

@@ -204,6 +204,17 @@ impl BerthMcp {
     }
 }
 
+/// The tool error of a desktop tool while a person holds the controls, if they do.
+pub fn refused(agent: &Agent) -> Option<CallToolResult> {
+    agent.control.check(None).err().map(|ms| {
+        tool_error(format!(
+            "{}: {}",
+            berth_protocol::control::HUMAN_IN_CONTROL,
+            berth_protocol::control::refusal(ms)
+        ))
+    })
+}
+
 #[tool_router]
 impl BerthMcp {
     #[tool(
@@ -211,6 +222,9 @@ impl BerthMcp {
         input_schema = schema::<ComputerRequest>()
     )]
     async fn computer(&self, Args(req): Args<ComputerRequest>) -> CallToolResult {
+        if let Some(r) = refused(&self.agent) {
+            return r;
+        }
         let req = match req {
             Ok(r) => r,
             Err(e) => return tool_error(e),
@@ -250,6 +264,9 @@ impl BerthMcp {
         annotations(read_only_hint = true)
     )]
     async fn screenshot(&self, Args(args): Args<ScreenshotArgs>) -> CallToolResult {
+        if let Some(r) = refused(&self.agent) {
+            return r;
+        }
         let args = match args {
             Ok(a) => a,
             Err(e) => return tool_error(e),
@@ -483,6 +500,9 @@ impl BerthMcp {
         annotations(read_only_hint = true)
     )]
     async fn accessibility_tree(&self) -> CallToolResult {
+        if let Some(r) = refused(&self.agent) {
+            return r;
+        }
         match tokio::time::timeout(A11Y_TIMEOUT, self.agent.a11y.tree()).await {
             Err(_) => tool_error(format!(
                 "the accessibility tree took longer than {} s",

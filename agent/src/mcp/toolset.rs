@@ -159,6 +159,9 @@ pub fn routes() -> Vec<ToolRoute<BerthMcp>> {
                     let agent = ctx.service.agent().clone();
                     let input = Value::Object(ctx.arguments.clone().unwrap_or_default());
                     Box::pin(async move {
+                        if let Some(r) = super::tools::refused(&agent) {
+                            return Ok(CallToolResponse::Complete(r));
+                        }
                         let called = std::time::Instant::now();
                         let call = json!({"type": "tool_use", "id": "mcp", "name": member,
                                       "toolset_name": COMPUTER_FAMILY, "input": input});
@@ -384,6 +387,9 @@ pub fn browser_routes(members: &[String]) -> Vec<ToolRoute<BerthMcp>> {
                     let input = Value::Object(ctx.arguments.clone().unwrap_or_default());
                     let member = member.clone();
                     Box::pin(async move {
+                        if let Some(r) = super::tools::refused(&agent) {
+                            return Ok(CallToolResponse::Complete(r));
+                        }
                         let Some(desktop) = agent.desktop.clone() else {
                             return Ok(CallToolResponse::Complete(CallToolResult::error(vec![
                                 ContentBlock::text("The browser is not running."),
@@ -399,6 +405,45 @@ pub fn browser_routes(members: &[String]) -> Vec<ToolRoute<BerthMcp>> {
             )
         })
         .collect()
+}
+
+/// `request_human_control`: listed only in sessions opened while the sandbox enables it.
+pub fn request_route() -> ToolRoute<BerthMcp> {
+    let t = tool(
+        "request_human_control".into(),
+        "Ask for a person to take the controls of the desktop: a password, a 2FA code, a \
+         CAPTCHA, a payment, anything the agent must not or cannot do. The session view shows \
+         the reason with a Take control button; this call waits (up to 600 s) and answers \
+         `returned: …` once a person took the controls and handed them back (take a \
+         screenshot then: the screen changed), `declined: …` or `timed_out: …`."
+            .into(),
+        json!({"reason": {"type": "string", "description": "What the person is needed for (1-500 characters)."}}),
+        &["reason"],
+    );
+    ToolRoute::new_dyn(t, move |ctx: ToolCallContext<'_, BerthMcp>| {
+        let agent = ctx.service.agent().clone();
+        let reason = ctx
+            .arguments
+            .as_ref()
+            .and_then(|a| a.get("reason"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        Box::pin(async move {
+            let req = berth_protocol::control::HumanRequest {
+                reason,
+                timeout_seconds: None,
+            };
+            let result = match crate::api::control::ask(&agent, &req).await {
+                Ok(a) => CallToolResult::success(vec![ContentBlock::text(a.message)]),
+                Err(e) => CallToolResult::error(vec![ContentBlock::text(format!(
+                    "{}: {}",
+                    e.code, e.message
+                ))]),
+            };
+            Ok(CallToolResponse::Complete(result))
+        })
+    })
 }
 
 /// A `tool_result` as an MCP answer.

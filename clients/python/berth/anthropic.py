@@ -28,6 +28,15 @@ and ``find``. The optional members (``javascript_exec``, ``read_console``, ``rea
 ``confirm`` defaults to allowing every call: the SDK asks for one because keyboard input
 normally reaches the operator's own machine, and here it reaches the sandbox's isolated desktop.
 Pass your own to gate ``type``, ``key`` and ``hold_key`` anyway.
+
+While a person has the controls of the desktop (the session view's "Take control"), the sandbox
+refuses the agent (409 ``human_in_control``): a member call then raises the SDK's ``ToolError``
+``human_in_control: <the sandbox's message>``, an ``is_error`` ``tool_result`` the model reads.
+After the person hands back, the first computer ``tool_result`` starts with the sandbox's notice,
+a text block ("The screen changed: a person had the controls…") and an image block (the screen
+now). A member can return the SDK only one line or one image, so the driver adds both blocks in
+front of the content the SDK's pipeline renders (``_toolset_run``, after its checks and
+``confirm``): the model reads the notice, sees the screen, then the member's own result.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from anthropic.tools import ToolError
 from anthropic.tools.computer import (
@@ -54,7 +63,7 @@ from anthropic.tools.browser import (
     BetaDialogDismissed,
 )
 
-from .client import SANDBOXES, Client
+from .client import SANDBOXES, BerthError, Client
 from .types import Sandbox
 
 __all__ = ["ComputerToolset", "AsyncComputerToolset", "BrowserToolset", "AsyncBrowserToolset", "allow_all"]
@@ -64,11 +73,27 @@ BROWSER = "browser"
 _NAVIGATED = re.compile(r"^Navigated to (.*?)(?: \u2014 (.*?))?(?: \(HTTP (\d+)\))?$", re.S)
 _DIALOG = re.compile(r'^An? (.+?)(?: dialog)?( ".*")? was dismissed\.$', re.S)
 _POINT = re.compile(r"^X=(-?\d+),Y=(-?\d+)$")
+#: How the sandbox's notice starts, on the first computer ``tool_result`` after a person handed control back.
+NOTICE = "The screen changed: a person had the controls"
 
 
 def allow_all(context: Any) -> bool:
     """The default ``confirm``: every call runs (the sandbox is the boundary)."""
     return True
+
+
+def _split_notice(content: Any) -> Tuple[List[Dict[str, Any]], Any]:
+    """``(notice, own)``: the notice's text and image blocks when ``content`` starts with them, and the member's own
+    content after them; ``([], content)`` otherwise."""
+    if (
+        isinstance(content, list)
+        and len(content) >= 2
+        and content[0].get("type") == "text"
+        and str(content[0].get("text", "")).startswith(NOTICE)
+        and content[1].get("type") == "image"
+    ):
+        return list(content[:2]), content[2:]
+    return [], content
 
 
 class _Forwarder:
@@ -81,6 +106,12 @@ class _Forwarder:
         self.sandbox = Client._sb(sandbox)
         self.timeout = timeout
         self.family = family
+        #: The hand-back notice of the last computer call, for the toolset to put before the SDK's content.
+        self.notice: List[Dict[str, Any]] = []
+
+    def take_notice(self) -> List[Dict[str, Any]]:
+        notice, self.notice = self.notice, []
+        return notice
 
     def path(self) -> str:
         return f"{SANDBOXES}/{self.sandbox}/v1/toolsets/{self.family}"
@@ -103,15 +134,24 @@ class _Forwarder:
             # What the model sent, as it sent it: the agent checks it against the same types.
             "input": dict(tool_use.input) if isinstance(tool_use.input, Mapping) else tool_use.input,
         }
-        (result,) = self.turn([block])
+        try:
+            (result,) = self.turn([block])
+        except BerthError as e:
+            if e.status == 409 and e.code == "human_in_control":
+                # A person has the controls: the model reads why, and may wait or ask.
+                raise ToolError(f"human_in_control: {e.message}") from e
+            raise
         return result
 
     def call(self, context: BetaToolsetCallContext, name: str) -> Any:
         result = self.one(context, name)
-        content = result.get("content")
+        notice, content = _split_notice(result.get("content"))
         texts = [b["text"] for b in content or [] if isinstance(b, dict) and b.get("type") == "text"]
         if result.get("is_error"):
+            # An error result carries text only (the SDK drops images from it): the notice's text leads.
+            texts = [b["text"] for b in notice if b.get("type") == "text"] + texts
             raise ToolError(" ".join(texts) if texts else str(content))
+        self.notice = notice
         if name in ("screenshot", "zoom"):
             (image,) = [b for b in content if b.get("type") == "image"]
             source = image["source"]
@@ -166,6 +206,12 @@ class ComputerToolset(_Driver, BetaAbstractComputerToolset20260801):
     def execute(self, context: BetaToolsetCallContext, name: Any, input: Any) -> Any:
         return self._berth.call(context, name)
 
+    def _toolset_run(self, context: BetaToolsetCallContext, name: str, input: Mapping[str, object]) -> Any:
+        # The SDK's pipeline renders the member's result; a hand-back notice goes in front of it.
+        self._berth.notice = []
+        content = super()._toolset_run(context, name, input)
+        return [*self._berth.take_notice(), *content]
+
 
 class AsyncComputerToolset(_Driver, BetaAsyncAbstractComputerToolset20260801):
     """:class:`ComputerToolset` for ``anthropic.AsyncAnthropic``."""
@@ -175,6 +221,11 @@ class AsyncComputerToolset(_Driver, BetaAsyncAbstractComputerToolset20260801):
 
     async def execute(self, context: BetaToolsetCallContext, name: Any, input: Any) -> Any:
         return await asyncio.to_thread(self._berth.call, context, name)
+
+    async def _toolset_run(self, context: BetaToolsetCallContext, name: str, input: Mapping[str, object]) -> Any:
+        self._berth.notice = []
+        content = await super()._toolset_run(context, name, input)
+        return [*self._berth.take_notice(), *content]
 
 
 class _BrowserForwarder(_Forwarder):

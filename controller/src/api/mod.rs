@@ -1,5 +1,6 @@
 //! The controller's HTTP surface. Handlers are thin: parse, call the domain, map the error.
 
+mod control;
 mod proxy;
 mod routes;
 mod session;
@@ -51,6 +52,7 @@ pub fn hash(key: &str) -> [u8; 32] {
 pub fn router(state: ApiState) -> Router {
     let keyed = routes::keyed()
         .merge(workpieces::keyed())
+        .merge(control::keyed())
         .merge(crate::mcp::router(state.c.clone()))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

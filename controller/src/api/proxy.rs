@@ -155,6 +155,13 @@ async fn native(State(s): State<ApiState>, Path(p): Params, req: Request) -> Res
         true => rest,
         false => format!("/v1{rest}"),
     };
+    if controls_push(req.method(), path.split('?').next().unwrap_or_default()) {
+        return Err(ApiError(Error::NotFound(format!(
+            "{} {path} is the controller's own call to the agent: take, hand back or decline \
+             the controls with /sandbox/sandboxes/v1/{id}/control",
+            req.method()
+        ))));
+    }
     let resize = req.method() == Method::PUT
         && path.split('?').next() == Some(berth_protocol::routes::native::DISPLAY);
     let resp = to_agent(&s, &id, req, path, native_location(&id), None).await?;
@@ -163,6 +170,18 @@ async fn native(State(s): State<ApiState>, Path(p): Params, req: Request) -> Res
         s.c.sandboxes.screen_changed(&id).await;
     }
     Ok(resp)
+}
+
+/// The agent's control routes only the controller calls (the lease's pushes): never relayed
+/// for a caller, so an engine cannot hand itself the controls back.
+fn controls_push(method: &Method, path: &str) -> bool {
+    use berth_protocol::routes::native as n;
+    matches!(
+        (method.as_str(), path),
+        ("PUT" | "DELETE", n::CONTROL)
+            | ("PUT", n::CONTROL_SETTINGS)
+            | ("POST", n::CONTROL_DECLINE)
+    )
 }
 
 /// How long a relayed MCP answer's body may go without a byte from the agent (an SSE stream,
@@ -391,6 +410,16 @@ async fn mint_port_url(s: &ApiState, id: &str, port: u16, req: Request) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_relay_keeps_the_control_pushes_to_the_controller() {
+        assert!(controls_push(&Method::PUT, "/v1/control"));
+        assert!(controls_push(&Method::DELETE, "/v1/control"));
+        assert!(controls_push(&Method::PUT, "/v1/control/settings"));
+        assert!(controls_push(&Method::POST, "/v1/control/decline"));
+        assert!(!controls_push(&Method::GET, "/v1/control"));
+        assert!(!controls_push(&Method::POST, "/v1/control/request"));
+    }
 
     #[tokio::test]
     async fn an_idle_bounded_body_passes_its_chunks_and_fails_once_silent() {

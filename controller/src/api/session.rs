@@ -20,6 +20,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::ApiState;
+use crate::control::Caller;
 use crate::error::Error;
 use crate::http::ApiError;
 use crate::session::{self, COOKIE, page_path};
@@ -156,6 +157,16 @@ enum Target<'a> {
     Agent(&'a str),
     /// The editor pane's workpiece routes.
     Workpiece(Wp<'a>),
+    /// The controls: `GET`, `POST` (take or renew), `DELETE` (hand back).
+    Control,
+    ControlDecline,
+    Workspace,
+    Browser,
+    BrowserShot,
+    Diff,
+    DiffFile,
+    Runs,
+    RunOutput(&'a str),
     Unknown,
 }
 
@@ -215,7 +226,22 @@ fn target<'a>(method: &Method, rel: &'a str) -> Target<'a> {
         "api/events" if read => Target::Events,
         "api/artifacts" if read => Target::Artifacts,
         "api/episode" if read => Target::Episode,
+        "api/control" if read || matches!(method.as_str(), "POST" | "DELETE") => Target::Control,
+        "api/control/decline" if method == Method::POST => Target::ControlDecline,
+        "api/workspace" if read => Target::Workspace,
+        "api/browser" if read => Target::Browser,
+        "api/browser/screenshot" if read => Target::BrowserShot,
+        "api/diff" if read => Target::Diff,
+        "api/diff/file" if read => Target::DiffFile,
+        "api/runs" if read => Target::Runs,
         _ => {
+            if let Some(r) = rel
+                .strip_prefix("api/runs/")
+                .and_then(|r| r.strip_suffix("/output"))
+                .filter(|r| read && !r.is_empty() && !r.contains('/'))
+            {
+                return Target::RunOutput(r);
+            }
             if let Some(f) = rel.strip_prefix("vendor/novnc/").filter(|_| read) {
                 return Target::Novnc(f);
             }
@@ -259,6 +285,7 @@ fn agent_allowed(method: &Method, p: &str) -> bool {
         ("GET", ["fs", "list"]) => true,
         ("GET" | "HEAD" | "PUT", ["files"]) => true,
         ("GET", ["vnc", "websockify"]) => true,
+        ("GET" | "PUT", ["clipboard"]) => true,
         _ => false,
     }
 }
@@ -349,7 +376,7 @@ async fn path(
             Some(path) => file_response(&path, "noVNC").await,
             None => Err(ApiError(Error::NotFound(format!("no noVNC file {f:?}")))),
         },
-        Target::Info => info(&s, &id).await,
+        Target::Info => info(&s, &id, caller(&s, &id, req.headers())).await,
         Target::Events => {
             let q: FromSeq = serde_urlencoded::from_str(req.uri().query().unwrap_or(""))
                 .map_err(|e| ApiError(Error::BadRequest(format!("query: {e}"))))?;
@@ -362,24 +389,119 @@ async fn path(
         Target::Artifacts => artifacts(&s, &id).await,
         Target::Artifact(a) => artifact(&s, &id, a, req).await,
         Target::Episode => episode(&s, &id).await,
-        Target::Agent(_) => {
-            let raw = req.uri().path();
-            let agent_rest = raw
-                .split_once("/session/api/agent/")
-                .map(|(_, r)| r.to_string())
-                .unwrap_or_default();
-            let q = req
-                .uri()
-                .query()
-                .map(|q| format!("?{q}"))
-                .unwrap_or_default();
-            to_agent(&s, &id, req, format!("/v1/{agent_rest}{q}")).await
-        }
+        Target::Agent(_) => agent_call(&s, &id, req).await,
         Target::Workpiece(w) => workpiece(&s, &id, w, req).await,
+        Target::Control | Target::ControlDecline => control(&s, &id, req).await,
+        t @ (Target::Workspace
+        | Target::Browser
+        | Target::BrowserShot
+        | Target::Diff
+        | Target::DiffFile
+        | Target::Runs
+        | Target::RunOutput(_)) => pane(&s, &id, t, req).await,
         Target::Unknown => Err(ApiError(Error::NotFound(format!(
             "the session view has no {rel:?}"
         )))),
     }
+}
+
+/// An agent operation the page uses, relayed below the agent's `/v1/`.
+async fn agent_call(s: &ApiState, id: &str, req: Request) -> Result<Response> {
+    let raw = req.uri().path();
+    let agent_rest = raw
+        .split_once("/session/api/agent/")
+        .map(|(_, r)| r.to_string())
+        .unwrap_or_default();
+    let q = req
+        .uri()
+        .query()
+        .map(|q| format!("?{q}"))
+        .unwrap_or_default();
+    let extra = control_headers(s, id, req.headers(), &agent_rest);
+    to_agent(s, id, req, format!("/v1/{agent_rest}{q}"), extra).await
+}
+
+/// The browser, diff, agents and workspace panes' calls.
+async fn pane(s: &ApiState, id: &str, t: Target<'_>, req: Request) -> Result<Response> {
+    let id = id.to_string();
+    let json = |v: serde_json::Value| Ok(axum::Json(v).into_response());
+    match t {
+        Target::Workspace => {
+            let row = s.c.ctx.visible_row(&id)?;
+            let wire = s.c.sandboxes.to_wire(&row);
+            Ok(axum::Json(s.c.panes.workspace(&id, &wire).await?).into_response())
+        }
+        Target::Browser => json(s.c.panes.browser(&id).await?),
+        Target::BrowserShot => {
+            let q: TabQuery = query(&req)?;
+            let jpeg = s.c.panes.browser_screenshot(&id, &q.tab).await?;
+            Ok((
+                [
+                    (header::CONTENT_TYPE, "image/jpeg"),
+                    (header::CACHE_CONTROL, "no-store"),
+                ],
+                jpeg,
+            )
+                .into_response())
+        }
+        Target::Diff => Ok(axum::Json(s.c.panes.diff(&id).await?).into_response()),
+        Target::DiffFile => {
+            let q: DiffQuery = query(&req)?;
+            Ok(axum::Json(s.c.panes.diff_file(&id, &q.repo, &q.path).await?).into_response())
+        }
+        Target::Runs => Ok(axum::Json(s.c.panes.runs(&id).await?).into_response()),
+        Target::RunOutput(r) => Ok(s.c.panes.run_output(&id, r, req.headers()).await?),
+        _ => Err(ApiError(Error::NotFound("not a pane".into()))),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TabQuery {
+    tab: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DiffQuery {
+    repo: String,
+    path: String,
+}
+
+fn query<T: serde::de::DeserializeOwned>(req: &Request) -> Result<T> {
+    serde_urlencoded::from_str(req.uri().query().unwrap_or(""))
+        .map_err(|e| ApiError(Error::BadRequest(format!("query: {e}"))))
+}
+
+/// Who the page's caller is for the controls: its session cookie, else the API key (with the
+/// control token it sent).
+fn caller<'a>(s: &ApiState, id: &str, headers: &'a HeaderMap) -> Caller<'a> {
+    match cookie_values(headers).find(|v| s.c.sessions.session_cookie_ok(id, v)) {
+        Some(cookie) => Caller::Session(cookie),
+        None => Caller::Key(super::control::sent_token(headers)),
+    }
+}
+
+/// The control bar's calls.
+async fn control(s: &ApiState, id: &str, req: Request) -> Result<Response> {
+    let headers = req.headers().clone();
+    let who = caller(s, id, &headers);
+    let c = &s.c.controls;
+    let v = match (
+        req.method().as_str(),
+        req.uri().path().ends_with("/decline"),
+    ) {
+        ("POST", true) => c.decline(id, who).await?,
+        ("POST", false) => {
+            let body = axum::body::to_bytes(req.into_body(), 64 << 10)
+                .await
+                .map_err(|e| ApiError(Error::BadRequest(format!("reading the body: {e}"))))?;
+            c.take(id, who, &super::control::take_body(&body)?).await?
+        }
+        ("DELETE", _) => c.hand_back(id, who, false).await?,
+        _ => c.view(id, who).await?,
+    };
+    Ok(axum::Json(v).into_response())
 }
 
 /// The editor pane's calls: the same domain calls as the keyed routes.
@@ -414,7 +536,7 @@ async fn workpiece(s: &ApiState, id: &str, w: Wp<'_>, req: Request) -> Result<Re
 
 /// What the page needs to draw itself: the sandbox, whether its agent can be reached, and
 /// which Debian-packaged viewers are present.
-async fn info(s: &ApiState, id: &str) -> Result<Response> {
+async fn info(s: &ApiState, id: &str, who: Caller<'_>) -> Result<Response> {
     let row = s.c.ctx.visible_row(id)?;
     let wire = s.c.sandboxes.to_wire(&row);
     let cfg = &s.c.ctx.config.session;
@@ -424,8 +546,10 @@ async fn info(s: &ApiState, id: &str) -> Result<Response> {
             .profile(&row.profile)
             .is_some_and(|p| p.desktop);
     let running = row.status == crate::lifecycle::SandboxStatus::Running;
+    let control = s.c.controls.view(id, who).await?;
     Ok(axum::Json(json!({
         "sandbox": wire,
+        "control": control,
         "running": running,
         "gone": !row.live(),
         "desktop": desktop,
@@ -468,8 +592,35 @@ async fn episode(s: &ApiState, id: &str) -> Result<Response> {
     Ok(axum::Json(json!({ "actions": actions })).into_response())
 }
 
-/// Relays `req` to the sandbox's agent at `agent_path` with its bearer token.
-async fn to_agent(s: &ApiState, id: &str, req: Request, agent_path: String) -> Result<Response> {
+/// What the page's desktop and clipboard calls carry to the agent: the holder's control token
+/// when this page holds the controls; otherwise its VNC connection is marked view-only.
+fn control_headers(
+    s: &ApiState,
+    id: &str,
+    headers: &HeaderMap,
+    agent_rest: &str,
+) -> Vec<(HeaderName, HeaderValue)> {
+    let token = caller(s, id, headers).token();
+    let row = s.c.ctx.store.control(id).unwrap_or_default();
+    let holds = crate::control::view_of(&row, token.as_deref(), crate::util::now_ms()).you;
+    match (holds, token.and_then(|t| HeaderValue::from_str(&t).ok())) {
+        (true, Some(v)) => vec![(HeaderName::from_static(wire::CONTROL), v)],
+        _ if agent_rest.starts_with("vnc/") => vec![(
+            HeaderName::from_static(wire::VIEW_ONLY),
+            HeaderValue::from_static("1"),
+        )],
+        _ => Vec::new(),
+    }
+}
+
+/// Relays `req` to the sandbox's agent at `agent_path` with its bearer token (and `extra`).
+async fn to_agent(
+    s: &ApiState,
+    id: &str,
+    req: Request,
+    agent_path: String,
+    extra: Vec<(HeaderName, HeaderValue)>,
+) -> Result<Response> {
     let (row, agent) = s.c.ctx.running_agent(id)?;
     let bearer = HeaderValue::from_str(&format!("Bearer {}", row.agent_token)).map_err(|_| {
         ApiError(Error::Internal(
@@ -482,7 +633,10 @@ async fn to_agent(s: &ApiState, id: &str, req: Request, agent_path: String) -> R
         .strip_cookie(COOKIE)
         .strip_cookie(VIEWER_COOKIE)
         .strip_cookie(PORT_COOKIE)
+        .strip(HeaderName::from_static(wire::CONTROL))
+        .strip(HeaderName::from_static(wire::VIEW_ONLY))
         .header(header::AUTHORIZATION, bearer);
+    let up = extra.into_iter().fold(up, |up, (k, v)| up.header(k, v));
     Relay::shared().forward(req, &up).await.map_err(|e| {
         ApiError(match e {
             RelayError::BadRequest(m) => Error::BadRequest(m),

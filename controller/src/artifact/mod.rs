@@ -247,6 +247,44 @@ impl Artifacts {
     }
 
     /// One artifact; `Error::NotFound` when absent.
+    /// An artifact's last `n` bytes at most (a preview's tail).
+    pub async fn read_tail(&self, id: &str, size: u64, n: u64) -> Result<Vec<u8>> {
+        use futures_util::StreamExt;
+        if size == 0 {
+            return Ok(Vec::new());
+        }
+        let start = size.saturating_sub(n);
+        let (mut stream, _) = self
+            .blobs
+            .open(id, Some((start, size - 1)))
+            .await
+            .map_err(|e| Error::NotFound(format!("artifact {id}: {e}")))?;
+        let mut out = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            out.extend(chunk.map_err(|e| Error::Internal(format!("artifact {id}: {e}")))?);
+        }
+        Ok(out)
+    }
+
+    /// A small artifact's bytes whole (records the controller kept; at most 64 MiB).
+    pub async fn read_all(&self, id: &str) -> Result<Vec<u8>> {
+        use futures_util::StreamExt;
+        const MAX: u64 = 64 << 20;
+        let (mut stream, size) = self
+            .blobs
+            .open(id, None)
+            .await
+            .map_err(|e| Error::NotFound(format!("artifact {id}: {e}")))?;
+        if size > MAX {
+            return Err(Error::TooLarge(format!("artifact {id} is {size} bytes")));
+        }
+        let mut out = Vec::with_capacity(size as usize);
+        while let Some(chunk) = stream.next().await {
+            out.extend(chunk.map_err(|e| Error::Internal(format!("artifact {id}: {e}")))?);
+        }
+        Ok(out)
+    }
+
     pub fn artifact(&self, id: &str) -> Result<ArtifactRow> {
         self.ctx
             .store

@@ -662,6 +662,7 @@ async fn sandbox(c: SandboxCmd) -> anyhow::Result<i32> {
                 screen,
                 egress,
                 credentials,
+                human_control: None,
             };
             create_sandbox(&request, &remote).await?;
         }

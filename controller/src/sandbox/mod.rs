@@ -83,6 +83,8 @@ pub struct Request {
     pub egress: Option<Egress>,
     /// Credentials the proxy adds to its requests (given at create).
     pub credentials: Vec<berth_protocol::controller::SandboxCredential>,
+    /// Its agent may ask for a person (`request_human_control`).
+    pub human_control: bool,
 }
 
 /// The domain's request for a create body (the REST route's and the MCP tool's).
@@ -96,6 +98,7 @@ impl From<berth_protocol::controller::CreateSandbox> for Request {
             screen: body.screen,
             egress: body.egress,
             credentials: body.credentials,
+            human_control: body.human_control.unwrap_or(false),
         }
     }
 }
@@ -183,11 +186,26 @@ impl Sandboxes {
         let key = self.warm_key(&req.profile, &image, &egress);
         if let Some(row) = self.claim_warm(&key, req).await? {
             let row = self.keep_credentials(row, &req.credentials)?;
+            self.keep_human_control(&row, req).await?;
             self.ctx.metrics.claim("warm", started.elapsed());
             return Ok((row, true));
         }
         let row = self.start_cold(req, &image).await?;
-        Ok((self.keep_credentials(row, &req.credentials)?, false))
+        let row = self.keep_credentials(row, &req.credentials)?;
+        self.keep_human_control(&row, req).await?;
+        Ok((row, false))
+    }
+
+    /// Records that the sandbox's agent may ask for a person and tells a running agent so
+    /// (one still starting is told at readiness).
+    async fn keep_human_control(&self, row: &SandboxRow, req: &Request) -> Result<()> {
+        if req.human_control {
+            self.ctx.store.set_requests_enabled(&row.id, true)?;
+            if row.status == SandboxStatus::Running {
+                crate::control::push_settings(&self.ctx, row).await;
+            }
+        }
+        Ok(())
     }
 
     /// `req` with its screen checked and written `WxH`, and its egress policy checked (the
@@ -585,6 +603,7 @@ impl Sandboxes {
             self.fail_and_destroy(id, &reason).await;
             return Err(Error::Unavailable(format!("sandbox {id} failed: {reason}")));
         }
+        crate::control::push_settings(&self.ctx, row).await;
         let now = now_ms();
         // Its TTL counts from now: the time it took to start is not taken from it.
         if let Some(expires_at) = row.expires_at {

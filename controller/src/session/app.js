@@ -1,7 +1,9 @@
-// The berth session view: one sandbox's desktop (noVNC), terminal (xterm.js over the agent's
-// PTY WebSocket), files, the editor (workpieces, their versions and proposals), timeline,
-// artifacts and episode. Every request goes to this page's
-// own `api/…` routes, authorized by the cookie the one-time URL set.
+// The berth session view: one sandbox's desktop (noVNC) with the control bar (a person taking
+// the controls, the clipboard, the agent's request for a person), and the panes: the browser,
+// terminal (xterm.js over the agent's PTY WebSocket), files, diff, agents' runs, the editor
+// (workpieces, their versions and proposals), the workspace; then timeline, artifacts and
+// episode. Every request goes to this page's own `api/…` routes, authorized by the cookie the
+// one-time URL set. Once the sandbox is gone, the panes show the record the controller kept.
 
 const base = location.pathname.endsWith('/') ? location.pathname : location.pathname + '/';
 const api = base + 'api/';
@@ -9,18 +11,57 @@ const $ = (id) => document.getElementById(id);
 const wsUrl = (p) => (location.protocol === 'https:' ? 'wss://' : 'ws://') + location.host + p;
 
 // What the page knows, for people debugging it and for tests.
-const state = { info: null, term: null, rfb: null, artifacts: [], actions: [], playing: null, events: 0 };
+const state = {
+  info: null, term: null, rfb: null, artifacts: [], actions: [], playing: null, events: 0,
+  control: null, browser: null, diff: null, runs: [], workspace: null,
+};
 window.berthSession = state;
+
+// An answer's error (`{"error": {"code", "message"}}`) as an Error with its status and code.
+function failure(r, body) {
+  const err = body && body.error;
+  const e = new Error((err && err.message) || r.status + ' ' + r.statusText);
+  e.status = r.status;
+  e.code = err && err.code;
+  return e;
+}
 
 async function getJson(url, opts) {
   const r = await fetch(url, opts);
   const body = await r.json().catch(() => null);
-  if (!r.ok) {
-    const e = new Error((body && body.error && body.error.message) || r.status + ' ' + r.statusText);
-    e.status = r.status;
-    throw e;
-  }
+  if (!r.ok) throw failure(r, body);
   return body;
+}
+
+async function getText(url) {
+  const r = await fetch(url);
+  const text = await r.text();
+  if (!r.ok) {
+    let body = null;
+    try { body = JSON.parse(text); } catch (_) { /* not JSON */ }
+    throw failure(r, body);
+  }
+  return text;
+}
+
+function sendJson(url, method, body) {
+  return getJson(url, { method, headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+}
+
+// Runs `step` after `wait` ms, then again `ms` after each run ends (never two at once). `step`
+// answers false to stop, or a number of ms to wait this once instead of `ms`.
+function poll(step, ms, wait) {
+  const run = async () => {
+    let next;
+    try {
+      next = await step();
+    } catch (e) {
+      console.error(e);
+      next = ms * 5;
+    }
+    if (next !== false) setTimeout(run, typeof next === 'number' ? next : ms);
+  };
+  setTimeout(run, wait || 0);
 }
 
 function note(id, text, error) {
@@ -42,6 +83,13 @@ function size(n) {
   return (n / (1 << 20)).toFixed(1) + ' MiB';
 }
 
+// HH:MM:SS, local time.
+function clock(t) {
+  const d = new Date(t);
+  if (isNaN(d)) return String(t);
+  return [d.getHours(), d.getMinutes(), d.getSeconds()].map((n) => String(n).padStart(2, '0')).join(':');
+}
+
 function goneText(info) {
   return info.gone
     ? 'The sandbox is gone (' + info.sandbox.status + '): nothing live to show.'
@@ -59,26 +107,165 @@ async function desktop(info) {
   if (!info.vendor.novnc) {
     return note('desktop-note', 'noVNC is not installed on the controller (Debian package novnc).', true);
   }
-  let RFB;
   try {
-    RFB = (await import(base + 'vendor/novnc/core/rfb.js')).default;
+    ctl.RFB = (await import(base + 'vendor/novnc/core/rfb.js')).default;
   } catch (e) {
     return note('desktop-note', 'noVNC failed to load: ' + e.message, true);
   }
+  connectDesktop();
+}
+
+// Connects noVNC afresh, dropping the connection there was: writable only while this page holds
+// the controls (the relay keeps a connection opened before taking them view-only).
+function connectDesktop() {
+  const you = !!(state.control && state.control.you);
+  const old = state.rfb;
+  state.rfb = null;
+  if (old) {
+    try { old.disconnect(); } catch (_) { /* already closed */ }
+  }
   const screen = $('desktop');
-  const rfb = new RFB(screen, wsUrl(api + 'agent/vnc/websockify'));
+  screen.dataset.state = 'connecting';
+  const rfb = new ctl.RFB(screen, wsUrl(api + 'agent/vnc/websockify'));
+  rfb.viewOnly = !you;
   rfb.scaleViewport = true;
   rfb.resizeSession = false;
-  rfb.addEventListener('connect', () => {
+  // Only the current connection's events count (an old one's disconnect arrives late).
+  const mine = (f) => (e) => { if (state.rfb === rfb) f(e); };
+  rfb.addEventListener('connect', mine(() => {
     screen.dataset.state = 'connected';
-    note('desktop-note', 'Connected.');
-  });
-  rfb.addEventListener('disconnect', (e) => {
+    screen.dataset.viewOnly = String(!you);
+    note('desktop-note', you ? 'Connected: you have the controls.' : 'Connected (view only).');
+  }));
+  rfb.addEventListener('disconnect', mine((e) => {
+    const clean = !!(e.detail && e.detail.clean);
     screen.dataset.state = 'disconnected';
-    note('desktop-note', e.detail && e.detail.clean ? 'Disconnected.' : 'The desktop connection was lost.', !e.detail.clean);
-  });
-  rfb.addEventListener('credentialsrequired', () => note('desktop-note', 'The desktop asks for credentials.', true));
+    note('desktop-note', clean ? 'Disconnected.' : 'The desktop connection was lost.', !clean);
+  }));
+  rfb.addEventListener('credentialsrequired', mine(() => note('desktop-note', 'The desktop asks for credentials.', true)));
   state.rfb = rfb;
+  ctl.rfbYou = you;
+}
+
+// Control: a person taking the controls, the clipboard, the agent's request for a person -----
+
+// The control calls in order: an answer is drawn only when no later call's answer was.
+const ctl = { RFB: null, rfbYou: false, seq: 0, drawn: 0, renew: null, pollFailed: false };
+
+async function controlCall(method, path, body) {
+  const seq = ++ctl.seq;
+  const c = body ? await sendJson(api + 'control' + path, method, body) : await getJson(api + 'control' + path, { method });
+  if (seq > ctl.drawn) {
+    ctl.drawn = seq;
+    showControl(c);
+  }
+  return c;
+}
+
+function controlText(c) {
+  if (c.you) return 'You have the controls until ' + clock(c.expires_at);
+  if (!c.held) return 'The agent has the controls';
+  if (c.holder === 'api_key') return 'A person using the API key has the controls';
+  return 'A person in another session view has the controls';
+}
+
+function showControl(c) {
+  state.control = c;
+  document.body.dataset.control = c.you ? 'you' : c.held ? 'other' : 'agent';
+  $('control-status').textContent = controlText(c);
+  $('take-control').hidden = c.you;
+  $('hand-back').hidden = !c.you;
+  $('clipboard').hidden = !c.you;
+  $('control-request').hidden = !c.request;
+  $('request-take').hidden = c.you;
+  if (c.request) $('request-text').textContent = 'The agent asks for a person: ' + c.request.reason;
+  renewLater(c);
+  if (ctl.RFB && ctl.rfbYou !== c.you) connectDesktop();
+}
+
+// While this page holds the controls, the lease is renewed every third of its length.
+function renewLater(c) {
+  if (!c.you) {
+    clearTimeout(ctl.renew);
+    ctl.renew = null;
+    return;
+  }
+  if (ctl.renew) return;
+  ctl.renew = setTimeout(() => {
+    ctl.renew = null;
+    controlAct('POST', '', {}, 'renew the controls');
+  }, (c.ttl_seconds || 120) * 1000 / 3);
+}
+
+// A button's control call; its failure in #control-note.
+async function controlAct(method, path, body, what) {
+  try {
+    await controlCall(method, path, body);
+    note('control-note', '');
+  } catch (e) {
+    note('control-note', 'Could not ' + what + ': ' + e.message, true);
+  }
+}
+
+async function refreshControl() {
+  try {
+    await controlCall('GET', '');
+    if (ctl.pollFailed) note('control-note', '');
+    ctl.pollFailed = false;
+  } catch (e) {
+    ctl.pollFailed = true;
+    note('control-note', 'Control: ' + e.message, true);
+    return 10000;
+  }
+}
+
+async function clipboardSend() {
+  const text = $('clipboard-text').value;
+  try {
+    await sendJson(api + 'agent/clipboard', 'PUT', { text });
+    note('control-note', 'Pasted ' + text.length + ' characters into the sandbox.');
+  } catch (e) {
+    note('control-note', 'Could not paste into the sandbox: ' + e.message, true);
+  }
+}
+
+async function clipboardFetch() {
+  let r;
+  try {
+    r = await getJson(api + 'agent/clipboard');
+  } catch (e) {
+    return note('control-note', 'Could not copy from the sandbox: ' + e.message, true);
+  }
+  const text = r.text || '';
+  $('clipboard-text').value = text;
+  try {
+    navigator.clipboard.writeText(text).catch(() => { /* not allowed here: the box has it */ });
+  } catch (_) { /* no clipboard API (not a secure context) */ }
+  note('control-note', r.text == null ? 'The sandbox clipboard is empty.' : 'Copied ' + text.length + ' characters from the sandbox.');
+}
+
+function controlGone() {
+  $('control-status').textContent = 'The sandbox is gone';
+  for (const id of ['take-control', 'hand-back', 'clipboard', 'control-request']) $(id).hidden = true;
+  document.body.dataset.control = 'agent';
+}
+
+function controlBar(info) {
+  state.control = info.control || null;
+  if (info.gone) return controlGone();
+  const take = () => controlAct('POST', '', {}, 'take the controls');
+  $('take-control').onclick = take;
+  $('request-take').onclick = take;
+  $('hand-back').onclick = () => controlAct('DELETE', '', null, 'hand back the controls');
+  $('request-decline').onclick = () => controlAct('POST', '/decline', {}, 'decline the request');
+  $('clipboard-send').onclick = clipboardSend;
+  $('clipboard-fetch').onclick = clipboardFetch;
+  if (info.control) showControl(info.control);
+  poll(refreshControl, 2000, info.control ? 2000 : 0);
+  // Leaving the page hands the controls back rather than holding the agent off until expiry.
+  addEventListener('pagehide', () => {
+    if (state.control && state.control.you) fetch(api + 'control', { method: 'DELETE', keepalive: true });
+  });
 }
 
 // Terminal ----------------------------------------------------------------------------------
@@ -108,11 +295,7 @@ async function terminal(info) {
   try { term.fit(); } catch (_) { /* fixed size */ }
   let pty;
   try {
-    pty = await getJson(api + 'agent/pty', {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ cols: term.cols, rows: term.rows }),
-    });
+    pty = await sendJson(api + 'agent/pty', 'POST', { cols: term.cols, rows: term.rows });
   } catch (e) {
     return note('terminal-note', 'Could not open a terminal: ' + e.message, true);
   }
@@ -148,19 +331,21 @@ async function terminal(info) {
   });
   state.term = term;
   state.pty = pty.id;
-  // The terminal's text, line by line (the screen and its scrollback).
-  state.termText = () => {
-    const b = term._core && term._core.buffer;
-    if (b && b.lines) {
-      const out = [];
-      for (let i = 0; i < b.lines.length; i++) out.push(b.translateBufferLineToString(i, true));
-      return out.join('\n');
-    }
-    term.selectAll();
-    const t = term.getSelection();
-    term.clearSelection();
-    return t;
-  };
+  state.termText = () => termText(term);
+}
+
+// The terminal's text, line by line (the screen and its scrollback).
+function termText(term) {
+  const b = term._core && term._core.buffer;
+  if (b && b.lines) {
+    const out = [];
+    for (let i = 0; i < b.lines.length; i++) out.push(b.translateBufferLineToString(i, true));
+    return out.join('\n');
+  }
+  term.selectAll();
+  const t = term.getSelection();
+  term.clearSelection();
+  return t;
 }
 
 // Files -------------------------------------------------------------------------------------
@@ -250,6 +435,311 @@ async function filesPane(info) {
     upload(Array.from(ev.dataTransfer.files));
   };
   await refreshFiles();
+}
+
+// Panes showing the sandbox live or, once it is gone, the record kept -----------------------
+
+function recordText(what, at) {
+  return 'A record: ' + what + ' when the sandbox ended' + (at ? ' (' + at + ')' : '');
+}
+
+// Marks pane `name` live or a record, and writes its note: the record's, the answer's error and
+// `extra` (what the pane adds).
+function paneShown(name, answer, what, extra) {
+  const pane = $(name + '-pane');
+  pane.dataset.record = String(!!answer.record);
+  pane.dataset.state = answer.record ? 'record' : answer.error ? 'error' : 'live';
+  const parts = [answer.record ? recordText(what, answer.taken_at) : '', answer.error, extra];
+  note(name + '-note', parts.filter(Boolean).join(' · '), !!answer.error);
+}
+
+function paneFailed(name, what, e) {
+  $(name + '-pane').dataset.state = 'error';
+  note(name + '-note', what + ': ' + e.message, true);
+}
+
+// A value in a few words: '—' for none, objects as compact JSON.
+function brief(v) {
+  if (v === null || v === undefined || v === '') return '—';
+  return typeof v === 'object' ? JSON.stringify(v) : String(v);
+}
+
+// Browser: the tabs and the active one's screenshot -----------------------------------------
+
+const shot = { url: null, tabs: '' };
+
+async function browserPane() {
+  let b;
+  try {
+    b = await getJson(api + 'browser');
+  } catch (e) {
+    paneFailed('browser', 'Browser', e);
+    return 10000;
+  }
+  state.browser = b;
+  const tabs = b.tabs || [];
+  drawTabs(tabs);
+  const active = tabs.find((t) => t.active);
+  const missing = active ? await browserShot(active.id) : 'No active tab.';
+  paneShown('browser', b, 'the browser as it was', missing);
+  return !b.record;
+}
+
+function drawTabs(tabs) {
+  const sig = JSON.stringify(tabs);
+  if (sig === shot.tabs) return;
+  shot.tabs = sig;
+  $('browser-tabs').replaceChildren(...tabs.map((t) => {
+    const li = el('li', { className: t.active ? 'active' : '' },
+      el('span', { className: 'title', textContent: t.title || '(untitled)' }),
+      el('span', { className: 'url', textContent: t.url }));
+    li.dataset.id = t.id;
+    li.dataset.active = String(!!t.active);
+    return li;
+  }));
+}
+
+// Shows the tab's screenshot once it has loaded; answers what went wrong, or ''.
+async function browserShot(tab) {
+  const img = $('browser-view');
+  try {
+    const r = await fetch(api + 'browser/screenshot?tab=' + encodeURIComponent(tab));
+    if (r.status === 404) {
+      img.hidden = true;
+      return 'No screenshot of this tab.';
+    }
+    if (!r.ok) throw failure(r, null);
+    const old = shot.url;
+    shot.url = URL.createObjectURL(await r.blob());
+    img.src = shot.url;
+    img.dataset.tab = tab;
+    img.hidden = false;
+    await img.decode().catch(() => { /* drawn as it can be */ });
+    if (old) URL.revokeObjectURL(old);
+    return '';
+  } catch (e) {
+    return 'Screenshot: ' + e.message;
+  }
+}
+
+// Diff: each repository's commits and changed files, a file's diff on a click -----------------
+
+async function diffPane() {
+  let d;
+  try {
+    d = await getJson(api + 'diff');
+  } catch (e) {
+    return paneFailed('diff', 'Diff', e);
+  }
+  state.diff = d;
+  const repos = d.repos || [];
+  $('diff-files').replaceChildren(...repos.map(repoBlock));
+  paneShown('diff', d, 'the diff as it was', repos.length ? '' : 'No repositories.');
+  $('diff-pane').dataset.state = 'loaded';
+}
+
+function repoBlock(repo) {
+  const about = [repo.branch ? 'on ' + repo.branch : 'no branch', repo.base_name ? 'against ' + repo.base_name : '',
+    repo.head ? 'at ' + String(repo.head).slice(0, 7) : ''];
+  const box = el('div', { className: 'repo' },
+    el('h3', {}, el('code', { textContent: repo.path }), ' ' + about.filter(Boolean).join(' · ')));
+  box.dataset.repo = repo.path;
+  if (repo.error) box.append(el('p', { className: 'note error', textContent: repo.error }));
+  const commits = repo.commits || [];
+  if (commits.length) {
+    box.append(el('table', { className: 'commits' }, ...commits.map((c) => el('tr', {},
+      el('td', {}, el('code', { textContent: String(c.sha || '').slice(0, 7) })),
+      el('td', { textContent: c.subject }),
+      el('td', { className: 'meta', textContent: c.author + ', ' + c.at })))));
+  }
+  const files = repo.files || [];
+  if (!files.length) box.append(el('p', { className: 'note', textContent: 'No changed files.' }));
+  box.append(el('ul', { className: 'files' }, ...files.map((f) => fileItem(repo, f))));
+  return box;
+}
+
+function fileItem(repo, f) {
+  const counted = f.added != null || f.removed != null;
+  const badge = f.binary ? 'binary' : f.bytes != null ? size(f.bytes) : '';
+  const btn = el('button', { type: 'button', className: 'file' },
+    el('span', { className: 'status ' + f.status, textContent: f.status }),
+    el('code', { className: 'path', textContent: f.path }),
+    counted ? el('span', { className: 'added', textContent: '+' + (f.added || 0) }) : '',
+    counted ? el('span', { className: 'removed', textContent: '−' + (f.removed || 0) }) : '',
+    badge ? el('span', { className: 'badge', textContent: badge }) : '');
+  const li = el('li', {}, btn);
+  li.dataset.repo = repo.path;
+  li.dataset.path = f.path;
+  li.dataset.status = f.status;
+  btn.onclick = () => toggleFileDiff(li);
+  return li;
+}
+
+// The file's diff below it: loaded on the first click (again only after a failure), then shown
+// or hidden.
+async function toggleFileDiff(li) {
+  const had = li.querySelector('.file-diff');
+  if (had && !had.classList.contains('failed')) {
+    had.hidden = !had.hidden;
+    return;
+  }
+  if (had) had.remove();
+  const box = el('div', { className: 'file-diff' }, el('p', { className: 'note', textContent: 'Loading…' }));
+  li.append(box);
+  const q = 'repo=' + encodeURIComponent(li.dataset.repo) + '&path=' + encodeURIComponent(li.dataset.path);
+  try {
+    box.replaceChildren(...fileDiff(await getJson(api + 'diff/file?' + q)));
+  } catch (e) {
+    box.classList.add('failed');
+    box.replaceChildren(el('p', { className: 'note error', textContent: 'The diff of ' + li.dataset.path + ': ' + e.message }));
+  }
+}
+
+function fileDiff(d) {
+  const said = (t) => [el('p', { className: 'note skipped', textContent: t })];
+  if (d.binary) return said('binary file: not shown');
+  if (d.huge) return said(d.bytes + ' bytes: too large to show');
+  if (!d.diff) return said('No change in the text.');
+  const pre = el('pre', { className: 'diff' });
+  let inHunk = false;
+  for (const line of d.diff.replace(/\n$/, '').split('\n')) {
+    if (line.startsWith('diff ')) inHunk = false;
+    if (line.startsWith('@@')) inHunk = true;
+    const kind = line.startsWith('@@') ? 'hunk' : !inHunk ? 'meta' : line[0] === '+' ? 'add' : line[0] === '-' ? 'del' : 'ctx';
+    pre.append(el('span', { className: kind, textContent: line + '\n' }));
+  }
+  return d.truncated ? [pre, ...said('The diff is cut short here.')] : [pre];
+}
+
+// Agents: the runs, their last lines, the whole output on demand -----------------------------
+
+let runItems = new Map(); // run id → { li, sig }
+
+async function runsPane() {
+  let r;
+  try {
+    r = await getJson(api + 'runs');
+  } catch (e) {
+    paneFailed('agents', 'Runs', e);
+    return 15000;
+  }
+  state.runs = r.runs || [];
+  drawRuns(state.runs);
+  paneShown('agents', r, "the agents' runs as they were", state.runs.length ? '' : 'No runs yet.');
+  return !r.record;
+}
+
+// Redraws only the runs that changed; a run whose whole output is loaded keeps it.
+function drawRuns(runs) {
+  const next = new Map();
+  const items = runs.map((run) => {
+    const sig = JSON.stringify(run);
+    const had = runItems.get(run.id);
+    let li = had && had.li;
+    if (!had || had.sig !== sig) {
+      if (li && li.dataset.whole === 'true') {
+        li.querySelector('.run-head').replaceWith(runHead(run));
+      } else {
+        const fresh = runItem(run);
+        if (li) li.replaceWith(fresh);
+        li = fresh;
+      }
+    }
+    next.set(run.id, { li, sig });
+    return li;
+  });
+  runItems = next;
+  const ul = $('runs');
+  if (items.length !== ul.children.length || items.some((li, i) => ul.children[i] !== li)) ul.replaceChildren(...items);
+}
+
+function runHead(run) {
+  const cmd = Array.isArray(run.command) ? run.command.join(' ') : String(run.command);
+  const times = ['by ' + run.started_by, 'started ' + run.started_at, run.ended_at ? 'ended ' + run.ended_at : '',
+    run.exit_code != null ? 'exit code ' + run.exit_code : ''];
+  return el('div', { className: 'run-head' },
+    el('code', { className: 'command', textContent: cmd }),
+    el('span', { className: 'status', textContent: run.status }),
+    el('span', { className: 'meta', textContent: times.filter(Boolean).join(' · ') }));
+}
+
+function runItem(run) {
+  const pre = el('pre', { className: 'output', textContent: (run.tail || []).join('\n') });
+  const li = el('li', { className: 'run' }, runHead(run), pre);
+  li.dataset.run = run.id;
+  if (run.preview) li.append(outputLoader(run, li, pre));
+  return li;
+}
+
+function outputLoader(run, li, pre) {
+  const said = el('span', { className: 'note', textContent: 'last lines of ' + run.bytes + ' bytes' });
+  const btn = el('button', { type: 'button', className: 'load-output', textContent: 'Load the whole output' });
+  btn.onclick = async () => {
+    btn.disabled = true;
+    try {
+      pre.textContent = await getText(api + 'runs/' + encodeURIComponent(run.id) + '/output');
+      li.dataset.whole = 'true';
+      said.textContent = 'the whole output';
+      btn.hidden = true;
+    } catch (e) {
+      said.textContent = 'Could not load the output: ' + e.message;
+      btn.disabled = false;
+    }
+  };
+  return el('div', { className: 'toolbar' }, said, btn);
+}
+
+// Workspace: what the sandbox is made of ---------------------------------------------------
+
+async function workspacePane() {
+  let w;
+  try {
+    w = await getJson(api + 'workspace');
+  } catch (e) {
+    return paneFailed('workspace', 'Workspace', e);
+  }
+  state.workspace = w;
+  const dl = $('workspace');
+  dl.replaceChildren();
+  for (const [key, label, value] of workspaceRows(w)) {
+    const dd = el('dd', { textContent: value });
+    dd.dataset.key = key;
+    dl.append(el('dt', { textContent: label }), dd);
+  }
+  paneShown('workspace', w, 'the workspace as it was');
+}
+
+// [key, label, text] for each fact; lists one item a line.
+function workspaceRows(w) {
+  const lines = (xs, f) => (xs && xs.length ? xs.map(f).join('\n') : '—');
+  const lease = w.lease && [w.lease.id, w.lease.thread_id ? 'thread ' + w.lease.thread_id : '',
+    'until ' + w.lease.expires_at].filter(Boolean).join(' · ');
+  return [
+    ['id', 'id', brief(w.id)],
+    ['profile', 'profile', brief(w.profile)],
+    ['image_ref', 'image', brief(w.image_ref)],
+    ['status', 'status', brief(w.status)],
+    ['created_at', 'created', brief(w.created_at)],
+    ['expires_at', 'expires', brief(w.expires_at)],
+    ['screen', 'screen', brief(w.screen)],
+    ['lease', 'lease', brief(lease)],
+    ['labels', 'labels', lines(Object.entries(w.labels || {}), ([k, v]) => k + '=' + v)],
+    ['workdir', 'working directory', brief(w.workdir)],
+    ['repositories', 'repositories', lines(w.repositories, (r) => r.path + (r.remote ? ' ← ' + r.remote : ''))],
+    ['secrets', 'secrets', lines(w.secrets, String)],
+    ['credentials', 'credentials', lines(w.credentials, (c) => c.host + ' (' + c.header + ')')],
+    ['egress', 'egress', brief(w.egress)],
+    ['limits', 'limits', brief(w.limits)],
+    ['endpoints', 'endpoints', lines(Object.entries(w.endpoints || {}).filter(([, u]) => u), ([k, u]) => k + ': ' + u)],
+  ];
+}
+
+function panes() {
+  $('diff-refresh').onclick = diffPane;
+  poll(browserPane, 2000);
+  poll(runsPane, 5000);
+  diffPane();
+  workspacePane();
 }
 
 // Timeline ----------------------------------------------------------------------------------
@@ -621,6 +1111,8 @@ async function main() {
   artifacts();
   setInterval(artifacts, 5000);
   editorControls(info);
+  controlBar(info);
+  panes();
   await Promise.all([desktop(info), terminal(info), filesPane(info)]);
 }
 

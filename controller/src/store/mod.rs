@@ -16,6 +16,7 @@ use rusqlite::{Connection, params};
 use crate::seal::{self, Sealer};
 
 mod artifacts;
+mod controls;
 mod events;
 mod leases;
 mod runs;
@@ -24,6 +25,7 @@ mod viewers;
 mod workpieces;
 
 pub use artifacts::{ArtifactKind, ArtifactRow};
+pub use controls::{ControlRow, HeldRow};
 pub use leases::LeaseRow;
 pub use runs::{RunRow, StreamSpan};
 pub use sandboxes::{SandboxRow, SandboxUpdate};
@@ -150,6 +152,7 @@ impl Store {
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
         conn.execute_batch(workpieces::SCHEMA)?;
+        conn.execute_batch(controls::SCHEMA)?;
         // Stores made before sandboxes had declared ports.
         let has_ports = conn
             .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'ports'")?
@@ -702,5 +705,53 @@ mod tests {
             .map(|e| e["kind"].clone())
             .collect();
         assert_eq!(kinds, ["artifact.deleted"]);
+    }
+
+    fn held(sha: &str, at: i64, until: i64) -> HeldRow {
+        use berth_protocol::control::Holder;
+        HeldRow {
+            holder: Holder::Session,
+            holder_sha256: sha.into(),
+            taken_at: at,
+            expires_at: until,
+        }
+    }
+
+    #[test]
+    fn one_holder_at_a_time_renewals_keep_the_take_and_ended_leases_are_free() {
+        let (_d, s) = store();
+        assert!(s.control("sb_1").unwrap().held.is_none());
+        let (row, fresh) = s
+            .take_control("sb_1", &held("a", 10, 100), 10)
+            .unwrap()
+            .unwrap();
+        assert!(fresh);
+        assert_eq!(row.held.unwrap().expires_at, 100);
+        assert!(
+            s.take_control("sb_1", &held("b", 20, 200), 20)
+                .unwrap()
+                .is_none()
+        );
+        let (row, fresh) = s
+            .take_control("sb_1", &held("a", 50, 150), 50)
+            .unwrap()
+            .unwrap();
+        assert!(!fresh, "a renewal");
+        assert_eq!(row.held.as_ref().unwrap().taken_at, 10);
+        assert_eq!(s.held_controls().unwrap().len(), 1);
+        // Past its end anyone may take it.
+        let (_, fresh) = s
+            .take_control("sb_1", &held("b", 151, 300), 151)
+            .unwrap()
+            .unwrap();
+        assert!(fresh);
+        assert_eq!(
+            s.release_control("sb_1").unwrap().unwrap().holder_sha256,
+            "b"
+        );
+        assert!(s.release_control("sb_1").unwrap().is_none());
+        assert!(s.held_controls().unwrap().is_empty());
+        s.set_requests_enabled("sb_2", true).unwrap();
+        assert!(s.control("sb_2").unwrap().requests_enabled);
     }
 }

@@ -8,6 +8,7 @@ use super::{
     ANY, Answer, Body, ERROR, Operation, Param, Schema, alive, binary, boolean, int, object,
     schema, string,
 };
+use crate::control::{ControlView, TakeControl};
 use crate::controller::*;
 use crate::routes::controller as path;
 use crate::workpiece::*;
@@ -396,6 +397,61 @@ pub const WORKPIECE_REJECT: Operation = keyed(Operation::post(
     Answer::json("409", "accepted already", ERROR),
 ]);
 
+pub const CONTROL_GET: Operation = keyed(Operation::get(
+    path::CONTROL,
+    "control_get",
+    "who holds the controls of the desktop, and the agent's pending request for a person",
+))
+.answers(&[Answer::json("200", "the controls", schema::<ControlView>)]);
+
+pub const CONTROL_TAKE: Operation = keyed(Operation::post(
+    path::CONTROL,
+    "control_take",
+    "a person takes the controls (an exclusive, expiring lease; its holder renews it with \
+     x-berth-control): the agent's input and observations are refused with 409 \
+     human_in_control until they hand back",
+))
+.body(Body::json(schema::<TakeControl>).optional())
+.answers(&[
+    Answer::json(
+        "200",
+        "held (the token only on a take)",
+        schema::<ControlView>,
+    ),
+    Answer::json(
+        "409",
+        "another person holds them (control_held), or not running",
+        ERROR,
+    ),
+]);
+
+const FORCE: Param = Param::query(
+    "force",
+    boolean,
+    "hand back a lease the caller does not hold",
+);
+
+pub const CONTROL_RETURN: Operation = keyed(Operation::delete(
+    path::CONTROL,
+    "control_return",
+    "the holder hands the controls back (x-berth-control), or the API key with force",
+))
+.query(&[FORCE])
+.answers(&[
+    Answer::json("200", "handed back", schema::<ControlView>),
+    Answer::json("409", "the caller does not hold them (not_holder)", ERROR),
+]);
+
+pub const CONTROL_DECLINE: Operation = keyed(Operation::post(
+    path::CONTROL_DECLINE,
+    "control_decline",
+    "a person declines the agent's pending request for one",
+))
+.answers(&[
+    Answer::json("200", "declined", schema::<ControlView>),
+    Answer::json("409", "no request waiting", ERROR),
+]);
+
 pub const SANDBOX_ARTIFACT_PUBLISH: Operation = keyed(Operation::post(
     path::SANDBOX_ARTIFACTS,
     "sandbox_artifact_publish",
@@ -765,6 +821,10 @@ pub const ALL: &[&Operation] = &[
     &WORKPIECE_PROPOSAL_PAGE,
     &WORKPIECE_ACCEPT,
     &WORKPIECE_REJECT,
+    &CONTROL_GET,
+    &CONTROL_TAKE,
+    &CONTROL_RETURN,
+    &CONTROL_DECLINE,
     &SANDBOX_ARTIFACT_PUBLISH,
     &SANDBOX_ARTIFACT_LIST,
     &ARTIFACT_LIST,

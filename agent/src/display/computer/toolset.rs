@@ -343,6 +343,31 @@ pub async fn screen(d: &Arc<Display>) -> Result<Screen, DisplayError> {
 }
 
 /// Runs a turn's calls (from [`calls`]) in order, stopping at the first failure.
+/// Prepends `text` and a fresh screenshot (in the toolset's screenshot size) to the first
+/// `tool_result` of `answer`: what a turn answers after a person handed the controls back.
+pub async fn prepend_notice(
+    d: &Arc<Display>,
+    answer: &mut TurnAnswer,
+    text: String,
+) -> Result<(), DisplayError> {
+    let screen = screen(d).await?;
+    let req = ShotRequest {
+        size: (screen.shot != screen.display).then_some(screen.shot),
+        ..Default::default()
+    };
+    let shot = shot(d, req).await?;
+    let blocks = [text_block(text), image_block(b64(&shot), shot.mime)];
+    if let Some(content) = answer
+        .content
+        .first_mut()
+        .and_then(|r| r.get_mut("content"))
+        .and_then(Value::as_array_mut)
+    {
+        content.splice(0..0, blocks);
+    }
+    Ok(())
+}
+
 pub async fn run_turn(d: &Arc<Display>, calls: &[Value]) -> Result<TurnAnswer, DisplayError> {
     let mut answer = TurnAnswer {
         content: Vec::with_capacity(calls.len()),

@@ -10,8 +10,10 @@ use super::{
 use crate::routes::native::{self as path, PREFIX};
 use crate::*;
 
+mod control;
 mod screen;
 
+pub use control::*;
 pub use screen::*;
 
 const BEARER: &[&str] = &["bearer"];
@@ -466,6 +468,16 @@ pub const ALL: &[&Operation] = &[
     &BROWSER_RESTART,
     &BROWSER_CDP,
     &BROWSER_CDP_TARGET,
+    &BROWSER_TABS,
+    &BROWSER_TAB_SCREENSHOT,
+    &GIT_REPOS,
+    &GIT_DIFF,
+    &CONTROL_GET,
+    &CONTROL_PUT,
+    &CONTROL_DELETE,
+    &CONTROL_SETTINGS,
+    &CONTROL_REQUEST,
+    &CONTROL_DECLINE,
     &EVENTS,
     &SHUTDOWN,
     &PREVIEW,

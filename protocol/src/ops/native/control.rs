@@ -1,0 +1,110 @@
+//! The controls (a person taking them, the agent asking for one) and what the session view's
+//! panes read: the browser's tabs and the repositories' changes.
+
+use serde_json::json;
+
+use super::super::{Answer, Body, ERROR, Operation, Param, Schema, schema, string};
+use super::v1;
+use crate::control::{
+    AgentControl, ControlGrant, ControlSettings, HumanRequest, HumanRequestAnswer,
+};
+use crate::routes::native as path;
+use crate::workspace::{BrowserTabs, FileDiff, GitRepos};
+
+const JPEG: &[(&str, Schema)] = &[(
+    "image/jpeg",
+    |_| json!({"type": "string", "contentMediaType": "image/jpeg"}),
+)];
+
+pub const CONTROL_GET: Operation = v1(Operation::get(
+    path::CONTROL,
+    "control_get",
+    "whether a person holds the controls, and the pending request for one",
+))
+.answers(&[Answer::json("200", "the controls", schema::<AgentControl>)]);
+
+pub const CONTROL_PUT: Operation = v1(Operation::put(
+    path::CONTROL,
+    "control_put",
+    "a person holds the controls (the controller's push): input and observation routes \
+     refuse every other caller with 409 human_in_control until the lease ends",
+))
+.body(Body::json(schema::<ControlGrant>))
+.answers(&[Answer::json("200", "held", schema::<AgentControl>)]);
+
+pub const CONTROL_DELETE: Operation = v1(Operation::delete(
+    path::CONTROL,
+    "control_delete",
+    "the person handed back (the controller's push)",
+))
+.answers(&[Answer::json("200", "handed back", schema::<AgentControl>)]);
+
+pub const CONTROL_SETTINGS: Operation = v1(Operation::put(
+    path::CONTROL_SETTINGS,
+    "control_settings",
+    "whether the agent may ask for a person (the controller's push)",
+))
+.body(Body::json(schema::<ControlSettings>))
+.answers(&[Answer::json("200", "set", schema::<AgentControl>)]);
+
+pub const CONTROL_REQUEST: Operation = v1(Operation::post(
+    path::CONTROL_REQUEST,
+    "control_request",
+    "ask for a person (request_human_control): answers once a person took the controls and \
+     handed them back, declined, or the wait ended",
+))
+.body(Body::json(schema::<HumanRequest>))
+.answers(&[
+    Answer::json("200", "how it ended", schema::<HumanRequestAnswer>),
+    Answer::json("403", "the sandbox does not enable requests", ERROR),
+    Answer::json("409", "a request is already waiting", ERROR),
+]);
+
+pub const CONTROL_DECLINE: Operation = v1(Operation::post(
+    path::CONTROL_DECLINE,
+    "control_decline",
+    "a person declined the pending request (the controller's push)",
+))
+.answers(&[Answer::json("200", "declined", schema::<AgentControl>)]);
+
+pub const BROWSER_TABS: Operation = v1(Operation::get(
+    path::BROWSER_TABS,
+    "browser_tabs",
+    "the browser's tabs: title, URL, the active one",
+))
+.answers(&[
+    Answer::json("200", "the tabs", schema::<BrowserTabs>),
+    Answer::json("503", "no browser", ERROR),
+]);
+
+pub const BROWSER_TAB_SCREENSHOT: Operation = v1(Operation::get(
+    path::BROWSER_TAB_SCREENSHOT,
+    "browser_tab_screenshot",
+    "a tab's page as a JPEG",
+))
+.answers(&[
+    Answer::media("200", "the page", JPEG),
+    Answer::json("404", "no such tab", ERROR),
+    Answer::json("503", "no browser", ERROR),
+]);
+
+const REPO: Param = Param::required("repo", string, "the repository's directory, as listed");
+const FILE: Param = Param::required("path", string, "the file's path in the repository");
+
+pub const GIT_REPOS: Operation = v1(Operation::get(
+    path::GIT_REPOS,
+    "git_repos",
+    "the git repositories under the sandbox user's working directory and their changes",
+))
+.answers(&[Answer::json("200", "the repositories", schema::<GitRepos>)]);
+
+pub const GIT_DIFF: Operation = v1(Operation::get(
+    path::GIT_DIFF,
+    "git_diff",
+    "one file's unified diff from its repository's base (binary and huge files named)",
+))
+.query(&[REPO, FILE])
+.answers(&[
+    Answer::json("200", "the diff", schema::<FileDiff>),
+    Answer::json("404", "no such repository", ERROR),
+]);

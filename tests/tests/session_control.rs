@@ -1,0 +1,510 @@
+//! A person taking the controls of a Docker desktop sandbox, and the session view's new panes,
+//! through the controller: the control lease over REST (take, renew, hand back, one holder,
+//! expiry), the agent's routes refused with `409 human_in_control` meanwhile (native, compat,
+//! MCP) and open to the holder's token, the toolset's next answer after a hand-back, a
+//! `kill -9` of the controller while a person holds the controls, and the panes' data (the
+//! browser's tabs, a repository's diff, the runs, the workspace) live and as the record kept
+//! after the delete.
+
+use std::time::Duration;
+
+use berth_protocol::ExecRequest;
+use berth_protocol::controller::Command as RunCommand;
+use berth_protocol::controller::{CreateSandbox, RunRequest};
+use berth_tests::controller::{API_KEY, ControllerProcess, Provider};
+use berth_tests::wait_for;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap()
+}
+
+struct Sb {
+    base: String,
+}
+
+impl Sb {
+    fn url(&self, rest: &str) -> String {
+        format!("{}{rest}", self.base)
+    }
+
+    async fn call(
+        &self,
+        m: reqwest::Method,
+        rest: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut rb = http()
+            .request(m, self.url(rest))
+            .header("x-api-key", API_KEY);
+        if let Some(t) = token {
+            rb = rb.header("x-berth-control", t);
+        }
+        if let Some(b) = body {
+            rb = rb.json(&b);
+        }
+        let r = rb.send().await.unwrap();
+        let status = r.status().as_u16();
+        let bytes = r.bytes().await.unwrap();
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(json!({"raw_len": bytes.len()})),
+        )
+    }
+}
+
+const SETUP: &str = "set -e; cd ~; git init -q --bare remote.git; git clone -q remote.git work/demo 2>/dev/null; \
+cd work/demo; git config user.email t@example.com; git config user.name Tester; \
+printf 'one\\n' > notes.txt; git add notes.txt; git commit -qm init; git push -q origin HEAD; \
+printf 'two\\n' > committed.txt; git add committed.txt; git commit -qm 'add committed.txt'; \
+printf 'uncommitted line\\n' >> notes.txt; head -c 3000 /dev/urandom > blob.bin; git add blob.bin";
+
+#[tokio::test]
+async fn a_person_takes_the_controls_and_the_panes_show_the_workspace() {
+    let mut c = ControllerProcess::start_on(Provider::Docker, "").await;
+    let cl = c.client();
+    let sb = cl
+        .create(&CreateSandbox {
+            profile: "desktop".into(),
+            human_control: Some(true),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let id = sb.id.clone();
+    let mut s = Sb {
+        base: format!("{}/sandbox/sandboxes/v1/{id}", c.base),
+    };
+    let agent = cl.agent(&id);
+    let setup = agent.exec(&ExecRequest::shell(SETUP)).await.unwrap();
+    assert_eq!(setup.exit_code, 0, "{setup:?}");
+
+    // Nobody holds the controls: the agent acts.
+    let (st, v) = s.call(reqwest::Method::GET, "/control", None, None).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        (v["held"].as_bool(), v["requests_enabled"].as_bool()),
+        (Some(false), Some(true)),
+        "{v}"
+    );
+    assert_eq!(
+        s.call(reqwest::Method::GET, "/v1/screenshot", None, None)
+            .await
+            .0,
+        200
+    );
+
+    // A person takes them (the API key): a token, once.
+    let (st, taken) = s
+        .call(
+            reqwest::Method::POST,
+            "/control",
+            None,
+            Some(json!({"ttl_seconds": 60})),
+        )
+        .await;
+    assert_eq!(st, 200, "{taken}");
+    let token = taken["token"]
+        .as_str()
+        .expect("a token on the take")
+        .to_string();
+    assert_eq!(
+        (taken["you"].as_bool(), taken["holder"].as_str()),
+        (Some(true), Some("api_key"))
+    );
+    // Another taker is refused; the relay does not let a caller push the agent's lease.
+    let (st, other) = s
+        .call(
+            reqwest::Method::POST,
+            "/control",
+            Some("not-the-token"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (st, other["error"]["code"].as_str()),
+        (409, Some("control_held")),
+        "{other}"
+    );
+    let (st, _) = s
+        .call(reqwest::Method::DELETE, "/v1/control", None, None)
+        .await;
+    assert_eq!(
+        st, 404,
+        "an engine cannot hand itself the controls back through the relay"
+    );
+    let (st, e) = s
+        .call(reqwest::Method::DELETE, "/control", None, None)
+        .await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (409, Some("not_holder")),
+        "{e}"
+    );
+
+    // Every input and observation route refuses the agent; the holder's token passes.
+    let refused = [
+        (reqwest::Method::GET, "/v1/screenshot", None),
+        (
+            reqwest::Method::POST,
+            "/v1/computer",
+            Some(json!({"action": "mouse_move", "coordinate": [5, 5]})),
+        ),
+        (
+            reqwest::Method::POST,
+            "/v1/input",
+            Some(json!({"actions": [{"type": "move", "x": 5, "y": 5}]})),
+        ),
+        (reqwest::Method::GET, "/v1/clipboard", None),
+        (reqwest::Method::GET, "/v1/a11y", None),
+        (
+            reqwest::Method::POST,
+            "/v1/toolsets/computer",
+            Some(
+                json!({"content": [{"type": "tool_use", "id": "t1", "name": "screenshot", "toolset_name": "computer", "input": {}}]}),
+            ),
+        ),
+    ];
+    for (m, path, body) in &refused {
+        let (st, v) = s.call(m.clone(), path, None, body.clone()).await;
+        assert_eq!(
+            (st, v["error"]["code"].as_str()),
+            (409, Some("human_in_control")),
+            "{path}: {v}"
+        );
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("refused, not queued"),
+            "{v}"
+        );
+    }
+    println!("refused while held: {} routes", refused.len());
+    let (st, _) = s
+        .call(reqwest::Method::GET, "/v1/screenshot", Some(&token), None)
+        .await;
+    assert_eq!(st, 200, "the holder's own input passes");
+    let (st, v) = s
+        .call(
+            reqwest::Method::PUT,
+            "/v1/clipboard",
+            Some(&token),
+            Some(json!({"text": "clip-from-person"})),
+        )
+        .await;
+    assert_eq!(st, 204, "{v}");
+    // Commands that are not desktop input still run (a person's presence does not stop exec).
+    let exec = agent
+        .exec(&ExecRequest::shell("echo still-runs"))
+        .await
+        .unwrap();
+    assert_eq!(exec.stdout.as_deref(), Some("still-runs\n"));
+
+    // kill -9 while held: after the restart the lease is still valid and still refuses.
+    c.kill9();
+    c.launch();
+    // A restarted controller listens on a new port.
+    s.base = format!("{}/sandbox/sandboxes/v1/{id}", c.base);
+    let cl = c.client();
+    let agent = cl.agent(&id);
+    let (st, v) = s
+        .call(reqwest::Method::GET, "/v1/screenshot", None, None)
+        .await;
+    assert_eq!(
+        (st, v["error"]["code"].as_str()),
+        (409, Some("human_in_control")),
+        "{v}"
+    );
+    // Renewing with the token, then handing back.
+    let (st, v) = s
+        .call(
+            reqwest::Method::POST,
+            "/control",
+            Some(&token),
+            Some(json!({"ttl_seconds": 30})),
+        )
+        .await;
+    assert_eq!(
+        (st, v["you"].as_bool(), v.get("token")),
+        (200, Some(true), None),
+        "{v}"
+    );
+    let (st, v) = s
+        .call(reqwest::Method::DELETE, "/control", Some(&token), None)
+        .await;
+    assert_eq!((st, v["held"].as_bool()), (200, Some(false)), "{v}");
+    let (st, v) = s
+        .call(reqwest::Method::GET, "/v1/clipboard", None, None)
+        .await;
+    assert_eq!(
+        (st, v["text"].as_str()),
+        (200, Some("clip-from-person")),
+        "{v}"
+    );
+
+    // The next toolset answer says the screen changed and carries a fresh screenshot.
+    let turn = json!({"content": [{"type": "tool_use", "id": "t2", "name": "mouse_move", "toolset_name": "computer", "input": {"coordinate": [20, 20]}}]});
+    let (st, v) = s
+        .call(
+            reqwest::Method::POST,
+            "/v1/toolsets/computer",
+            None,
+            Some(turn.clone()),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let blocks = v["content"][0]["content"].as_array().unwrap();
+    let kinds: Vec<&str> = blocks.iter().filter_map(|b| b["type"].as_str()).collect();
+    assert_eq!(&kinds[..2], ["text", "image"], "{kinds:?}");
+    assert!(
+        blocks[0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("The screen changed: a person had the controls")
+    );
+    let (_, v) = s
+        .call(
+            reqwest::Method::POST,
+            "/v1/toolsets/computer",
+            None,
+            Some(turn),
+        )
+        .await;
+    let kinds: Vec<&str> = v["content"][0]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|b| b["type"].as_str())
+        .collect();
+    assert!(!kinds.contains(&"image"), "once: {kinds:?}");
+
+    // A lease ends by itself.
+    let (_, v) = s
+        .call(
+            reqwest::Method::POST,
+            "/control",
+            None,
+            Some(json!({"ttl_seconds": 10})),
+        )
+        .await;
+    assert_eq!(v["held"], true, "{v}");
+    wait_for(
+        "the lease to end by itself",
+        Duration::from_secs(40),
+        || async {
+            let (st, _) = s
+                .call(reqwest::Method::GET, "/v1/screenshot", None, None)
+                .await;
+            (st == 200).then_some(())
+        },
+    )
+    .await;
+
+    // The panes' data, live: a tab opened over CDP, the repository's changes, the runs.
+    let opened = agent
+        .exec(&ExecRequest::shell(
+            "python3 - <<'EOF'\nimport json, urllib.request\nfor p in range(9222, 9232):\n    try:\n        r = urllib.request.urlopen(urllib.request.Request(f'http://127.0.0.1:{p}/json/new?data:text/html,<title>berth-tab</title><h1>berth</h1>', method='PUT'), timeout=5)\n        print(json.load(r)['id']); break\n    except Exception: pass\nEOF",
+        ))
+        .await
+        .unwrap();
+    println!("tab: {opened:?}");
+    let long = cl
+        .exec(
+            &id,
+            &RunRequest {
+                command: RunCommand::Line("sleep 600".into()),
+                run_id: Some("long-run".into()),
+                wait: Some(false),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(long.id, "long-run");
+    let big = cl
+        .exec(
+            &id,
+            &RunRequest {
+                command: RunCommand::Line("seq 1 200000".into()),
+                run_id: Some("big-run".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        big.output_artifact.is_some(),
+        "a large output is kept by reference: {:?}",
+        big.truncated
+    );
+    let session = c.client().session(&id).await.unwrap().url;
+    let cookie = {
+        let r = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .build()
+            .unwrap()
+            .get(&session)
+            .send()
+            .await
+            .unwrap();
+        r.headers()["set-cookie"]
+            .to_str()
+            .unwrap()
+            .split(';')
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let page = |rest: &str| format!("{}/session/api/{rest}", s.base);
+    let get = |rest: String| {
+        let cookie = cookie.clone();
+        async move {
+            let r = http()
+                .get(rest)
+                .header("cookie", cookie)
+                .send()
+                .await
+                .unwrap();
+            let st = r.status();
+            (st, r.bytes().await.unwrap().to_vec())
+        }
+    };
+    let (st, body) = get(page("diff")).await;
+    assert_eq!(st, StatusCode::OK);
+    let diff: Value = serde_json::from_slice(&body).unwrap();
+    let repo = &diff["repos"][0];
+    assert_eq!(repo["base_name"], "origin/master", "{diff}");
+    let files: Vec<(&str, &str)> = repo["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["path"].as_str().unwrap(), f["status"].as_str().unwrap()))
+        .collect();
+    assert!(files.contains(&("committed.txt", "added")), "{files:?}");
+    assert!(files.contains(&("notes.txt", "modified")), "{files:?}");
+    assert_eq!(repo["commits"][0]["subject"], "add committed.txt");
+    let repo_path = repo["path"].as_str().unwrap().to_string();
+    let q = |p: &str| format!("diff/file?repo={}&path={p}", urlencode(&repo_path));
+    let (_, body) = get(page(&q("notes.txt"))).await;
+    let nd: Value = serde_json::from_slice(&body).unwrap();
+    assert!(
+        nd["diff"].as_str().unwrap().contains("+uncommitted line"),
+        "{nd}"
+    );
+    let (_, body) = get(page(&q("blob.bin"))).await;
+    let bd: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        (bd["binary"].as_bool(), bd["diff"].is_null()),
+        (Some(true), true),
+        "{bd}"
+    );
+    let (st, _) = get(page(&q("../../etc/passwd"))).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    let (_, body) = get(page("browser")).await;
+    let tabs: Value = serde_json::from_slice(&body).unwrap();
+    let active = tabs["tabs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["active"] == true)
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(active["title"], "berth-tab", "{tabs}");
+    let (st, jpeg) = get(page(&format!(
+        "browser/screenshot?tab={}",
+        active["id"].as_str().unwrap()
+    )))
+    .await;
+    assert_eq!((st, &jpeg[..2]), (StatusCode::OK, &[0xff, 0xd8][..]));
+    let (_, body) = get(page("runs")).await;
+    let runs: Value = serde_json::from_slice(&body).unwrap();
+    let big = runs["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == "big-run")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (
+            big["preview"].as_bool(),
+            big["tail"].as_array().unwrap().last().cloned()
+        ),
+        (Some(true), Some(json!("200000"))),
+        "{big}"
+    );
+    let (st, whole) = get(page("runs/big-run/output")).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(whole.len() as u64, big["bytes"].as_u64().unwrap());
+    let (_, body) = get(page("workspace")).await;
+    let ws: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        (ws["profile"].clone(), ws["record"].as_bool()),
+        (json!(sb.profile), Some(false)),
+        "{ws}"
+    );
+    assert!(
+        ws["limits"]["memory_mb"].is_u64() && ws["endpoints"]["cdp"].is_string(),
+        "{ws}"
+    );
+    assert_eq!(ws["repositories"][0]["path"], repo_path.as_str(), "{ws}");
+
+    // After the delete the panes render from the record.
+    cl.delete(&id).await.unwrap();
+    let (_, body) = get(page("diff")).await;
+    let rec: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(rec["record"], true, "{rec}");
+    assert_eq!(
+        rec["repos"][0]["files"], repo["files"],
+        "the record keeps the last diff"
+    );
+    let (_, body) = get(page(&q("notes.txt"))).await;
+    let nd: Value = serde_json::from_slice(&body).unwrap();
+    assert!(
+        nd["diff"].as_str().unwrap().contains("+uncommitted line"),
+        "{nd}"
+    );
+    let (_, body) = get(page("browser")).await;
+    let rb: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        (
+            rb["record"].as_bool(),
+            rb["tabs"].as_array().map(|t| !t.is_empty())
+        ),
+        (Some(true), Some(true)),
+        "{rb}"
+    );
+    let (_, body) = get(page("runs")).await;
+    let rr: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(rr["record"], true);
+    let (_, body) = get(page("events")).await;
+    let ev: Value = serde_json::from_slice(&body).unwrap();
+    let kinds: Vec<&str> = ev["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["kind"].as_str())
+        .collect();
+    for k in ["control.taken", "control.returned"] {
+        assert!(kinds.contains(&k), "{k}: {kinds:?}");
+    }
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
