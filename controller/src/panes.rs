@@ -65,6 +65,29 @@ fn whole_lines(chunk: &[u8]) -> String {
     }
 }
 
+/// A run's command as one line: its shell line, or its argv joined (pure).
+pub fn command_line(command: &Value) -> String {
+    match command {
+        Value::String(s) => s.clone(),
+        Value::Array(a) => a
+            .iter()
+            .map(|v| {
+                v.as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| v.to_string())
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+        Value::Object(m) => m
+            .get("shell")
+            .or_else(|| m.get("line"))
+            .or_else(|| m.get("argv"))
+            .map(command_line)
+            .unwrap_or_else(|| command.to_string()),
+        other => other.to_string(),
+    }
+}
+
 /// A run as the agents pane lists it (pure): its first and last lines and its size, the
 /// whole output fetched on demand. `whole`: the output artifact's size and its end, when the
 /// output passed the inline bound.
@@ -81,7 +104,7 @@ pub fn run_entry(r: &RunRow, whole: Option<(u64, Vec<u8>)>) -> Value {
         .collect();
     json!({
         "id": r.id,
-        "command": r.command,
+        "command": command_line(&r.command),
         "status": r.status,
         "started_at": r.started_at.map(rfc3339),
         "ended_at": r.ended_at.map(rfc3339),
@@ -377,6 +400,13 @@ mod tests {
     fn a_chunk_from_the_middle_keeps_whole_lines() {
         assert_eq!(whole_lines(b"45\n46\n47\n"), "46\n47\n");
         assert_eq!(tail(&whole_lines(b"5\n199999\n200000\n"), 1), ["200000"]);
+    }
+
+    #[test]
+    fn commands_read_as_one_line() {
+        assert_eq!(command_line(&json!({"shell": "seq 1 9"})), "seq 1 9");
+        assert_eq!(command_line(&json!({"argv": ["ls", "-l"]})), "ls -l");
+        assert_eq!(command_line(&json!("echo hi")), "echo hi");
     }
 
     #[test]

@@ -626,3 +626,14 @@ pub async fn terminal_exit_code(agent: &AgentClient, id: &str) -> i32 {
     )
     .await
 }
+
+/// Where a test saves a screenshot named `name`: `tests/screenshots/` with
+/// `BERTH_UPDATE_SCREENSHOTS=1` (committed, looked at), else the test's own `tmp`.
+pub fn screenshot_path(name: &str, tmp: &std::path::Path) -> std::path::PathBuf {
+    match std::env::var("BERTH_UPDATE_SCREENSHOTS").is_ok_and(|v| v == "1") {
+        true => std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("screenshots")
+            .join(name),
+        false => tmp.join(name),
+    }
+}

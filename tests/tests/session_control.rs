@@ -12,7 +12,7 @@ use berth_protocol::ExecRequest;
 use berth_protocol::controller::Command as RunCommand;
 use berth_protocol::controller::{CreateSandbox, RunRequest};
 use berth_tests::controller::{API_KEY, ControllerProcess, Provider};
-use berth_tests::wait_for;
+use berth_tests::{screenshot_path, wait_for};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -187,6 +187,38 @@ async fn a_person_takes_the_controls_and_the_panes_show_the_workspace() {
         );
     }
     println!("refused while held: {} routes", refused.len());
+    // OSWorld's compat surface: observations and pyautogui actions are refused; a command
+    // that does not drive the desktop still runs (the harness's setup and its checks).
+    let compat = sb.endpoints.compat.clone().expect("a compat endpoint");
+    let post = |path: &str, body: Value| {
+        let url = format!("{compat}{path}");
+        async move {
+            let r = http().post(url).json(&body).send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let compat_shot = http()
+        .get(format!("{compat}/screenshot"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(compat_shot.status().as_u16(), 409);
+    let (st, text) = post("/execute", json!({"command": ["python3", "-c", "import pyautogui; pyautogui.click(5, 5)"], "shell": false})).await;
+    assert_eq!(st, 409, "{text}");
+    assert!(text.contains("human_in_control"), "{text}");
+    let (st, text) = post(
+        "/run_python",
+        json!({"code": "import pyautogui\npyautogui.press('a')"}),
+    )
+    .await;
+    assert_eq!(st, 409, "{text}");
+    let (st, text) = post(
+        "/execute",
+        json!({"command": ["echo", "setup-runs"], "shell": false}),
+    )
+    .await;
+    assert_eq!(st, 200, "{text}");
+    assert!(text.contains("setup-runs"), "{text}");
     let (st, _) = s
         .call(reqwest::Method::GET, "/v1/screenshot", Some(&token), None)
         .await;
@@ -457,8 +489,91 @@ async fn a_person_takes_the_controls_and_the_panes_show_the_workspace() {
     );
     assert_eq!(ws["repositories"][0]["path"], repo_path.as_str(), "{ws}");
 
+    // Real clients: Chromium (Playwright) on the session view's panes; a person taking the
+    // controls there while berth's driver for the anthropic SDK takes turns; the agent asking
+    // for a person through the official MCP SDK.
+    let tmp = tempfile::tempdir().unwrap();
+    let panes = script(&[
+        "panes.py",
+        &c.client().session(&id).await.unwrap().url,
+        &shot(&tmp, "session-panes.png"),
+        "live",
+    ])
+    .await;
+    assert_eq!(panes["errors"], json!([]), "{panes}");
+    assert!(
+        panes["active_tab"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("berth-tab"),
+        "{panes}"
+    );
+    assert!(
+        panes["browser_img_width"].as_u64().unwrap_or(0) > 0,
+        "{panes}"
+    );
+    let files = panes["diff_files"].to_string();
+    assert!(
+        files.contains("notes.txt")
+            && files.contains("committed.txt")
+            && files.contains("blob.bin"),
+        "{files}"
+    );
+    assert!(
+        panes["diff_text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("uncommitted line"),
+        "{panes}"
+    );
+    assert!(
+        panes["runs"].to_string().contains("long-run")
+            && panes["runs"].to_string().contains("big-run"),
+        "{panes}"
+    );
+    assert!(
+        panes["big_output_len"].as_u64().unwrap_or(0) > 1_000_000,
+        "{panes}"
+    );
+    assert_eq!(panes["big_output_has_last"], true, "{panes}");
+    assert!(
+        panes["workspace"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(&sb.profile),
+        "{panes}"
+    );
+    takeover(&s, &agent, &c, &id, &tmp).await;
+    asking(&s, &c, &id, &tmp).await;
+
     // After the delete the panes render from the record.
+    let record_url = c.client().session(&id).await.unwrap().url;
     cl.delete(&id).await.unwrap();
+    let rec = script(&[
+        "panes.py",
+        &record_url,
+        &shot(&tmp, "session-record.png"),
+        "record",
+    ])
+    .await;
+    assert_eq!(rec["errors"], json!([]), "{rec}");
+    for pane in ["browser", "diff", "agents", "workspace"] {
+        assert!(
+            rec["notes"][pane]
+                .as_str()
+                .unwrap_or_default()
+                .to_lowercase()
+                .contains("record"),
+            "{pane}: {rec}"
+        );
+    }
+    assert!(
+        rec["diff_text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("uncommitted line"),
+        "{rec}"
+    );
     let (_, body) = get(page("diff")).await;
     let rec: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(rec["record"], true, "{rec}");
@@ -496,6 +611,152 @@ async fn a_person_takes_the_controls_and_the_panes_show_the_workspace() {
     for k in ["control.taken", "control.returned"] {
         assert!(kinds.contains(&k), "{k}: {kinds:?}");
     }
+}
+
+fn shot(tmp: &tempfile::TempDir, name: &str) -> String {
+    screenshot_path(name, tmp.path()).display().to_string()
+}
+
+/// Runs `tests/session/<script> args…` (bounded) and answers the JSON it prints.
+async fn script(args: &[&str]) -> Value {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("session");
+    let mut cmd = std::process::Command::new("timeout");
+    cmd.arg("400")
+        .arg("python3")
+        .arg(dir.join(args[0]))
+        .args(&args[1..]);
+    let out = tokio::task::spawn_blocking(move || cmd.output().expect("python3 (tests/setup.sh)"))
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}: {stdout}\n{}",
+        args[0],
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_str(stdout.lines().last().unwrap_or("null")).unwrap();
+    println!("{}: {}", args[0], serde_json::to_string_pretty(&v).unwrap());
+    v
+}
+
+/// A person in the session view takes the controls while the agent's SDK turns are refused,
+/// types into a terminal the agent opened; a second viewer's typing is dropped; the clipboard
+/// goes in and out; after the hand-back the next turn carries the notice.
+async fn takeover(
+    s: &Sb,
+    agent: &berth_protocol::AgentClient,
+    c: &ControllerProcess,
+    id: &str,
+    tmp: &tempfile::TempDir,
+) {
+    let start = "rm -f ~/typed-by-person.txt; xfce4-terminal --disable-server --maximize -T typed-here \
+                 -x sh -c 'stty -echo; cat > ~/typed-by-person.txt'";
+    agent
+        .exec_background(&ExecRequest {
+            background: Some(true),
+            ..ExecRequest::shell(start)
+        })
+        .await
+        .unwrap();
+    wait_for("the terminal's window", Duration::from_secs(60), || async {
+        let (_, v) = s
+            .call(reqwest::Method::GET, "/v1/windows", None, None)
+            .await;
+        v.to_string().contains("typed-here").then_some(())
+    })
+    .await;
+    let (a, b) = (
+        c.client().session(id).await.unwrap().url,
+        c.client().session(id).await.unwrap().url,
+    );
+    let dir = tmp.path().display().to_string();
+    let out = script(&["takeover.py", &c.base, API_KEY, id, &a, &b, &dir]).await;
+    if std::env::var("BERTH_UPDATE_SCREENSHOTS").is_ok_and(|v| v == "1") {
+        let _ = std::fs::copy(
+            tmp.path().join("session-takeover.png"),
+            screenshot_path("session-takeover.png", tmp.path()),
+        );
+    }
+    assert_eq!(
+        (out["errors_a"].clone(), out["errors_b"].clone()),
+        (json!([]), json!([])),
+        "{out}"
+    );
+    for r in out["refused"].as_array().unwrap() {
+        assert_eq!(r["is_error"], true, "{r}");
+        assert!(
+            r["text"].as_str().unwrap().starts_with("human_in_control:"),
+            "{r}"
+        );
+    }
+    assert_eq!(out["clipboard_back"], "clip-from-person", "{out}");
+    assert!(
+        out["after"]["first_text"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("The screen changed"),
+        "{out}"
+    );
+    let typed = agent
+        .exec(&ExecRequest::shell("cat ~/typed-by-person.txt"))
+        .await
+        .unwrap();
+    let typed = typed.stdout.unwrap_or_default();
+    assert!(
+        typed.contains("person-typed-42"),
+        "the holder's typing reached the sandbox: {typed:?}"
+    );
+    assert!(
+        !typed.contains("viewer-b-typed"),
+        "a second viewer's typing was dropped: {typed:?}"
+    );
+}
+
+/// The agent asks for a person through the MCP SDK; the session view shows the banner; a
+/// person takes and hands back (`returned`), then declines (`declined`).
+async fn asking(s: &Sb, c: &ControllerProcess, id: &str, tmp: &tempfile::TempDir) {
+    let url = c.client().session(id).await.unwrap().url;
+    let out = script(&[
+        "request.py",
+        &c.base,
+        API_KEY,
+        id,
+        &url,
+        &shot(tmp, "session-request.png"),
+    ])
+    .await;
+    assert_eq!(out["errors"], json!([]), "{out}");
+    assert_eq!(out["listed"], true, "{out}");
+    assert_eq!(out["refused_is_error"], true, "{out}");
+    assert!(
+        out["refused_text"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("human_in_control:"),
+        "{out}"
+    );
+    assert_eq!(out["after_is_error"], false, "{out}");
+    assert!(
+        out["returned_text"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("returned:"),
+        "{out}"
+    );
+    assert!(
+        out["declined_text"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("declined:"),
+        "{out}"
+    );
+    let (_, v) = s.call(reqwest::Method::GET, "/control", None, None).await;
+    assert_eq!(
+        (v["held"].as_bool(), v["request"].is_null()),
+        (Some(false), true),
+        "{v}"
+    );
 }
 
 fn urlencode(s: &str) -> String {

@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use berth_tests::controller::{API_KEY, ControllerProcess, Provider};
-use berth_tests::wait_for;
+use berth_tests::{screenshot_path, wait_for};
 use serde_json::{Value, json};
 use sha2::Digest;
 
@@ -86,15 +86,6 @@ fn differing_pixels(a: &[u8], b: &[u8]) -> usize {
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn screenshot_path(name: &str, tmp: &std::path::Path) -> std::path::PathBuf {
-    match std::env::var("BERTH_UPDATE_SCREENSHOTS").is_ok_and(|v| v == "1") {
-        true => std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("screenshots")
-            .join(name),
-        false => tmp.join(name),
-    }
 }
 
 /// Chromium opens the session view, waits for the editor pane to show the pending proposal with
