@@ -366,6 +366,10 @@ impl Panes {
         {
             self.publish(row, RECORD_TAB, "image/jpeg", &jpeg).await;
         }
+        if tabs.tabs.is_empty() && repos.repos.is_empty() {
+            // Nothing to show later: no record.
+            return;
+        }
         let record = Record {
             taken_at: rfc3339(crate::util::now_ms()),
             tabs,
