@@ -11,7 +11,7 @@ build_packages=(
   libturbojpeg0-dev libwebp-dev          # screenshot encoders
 )
 packages=(
-  curl ca-certificates                   # the demo
+  curl ca-certificates jq                # the demo; the README's curl examples
   python3 python3-pip                    # /run_python, the pyautogui shim, the Flask peer
   procps util-linux passwd               # tests: process table, setsid, useradd
   xvfb xfwm4 xfce4-panel xfdesktop4 xfconf dbus-x11 x11-utils xauth  # a real display and desktop

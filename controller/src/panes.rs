@@ -25,6 +25,8 @@ pub const RECORD: &str = "session-record.json";
 pub const RECORD_TAB: &str = "session-record-tab.jpg";
 /// The lines of a run's output a pane shows before the rest is asked for.
 pub const TAIL_LINES: usize = 20;
+/// The most commands started on the agent directly a pane lists (the newest).
+const MAX_AGENT_COMMANDS: usize = 50;
 /// The most file diffs a record keeps (each bounded by the agent).
 const RECORD_DIFFS: usize = 200;
 
@@ -241,7 +243,47 @@ impl Panes {
             };
             runs.push(run_entry(&r, whole));
         }
+        runs.extend(self.agent_commands(&row, &runs).await);
         Ok(json!({"record": !row.live(), "runs": runs}))
+    }
+
+    /// The commands started on the agent directly (its native API, not a run), newest last.
+    async fn agent_commands(&self, row: &SandboxRow, runs: &[Value]) -> Vec<Value> {
+        let Some(agent) = self.live_agent(row) else {
+            return Vec::new();
+        };
+        let Ok(Ok(list)) = tokio::time::timeout(LOOK, agent.commands()).await else {
+            return Vec::new();
+        };
+        let known: std::collections::HashSet<&str> =
+            runs.iter().filter_map(|r| r["id"].as_str()).collect();
+        let mut out: Vec<Value> = list
+            .commands
+            .iter()
+            .filter(|c| !known.contains(c.id.as_str()))
+            .map(|c| {
+                let command = c
+                    .shell
+                    .clone()
+                    .or_else(|| c.argv.as_ref().map(|a| a.join(" ")));
+                json!({
+                    "id": c.id,
+                    "command": command.unwrap_or_default(),
+                    "status": c.state,
+                    "started_at": c.started_at,
+                    "ended_at": c.ended_at,
+                    "exit_code": c.exit_code,
+                    "started_by": "agent",
+                    "head": [],
+                    "tail": [],
+                    "bytes": c.output_bytes,
+                    "preview": false,
+                })
+            })
+            .collect();
+        let skip = out.len().saturating_sub(MAX_AGENT_COMMANDS);
+        out.drain(..skip);
+        out
     }
 
     /// A run's whole output: its artifact (ranges honoured), or the output its record holds.

@@ -489,6 +489,24 @@ async fn a_person_takes_the_controls_and_the_panes_show_the_workspace() {
     );
     assert_eq!(ws["repositories"][0]["path"], repo_path.as_str(), "{ws}");
 
+    // The README's curl block, as written.
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let block = berth_tests::readme::block(&readme, "sh", Some("control-curl"));
+    let out = std::process::Command::new("bash")
+        .args(["-c", &format!("set -e\n{block}")])
+        .env("URL", &c.base)
+        .env("KEY", API_KEY)
+        .env("ID", &id)
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        printed.lines().collect::<Vec<_>>(),
+        ["human_in_control", "false"],
+        "{printed}"
+    );
+
     // Real clients: Chromium (Playwright) on the session view's panes; a person taking the
     // controls there while berth's driver for the anthropic SDK takes turns; the agent asking
     // for a person through the official MCP SDK.
