@@ -1,5 +1,6 @@
-//! The view-only VNC relay's RFB filter (`desktop::vnc::ViewOnly::feed`): arbitrary client
-//! bytes in arbitrary splits.
+//! The VNC relay's RFB filter (`desktop::vnc::ClientFilter::feed`) for a viewer that may not
+//! send input (view-only, or while another person holds the controls): arbitrary client bytes
+//! in arbitrary splits.
 //!
 //! Input: a count byte n (n % 16), n chunk lengths (0 means 1), then the client's byte
 //! stream, cut into chunks of those lengths in turn.
@@ -13,7 +14,7 @@
 //! - anything forwarded starts with the client's RFB version.
 #![no_main]
 
-use berth_agent::desktop::vnc::ViewOnly;
+use berth_agent::desktop::vnc::ClientFilter;
 use libfuzzer_sys::fuzz_target;
 
 fn chunks(data: &[u8]) -> (Vec<usize>, &[u8]) {
@@ -35,7 +36,7 @@ fuzz_target!(|data: &[u8]| {
     let (lens, stream) = chunks(data);
 
     // Chunk by chunk, as WebSocket frames arrive; the relay stops at the first error.
-    let mut split = ViewOnly::default();
+    let mut split = ClientFilter::default();
     let mut forwarded = Vec::new();
     let mut split_err = None;
     let mut at = 0;
@@ -48,7 +49,7 @@ fuzz_target!(|data: &[u8]| {
         };
         i += 1;
         let end = (at + len).min(stream.len());
-        match split.feed(&stream[at..end]) {
+        match split.feed(&stream[at..end], false) {
             Ok(out) => forwarded.extend(out),
             Err(e) => {
                 split_err = Some(e);
@@ -59,7 +60,7 @@ fuzz_target!(|data: &[u8]| {
     }
 
     // All at once.
-    let whole = ViewOnly::default().feed(stream);
+    let whole = ClientFilter::default().feed(stream, false);
     match (&whole, &split_err) {
         (Ok(out), None) => assert_eq!(out, &forwarded, "split points changed the output"),
         (Err(a), Some(b)) => assert_eq!(a, b, "split points changed the failure"),
@@ -75,8 +76,8 @@ fuzz_target!(|data: &[u8]| {
 
     // Filtering what was forwarded forwards all of it: every message in it is whole and of a
     // kind a viewer may send.
-    let again = ViewOnly::default()
-        .feed(&forwarded)
+    let again = ClientFilter::default()
+        .feed(&forwarded, false)
         .expect("forwarded bytes pass the filter again");
     assert_eq!(again, forwarded, "the filter forwarded something it drops");
 });
