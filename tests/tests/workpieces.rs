@@ -112,6 +112,8 @@ with sync_playwright() as p:
     }""", arg=item, timeout=60000)
     out["ops"] = page.eval_on_selector_all(item + " .ops li", "els => els.map(e => e.textContent)")
     out["images"] = page.eval_on_selector_all(item + " .compare img", "els => els.map(e => [e.naturalWidth, e.naturalHeight])")
+    # The version's own cells are drawn once their content has loaded: wait for them.
+    page.wait_for_selector("#wp-view .sheet-table td", timeout=60000)
     out["table"] = page.eval_on_selector_all("#wp-view .sheet-table td", "els => els.map(e => e.textContent)")
     # A sheet's before / after as cells, the changed one marked.
     page.wait_for_selector(item + " .sheet-table td.changed", timeout=60000)
