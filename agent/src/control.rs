@@ -68,7 +68,23 @@ pub enum Change {
 pub struct Control {
     state: Mutex<State>,
     changed: watch::Sender<u64>,
+    /// The controller's key (its SHA-256), once claimed, and the file that keeps it across
+    /// the agent's restarts.
+    key: Mutex<Option<String>>,
+    key_file: Option<std::path::PathBuf>,
 }
+
+/// The controller's key for the pushes.
+#[derive(Debug, PartialEq, Eq)]
+pub enum KeyError {
+    /// A push without the key, once one is set.
+    Missing,
+    /// A claim of another key than the one set.
+    Taken,
+}
+
+/// The file under the agent's state directory that keeps the controller's key's SHA-256.
+pub const KEY_FILE: &str = "control-key";
 
 impl Default for Control {
     fn default() -> Self {
@@ -88,6 +104,73 @@ impl Control {
         Control {
             state: Mutex::new(State::default()),
             changed: watch::channel(0).0,
+            key: Mutex::new(None),
+            key_file: None,
+        }
+    }
+
+    /// The controls of an agent whose state lives in `state_dir`: a key the controller
+    /// claimed before a restart still holds.
+    pub fn open(state_dir: &std::path::Path) -> Control {
+        let file = state_dir.join(KEY_FILE);
+        let kept = std::fs::read_to_string(&file)
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| berth_protocol::control::is_sha256_hex(s));
+        Control {
+            key: Mutex::new(kept),
+            key_file: Some(file),
+            ..Control::new()
+        }
+    }
+
+    /// The controller claims the pushes with a key (its SHA-256): the first claim holds, the
+    /// same claim again is fine, another is refused.
+    pub fn claim(&self, key_sha256: &str) -> Result<(), KeyError> {
+        let mut key = self.key.locked();
+        match key.as_deref() {
+            Some(k) if k.eq_ignore_ascii_case(key_sha256) => return Ok(()),
+            Some(_) => return Err(KeyError::Taken),
+            None => {}
+        }
+        let sha = key_sha256.to_ascii_lowercase();
+        if let Some(f) = &self.key_file {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            // Readable by the agent's account only; written whole before it counts.
+            let tmp = f.with_extension("tmp");
+            let written = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)
+                .and_then(|mut w| w.write_all(sha.as_bytes()).and_then(|_| w.sync_all()))
+                .and_then(|_| std::fs::rename(&tmp, f));
+            if let Err(e) = written {
+                tracing::warn!(error = %e, "keeping the controller's key");
+            }
+        }
+        *key = Some(sha);
+        Ok(())
+    }
+
+    /// Whether `presented` is the key the controller claimed the controls with (false while
+    /// none is claimed).
+    pub fn is_controller(&self, presented: Option<&str>) -> bool {
+        match (self.key.locked().as_deref(), presented) {
+            (Some(k), Some(p)) => sha256_hex(p) == k,
+            _ => false,
+        }
+    }
+
+    /// Whether a push carrying `presented` (the key itself, or nothing) may move the controls:
+    /// any push until the controller claimed them, then only one with its key.
+    pub fn pusher(&self, presented: Option<&str>) -> Result<(), KeyError> {
+        match self.key.locked().as_deref() {
+            None => Ok(()),
+            Some(k) if presented.is_some_and(|p| sha256_hex(p) == k) => Ok(()),
+            Some(_) => Err(KeyError::Missing),
         }
     }
 
@@ -323,6 +406,38 @@ mod tests {
         assert!(n.returned >= n.taken);
         assert!(c.take_notice().is_none(), "once");
         assert_eq!(c.release(), Change::None);
+    }
+
+    #[test]
+    fn once_the_controller_claims_the_pushes_only_its_key_moves_the_controls() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Control::open(dir.path());
+        // A standalone agent: any caller with the agent token pushes; no one is the controller.
+        assert_eq!(c.pusher(None), Ok(()));
+        assert!(!c.is_controller(Some("anything")));
+        let key = "the-controllers-key";
+        c.claim(&sha256_hex(key)).unwrap();
+        assert_eq!(c.pusher(None), Err(KeyError::Missing));
+        assert_eq!(c.pusher(Some("a-guess")), Err(KeyError::Missing));
+        assert_eq!(c.pusher(Some(key)), Ok(()));
+        assert!(
+            c.is_controller(Some(key)) && !c.is_controller(Some("x")) && !c.is_controller(None)
+        );
+        // The same claim again is fine; another is refused.
+        c.claim(&sha256_hex(key).to_uppercase()).unwrap();
+        assert_eq!(c.claim(&sha256_hex("another")), Err(KeyError::Taken));
+        // A restarted agent keeps the claim; the file holds no key, only its digest.
+        let again = Control::open(dir.path());
+        assert_eq!(again.pusher(None), Err(KeyError::Missing));
+        assert_eq!(again.pusher(Some(key)), Ok(()));
+        let kept = std::fs::read_to_string(dir.path().join(KEY_FILE)).unwrap();
+        assert_eq!(kept, sha256_hex(key));
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join(KEY_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
     }
 
     #[test]

@@ -345,7 +345,7 @@ fn assemble_agent(
         ide: started.ide,
         cdp_listen: started.cdp_bound,
         browser_toolset,
-        control: Arc::new(crate::control::Control::new()),
+        control: Arc::new(crate::control::Control::open(&base.state_dir)),
         novnc_dir: args.novnc_dir.clone(),
         a11y,
         shutdown,

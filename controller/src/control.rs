@@ -61,23 +61,37 @@ pub fn session_token(cookie: &str) -> String {
     sha256_hex(format!("berth-control:{cookie}").as_bytes())
 }
 
-/// Tells a sandbox's agent that it may ask for a person, when its create said so (at
-/// readiness, before it counts as running).
+/// The key the controller moves a sandbox's controls with (derived from its secret key, so a
+/// restarted controller has it and nothing else does).
+pub fn key(ctx: &Ctx, sandbox_id: &str) -> String {
+    ctx.store.derive(&format!("control-key:{sandbox_id}"))
+}
+
+/// At readiness, before the sandbox counts as running (so before anyone else holds its agent
+/// token): claims the agent's controls for this controller, and tells the agent that it may
+/// ask for a person when its create or lease said so.
 pub async fn push_settings(ctx: &Ctx, row: &crate::store::SandboxRow) {
-    let enabled = ctx.store.control(&row.id).is_ok_and(|c| c.requests_enabled);
     let Ok(agent) = ctx.agent(row) else { return };
-    if !enabled {
+    let key = key(ctx, &row.id);
+    let warn = |what: &str, e: String| tracing::warn!(sandbox = %row.id, error = %e, "{what}");
+    match tokio::time::timeout(PUSH, agent.control_claim(&sha256_hex(key.as_bytes()))).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => warn("claiming the controls", e.to_string()),
+        Err(_) => warn("claiming the controls", "no answer within 5 s".into()),
+    }
+    if !ctx.store.control(&row.id).is_ok_and(|c| c.requests_enabled) {
         return;
     }
     let s = ControlSettings {
         requests_enabled: true,
     };
-    if let Ok(Err(e)) | Err(e) = tokio::time::timeout(PUSH, agent.control_settings(&s))
-        .await
-        .map(|r| r.map(|_| ()))
-        .map_err(|_| berth_protocol::ClientError::Decode("no answer within 5 s".into()))
-    {
-        tracing::warn!(sandbox = %row.id, error = %e, "enabling requests for a person");
+    match tokio::time::timeout(PUSH, agent.control_settings(&s, &key)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => warn("enabling requests for a person", e.to_string()),
+        Err(_) => warn(
+            "enabling requests for a person",
+            "no answer within 5 s".into(),
+        ),
     }
 }
 
@@ -161,7 +175,7 @@ impl Controls {
             holder_sha256: held.holder_sha256.clone(),
             ttl_ms: ttl * 1000,
         };
-        match tokio::time::timeout(PUSH, agent.control_grant(&grant)).await {
+        match tokio::time::timeout(PUSH, agent.control_grant(&grant, &key(&self.ctx, id))).await {
             Ok(Ok(_)) => {}
             failed => {
                 if fresh {
@@ -226,7 +240,7 @@ impl Controls {
                 "sandbox {id} has no request for a person waiting"
             )));
         };
-        tokio::time::timeout(PUSH, agent.control_decline())
+        tokio::time::timeout(PUSH, agent.control_decline(&key(&self.ctx, id)))
             .await
             .map_err(|_| Error::Agent("the sandbox's agent did not answer within 5 s".into()))?
             .map_err(|e| Error::Agent(e.to_string()))?;
@@ -251,10 +265,11 @@ impl Controls {
         if let Ok(row) = self.ctx.visible_row(id)
             && row.live()
             && let Ok(agent) = self.ctx.agent(&row)
-            && let Ok(Err(e)) | Err(e) = tokio::time::timeout(PUSH, agent.control_release())
-                .await
-                .map(|r| r.map(|_| ()))
-                .map_err(|_| berth_protocol::ClientError::Decode("no answer within 5 s".into()))
+            && let Ok(Err(e)) | Err(e) =
+                tokio::time::timeout(PUSH, agent.control_release(&key(&self.ctx, id)))
+                    .await
+                    .map(|r| r.map(|_| ()))
+                    .map_err(|_| berth_protocol::ClientError::Decode("no answer within 5 s".into()))
         {
             // The agent's own deadline ends its refusals anyway.
             tracing::warn!(sandbox = id, error = %e, "telling the agent the controls came back");
@@ -279,7 +294,7 @@ impl Controls {
                         holder_sha256: h.holder_sha256.clone(),
                         ttl_ms: (h.expires_at - now).max(0) as u64,
                     };
-                    if tokio::time::timeout(PUSH, agent.control_grant(&g))
+                    if tokio::time::timeout(PUSH, agent.control_grant(&g, &key(&self.ctx, &id)))
                         .await
                         .is_err()
                     {

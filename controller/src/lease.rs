@@ -69,7 +69,7 @@ impl Leases {
             screen,
             egress: Some(egress),
             credentials: Vec::new(),
-            human_control: false,
+            human_control: req.human_control.unwrap_or(false),
         };
         match self.ctx.store.active_lease_for_thread(&req.thread_id)? {
             Some(lease) => self.renew_or_replace(lease, req, want, &image).await,
@@ -97,7 +97,10 @@ impl Leases {
                     .claim_screen(row.clone(), want.screen.as_deref())
                     .await
                 {
-                    Ok(row) => return Ok(self.lease_wire(&lease, &row, "reused")),
+                    Ok(row) => {
+                        self.sandboxes.keep_human_control(&row, &want).await?;
+                        return Ok(self.lease_wire(&lease, &row, "reused"));
+                    }
                     Err(e) => format!("its sandbox could not take the screen: {e}"),
                 },
             },
@@ -273,6 +276,7 @@ mod tests {
             ttl_seconds: ttl,
             screen: None,
             egress: None,
+            human_control: None,
         }
     }
 

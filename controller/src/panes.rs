@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use berth_protocol::workspace::{BrowserTabs, FileDiff, GitRepos};
+use berth_protocol::AgentClient;
+use berth_protocol::workspace::{BrowserTabs, DiffQuery, FileDiff, GitRepos};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -38,6 +39,10 @@ pub struct Record {
     pub repos: GitRepos,
     /// `repo` + `\n` + `path` → its diff.
     pub diffs: BTreeMap<String, FileDiff>,
+    /// `repo` + `\n` + `path` → the artifact (by name) holding a huge diff whole, read by
+    /// range as the live one is.
+    #[serde(default)]
+    pub huge: BTreeMap<String, String>,
 }
 
 fn diff_key(repo: &str, path: &str) -> String {
@@ -177,13 +182,16 @@ impl Panes {
     pub async fn browser_screenshot(&self, id: &str, tab: &str) -> Result<Vec<u8>> {
         let row = self.ctx.visible_row(id)?;
         if let Some(agent) = self.live_agent(&row) {
-            return tokio::time::timeout(LOOK, agent.browser_tab_screenshot(tab))
-                .await
-                .map_err(|_| Error::Agent("the browser did not answer".into()))?
-                .map_err(|e| match e.status() {
-                    Some(404) => Error::NotFound(format!("no tab {tab}")),
-                    _ => Error::Agent(e.to_string()),
-                });
+            return tokio::time::timeout(
+                LOOK,
+                agent.browser_tab_screenshot(tab, Some(&crate::control::key(&self.ctx, id))),
+            )
+            .await
+            .map_err(|_| Error::Agent("the browser did not answer".into()))?
+            .map_err(|e| match e.status() {
+                Some(404) => Error::NotFound(format!("no tab {tab}")),
+                _ => Error::Agent(e.to_string()),
+            });
         }
         let a = self
             .record_artifact(id, RECORD_TAB)?
@@ -208,10 +216,11 @@ impl Panes {
         )
     }
 
-    pub async fn diff_file(&self, id: &str, repo: &str, path: &str) -> Result<FileDiff> {
+    /// One file's diff, live or kept; `q.offset` reads a part of a huge one.
+    pub async fn diff_file(&self, id: &str, q: &DiffQuery) -> Result<FileDiff> {
         let row = self.ctx.visible_row(id)?;
         if let Some(agent) = self.live_agent(&row) {
-            return tokio::time::timeout(LOOK, agent.git_diff(repo, path))
+            return tokio::time::timeout(LOOK, agent.git_diff(q))
                 .await
                 .map_err(|_| Error::Agent("reading the diff timed out".into()))?
                 .map_err(|e| match e.status() {
@@ -220,10 +229,51 @@ impl Panes {
                 });
         }
         let r = self.record(id).await?.unwrap_or_default();
-        r.diffs
-            .get(&diff_key(repo, path))
-            .cloned()
-            .ok_or_else(|| Error::NotFound(format!("the record keeps no diff of {path} in {repo}")))
+        let key = diff_key(&q.repo, &q.path);
+        let kept = r.diffs.get(&key).cloned().ok_or_else(|| {
+            Error::NotFound(format!(
+                "the record keeps no diff of {} in {}",
+                q.path, q.repo
+            ))
+        })?;
+        let Some(name) = r.huge.get(&key).filter(|_| q.offset.is_some()) else {
+            return Ok(kept);
+        };
+        let a = self
+            .record_artifact(id, name)?
+            .ok_or_else(|| Error::NotFound(format!("the kept diff {name} is gone")))?;
+        let text = self.artifacts.read_all(&a.id).await?;
+        let blank = FileDiff {
+            preview: None,
+            diff: None,
+            ..kept
+        };
+        blank
+            .shown(&String::from_utf8_lossy(&text), q)
+            .map_err(Error::BadRequest)
+    }
+
+    /// A huge diff read whole from the agent, part after part (as bounded as the agent's own
+    /// read of it).
+    async fn read_huge(agent: &AgentClient, d: &FileDiff) -> Option<String> {
+        let mut text = String::new();
+        while (text.len() as u64) < d.bytes {
+            let q = DiffQuery {
+                repo: d.repo.clone(),
+                path: d.path.clone(),
+                offset: Some(text.len() as u64),
+                max_bytes: None,
+            };
+            let part = tokio::time::timeout(LOOK, agent.git_diff(&q))
+                .await
+                .ok()?
+                .ok()?;
+            match part.diff {
+                Some(p) if !p.is_empty() => text.push_str(&p),
+                _ => return None,
+            }
+        }
+        Some(text)
     }
 
     pub async fn runs(&self, id: &str) -> Result<Value> {
@@ -389,22 +439,16 @@ impl Panes {
             Ok(Ok(r)) => r,
             _ => GitRepos::default(),
         };
-        let mut diffs = BTreeMap::new();
-        for r in &repos.repos {
-            for f in &r.files {
-                if diffs.len() >= RECORD_DIFFS {
-                    break;
-                }
-                if let Ok(Ok(d)) =
-                    tokio::time::timeout(LOOK, agent.git_diff(&r.path, &f.path)).await
-                {
-                    diffs.insert(diff_key(&r.path, &f.path), d);
-                }
-            }
-        }
+        let (diffs, huge) = self.keep_diffs(row, &agent, &repos).await;
         if let Some(active) = tabs.tabs.iter().find(|t| t.active)
-            && let Ok(Ok(jpeg)) =
-                tokio::time::timeout(LOOK, agent.browser_tab_screenshot(&active.id)).await
+            && let Ok(Ok(jpeg)) = tokio::time::timeout(
+                LOOK,
+                agent.browser_tab_screenshot(
+                    &active.id,
+                    Some(&crate::control::key(&self.ctx, &row.id)),
+                ),
+            )
+            .await
         {
             self.publish(row, RECORD_TAB, "image/jpeg", &jpeg).await;
         }
@@ -417,9 +461,48 @@ impl Panes {
             tabs,
             repos,
             diffs,
+            huge,
         };
         let bytes = serde_json::to_vec(&record).unwrap_or_default();
         self.publish(row, RECORD, "application/json", &bytes).await;
+    }
+
+    /// Every changed file's diff (up to [`RECORD_DIFFS`]); a huge one is kept whole as an
+    /// artifact of its own, named in the second map.
+    async fn keep_diffs(
+        &self,
+        row: &SandboxRow,
+        agent: &AgentClient,
+        repos: &GitRepos,
+    ) -> (BTreeMap<String, FileDiff>, BTreeMap<String, String>) {
+        let mut diffs = BTreeMap::new();
+        let mut huge = BTreeMap::new();
+        let mut files = Vec::new();
+        for r in &repos.repos {
+            files.extend(r.files.iter().map(|f| (r.path.clone(), f.path.clone())));
+        }
+        files.truncate(RECORD_DIFFS);
+        for (repo, path) in files {
+            let q = DiffQuery {
+                repo,
+                path,
+                ..Default::default()
+            };
+            let Ok(Ok(d)) = tokio::time::timeout(LOOK, agent.git_diff(&q)).await else {
+                continue;
+            };
+            let key = diff_key(&q.repo, &q.path);
+            if d.huge
+                && let Some(text) = Self::read_huge(agent, &d).await
+            {
+                let name = format!("session-record-diff-{}.patch", huge.len() + 1);
+                self.publish(row, &name, "text/x-diff; charset=utf-8", text.as_bytes())
+                    .await;
+                huge.insert(key.clone(), name);
+            }
+            diffs.insert(key, d);
+        }
+        (diffs, huge)
     }
 
     async fn publish(&self, row: &SandboxRow, name: &str, ct: &str, bytes: &[u8]) {

@@ -462,6 +462,7 @@ mod tests {
                 ttl_seconds: Some(1),
                 screen: None,
                 egress: None,
+                human_control: None,
             })
             .await
             .unwrap();

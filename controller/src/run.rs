@@ -71,6 +71,7 @@ impl Runs {
             ),
             output_artifact: None,
             output_streams: None,
+            output_preview: None,
         };
         let (run, new) = self.ctx.store.insert_run(&fresh)?;
         if new {
@@ -330,6 +331,8 @@ impl Runs {
         let mut full = false;
         // The part of the chunk that crossed the bound that the preview keeps.
         let mut preview_tail: Option<OutputChunk> = None;
+        // The output's size and last bytes, for its preview.
+        let mut end = berth_protocol::OutputEnd::default();
         loop {
             let page = tokio::time::timeout(AGENT_CALL, agent.output(id, seq))
                 .await
@@ -353,6 +356,7 @@ impl Runs {
                 }
                 match &mut spill {
                     None => {
+                        end.push(&data);
                         out.chunks.push(c);
                     }
                     Some((_, f)) => {
@@ -362,6 +366,7 @@ impl Runs {
                             break;
                         }
                         write_all(f, &data)?;
+                        end.push(&data);
                         span(&mut out.spans, c.seq, bytes, len, c.stream);
                     }
                 }
@@ -377,6 +382,10 @@ impl Runs {
                 .map_err(|e| Error::Internal(format!("run output: {e}")))?;
             drop(f);
             out.chunks.extend(preview_tail);
+            let first: Vec<u8> = out.chunks.iter().flat_map(|c| c.bytes()).collect();
+            out.preview = Some(berth_protocol::OutputPreview::of(
+                &first, &end.last, end.total,
+            ));
             out.artifact = Some(self.publish_output(run, &path).await?);
         }
         Ok(out)
@@ -429,6 +438,7 @@ impl Runs {
             truncated,
             artifact,
             spans,
+            preview,
         } = output.unwrap_or_default();
         let mut stdout = Vec::new();
         let mut stderr = Vec::new();
@@ -446,6 +456,7 @@ impl Runs {
             output: Some(serde_json::to_value(&chunks).unwrap_or(Value::Null)),
             truncated,
             output_streams: artifact.is_some().then_some(spans),
+            output_preview: preview,
             output_artifact: artifact,
             ended_at: Some(now_ms()),
             started_at: run.started_at.or(Some(now_ms())),
@@ -539,6 +550,8 @@ struct Fetched {
     truncated: bool,
     artifact: Option<String>,
     spans: Vec<StreamSpan>,
+    /// With the artifact: the whole output's first and last lines and its size.
+    preview: Option<berth_protocol::OutputPreview>,
 }
 
 /// The agent's background command for a run (`id` its run id) and the command as the run's

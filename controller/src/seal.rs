@@ -11,6 +11,8 @@ use std::path::Path;
 use base64::Engine;
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
 
 /// Sealed values start with this, so a store from before sealing is recognised and migrated.
 pub const PREFIX: &str = "sealed:v1:";
@@ -27,6 +29,9 @@ pub enum SealError {
 #[derive(Clone)]
 pub struct Sealer {
     cipher: ChaCha20Poly1305,
+    /// The key for values derived from the secret key (HMAC-SHA-256), apart from the
+    /// cipher's own.
+    derive: [u8; 32],
 }
 
 impl std::fmt::Debug for Sealer {
@@ -37,9 +42,20 @@ impl std::fmt::Debug for Sealer {
 
 impl Sealer {
     pub fn new(key: [u8; 32]) -> Sealer {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&key).expect("any key length");
+        mac.update(b"berth: the key values are derived with");
         Sealer {
             cipher: ChaCha20Poly1305::new(Key::from_slice(&key)),
+            derive: mac.finalize().into_bytes().into(),
         }
+    }
+
+    /// A secret derived from the secret key for `label` (hex): the same for the same key and
+    /// label, and nothing about the key or other labels' secrets follows from it.
+    pub fn derive(&self, label: &str) -> String {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.derive).expect("any key length");
+        mac.update(label.as_bytes());
+        crate::util::hex(&mac.finalize().into_bytes())
     }
 
     /// The key in `path` (64 hex digits), created 0600 with a random key when missing.
@@ -137,6 +153,16 @@ fn parse_key(hex: &str) -> Option<[u8; 32]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn derived_secrets_follow_the_key_and_the_label() {
+        let a = Sealer::new([7; 32]);
+        let d = a.derive("control-key:sb_1");
+        assert_eq!(d.len(), 64);
+        assert_eq!(d, Sealer::new([7; 32]).derive("control-key:sb_1"));
+        assert_ne!(d, a.derive("control-key:sb_2"));
+        assert_ne!(d, Sealer::new([8; 32]).derive("control-key:sb_1"));
+    }
 
     #[test]
     fn a_sealed_value_opens_only_with_its_key_and_its_row() {

@@ -521,17 +521,38 @@ impl AgentClient {
     }
 
     /// `PUT /v1/control`: a person holds the controls.
-    pub async fn control_grant(
-        &self,
-        g: &crate::control::ControlGrant,
-    ) -> Result<crate::control::AgentControl> {
-        self.call_json(reqwest::Method::PUT, native::CONTROL, g)
+    /// A controller's push to the controls: with its key (`x-berth-control-key`).
+    fn pushed(&self, method: reqwest::Method, path: &str, key: &str) -> reqwest::RequestBuilder {
+        self.request(method, path)
+            .header(crate::routes::header::CONTROL_KEY, key)
+    }
+
+    /// `PUT /v1/control/key`: the controller claims the controls' pushes with the key whose
+    /// SHA-256 (hex) this is.
+    pub async fn control_claim(&self, key_sha256: &str) -> Result<crate::control::AgentControl> {
+        let k = crate::control::ControlKey {
+            key_sha256: key_sha256.to_string(),
+        };
+        self.call_json(reqwest::Method::PUT, native::CONTROL_KEY, &k)
             .await
     }
 
+    /// `PUT /v1/control`: a person holds the controls (the controller's push, with its key).
+    pub async fn control_grant(
+        &self,
+        g: &crate::control::ControlGrant,
+        key: &str,
+    ) -> Result<crate::control::AgentControl> {
+        Self::call(
+            self.pushed(reqwest::Method::PUT, native::CONTROL, key)
+                .json(g),
+        )
+        .await
+    }
+
     /// `DELETE /v1/control`: the person handed back.
-    pub async fn control_release(&self) -> Result<crate::control::AgentControl> {
-        Self::call(self.request(reqwest::Method::DELETE, native::CONTROL)).await
+    pub async fn control_release(&self, key: &str) -> Result<crate::control::AgentControl> {
+        Self::call(self.pushed(reqwest::Method::DELETE, native::CONTROL, key)).await
     }
 
     pub async fn control(&self) -> Result<crate::control::AgentControl> {
@@ -541,23 +562,32 @@ impl AgentClient {
     pub async fn control_settings(
         &self,
         s: &crate::control::ControlSettings,
+        key: &str,
     ) -> Result<crate::control::AgentControl> {
-        self.call_json(reqwest::Method::PUT, native::CONTROL_SETTINGS, s)
-            .await
+        Self::call(
+            self.pushed(reqwest::Method::PUT, native::CONTROL_SETTINGS, key)
+                .json(s),
+        )
+        .await
     }
 
-    pub async fn control_decline(&self) -> Result<crate::control::AgentControl> {
-        Self::call(self.request(reqwest::Method::POST, native::CONTROL_DECLINE)).await
+    pub async fn control_decline(&self, key: &str) -> Result<crate::control::AgentControl> {
+        Self::call(self.pushed(reqwest::Method::POST, native::CONTROL_DECLINE, key)).await
     }
 
     pub async fn browser_tabs(&self) -> Result<crate::workspace::BrowserTabs> {
         self.get(native::BROWSER_TABS).await
     }
 
-    /// A tab's page as JPEG bytes.
-    pub async fn browser_tab_screenshot(&self, id: &str) -> Result<Vec<u8>> {
+    /// A tab's page as JPEG bytes. An observation, refused while a person holds the controls
+    /// unless `key` is the controller's (its session view's browser pane).
+    pub async fn browser_tab_screenshot(&self, id: &str, key: Option<&str>) -> Result<Vec<u8>> {
         let path = crate::routes::fill(native::BROWSER_TAB_SCREENSHOT, &[id]);
-        let resp = check(self.request(reqwest::Method::GET, &path).send().await?).await?;
+        let mut rb = self.request(reqwest::Method::GET, &path);
+        if let Some(k) = key {
+            rb = rb.header(crate::routes::header::CONTROL_KEY, k);
+        }
+        let resp = check(rb.send().await?).await?;
         Ok(resp.bytes().await?.to_vec())
     }
 
@@ -565,10 +595,14 @@ impl AgentClient {
         self.get(native::GIT_REPOS).await
     }
 
-    pub async fn git_diff(&self, repo: &str, path: &str) -> Result<crate::workspace::FileDiff> {
+    /// One file's diff (`q.offset`: the part of a huge one from there).
+    pub async fn git_diff(
+        &self,
+        q: &crate::workspace::DiffQuery,
+    ) -> Result<crate::workspace::FileDiff> {
         Self::call(
             self.request(reqwest::Method::GET, native::GIT_DIFF)
-                .query(&[("repo", repo), ("path", path)]),
+                .query(q),
         )
         .await
     }

@@ -18,6 +18,9 @@ pub const NOT_HOLDER: &str = "not_holder";
 pub const REQUESTS_DISABLED: &str = "requests_disabled";
 /// The error code of a request for a person while one is already waiting.
 pub const REQUEST_PENDING: &str = "request_pending";
+/// A push of the controls without the controller's key (403), or a second, different key (409).
+pub const NOT_THE_CONTROLLER: &str = "not_the_controller";
+pub const CONTROL_KEY_SET: &str = "control_key_set";
 
 /// A control lease's length when the taker names none (seconds).
 pub const DEFAULT_TTL_SECONDS: u64 = 120;
@@ -120,6 +123,22 @@ pub struct ControlGrant {
     pub holder_sha256: String,
     /// How long from now the agent keeps refusing if it hears nothing more (ms).
     pub ttl_ms: u64,
+}
+
+/// `PUT /v1/control/key`: the controller claims the controls' pushes for itself, once, before
+/// the sandbox is handed out. From then on `PUT`/`DELETE /v1/control`, `…/settings` and
+/// `…/decline` need the key in `x-berth-control-key`: the agent token alone (which an engine
+/// may hold) no longer moves the controls. The agent keeps only the key's SHA-256.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ControlKey {
+    /// SHA-256 (hex) of the key.
+    pub key_sha256: String,
+}
+
+/// Whether `s` is a SHA-256 in hex (pure).
+pub fn is_sha256_hex(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// `PUT /v1/control/settings`.

@@ -336,6 +336,10 @@ pub struct Run {
     /// Set when `stdout`/`stderr` are a preview (the rest is in `output_artifact`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,
+    /// With `output_artifact`: the whole output's first and last lines and its size (the
+    /// artifact is read by range: `Range: bytes=…`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_preview: Option<crate::exec::OutputPreview>,
 }
 
 impl Run {
@@ -364,6 +368,10 @@ pub struct AcquireLease {
     /// A new sandbox's egress policy, as at create; a reused one must have the same.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<crate::egress::Egress>,
+    /// Lets the leased sandbox's agent ask for a person (`request_human_control`), as at
+    /// create; a reused sandbox is enabled too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub human_control: Option<bool>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]

@@ -88,6 +88,118 @@ pub struct ExecResult {
     /// `GET /v1/commands/{id}/output`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub output_truncated: bool,
+    /// In place of `stdout` when it was larger than one answer carries: its first and last
+    /// lines and its size; the whole of it is read by range at `output_href`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout_preview: Option<OutputPreview>,
+    /// In place of `stderr`, as `stdout_preview`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr_preview: Option<OutputPreview>,
+    /// With a preview: where the command's whole output is read by range
+    /// (`?from_seq=N&max_bytes=M`, the combined stream's byte offsets).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_href: Option<String>,
+}
+
+/// Bytes of each stream a native `POST /v1/exec` answer carries inline; past it the stream
+/// travels as an [`OutputPreview`] and a reference.
+pub const EXEC_INLINE_BYTES: usize = 1 << 20;
+/// The most lines, and bytes, a preview keeps from the start of the output.
+pub const PREVIEW_HEAD_LINES: usize = 20;
+/// The most lines a preview keeps from the end.
+pub const PREVIEW_TAIL_LINES: usize = 40;
+/// The most bytes a preview keeps from each end.
+pub const PREVIEW_END_BYTES: usize = 8 << 10;
+
+/// Output too large to travel inline: its first and last lines and byte counts. The whole of
+/// it is fetched by range from where the answer carrying this names.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+pub struct OutputPreview {
+    /// The output's whole size.
+    pub bytes: u64,
+    /// Its first lines (at most 20 and 8 KiB; bytes that are not UTF-8 replaced).
+    pub head: String,
+    /// Its last lines (at most 40 and 8 KiB).
+    pub tail: String,
+    /// Bytes between `head` and `tail`, in neither.
+    pub omitted_bytes: u64,
+}
+
+impl OutputPreview {
+    /// The preview of output of `total` bytes whose first bytes are `first` and last bytes are
+    /// `last` (either may hold more than the preview keeps; `last` ends where the output ends).
+    pub fn of(first: &[u8], last: &[u8], total: u64) -> OutputPreview {
+        let head = head_lines(first, PREVIEW_HEAD_LINES, PREVIEW_END_BYTES);
+        let mut tail = tail_lines(last, PREVIEW_TAIL_LINES, PREVIEW_END_BYTES);
+        // Short output: the tail starts after the head ends.
+        let room = total.saturating_sub(head.len() as u64);
+        if (tail.len() as u64) > room {
+            tail = &tail[tail.len() - room as usize..];
+        }
+        OutputPreview {
+            bytes: total,
+            omitted_bytes: total - head.len() as u64 - tail.len() as u64,
+            head: String::from_utf8_lossy(head).into_owned(),
+            tail: String::from_utf8_lossy(tail).into_owned(),
+        }
+    }
+}
+
+/// Output's whole size and its last bytes (at least a preview's end, at most twice that),
+/// kept while it is read, for its [`OutputPreview`].
+#[derive(Debug, Default, Clone)]
+pub struct OutputEnd {
+    pub total: u64,
+    pub last: Vec<u8>,
+}
+
+impl OutputEnd {
+    pub fn push(&mut self, data: &[u8]) {
+        const END: usize = PREVIEW_END_BYTES;
+        self.total += data.len() as u64;
+        self.last
+            .extend_from_slice(&data[data.len().saturating_sub(END)..]);
+        if self.last.len() > 2 * END {
+            self.last.drain(..self.last.len() - END);
+        }
+    }
+}
+
+/// The first `lines` lines of `data` within `max` bytes (a line longer than that is cut).
+fn head_lines(data: &[u8], lines: usize, max: usize) -> &[u8] {
+    let data = &data[..data.len().min(max)];
+    let mut end = 0;
+    for (n, i) in data
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| **b == b'\n')
+        .map(|(i, _)| i)
+        .enumerate()
+    {
+        end = i + 1;
+        if n + 1 == lines {
+            return &data[..end];
+        }
+    }
+    // No newline within the bound: the bound; otherwise whole lines only.
+    if end == 0 { data } else { &data[..end] }
+}
+
+/// The last `lines` lines of `data` within `max` bytes.
+fn tail_lines(data: &[u8], lines: usize, max: usize) -> &[u8] {
+    let data = &data[data.len() - data.len().min(max)..];
+    // A final newline ends the last line; it does not start another.
+    let body = data.strip_suffix(b"\n").unwrap_or(data);
+    let mut seen = 0;
+    for (i, b) in body.iter().enumerate().rev() {
+        if *b == b'\n' {
+            seen += 1;
+            if seen == lines {
+                return &data[i + 1..];
+            }
+        }
+    }
+    data
 }
 
 impl ExecResult {
@@ -257,4 +369,51 @@ pub struct StdinRequest {
 pub struct SignalRequest {
     /// A signal name (`TERM`, `SIGKILL`, `int`) or number.
     pub signal: serde_json::Value,
+}
+
+#[cfg(test)]
+mod preview_tests {
+    use super::*;
+
+    fn numbered(n: usize) -> String {
+        (1..=n).map(|i| format!("line {i}\n")).collect()
+    }
+
+    #[test]
+    fn a_preview_keeps_the_first_and_last_lines_and_counts_the_rest() {
+        let text = numbered(1000);
+        let p = OutputPreview::of(text.as_bytes(), text.as_bytes(), text.len() as u64);
+        assert_eq!(p.head, numbered(PREVIEW_HEAD_LINES));
+        assert!(p.tail.starts_with("line 961\n") && p.tail.ends_with("line 1000\n"));
+        assert_eq!(p.tail.lines().count(), PREVIEW_TAIL_LINES);
+        assert_eq!(p.bytes, text.len() as u64);
+        assert_eq!(
+            p.omitted_bytes,
+            (text.len() - p.head.len() - p.tail.len()) as u64
+        );
+    }
+
+    #[test]
+    fn long_lines_are_cut_at_the_byte_bound_and_short_output_is_not_counted_twice() {
+        let one = vec![b'a'; 100_000];
+        let p = OutputPreview::of(&one, &one, one.len() as u64);
+        assert_eq!(
+            (p.head.len(), p.tail.len()),
+            (PREVIEW_END_BYTES, PREVIEW_END_BYTES)
+        );
+        assert_eq!(p.omitted_bytes, 100_000 - 2 * PREVIEW_END_BYTES as u64);
+        let short = numbered(30);
+        let p = OutputPreview::of(short.as_bytes(), short.as_bytes(), short.len() as u64);
+        assert_eq!(p.head.clone() + &p.tail, short);
+        assert_eq!(p.omitted_bytes, 0);
+        let p = OutputPreview::of(b"", b"", 0);
+        assert_eq!(p, OutputPreview::default());
+    }
+
+    #[test]
+    fn bytes_that_are_not_text_are_replaced_not_refused() {
+        let p = OutputPreview::of(&[0xff, b'\n', b'x'], &[0xff, b'\n', b'x'], 3);
+        assert_eq!(p.head, "\u{fffd}\n");
+        assert_eq!(p.tail, "x");
+    }
 }

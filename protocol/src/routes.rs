@@ -136,6 +136,8 @@ pub mod native {
         CONTROL_REQUEST = "/control/request";
         /// `POST`: a person declined the pending request (the controller's push).
         CONTROL_DECLINE = "/control/decline";
+        /// `PUT {"key_sha256"}`: the controller claims the controls' pushes, once.
+        CONTROL_KEY = "/control/key";
         EVENTS = "/events";
         /// `DELETE` starts a new episode (clears the action log).
         EPISODE = "/episode";
@@ -317,6 +319,8 @@ pub mod header {
     /// The control token of a person holding the controls: input carrying it passes while
     /// every other caller is refused `human_in_control`.
     pub const CONTROL: &str = "x-berth-control";
+    /// The controller's key for the controls' pushes to an agent (`PUT /v1/control/key`).
+    pub const CONTROL_KEY: &str = "x-berth-control-key";
     /// Set by the controller's relay on a viewer's VNC connection that must not send input.
     pub const VIEW_ONLY: &str = "x-berth-view-only";
     /// Every header the agent sets on its own answers, which proxies pass through.

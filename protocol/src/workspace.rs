@@ -82,18 +82,88 @@ pub struct GitRepos {
     pub repos: Vec<GitRepo>,
 }
 
+/// `GET /v1/git/diff` (and the session view's `api/diff/file`): one file's diff. With
+/// `offset`, the part of it from that byte, at most `max_bytes` (default and at most
+/// [`MAX_FILE_DIFF_BYTES`]) — how a huge diff is read.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DiffQuery {
+    pub repo: String,
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+}
+
 /// `GET /v1/git/diff?repo=&path=`: one file's unified diff from its repository's base.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct FileDiff {
     pub repo: String,
     pub path: String,
     pub binary: bool,
-    /// Past [`MAX_FILE_DIFF_BYTES`]: named, not shown.
+    /// Past [`MAX_FILE_DIFF_BYTES`]: not shown whole; `preview` holds its first and last
+    /// lines and the rest is read by range (`offset`).
     pub huge: bool,
     /// The diff's size in bytes.
     pub bytes: u64,
+    /// The whole diff, or with `offset` asked, its part from there.
     pub diff: Option<String>,
+    /// The diff was longer than the agent reads (8 MiB): `bytes` counts what was read.
     pub truncated: bool,
+    /// A huge diff's first and last lines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preview: Option<crate::exec::OutputPreview>,
+    /// Where `diff`'s part starts when a range was asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+}
+
+impl FileDiff {
+    /// The diff of `text` as one answer shows it (pure): whole when small, a preview when
+    /// huge, or the part `q` asks for (cut back to whole characters). A range that starts past
+    /// the end is refused.
+    pub fn shown(mut self, text: &str, q: &DiffQuery) -> Result<FileDiff, String> {
+        self.bytes = text.len() as u64;
+        if self.binary {
+            return Ok(self);
+        }
+        self.huge = text.len() > MAX_FILE_DIFF_BYTES;
+        let Some(offset) = q.offset else {
+            match self.huge {
+                true => {
+                    self.preview = Some(crate::exec::OutputPreview::of(
+                        text.as_bytes(),
+                        text.as_bytes(),
+                        self.bytes,
+                    ))
+                }
+                false => self.diff = Some(text.to_string()),
+            }
+            return Ok(self);
+        };
+        if offset > self.bytes {
+            return Err(format!(
+                "offset {offset} is past the end of the diff ({} bytes)",
+                self.bytes
+            ));
+        }
+        let max = q
+            .max_bytes
+            .unwrap_or(MAX_FILE_DIFF_BYTES as u64)
+            .clamp(1, MAX_FILE_DIFF_BYTES as u64);
+        let mut start = offset as usize;
+        while !text.is_char_boundary(start) {
+            start -= 1;
+        }
+        let mut end = (start as u64 + max).min(self.bytes) as usize;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.diff = Some(text[start..end].to_string());
+        self.offset = Some(start as u64);
+        Ok(self)
+    }
 }
 
 /// A path below a repository, checked: relative, no `..`, no NUL.
@@ -131,5 +201,86 @@ mod tests {
         ] {
             assert!(repo_relative(bad).is_err(), "{bad:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod diff_tests {
+    use super::*;
+
+    fn blank() -> FileDiff {
+        FileDiff {
+            repo: "/home/u/r".into(),
+            path: "a".into(),
+            binary: false,
+            huge: false,
+            bytes: 0,
+            diff: None,
+            truncated: false,
+            preview: None,
+            offset: None,
+        }
+    }
+
+    #[test]
+    fn a_small_diff_is_whole_a_huge_one_a_preview_and_its_parts_read_by_range() {
+        let q = DiffQuery::default();
+        let small = blank().shown("+a\n", &q).unwrap();
+        assert_eq!((small.diff.as_deref(), small.huge), (Some("+a\n"), false));
+        let text: String = (0..100_000).map(|i| format!("+{i}\n")).collect();
+        let huge = blank().shown(&text, &q).unwrap();
+        assert!(huge.huge && huge.diff.is_none());
+        assert_eq!(huge.preview.as_ref().unwrap().bytes, text.len() as u64);
+        // Read whole by range, part after part.
+        let mut read = String::new();
+        while (read.len() as u64) < huge.bytes {
+            let part = blank()
+                .shown(
+                    &text,
+                    &DiffQuery {
+                        offset: Some(read.len() as u64),
+                        ..q.clone()
+                    },
+                )
+                .unwrap();
+            read += part.diff.as_deref().unwrap();
+        }
+        assert_eq!(read, text);
+        let past = DiffQuery {
+            offset: Some(text.len() as u64 + 1),
+            ..q.clone()
+        };
+        assert!(
+            blank()
+                .shown(&text, &past)
+                .unwrap_err()
+                .contains("past the end")
+        );
+    }
+
+    #[test]
+    fn a_range_is_cut_to_whole_characters() {
+        let q = DiffQuery {
+            offset: Some(1),
+            max_bytes: Some(2),
+            ..Default::default()
+        };
+        // "é" is two bytes at 1..3: offset 1 is its start; 2 bytes end at 3.
+        let d = blank().shown("aéb", &q).unwrap();
+        assert_eq!((d.diff.as_deref(), d.offset), (Some("é"), Some(1)));
+        let q = DiffQuery {
+            offset: Some(2),
+            max_bytes: Some(1),
+            ..Default::default()
+        };
+        let d = blank().shown("aéb", &q).unwrap();
+        assert_eq!((d.diff.as_deref(), d.offset), (Some(""), Some(1)));
+        let bin = FileDiff {
+            binary: true,
+            ..blank()
+        }
+        .shown("Binary files", &q)
+        .unwrap();
+        assert!(bin.diff.is_none());
     }
 }

@@ -80,6 +80,26 @@ def load_big_output(page, out, required):
     out["big_output_len"], out["big_output_has_last"] = page.evaluate(BIG_FACTS, BIG)
 
 
+HUGE_LOADED = """() => [...document.querySelectorAll('#diff-pane pre.diff')]
+                      .some(p => p.textContent.includes('+50000\\n') && p.textContent.includes('+100000'))"""
+
+
+def load_huge_diff(page, out):
+    """huge.txt's diff: its first and last lines with what is left out between, then the whole
+    read by range on demand."""
+    entry = page.locator("#diff-files li", has_text="huge.txt").first
+    (entry.locator("button").first if entry.locator("button").count() else entry).click(timeout=WAIT)
+    button = page.locator("#diff-pane .load-diff").first
+    button.wait_for(state="attached", timeout=WAIT)
+    out["huge_gap"] = text_of(page, "#diff-pane .gap")
+    out["huge_preview_has_last"] = page.evaluate(
+        "() => [...document.querySelectorAll('#diff-pane pre.diff')].some(p => p.textContent.includes('+100000'))"
+    )
+    button.click(timeout=WAIT)
+    page.wait_for_function(HUGE_LOADED, timeout=WAIT)
+    out["huge_loaded"] = True
+
+
 def live(page, out):
     page.wait_for_function(ACTIVE_TAB, timeout=WAIT)
     page.wait_for_function(IMG_WIDTH, timeout=WAIT)
@@ -114,7 +134,8 @@ def facts(page, out):
 def main():
     url, shot, mode = sys.argv[1], sys.argv[2], sys.argv[3]
     assert mode in ("live", "record"), mode
-    out = {"mode": mode, "diff_files": [], "diff_text": None, "big_output_len": None, "big_output_has_last": None}
+    out = {"mode": mode, "diff_files": [], "diff_text": None, "big_output_len": None, "big_output_has_last": None,
+           "huge_gap": None, "huge_preview_has_last": None, "huge_loaded": False}
     errors = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
@@ -126,6 +147,7 @@ def main():
         # A whole output in a pane could make the page too tall to picture: then the viewport only.
         out["page_height"] = page.evaluate("document.documentElement.scrollHeight")
         page.screenshot(path=shot, full_page=out["page_height"] <= 16000)
+        load_huge_diff(page, out)
         browser.close()
     out["errors"] = errors
     print(json.dumps(out))

@@ -252,11 +252,32 @@ async fn files_and_directories_are_published_served_by_range_and_outlive_their_s
             .starts_with("text/plain")
     );
     assert_eq!(bytes(&cl, &out_id).await, want.as_bytes());
+    // Its preview: the first and last lines and the bytes between them.
+    let p = big.output_preview.as_ref().expect("a preview of both ends");
+    let lines = |a: usize, b: usize| -> String { (a..=b).map(|i| format!("{i}\n")).collect() };
+    assert_eq!(p.bytes, want.len() as u64);
+    assert_eq!(p.head, lines(1, 20));
+    assert_eq!(p.tail, lines(29961, 30000));
+    assert_eq!(
+        p.omitted_bytes,
+        (want.len() - p.head.len() - p.tail.len()) as u64
+    );
+    // The rest by range, as a pane asks for it.
+    let from = p.head.len();
+    let r = cl
+        .request(Method::GET, &format!("/sandbox/v1/artifacts/{out_id}"))
+        .header("range", format!("bytes={from}-{}", from + 99))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 206);
+    assert_eq!(r.bytes().await.unwrap(), want.as_bytes()[from..from + 100]);
     // A small one stays inline.
     let small = cl.exec(&sb.id, &shell("echo small")).await.unwrap();
     let small_json = serde_json::to_value(&small).unwrap();
     assert_eq!(small.stdout, "small\n");
     assert!(small_json.get("output_artifact").is_none(), "{small_json}");
+    assert!(small_json.get("output_preview").is_none(), "{small_json}");
 
     // Every artifact is on the timeline.
     let published: Vec<Value> = timeline_kinds(&cl, &sb.id)

@@ -143,6 +143,38 @@ for target in ("/etc/berth-containment-probe", "/root/berth-containment-probe"):
     out["routes"]["exists " + target] = os.path.exists(target)
 code, body = post("/execute", {"command": "id -u", "shell": True}, form=False)
 out["routes"]["execute uid"] = json.loads(body).get("output", "").strip() if code == 200 else code
+# The agent's native routes of a person's controls and the session view's panes, without the
+# token and with a guessed one: taking, handing back or settling the controls, asking for a
+# person, reading the clipboard, the browser's tabs and the repositories' diffs.
+def native(method, route, data, token):
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = "Bearer " + token
+    body = json.dumps(data).encode() if data is not None else None
+    req = urllib.request.Request("http://127.0.0.1:5000" + route, body, headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError as e:
+        return str(e)
+out["native"] = {}
+for method, route, data in [
+    ("PUT", "/v1/control", {"holder": "api_key", "expires_at": "2099-01-01T00:00:00Z"}),
+    ("DELETE", "/v1/control", None),
+    ("PUT", "/v1/control/settings", {"requests_enabled": True}),
+    ("POST", "/v1/control/request", {"reason": "probe"}),
+    ("POST", "/v1/control/decline", None),
+    ("GET", "/v1/clipboard", None),
+    ("GET", "/v1/browser/tabs", None),
+    ("GET", "/v1/git/repos", None),
+    ("GET", "/v1/git/diff?repo=/root&path=x", None),
+]:
+    for token in (None, "0" * 48):
+        out["native"]["%s %s %s" % (method, route, "guessed" if token else "none")] = \
+            native(method, route, data, token)
+out["native"]["GET /healthz"] = native("GET", "/healthz", None, None)
 print(json.dumps(out))
 "#;
 
@@ -320,6 +352,13 @@ fn assert_token_fenced(user: &serde_json::Value, root: &serde_json::Value) {
     assert_ne!(routes["execute uid"], "0", "{routes}");
     // The control: the route serves what the user may read (any process's command line).
     assert_eq!(routes["file /proc/1/cmdline"], 200, "{routes}");
+    // The controls, the clipboard and the panes' routes are the token's only.
+    let native = user["native"].as_object().unwrap();
+    assert_eq!(native.len(), 19, "{native:?}");
+    for (call, code) in native {
+        let want = if call == "GET /healthz" { 200 } else { 401 };
+        assert_eq!(code, want, "{call}: {native:?}");
+    }
 }
 
 /// The user's powers in sandbox `id`: none of root's, no host path beyond Docker's three files.

@@ -373,6 +373,30 @@ async fn leases_reuse_their_sandbox_and_reprovision_on_label_mismatch_or_a_dead_
         .unwrap();
     assert_ne!(other.sandbox.id, a.sandbox.id);
     assert_ne!(other.lease_id, a.lease_id);
+    // A lease may let its agent ask for a person: the reused sandbox's agent hears it; the
+    // other thread's does not.
+    let asking = cl
+        .acquire(&AcquireLease {
+            human_control: Some(true),
+            ..acquire(&[("team", "x")])
+        })
+        .await
+        .unwrap();
+    assert_eq!(asking.sandbox.id, a.sandbox.id);
+    assert!(
+        cl.agent(&a.sandbox.id)
+            .control()
+            .await
+            .unwrap()
+            .requests_enabled
+    );
+    assert!(
+        !cl.agent(&other.sandbox.id)
+            .control()
+            .await
+            .unwrap()
+            .requests_enabled
+    );
     // A required label the sandbox lacks: same lease, a new sandbox, the old one gone.
     let b = cl.acquire(&acquire(&[("gpu", "yes")])).await.unwrap();
     assert_eq!(b.lease_id, a.lease_id);

@@ -301,6 +301,7 @@ fn run() {
             output_truncated: false,
             output_artifact: None,
             truncated: false,
+            output_preview: None,
         },
         r#"{"id": "r1", "sandbox_id": "sb_0123", "status": "exited", "exit_code": 3,
             "stdout": "out\n", "stderr": "err\n", "started_at": "2026-12-01T16:00:00.000Z",
@@ -447,6 +448,9 @@ fn exec_and_output() {
             duration_ms: 3,
             timed_out: false,
             output_truncated: false,
+            stdout_preview: None,
+            stderr_preview: None,
+            output_href: None,
         },
         r#"{"id": "cmd_1", "exit_code": 0, "stdout": "hi\n", "stderr": "", "duration_ms": 3,
             "timed_out": false}"#,
@@ -463,9 +467,39 @@ fn exec_and_output() {
             duration_ms: 1000,
             timed_out: true,
             output_truncated: true,
+            stdout_preview: None,
+            stderr_preview: None,
+            output_href: None,
         },
         r#"{"id": "cmd_2", "exit_code": 137, "signal": "KILL", "stdout_b64": "/w==",
             "stderr": "", "duration_ms": 1000, "timed_out": true, "output_truncated": true}"#,
+    );
+    // Output past the inline bound: a preview of its ends and where the rest is read.
+    golden(
+        &ExecResult {
+            id: "cmd_3".into(),
+            exit_code: 0,
+            signal: None,
+            stdout: None,
+            stdout_b64: None,
+            stderr: Some(String::new()),
+            stderr_b64: None,
+            duration_ms: 40,
+            timed_out: false,
+            output_truncated: true,
+            stdout_preview: Some(berth_protocol::OutputPreview {
+                bytes: 2_000_000,
+                head: "1\n".into(),
+                tail: "400000\n".into(),
+                omitted_bytes: 1_999_991,
+            }),
+            stderr_preview: None,
+            output_href: Some("/v1/commands/cmd_3/output".into()),
+        },
+        r#"{"id": "cmd_3", "exit_code": 0, "stderr": "", "duration_ms": 40, "timed_out": false,
+            "output_truncated": true, "stdout_preview": {"bytes": 2000000, "head": "1\n",
+            "tail": "400000\n", "omitted_bytes": 1999991},
+            "output_href": "/v1/commands/cmd_3/output"}"#,
     );
     golden(
         &OutputPage {

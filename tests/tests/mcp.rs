@@ -230,7 +230,17 @@ async fn python_sdk_session_drives_the_tools() {
     // Answers are bounded (under the Python SDK's 1 MiB event limit), with a clear way on.
     let big = &s["exec_big"]["structured"];
     assert_eq!(big["output_truncated"], true, "{big}");
-    assert_eq!(big["stdout"].as_str().unwrap().len(), 128 << 10);
+    assert!(big.get("stdout").is_none(), "{big}");
+    let preview = &big["stdout_preview"];
+    assert_eq!(preview["bytes"], 300_000, "{big}");
+    assert_eq!(preview["head"].as_str().unwrap().len(), 8 << 10);
+    assert_eq!(preview["omitted_bytes"], 300_000 - (16 << 10));
+    assert!(
+        big["output_href"]
+            .as_str()
+            .is_some_and(|h| h.starts_with("/v1/commands/") && h.ends_with("/output")),
+        "{big}"
+    );
     let too_large = err_text("read_big");
     assert!(
         too_large.contains("614400 bytes") && too_large.contains("GET /v1/files"),

@@ -649,10 +649,30 @@ async fn large_foreground_output_spills_and_reads_back_whole() {
         .await
         .unwrap();
     let expected: String = (1..=400_000).map(|i| format!("{i:07}\n")).collect();
-    assert!(
-        r.stdout.as_deref() == Some(expected.as_str()),
-        "answer carries everything"
+    // Past the inline bound the answer carries a preview of both ends and where the rest is.
+    assert_eq!(r.stdout, None);
+    let p = r.stdout_preview.as_ref().expect("a preview");
+    assert_eq!(p.bytes, expected.len() as u64);
+    let lines =
+        |from: usize, to: usize| -> String { (from..=to).map(|i| format!("{i:07}\n")).collect() };
+    assert_eq!(p.head, lines(1, 20));
+    assert_eq!(p.tail, lines(399_961, 400_000));
+    assert_eq!(p.omitted_bytes, (expected.len() - 60 * 8) as u64);
+    assert_eq!(r.stderr.as_deref(), Some("end\n"));
+    assert!(r.output_truncated);
+    assert_eq!(
+        r.output_href.as_deref(),
+        Some(format!("/v1/commands/{}/output", r.id).as_str())
     );
+    // Below the bound everything is inline, as before.
+    let small = c
+        .exec(&ExecRequest::shell(
+            "head -c 1048576 /dev/zero | tr '\\0' x",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(small.stdout.as_deref().map(str::len), Some(1 << 20));
+    assert!(small.stdout_preview.is_none() && !small.output_truncated);
     // Read back page by page; the two pipes carry no order between them, so compare per stream.
     let (mut out, mut err, mut seq) = (Vec::new(), Vec::new(), 0);
     loop {

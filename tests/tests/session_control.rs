@@ -16,6 +16,37 @@ use berth_tests::{screenshot_path, wait_for};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+/// Run as root in the sandbox's container: the controls' pushes made with the agent's token
+/// alone (as an engine handed the token would), each answered `[status, error code]`; and
+/// whether the controls are still held.
+const DIRECT_PUSHES: &str = r#"
+import json, urllib.request
+env = dict(kv.split("=", 1) for kv in open("/proc/1/environ").read().split("\0") if "=" in kv)
+token = env["BERTH_AGENT_TOKEN"]
+def call(method, path, body=None):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request("http://127.0.0.1:5000" + path, data, method=method,
+        headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+out = {}
+for method, path, body in [
+    ("DELETE", "/v1/control", None),
+    ("PUT", "/v1/control", {"holder_sha256": "0" * 64, "ttl_ms": 1000}),
+    ("PUT", "/v1/control/settings", {"requests_enabled": False}),
+    ("POST", "/v1/control/decline", None),
+    ("PUT", "/v1/control/key", {"key_sha256": "1" * 64}),
+]:
+    code, b = call(method, path, body)
+    out[method + " " + path] = [code, b.get("error", {}).get("code")]
+code, b = call("GET", "/v1/control")
+out["GET /v1/control"] = [code, b.get("held")]
+print(json.dumps(out))
+"#;
+
 fn http() -> reqwest::Client {
     reqwest::Client::builder()
         .no_proxy()
@@ -63,7 +94,8 @@ const SETUP: &str = "set -e; cd ~; git init -q --bare remote.git; git clone -q r
 cd work/demo; git config user.email t@example.com; git config user.name Tester; \
 printf 'one\\n' > notes.txt; git add notes.txt; git commit -qm init; git push -q origin HEAD; \
 printf 'two\\n' > committed.txt; git add committed.txt; git commit -qm 'add committed.txt'; \
-printf 'uncommitted line\\n' >> notes.txt; head -c 3000 /dev/urandom > blob.bin; git add blob.bin";
+printf 'uncommitted line\\n' >> notes.txt; head -c 3000 /dev/urandom > blob.bin; git add blob.bin; \
+seq 1 100000 > huge.txt";
 
 #[tokio::test]
 async fn a_person_takes_the_controls_and_the_panes_show_the_workspace() {
@@ -147,6 +179,37 @@ async fn a_person_takes_the_controls_and_the_panes_show_the_workspace() {
         (409, Some("not_holder")),
         "{e}"
     );
+    // Nor can an engine holding the agent's token itself (read here as root from the agent's
+    // environment): the controller claimed the controls' pushes with a key of its own.
+    let direct: Value = serde_json::from_str(&berth_tests::egress::docker(&[
+        "exec",
+        &format!("berth-{id}"),
+        "python3",
+        "-c",
+        DIRECT_PUSHES,
+    ]))
+    .unwrap();
+    println!("pushes with the agent token alone: {direct}");
+    for call in [
+        "DELETE /v1/control",
+        "PUT /v1/control",
+        "PUT /v1/control/settings",
+        "POST /v1/control/decline",
+        "PUT /v1/control/key",
+    ] {
+        let want = if call.ends_with("/key") {
+            (409, "control_key_set")
+        } else {
+            (403, "not_the_controller")
+        };
+        assert_eq!(
+            (direct[call][0].as_u64(), direct[call][1].as_str()),
+            (Some(want.0), Some(want.1)),
+            "{call}: {direct}"
+        );
+    }
+    assert_eq!(direct["GET /v1/control"][0], 200, "{direct}");
+    assert_eq!(direct["GET /v1/control"][1], true, "still held: {direct}");
 
     // Every input and observation route refuses the agent; the holder's token passes.
     let refused = [
@@ -440,6 +503,9 @@ async fn a_person_takes_the_controls_and_the_panes_show_the_workspace() {
     );
     let (st, _) = get(page(&q("../../etc/passwd"))).await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
+    // A huge diff: its first and last lines, the rest read by range.
+    let huge_live = read_huge_diff(&get, &page(&q("huge.txt"))).await;
+
     let (_, body) = get(page("browser")).await;
     let tabs: Value = serde_json::from_slice(&body).unwrap();
     let active = tabs["tabs"]
@@ -554,6 +620,7 @@ async fn a_person_takes_the_controls_and_the_panes_show_the_workspace() {
         "{panes}"
     );
     assert_eq!(panes["big_output_has_last"], true, "{panes}");
+    assert_huge_diff_shown(&panes);
     assert!(
         panes["workspace"]
             .as_str()
@@ -575,6 +642,7 @@ async fn a_person_takes_the_controls_and_the_panes_show_the_workspace() {
     ])
     .await;
     assert_eq!(rec["errors"], json!([]), "{rec}");
+    assert_huge_diff_shown(&rec);
     for pane in ["browser", "diff", "agents", "workspace"] {
         assert!(
             rec["notes"][pane]
@@ -604,6 +672,12 @@ async fn a_person_takes_the_controls_and_the_panes_show_the_workspace() {
     assert!(
         nd["diff"].as_str().unwrap().contains("+uncommitted line"),
         "{nd}"
+    );
+    // The record keeps the huge diff whole, read by range as it was live.
+    assert_eq!(
+        read_huge_diff(&get, &page(&q("huge.txt"))).await,
+        huge_live,
+        "the record's huge diff"
     );
     let (_, body) = get(page("browser")).await;
     let rb: Value = serde_json::from_slice(&body).unwrap();
@@ -775,6 +849,63 @@ async fn asking(s: &Sb, c: &ControllerProcess, id: &str, tmp: &tempfile::TempDir
         (Some(false), true),
         "{v}"
     );
+}
+
+/// huge.txt's diff (`seq 1 100000`, untracked) through the session view: a preview of its
+/// ends, then the whole read part after part by `offset`; a range past the end is a 400.
+async fn read_huge_diff<F, Fut>(get: &F, url: &str) -> String
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = (StatusCode, Vec<u8>)>,
+{
+    let (st, body) = get(url.to_string()).await;
+    assert_eq!(st, StatusCode::OK);
+    let d: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        (d["huge"].as_bool(), d["diff"].is_null()),
+        (Some(true), true),
+        "{d}"
+    );
+    let bytes = d["bytes"].as_u64().unwrap();
+    let p = &d["preview"];
+    assert!(p["head"].as_str().unwrap().contains("+1\n+2\n"), "{p}");
+    assert!(
+        p["tail"].as_str().unwrap().ends_with("+99999\n+100000\n"),
+        "{p}"
+    );
+    assert_eq!(p["bytes"], bytes);
+    let mut text = String::new();
+    let mut parts = 0;
+    while (text.len() as u64) < bytes {
+        let (st, body) = get(format!("{url}&offset={}", text.len())).await;
+        assert_eq!(st, StatusCode::OK);
+        let part: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(part["offset"], text.len() as u64, "{}", part["offset"]);
+        let piece = part["diff"].as_str().unwrap();
+        assert!(!piece.is_empty());
+        text.push_str(piece);
+        parts += 1;
+    }
+    println!("huge diff: {bytes} bytes read in {parts} parts");
+    assert!(parts >= 2, "{parts}");
+    let numbers: String = (1..=100_000).map(|i| format!("+{i}\n")).collect();
+    assert!(text.ends_with(&numbers), "the whole diff");
+    let (st, _) = get(format!("{url}&offset={}", bytes + 1)).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    text
+}
+
+/// The diff pane showed huge.txt's ends with what it left out, and loaded the whole on demand.
+fn assert_huge_diff_shown(panes: &Value) {
+    assert!(
+        panes["huge_gap"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not shown"),
+        "{panes}"
+    );
+    assert_eq!(panes["huge_preview_has_last"], true, "{panes}");
+    assert_eq!(panes["huge_loaded"], true, "{panes}");
 }
 
 fn urlencode(s: &str) -> String {

@@ -7,12 +7,13 @@ use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::extract::{Request, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use berth_protocol::EventKind;
 use berth_protocol::control::{
-    self as wire, AgentControl, ControlGrant, ControlSettings, HumanRequest, HumanRequestAnswer,
+    self as wire, AgentControl, ControlGrant, ControlKey, ControlSettings, HumanRequest,
+    HumanRequestAnswer,
 };
 use berth_protocol::routes::header;
 use serde_json::json;
@@ -39,22 +40,65 @@ pub fn refused(expires_in_ms: u64) -> ApiError {
 /// The guard of the input and observation routes: only the holder passes while a person
 /// holds the controls.
 pub async fn guard(State(agent): State<Arc<Agent>>, req: Request, next: Next) -> Response {
+    // The controller's own reads for the session view (its key) pass too.
+    let controller = agent.control.is_controller(key(req.headers()));
     match agent.control.check(token(req.headers())) {
+        Err(_) if controller => next.run(req).await,
         Ok(()) => next.run(req).await,
         Err(ms) => refused(ms).into_response(),
     }
+}
+
+/// The controller's key (`x-berth-control-key`), if the caller sent one.
+fn key(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::CONTROL_KEY)
+        .and_then(|v| v.to_str().ok())
 }
 
 pub async fn get(State(agent): State<Arc<Agent>>) -> Json<AgentControl> {
     Json(agent.control.view())
 }
 
+/// The controller's pushes pass only with its key once it claimed them (403 otherwise).
+fn pushed(agent: &Agent, headers: &HeaderMap) -> Result<(), ApiError> {
+    agent.control.pusher(key(headers)).map_err(|_| {
+        ApiError::new(
+            StatusCode::FORBIDDEN,
+            wire::NOT_THE_CONTROLLER,
+            "the controls are moved by the controller that keeps their lease: take them with \
+             POST …/{id}/control on the controller",
+        )
+    })
+}
+
+/// `PUT /v1/control/key`: the controller claims the pushes (once).
+pub async fn claim(
+    State(agent): State<Arc<Agent>>,
+    ApiJson(k): ApiJson<ControlKey>,
+) -> Result<Json<AgentControl>, ApiError> {
+    if !wire::is_sha256_hex(&k.key_sha256) {
+        return Err(ApiError::bad_request(
+            "key_sha256 must be a SHA-256 in hex (64 characters)",
+        ));
+    }
+    agent.control.claim(&k.key_sha256).map_err(|_| {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            wire::CONTROL_KEY_SET,
+            "another controller's key holds the controls of this agent",
+        )
+    })?;
+    Ok(Json(agent.control.view()))
+}
+
 pub async fn put(
     State(agent): State<Arc<Agent>>,
+    headers: HeaderMap,
     ApiJson(g): ApiJson<ControlGrant>,
 ) -> Result<Json<AgentControl>, ApiError> {
-    let hex = g.holder_sha256.len() == 64 && g.holder_sha256.bytes().all(|b| b.is_ascii_hexdigit());
-    if !hex {
+    pushed(&agent, &headers)?;
+    if !wire::is_sha256_hex(&g.holder_sha256) {
         return Err(ApiError::bad_request(
             "holder_sha256 must be a SHA-256 in hex (64 characters)",
         ));
@@ -71,24 +115,34 @@ pub async fn put(
     Ok(Json(agent.control.view()))
 }
 
-pub async fn delete(State(agent): State<Arc<Agent>>) -> Json<AgentControl> {
+pub async fn delete(
+    State(agent): State<Arc<Agent>>,
+    headers: HeaderMap,
+) -> Result<Json<AgentControl>, ApiError> {
+    pushed(&agent, &headers)?;
     if agent.control.release() == Change::Returned {
         agent.log_control("control.returned");
     }
-    Json(agent.control.view())
+    Ok(Json(agent.control.view()))
 }
 
 pub async fn settings(
     State(agent): State<Arc<Agent>>,
+    headers: HeaderMap,
     ApiJson(s): ApiJson<ControlSettings>,
-) -> Json<AgentControl> {
+) -> Result<Json<AgentControl>, ApiError> {
+    pushed(&agent, &headers)?;
     agent.control.set_requests(s.requests_enabled);
-    Json(agent.control.view())
+    Ok(Json(agent.control.view()))
 }
 
-pub async fn decline(State(agent): State<Arc<Agent>>) -> Json<AgentControl> {
+pub async fn decline(
+    State(agent): State<Arc<Agent>>,
+    headers: HeaderMap,
+) -> Result<Json<AgentControl>, ApiError> {
+    pushed(&agent, &headers)?;
     agent.control.decline();
-    Json(agent.control.view())
+    Ok(Json(agent.control.view()))
 }
 
 /// `POST /v1/control/request`: waits for a person (bounded) and says how it ended.

@@ -71,7 +71,7 @@ pub async fn exec(
                 },
             )
             .await?;
-        let body = out.into_result(usize::MAX);
+        let body = out.into_result(berth_protocol::EXEC_INLINE_BYTES);
         return Ok(Json(body).into_response());
     }
     let (cmd, _) = agent

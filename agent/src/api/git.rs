@@ -10,10 +10,9 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::{Query, State};
 use berth_protocol::workspace::{
-    FileDiff, GitCommit, GitFile, GitRepo, GitRepos, MAX_COMMITS, MAX_FILE_DIFF_BYTES, MAX_FILES,
-    MAX_REPOS, REPO_DEPTH, repo_relative,
+    DiffQuery, FileDiff, GitCommit, GitFile, GitRepo, GitRepos, MAX_COMMITS, MAX_FILES, MAX_REPOS,
+    REPO_DEPTH, repo_relative,
 };
-use serde::Deserialize;
 
 use crate::Agent;
 use crate::http::error::ApiError;
@@ -265,12 +264,6 @@ pub async fn repos(State(agent): State<Arc<Agent>>) -> Json<GitRepos> {
     })
 }
 
-#[derive(Deserialize)]
-pub struct DiffQuery {
-    repo: String,
-    path: String,
-}
-
 /// A repository the caller names: a directory below the home holding `.git`.
 fn checked_repo(home: &Path, repo: &str) -> Result<PathBuf, ApiError> {
     let p = PathBuf::from(repo);
@@ -327,17 +320,18 @@ pub async fn diff(
         .lines()
         .take(8)
         .any(|l| l.starts_with("Binary files ") || l == "GIT binary patch");
-    let bytes = text.len() as u64;
-    let huge = !binary && text.len() > MAX_FILE_DIFF_BYTES;
-    Ok(Json(FileDiff {
+    let blank = FileDiff {
         repo: repo_s,
         path: file.to_string(),
         binary,
-        huge,
-        bytes,
-        diff: (!binary && !huge).then_some(text),
-        truncated: false,
-    }))
+        huge: false,
+        bytes: 0,
+        diff: None,
+        truncated: text.len() >= GIT_OUTPUT,
+        preview: None,
+        offset: None,
+    };
+    Ok(Json(blank.shown(&text, &q).map_err(ApiError::bad_request)?))
 }
 
 #[cfg(test)]

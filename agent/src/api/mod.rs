@@ -122,6 +122,11 @@ fn guarded_routes(r: Routes<Arc<Agent>>, agent: &Arc<Agent>) -> Routes<Arc<Agent
             guarded(agent),
         )
         .bind_with(&op::A11Y, desktop::a11y, guarded(agent))
+        .bind_with(
+            &op::BROWSER_TAB_SCREENSHOT,
+            desktop::browser_tab_screenshot,
+            guarded(agent),
+        )
         .bind_with(&op::BROWSER_CDP, desktop::browser_cdp, guarded(agent))
         .bind_with(
             &op::BROWSER_CDP_TARGET,
@@ -134,7 +139,6 @@ fn guarded_routes(r: Routes<Arc<Agent>>, agent: &Arc<Agent>) -> Routes<Arc<Agent
 fn panes_and_control() -> Routes<Arc<Agent>> {
     Routes::new()
         .bind(&op::BROWSER_TABS, desktop::browser_tabs)
-        .bind(&op::BROWSER_TAB_SCREENSHOT, desktop::browser_tab_screenshot)
         .bind(&op::GIT_REPOS, git::repos)
         .bind(&op::GIT_DIFF, git::diff)
         .bind(&op::CONTROL_GET, control::get)
@@ -143,6 +147,7 @@ fn panes_and_control() -> Routes<Arc<Agent>> {
         .bind(&op::CONTROL_SETTINGS, control::settings)
         .bind(&op::CONTROL_REQUEST, control::request)
         .bind(&op::CONTROL_DECLINE, control::decline)
+        .bind(&op::CONTROL_KEY_PUT, control::claim)
 }
 
 /// An input or observation route: refused to all but the holder while a person holds the

@@ -5,8 +5,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use berth_protocol::Stream;
 use berth_protocol::sync::Locked;
+use berth_protocol::{OutputEnd, Stream};
 use nix::sys::signal::Signal;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -156,7 +156,7 @@ impl CommandTable {
         drop(child);
 
         let (exit, timed_out) = wait_or_kill(pid, exited, timeout).await?;
-        let (stdout, stderr, truncated) = collect_output(readers).await;
+        let out = collect_output(readers).await;
         self.finish_foreground(&id, &dir, &command, exit, timed_out);
         self.emit_exit(&command);
         command.bump();
@@ -164,10 +164,12 @@ impl CommandTable {
             id,
             exit,
             timed_out,
-            stdout,
-            stderr,
-            truncated,
+            stdout: out.stdout,
+            stderr: out.stderr,
+            truncated: out.truncated,
             duration: started.elapsed(),
+            stdout_end: out.stdout_end,
+            stderr_end: out.stderr_end,
         })
     }
 
@@ -220,9 +222,9 @@ impl CommandTable {
     }
 }
 
-/// What one output reader hands back: its stream, the bytes kept for the answer, and whether
-/// more arrived than were kept.
-type ReaderResult = (Stream, Vec<u8>, bool);
+/// What one output reader hands back: its stream, the bytes kept for the answer, whether
+/// more arrived than were kept, and the stream's size and last bytes.
+type ReaderResult = (Stream, Vec<u8>, bool, OutputEnd);
 
 /// Starts a foreground command in a new session with its stdin and output pipes; answers the
 /// child, the read end of the merged stdout+stderr pipe when they are merged, and when it
@@ -287,8 +289,9 @@ fn spawn_readers(
 async fn read_stream(c: Arc<Command>, fd: OwnedFd, stream: Stream) -> ReaderResult {
     let mut kept = Vec::new();
     let mut truncated = false;
+    let mut end = OutputEnd::default();
     let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
-        return (stream, kept, truncated);
+        return (stream, kept, truncated, end);
     };
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -296,13 +299,14 @@ async fn read_stream(c: Arc<Command>, fd: OwnedFd, stream: Stream) -> ReaderResu
             Ok(0) | Err(_) => break,
             Ok(n) => {
                 c.append(stream, &buf[..n]);
+                end.push(&buf[..n]);
                 let room = FOREGROUND_KEEP.saturating_sub(kept.len());
                 kept.extend_from_slice(&buf[..n.min(room)]);
                 truncated |= n > room;
             }
         }
     }
-    (stream, kept, truncated)
+    (stream, kept, truncated, end)
 }
 
 /// Waits for the command to exit; past `timeout` kills its group and waits for that. Answers
@@ -325,29 +329,35 @@ async fn wait_or_kill(
     Ok((exit, timed_out))
 }
 
-/// Gathers what the readers kept: stdout, stderr, and whether either was cut short.
-async fn collect_output(
-    readers: Vec<tokio::task::JoinHandle<ReaderResult>>,
-) -> (Vec<u8>, Vec<u8>, bool) {
+/// What the readers kept of both streams.
+#[derive(Default)]
+struct Collected {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    truncated: bool,
+    stdout_end: OutputEnd,
+    stderr_end: OutputEnd,
+}
+
+/// Gathers what the readers kept: stdout, stderr, whether either was cut short, and their ends.
+async fn collect_output(readers: Vec<tokio::task::JoinHandle<ReaderResult>>) -> Collected {
     // Give the pipes a moment to drain; a process left holding them does not stall us.
     let deadline = tokio::time::Instant::now() + shim::DRAIN_GRACE;
-    let mut stdout = Vec::new();
-    let mut stderr = Vec::new();
-    let mut truncated = false;
+    let mut c = Collected::default();
     for r in readers {
         let abort = r.abort_handle();
         match tokio::time::timeout_at(deadline, r).await {
-            Ok(Ok((stream, kept, t))) => {
-                truncated |= t;
+            Ok(Ok((stream, kept, t, end))) => {
+                c.truncated |= t;
                 match stream {
-                    Stream::Stdout => stdout = kept,
-                    Stream::Stderr => stderr = kept,
+                    Stream::Stdout => (c.stdout, c.stdout_end) = (kept, end),
+                    Stream::Stderr => (c.stderr, c.stderr_end) = (kept, end),
                 }
             }
             _ => abort.abort(),
         }
     }
-    (stdout, stderr, truncated)
+    c
 }
 
 /// What a pipe delivers until it closes, at most `limit` bytes kept.

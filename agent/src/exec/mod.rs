@@ -148,6 +148,9 @@ pub struct ForegroundOutcome {
     pub stderr: Vec<u8>,
     pub truncated: bool,
     pub duration: Duration,
+    /// Each stream's size and last bytes, for an answer that previews it.
+    pub stdout_end: berth_protocol::OutputEnd,
+    pub stderr_end: berth_protocol::OutputEnd,
 }
 
 #[derive(Default)]

@@ -1,20 +1,21 @@
-//! A foreground command's wire answer: each stream bounded, as text when it is UTF-8 and as
-//! base64 otherwise. Shared by `POST /v1/exec` and the MCP `exec` tool.
+//! A foreground command's wire answer: each stream inline (as text when it is UTF-8, as
+//! base64 otherwise) up to a bound, past it a preview and a reference. Shared by `POST /v1/exec` and the MCP `exec` tool.
 
 use base64::Engine;
-use berth_protocol::ExecResult;
+use berth_protocol::{ExecResult, OutputEnd, OutputPreview};
 
 use super::ForegroundOutcome;
 
 impl ForegroundOutcome {
-    /// A foreground command's answer, each stream cut to `max` bytes (`output_truncated` then).
+    /// A foreground command's answer: each stream inline up to `max` bytes; a larger one as
+    /// a preview (its first and last lines, its size) with where the whole is read by range.
     pub fn into_result(self, max: usize) -> ExecResult {
-        let (stdout, cut_out) = bound_output(self.stdout, max);
-        let (stderr, cut_err) = bound_output(self.stderr, max);
-        let (stdout, stdout_b64) = text_or_b64(stdout);
-        let (stderr, stderr_b64) = text_or_b64(stderr);
+        let (stdout, stdout_b64, stdout_preview) =
+            inline_or_preview(self.stdout, &self.stdout_end, max);
+        let (stderr, stderr_b64, stderr_preview) =
+            inline_or_preview(self.stderr, &self.stderr_end, max);
+        let previewed = stdout_preview.is_some() || stderr_preview.is_some();
         ExecResult {
-            id: self.id,
             exit_code: self.exit.exit_code(),
             signal: self.exit.signal.map(crate::proc::signal_name),
             stdout,
@@ -23,9 +24,37 @@ impl ForegroundOutcome {
             stderr_b64,
             duration_ms: self.duration.as_millis() as u64,
             timed_out: self.timed_out,
-            output_truncated: self.truncated || cut_out || cut_err,
+            output_truncated: self.truncated || previewed,
+            output_href: previewed.then(|| {
+                berth_protocol::routes::fill(
+                    berth_protocol::routes::native::COMMAND_OUTPUT,
+                    &[&self.id],
+                )
+            }),
+            id: self.id,
+            stdout_preview,
+            stderr_preview,
         }
     }
+}
+
+/// A stream as text, as base64 when it is not UTF-8, or past `max` bytes as a preview.
+fn inline_or_preview(
+    kept: Vec<u8>,
+    end: &OutputEnd,
+    max: usize,
+) -> (Option<String>, Option<String>, Option<OutputPreview>) {
+    let total = end.total.max(kept.len() as u64);
+    if total <= max as u64 {
+        let (text, b64) = text_or_b64(kept);
+        return (text, b64, None);
+    }
+    let last = if end.last.is_empty() {
+        &kept
+    } else {
+        &end.last
+    };
+    (None, None, Some(OutputPreview::of(&kept, last, total)))
 }
 
 /// At most `max` bytes, cut back to a character boundary when the bytes are UTF-8 text (a

@@ -297,7 +297,7 @@ impl BerthMcp {
     }
 
     #[tool(
-        description = "Runs a command in the sandbox and waits for it (as POST /v1/exec): `argv` without a shell, or `shell` for /bin/sh -c. Answers exit_code, stdout, stderr (each at most 128 KiB here, the rest at GET /v1/commands/{id}/output; base64 in stdout_b64/stderr_b64 when not UTF-8), duration_ms, timed_out. A non-zero exit is an answer, not a tool error.",
+        description = "Runs a command in the sandbox and waits for it (as POST /v1/exec): `argv` without a shell, or `shell` for /bin/sh -c. Answers exit_code, stdout, stderr (base64 in stdout_b64/stderr_b64 when not UTF-8), duration_ms, timed_out. A stream over 128 KiB comes as stdout_preview/stderr_preview instead: its first 20 and last 40 lines, its size and the bytes left out; the whole output is read by range at output_href (?from_seq=&max_bytes=). A non-zero exit is an answer, not a tool error.",
         input_schema = schema::<ExecArgs>()
     )]
     async fn exec(&self, Args(args): Args<ExecArgs>) -> CallToolResult {

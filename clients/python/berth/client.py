@@ -472,11 +472,15 @@ class Client:
         labels: Optional[Mapping[str, str]] = None,
         ttl_seconds: Optional[int] = None,
         screen: Optional[str] = None,
+        human_control: Optional[bool] = None,
         timeout: Optional[Timeout] = None,
     ) -> Lease:
         """``POST /sandbox/v1/leases``: the thread's sandbox (the same lease comes back for the
-        same ``thread_id``; a stale sandbox is replaced; a reused one is resized to ``screen``)."""
+        same ``thread_id``; a stale sandbox is replaced; a reused one is resized to ``screen``).
+        ``human_control`` lets its agent ask for a person (``request_human_control``)."""
         body: Dict[str, Any] = {"thread_id": thread_id, "profile": profile}
+        if human_control is not None:
+            body["human_control"] = bool(human_control)
         if screen:
             body["screen"] = screen
         if image_ref:

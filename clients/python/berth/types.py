@@ -133,6 +133,12 @@ class Run:
     ended_at: Optional[str] = None
     error: Optional[str] = None
     output_truncated: bool = False
+    #: Output past the controller's inline bound: ``stdout``/``stderr`` are its first bytes,
+    #: ``output_preview`` its first and last lines (``head``, ``tail``, ``bytes``,
+    #: ``omitted_bytes``), and the whole is the artifact ``output_artifact`` (read by range).
+    truncated: bool = False
+    output_artifact: Optional[str] = None
+    output_preview: Optional[Dict[str, Any]] = None
     extra: Dict[str, Any] = field(default_factory=dict)
 
     @classmethod

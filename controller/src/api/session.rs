@@ -16,6 +16,7 @@ use berth_protocol::controller::SessionUrl;
 use berth_protocol::ops::{Routes, controller as op};
 use berth_protocol::relay::{Relay, RelayError, Upstream};
 use berth_protocol::routes::header as wire;
+use berth_protocol::workspace::DiffQuery;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -447,7 +448,7 @@ async fn pane(s: &ApiState, id: &str, t: Target<'_>, req: Request) -> Result<Res
         Target::Diff => Ok(axum::Json(s.c.panes.diff(&id).await?).into_response()),
         Target::DiffFile => {
             let q: DiffQuery = query(&req)?;
-            Ok(axum::Json(s.c.panes.diff_file(&id, &q.repo, &q.path).await?).into_response())
+            Ok(axum::Json(s.c.panes.diff_file(&id, &q).await?).into_response())
         }
         Target::Runs => Ok(axum::Json(s.c.panes.runs(&id).await?).into_response()),
         Target::RunOutput(r) => Ok(s.c.panes.run_output(&id, r, req.headers()).await?),
@@ -459,13 +460,6 @@ async fn pane(s: &ApiState, id: &str, t: Target<'_>, req: Request) -> Result<Res
 #[serde(deny_unknown_fields)]
 struct TabQuery {
     tab: String,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DiffQuery {
-    repo: String,
-    path: String,
 }
 
 fn query<T: serde::de::DeserializeOwned>(req: &Request) -> Result<T> {

@@ -806,6 +806,7 @@ async fn lease(c: LeaseCmd) -> anyhow::Result<i32> {
                     ttl_seconds: ttl,
                     screen: None,
                     egress: None,
+                    human_control: None,
                 })
                 .await?;
             match remote.json {

@@ -198,7 +198,7 @@ impl Sandboxes {
 
     /// Records that the sandbox's agent may ask for a person and tells a running agent so
     /// (one still starting is told at readiness).
-    async fn keep_human_control(&self, row: &SandboxRow, req: &Request) -> Result<()> {
+    pub async fn keep_human_control(&self, row: &SandboxRow, req: &Request) -> Result<()> {
         if req.human_control {
             self.ctx.store.set_requests_enabled(&row.id, true)?;
             if row.status == SandboxStatus::Running {

@@ -588,17 +588,44 @@ async function toggleFileDiff(li) {
   li.append(box);
   const q = 'repo=' + encodeURIComponent(li.dataset.repo) + '&path=' + encodeURIComponent(li.dataset.path);
   try {
-    box.replaceChildren(...fileDiff(await getJson(api + 'diff/file?' + q)));
+    box.replaceChildren(...fileDiff(await getJson(api + 'diff/file?' + q), q, box));
   } catch (e) {
     box.classList.add('failed');
     box.replaceChildren(el('p', { className: 'note error', textContent: 'The diff of ' + li.dataset.path + ': ' + e.message }));
   }
 }
 
-function fileDiff(d) {
+// A huge diff arrives as its first and last lines; the whole is read by range on demand.
+function hugeDiff(d, q, box) {
+  const p = d.preview || { head: '', tail: '', omitted_bytes: d.bytes };
+  const load = el('button', { type: 'button', className: 'load-diff', textContent: 'Load the whole diff (' + size(d.bytes) + ')' });
+  load.addEventListener('click', async () => {
+    load.disabled = true;
+    let text = '';
+    let read = 0;
+    try {
+      while (read < d.bytes) {
+        const part = await getJson(api + 'diff/file?' + q + '&offset=' + read);
+        if (!part.diff) break;
+        text += part.diff;
+        read += new TextEncoder().encode(part.diff).length;
+        load.textContent = 'Loading… ' + size(read) + ' of ' + size(d.bytes);
+      }
+      box.replaceChildren(...fileDiff({ ...d, huge: false, preview: null, diff: text }));
+    } catch (e) {
+      load.disabled = false;
+      load.textContent = 'Loading failed (' + e.message + '): try again';
+    }
+  });
+  const gap = el('p', { className: 'note skipped gap', textContent: '… ' + size(p.omitted_bytes) + ' not shown …' });
+  return [el('p', { className: 'note', textContent: size(d.bytes) + ' of diff: its first and last lines' }),
+    ...fileDiff({ ...d, huge: false, diff: p.head }), gap, ...fileDiff({ ...d, huge: false, diff: p.tail }), load];
+}
+
+function fileDiff(d, q, box) {
   const said = (t) => [el('p', { className: 'note skipped', textContent: t })];
   if (d.binary) return said('binary file: not shown');
-  if (d.huge) return said(d.bytes + ' bytes: too large to show');
+  if (d.huge) return hugeDiff(d, q, box);
   if (!d.diff) return said('No change in the text.');
   const pre = el('pre', { className: 'diff' });
   let inHunk = false;

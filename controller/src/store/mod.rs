@@ -139,6 +139,17 @@ pub struct Store {
     sealer: Sealer,
 }
 
+/// Adds `column` to `table` unless the store has it already (a store made before it).
+fn add_column(conn: &Connection, table: &str, column: &str, ddl: &str) -> rusqlite::Result<()> {
+    let has = conn
+        .prepare("SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2")?
+        .exists([table, column])?;
+    if !has {
+        conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {ddl}"))?;
+    }
+    Ok(())
+}
+
 /// What the store seals a known value with, to tell at open whether its key is the right one.
 const SEAL_CHECK: &str = "seal_check";
 
@@ -153,59 +164,19 @@ impl Store {
         conn.execute_batch(SCHEMA)?;
         conn.execute_batch(workpieces::SCHEMA)?;
         conn.execute_batch(controls::SCHEMA)?;
-        // Stores made before sandboxes had declared ports.
-        let has_ports = conn
-            .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'ports'")?
-            .exists([])?;
-        if !has_ports {
-            conn.execute_batch(
-                "ALTER TABLE sandboxes ADD COLUMN ports TEXT NOT NULL DEFAULT '{}'",
-            )?;
-        }
-        // Stores made before runs kept their undelivered request.
-        let has_start = conn
-            .prepare("SELECT 1 FROM pragma_table_info('runs') WHERE name = 'start_request'")?
-            .exists([])?;
-        if !has_start {
-            conn.execute_batch("ALTER TABLE runs ADD COLUMN start_request TEXT")?;
-        }
-        // Stores made before sandboxes recorded their screen.
-        let has_screen = conn
-            .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'screen'")?
-            .exists([])?;
-        if !has_screen {
-            conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN screen TEXT")?;
-        }
-        // Stores made before sandboxes kept their limits.
-        let has_limits = conn
-            .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'limits'")?
-            .exists([])?;
-        if !has_limits {
-            conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN limits TEXT")?;
-        }
-        // Stores made before sandboxes had an egress policy.
-        let has_egress = conn
-            .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'egress'")?
-            .exists([])?;
-        if !has_egress {
-            conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN egress TEXT")?;
-        }
-        // Stores made before credentials could be given at create.
-        let has_credentials = conn
-            .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'credentials'")?
-            .exists([])?;
-        if !has_credentials {
-            conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN credentials TEXT")?;
-        }
-        // Stores made before long run output became an artifact.
-        let has_output_artifact = conn
-            .prepare("SELECT 1 FROM pragma_table_info('runs') WHERE name = 'output_artifact'")?
-            .exists([])?;
-        if !has_output_artifact {
-            conn.execute_batch(
-                "ALTER TABLE runs ADD COLUMN output_artifact TEXT;
-                 ALTER TABLE runs ADD COLUMN output_streams TEXT",
-            )?;
+        // Columns added since the first stores: each added to a store made before it.
+        for (table, column, ddl) in [
+            ("sandboxes", "ports", "TEXT NOT NULL DEFAULT '{}'"),
+            ("runs", "start_request", "TEXT"),
+            ("sandboxes", "screen", "TEXT"),
+            ("sandboxes", "limits", "TEXT"),
+            ("sandboxes", "egress", "TEXT"),
+            ("sandboxes", "credentials", "TEXT"),
+            ("runs", "output_artifact", "TEXT"),
+            ("runs", "output_streams", "TEXT"),
+            ("runs", "output_preview", "TEXT"),
+        ] {
+            add_column(&conn, table, column, ddl)?;
         }
         let store = Store {
             conn: Mutex::new(conn),
@@ -221,6 +192,11 @@ impl Store {
         }
         store.seal_plain_tokens()?;
         Ok(store)
+    }
+
+    /// A secret derived from the store's secret key for `label` (see [`Sealer::derive`]).
+    pub fn derive(&self, label: &str) -> String {
+        self.sealer.derive(label)
     }
 
     /// Seals the agent tokens a store from before sealing holds in the clear.
@@ -332,6 +308,7 @@ mod tests {
             start_request: None,
             output_artifact: None,
             output_streams: None,
+            output_preview: None,
         }
     }
 

@@ -34,6 +34,8 @@ pub struct RunRow {
     pub output_artifact: Option<String>,
     /// Which stream each stretch of the output artifact came from.
     pub output_streams: Option<Vec<StreamSpan>>,
+    /// With the artifact: the output's first and last lines and its size.
+    pub output_preview: Option<berth_protocol::OutputPreview>,
 }
 
 /// A stretch of a run's combined output from one stream: `len` bytes from agent sequence
@@ -76,6 +78,9 @@ impl RunRow {
             output_streams: r
                 .get::<_, Option<String>>("output_streams")?
                 .and_then(|s| serde_json::from_str(&s).ok()),
+            output_preview: r
+                .get::<_, Option<String>>("output_preview")?
+                .and_then(|s| serde_json::from_str(&s).ok()),
         })
     }
 
@@ -93,6 +98,7 @@ impl RunRow {
             output_truncated: self.truncated && self.output_artifact.is_none(),
             output_artifact: self.output_artifact.clone(),
             truncated: self.output_artifact.is_some(),
+            output_preview: self.output_preview.clone(),
         }
     }
 }
@@ -215,13 +221,18 @@ impl Store {
             .as_ref()
             .map(serde_json::to_string)
             .transpose()?;
+        let preview = r
+            .output_preview
+            .as_ref()
+            .map(serde_json::to_string)
+            .transpose()?;
         self.with(|c| {
             c.execute(
                 &format!(
                     "UPDATE runs SET status = ?3, exit_code = ?4, stdout = ?5, stderr = ?6,
                        output = ?7, truncated = ?8, ended_at = ?9, error = ?10,
                        started_at = COALESCE(started_at, ?11), start_request = NULL,
-                       output_artifact = ?12, output_streams = ?13
+                       output_artifact = ?12, output_streams = ?13, output_preview = ?14
                      WHERE sandbox_id = ?1 AND id = ?2 AND status IN {from}"
                 ),
                 params![
@@ -237,7 +248,8 @@ impl Store {
                     r.error,
                     r.started_at,
                     r.output_artifact,
-                    streams
+                    streams,
+                    preview
                 ],
             )
             .map(|n| n == 1)

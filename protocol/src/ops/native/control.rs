@@ -3,10 +3,10 @@
 
 use serde_json::json;
 
-use super::super::{Answer, Body, ERROR, Operation, Param, Schema, schema, string};
+use super::super::{Answer, Body, ERROR, Operation, Param, Schema, int, schema, string};
 use super::v1;
 use crate::control::{
-    AgentControl, ControlGrant, ControlSettings, HumanRequest, HumanRequestAnswer,
+    AgentControl, ControlGrant, ControlKey, ControlSettings, HumanRequest, HumanRequestAnswer,
 };
 use crate::routes::native as path;
 use crate::workspace::{BrowserTabs, FileDiff, GitRepos};
@@ -30,14 +30,28 @@ pub const CONTROL_PUT: Operation = v1(Operation::put(
      refuse every other caller with 409 human_in_control until the lease ends",
 ))
 .body(Body::json(schema::<ControlGrant>))
-.answers(&[Answer::json("200", "held", schema::<AgentControl>)]);
+.answers(&[
+    Answer::json("200", "held", schema::<AgentControl>),
+    Answer::json(
+        "403",
+        "the controller's key is set and this call lacks it",
+        ERROR,
+    ),
+]);
 
 pub const CONTROL_DELETE: Operation = v1(Operation::delete(
     path::CONTROL,
     "control_delete",
     "the person handed back (the controller's push)",
 ))
-.answers(&[Answer::json("200", "handed back", schema::<AgentControl>)]);
+.answers(&[
+    Answer::json("200", "handed back", schema::<AgentControl>),
+    Answer::json(
+        "403",
+        "the controller's key is set and this call lacks it",
+        ERROR,
+    ),
+]);
 
 pub const CONTROL_SETTINGS: Operation = v1(Operation::put(
     path::CONTROL_SETTINGS,
@@ -45,7 +59,14 @@ pub const CONTROL_SETTINGS: Operation = v1(Operation::put(
     "whether the agent may ask for a person (the controller's push)",
 ))
 .body(Body::json(schema::<ControlSettings>))
-.answers(&[Answer::json("200", "set", schema::<AgentControl>)]);
+.answers(&[
+    Answer::json("200", "set", schema::<AgentControl>),
+    Answer::json(
+        "403",
+        "the controller's key is set and this call lacks it",
+        ERROR,
+    ),
+]);
 
 pub const CONTROL_REQUEST: Operation = v1(Operation::post(
     path::CONTROL_REQUEST,
@@ -65,7 +86,26 @@ pub const CONTROL_DECLINE: Operation = v1(Operation::post(
     "control_decline",
     "a person declined the pending request (the controller's push)",
 ))
-.answers(&[Answer::json("200", "declined", schema::<AgentControl>)]);
+.answers(&[
+    Answer::json("200", "declined", schema::<AgentControl>),
+    Answer::json(
+        "403",
+        "the controller's key is set and this call lacks it",
+        ERROR,
+    ),
+]);
+
+pub const CONTROL_KEY_PUT: Operation = v1(Operation::put(
+    path::CONTROL_KEY,
+    "control_key_put",
+    "the controller claims the controls' pushes (once): from then on they need its key in \
+     x-berth-control-key",
+))
+.body(Body::json(schema::<ControlKey>))
+.answers(&[
+    Answer::json("200", "the key holds", schema::<AgentControl>),
+    Answer::json("409", "another key holds", ERROR),
+]);
 
 pub const BROWSER_TABS: Operation = v1(Operation::get(
     path::BROWSER_TABS,
@@ -101,10 +141,25 @@ pub const GIT_REPOS: Operation = v1(Operation::get(
 pub const GIT_DIFF: Operation = v1(Operation::get(
     path::GIT_DIFF,
     "git_diff",
-    "one file's unified diff from its repository's base (binary and huge files named)",
+    "one file's unified diff from its repository's base: whole, or past 512 KiB its first and \
+     last lines (preview) with the rest read by range (offset, max_bytes); binary files named",
 ))
-.query(&[REPO, FILE])
+.query(&[
+    REPO,
+    FILE,
+    Param::query("offset", int, "a huge diff's part from this byte"),
+    Param::query(
+        "max_bytes",
+        int,
+        "the part's most bytes (default and at most 512 KiB)",
+    ),
+])
 .answers(&[
     Answer::json("200", "the diff", schema::<FileDiff>),
+    Answer::json(
+        "400",
+        "a path outside the repository, or an offset past the end",
+        ERROR,
+    ),
     Answer::json("404", "no such repository", ERROR),
 ]);

@@ -478,6 +478,7 @@ pub const ALL: &[&Operation] = &[
     &CONTROL_SETTINGS,
     &CONTROL_REQUEST,
     &CONTROL_DECLINE,
+    &CONTROL_KEY_PUT,
     &EVENTS,
     &SHUTDOWN,
     &PREVIEW,
