@@ -72,6 +72,9 @@ pub struct Control {
     /// the agent's restarts.
     key: Mutex<Option<String>>,
     key_file: Option<std::path::PathBuf>,
+    /// The agent's own key for its readiness probes through its routes (random, never leaves
+    /// the process): they observe while a person holds the controls.
+    internal: String,
 }
 
 /// The controller's key for the pushes.
@@ -106,7 +109,17 @@ impl Control {
             changed: watch::channel(0).0,
             key: Mutex::new(None),
             key_file: None,
+            internal: {
+                let mut b = [0u8; 24];
+                getrandom::fill(&mut b).expect("getrandom");
+                b.iter().map(|x| format!("{x:02x}")).collect()
+            },
         }
+    }
+
+    /// The key the agent's own probes present (`x-berth-control-key`).
+    pub fn internal_key(&self) -> &str {
+        &self.internal
     }
 
     /// The controls of an agent whose state lives in `state_dir`: a key the controller
@@ -156,9 +169,10 @@ impl Control {
     }
 
     /// Whether `presented` is the key the controller claimed the controls with (false while
-    /// none is claimed).
+    /// none is claimed), or the agent's own probes' key.
     pub fn is_controller(&self, presented: Option<&str>) -> bool {
         match (self.key.locked().as_deref(), presented) {
+            (_, Some(p)) if p == self.internal => true,
             (Some(k), Some(p)) => sha256_hex(p) == k,
             _ => false,
         }
@@ -415,6 +429,8 @@ mod tests {
         // A standalone agent: any caller with the agent token pushes; no one is the controller.
         assert_eq!(c.pusher(None), Ok(()));
         assert!(!c.is_controller(Some("anything")));
+        assert!(c.is_controller(Some(&c.internal_key().to_string())));
+        assert_ne!(c.internal_key(), Control::new().internal_key());
         let key = "the-controllers-key";
         c.claim(&sha256_hex(key)).unwrap();
         assert_eq!(c.pusher(None), Err(KeyError::Missing));

@@ -81,6 +81,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             listen: listeners.bound,
             token: agent.token.clone(),
             cdp_listen: cdp,
+            probe_key: agent.control.internal_key().to_string(),
         });
     }
 

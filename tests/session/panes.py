@@ -1,15 +1,18 @@
 """The session view's panes in Chromium: the browser, diff, agents and workspace panes, live or from
 the record (the sandbox deleted).
 
-Usage: panes.py SESSION_URL SHOT_PATH MODE      (MODE: live | record)
+Usage: panes.py SESSION_URL SHOT_PATH MODE [HUGE_SHOT]      (MODE: live | record)
 
 live: waits for the active tab `berth-tab` and its picture, the diff (opens notes.txt's diff), the
 runs `long-run` and `big-run` (loads big-run's whole output), the workspace. record: waits for each
 pane's note to mention the record, then reads what the record shows and opens notes.txt's diff.
 Then a full-page screenshot to SHOT_PATH (the viewport only when the page is absurdly tall).
+Last, huge.txt's diff: its preview (the diff pane pictured into HUGE_SHOT when given), then the
+whole loaded by range.
 
 Prints one JSON object: mode, tabs, active_tab, browser_img_width, diff_files, diff_text, runs,
-big_output_len, big_output_has_last, workspace, notes, page_height, errors. The Rust test asserts.
+big_output_len, big_output_has_last, workspace, notes, page_height, huge_gap,
+huge_preview_has_last, huge_loaded, errors. The Rust test asserts.
 """
 
 import json
@@ -84,9 +87,9 @@ HUGE_LOADED = """() => [...document.querySelectorAll('#diff-pane pre.diff')]
                       .some(p => p.textContent.includes('+50000\\n') && p.textContent.includes('+100000'))"""
 
 
-def load_huge_diff(page, out):
-    """huge.txt's diff: its first and last lines with what is left out between, then the whole
-    read by range on demand."""
+def load_huge_diff(page, out, shot=None):
+    """huge.txt's diff: its first and last lines with what is left out between (pictured into
+    `shot` when given), then the whole read by range on demand."""
     entry = page.locator("#diff-files li", has_text="huge.txt").first
     (entry.locator("button").first if entry.locator("button").count() else entry).click(timeout=WAIT)
     button = page.locator("#diff-pane .load-diff").first
@@ -95,6 +98,8 @@ def load_huge_diff(page, out):
     out["huge_preview_has_last"] = page.evaluate(
         "() => [...document.querySelectorAll('#diff-pane pre.diff')].some(p => p.textContent.includes('+100000'))"
     )
+    if shot:
+        page.locator("#diff-pane").screenshot(path=shot)
     button.click(timeout=WAIT)
     page.wait_for_function(HUGE_LOADED, timeout=WAIT)
     out["huge_loaded"] = True
@@ -133,6 +138,7 @@ def facts(page, out):
 
 def main():
     url, shot, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+    huge_shot = sys.argv[4] if len(sys.argv) > 4 else None
     assert mode in ("live", "record"), mode
     out = {"mode": mode, "diff_files": [], "diff_text": None, "big_output_len": None, "big_output_has_last": None,
            "huge_gap": None, "huge_preview_has_last": None, "huge_loaded": False}
@@ -147,7 +153,7 @@ def main():
         # A whole output in a pane could make the page too tall to picture: then the viewport only.
         out["page_height"] = page.evaluate("document.documentElement.scrollHeight")
         page.screenshot(path=shot, full_page=out["page_height"] <= 16000)
-        load_huge_diff(page, out)
+        load_huge_diff(page, out, huge_shot)
         browser.close()
     out["errors"] = errors
     print(json.dumps(out))

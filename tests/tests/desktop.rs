@@ -288,6 +288,105 @@ async fn the_viewer_is_served_and_view_only_viewers_cannot_touch() {
     assert_eq!(cursor(&a).await, json!([600, 400]));
 }
 
+/// Reads the server's messages (32-bit pixels, Raw rectangles: the client asked for no other
+/// encoding) until `updates` framebuffer updates arrived, each asked for in turn; the types of
+/// the other messages that came meanwhile (3: ServerCutText).
+async fn other_server_messages(ws: &mut Ws, updates: usize) -> Vec<u8> {
+    let request = |incremental: u8| {
+        let mut m = vec![3u8, incremental, 0, 0, 0, 0];
+        m.extend_from_slice(&(WIDTH as u16).to_be_bytes());
+        m.extend_from_slice(&(HEIGHT as u16).to_be_bytes());
+        tungstenite::Message::binary(m)
+    };
+    let mut buf = Vec::new();
+    let mut others = Vec::new();
+    ws.send(request(0)).await.unwrap();
+    let mut seen = 0;
+    while seen < updates {
+        fill(ws, &mut buf, 1).await;
+        match buf[0] {
+            0 => {
+                fill(ws, &mut buf, 4).await;
+                let rects = u16::from_be_bytes([buf[2], buf[3]]) as usize;
+                buf.drain(..4);
+                for _ in 0..rects {
+                    fill(ws, &mut buf, 12).await;
+                    let w = u16::from_be_bytes([buf[4], buf[5]]) as usize;
+                    let h = u16::from_be_bytes([buf[6], buf[7]]) as usize;
+                    let encoding = i32::from_be_bytes([buf[8], buf[9], buf[10], buf[11]]);
+                    assert_eq!(encoding, 0, "Raw only");
+                    fill(ws, &mut buf, 12 + w * h * 4).await;
+                    buf.drain(..12 + w * h * 4);
+                }
+                seen += 1;
+                // A full update each time, so one always comes.
+                ws.send(request(0)).await.unwrap();
+            }
+            2 => {
+                others.push(2);
+                buf.drain(..1);
+            }
+            3 => {
+                fill(ws, &mut buf, 8).await;
+                let n = u32::from_be_bytes([buf[4], buf[5], buf[6], buf[7]]) as usize;
+                fill(ws, &mut buf, 8 + n).await;
+                others.push(3);
+                buf.drain(..8 + n);
+            }
+            t => panic!("server message type {t}"),
+        }
+    }
+    others
+}
+
+#[tokio::test]
+async fn text_copied_in_the_sandbox_does_not_reach_the_viewers() {
+    let a = desktop_agent().await;
+    wait_ready(&a).await;
+    let cookie = viewer_cookie(&a, false).await;
+    let (mut viewer, _) =
+        tokio_tungstenite::connect_async(ws_request(&a, "/v1/vnc/websockify", ("cookie", cookie)))
+            .await
+            .unwrap();
+    assert_eq!(rfb_handshake(&mut viewer).await, (WIDTH, HEIGHT));
+    assert_eq!(
+        other_server_messages(&mut viewer, 1).await,
+        Vec::<u8>::new()
+    );
+    // Copied in the sandbox: the X clipboard holds it (read back), the viewer never hears it;
+    // it leaves only through GET /v1/clipboard (the holder's while a person holds the controls).
+    let c = a.client();
+    let r = c
+        .request(reqwest::Method::PUT, "/v1/clipboard")
+        .json(&json!({"text": "copied-in-the-sandbox"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let back: Value = c
+        .request(reqwest::Method::GET, "/v1/clipboard")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(back["text"], "copied-in-the-sandbox");
+    let xclip = c
+        .exec(&berth_protocol::ExecRequest::shell(
+            "xclip -selection primary -i /etc/hostname >/dev/null 2>&1",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(xclip.exit_code, 0, "{xclip:?}");
+    let others = other_server_messages(&mut viewer, 5).await;
+    println!("server messages besides 5 updates after two copies: {others:?}");
+    assert!(
+        !others.contains(&3),
+        "ServerCutText reached a viewer: {others:?}"
+    );
+}
+
 /// Runs Playwright for Python against the CDP relay: a new page, a local file, its title.
 fn playwright_title(cdp: &str, url: &str) -> String {
     let script = r#"

@@ -582,6 +582,7 @@ async fn a_person_takes_the_controls_and_the_panes_show_the_workspace() {
         &c.client().session(&id).await.unwrap().url,
         &shot(&tmp, "session-panes.png"),
         "live",
+        &shot(&tmp, "session-diff-huge.png"),
     ])
     .await;
     assert_eq!(panes["errors"], json!([]), "{panes}");

@@ -438,6 +438,10 @@ impl Desktop {
                 "1000000",
                 "-AlwaysShared",
                 "-AcceptSetDesktopSize=0",
+                // Text copied in the sandbox reaches no viewer (every viewer would get it: the
+                // relay filters only the viewers' direction); it leaves through
+                // GET /v1/clipboard, the holder's alone while a person holds the controls.
+                "-SendCutText=0",
                 "-desktop",
                 "berth",
                 "-auth",

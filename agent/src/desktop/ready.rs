@@ -34,6 +34,9 @@ pub struct Loopback {
     pub listen: SocketAddr,
     pub token: String,
     pub cdp_listen: SocketAddr,
+    /// Passes the guard of the observation routes while a person holds the controls (a probe
+    /// is not the agent's input).
+    pub probe_key: String,
 }
 
 fn loopback(addr: SocketAddr) -> SocketAddr {
@@ -76,6 +79,7 @@ impl Readiness {
             listen: loopback(lb.listen),
             token: lb.token,
             cdp_listen: loopback(lb.cdp_listen),
+            probe_key: lb.probe_key,
         });
         tokio::spawn(async move {
             let mut changed = desktop.changes();
@@ -260,6 +264,12 @@ fn ws_request(
         .parse()
         .map_err(|_| "token is not a header value".to_string())?;
     req.headers_mut().insert("authorization", auth);
+    let key = lb
+        .probe_key
+        .parse()
+        .map_err(|_| "the probe key is not a header value".to_string())?;
+    req.headers_mut()
+        .insert(berth_protocol::routes::header::CONTROL_KEY, key);
     Ok(req)
 }
 

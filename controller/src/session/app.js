@@ -619,7 +619,7 @@ function hugeDiff(d, q, box) {
   });
   const gap = el('p', { className: 'note skipped gap', textContent: '… ' + size(p.omitted_bytes) + ' not shown …' });
   return [el('p', { className: 'note', textContent: size(d.bytes) + ' of diff: its first and last lines' }),
-    ...fileDiff({ ...d, huge: false, diff: p.head }), gap, ...fileDiff({ ...d, huge: false, diff: p.tail }), load];
+    ...fileDiff({ ...d, huge: false, diff: p.head }), gap, ...fileDiff({ ...d, huge: false, diff: p.tail, inHunk: true }), load];
 }
 
 function fileDiff(d, q, box) {
@@ -628,7 +628,8 @@ function fileDiff(d, q, box) {
   if (d.huge) return hugeDiff(d, q, box);
   if (!d.diff) return said('No change in the text.');
   const pre = el('pre', { className: 'diff' });
-  let inHunk = false;
+  // A huge diff's tail starts inside a hunk.
+  let inHunk = !!d.inHunk;
   for (const line of d.diff.replace(/\n$/, '').split('\n')) {
     if (line.startsWith('diff ')) inHunk = false;
     if (line.startsWith('@@')) inHunk = true;
