@@ -30,7 +30,7 @@ use serde_json::Value;
 /// Generated requests per operation.
 const EXAMPLES: &str = "8";
 
-const AGENT_EXCLUDED: [&str; 6] = [
+const AGENT_EXCLUDED: [&str; 7] = [
     "shutdown",
     "compat_download_file",
     "browser_restart",
@@ -39,6 +39,8 @@ const AGENT_EXCLUDED: [&str; 6] = [
     // observations for up to an hour; enabling requests lets `control_request` wait 600 s.
     "control_put",
     "control_settings",
+    // A random claim of the controls' key would hold for the agent's life (its state dir).
+    "control_key_put",
 ];
 const CONTROLLER_EXCLUDED: [&str; 4] = [
     "sandbox_create",
