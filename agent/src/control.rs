@@ -429,7 +429,7 @@ mod tests {
         // A standalone agent: any caller with the agent token pushes; no one is the controller.
         assert_eq!(c.pusher(None), Ok(()));
         assert!(!c.is_controller(Some("anything")));
-        assert!(c.is_controller(Some(&c.internal_key().to_string())));
+        assert!(c.is_controller(Some(c.internal_key())));
         assert_ne!(c.internal_key(), Control::new().internal_key());
         let key = "the-controllers-key";
         c.claim(&sha256_hex(key)).unwrap();
