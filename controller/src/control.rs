@@ -70,7 +70,7 @@ pub fn key(ctx: &Ctx, sandbox_id: &str) -> String {
 /// At readiness, before the sandbox counts as running (so before anyone else holds its agent
 /// token): claims the agent's controls for this controller, and tells the agent that it may
 /// ask for a person when its create or lease said so.
-pub async fn push_settings(ctx: &Ctx, row: &crate::store::SandboxRow) {
+pub async fn claim_and_push(ctx: &Ctx, row: &crate::store::SandboxRow) {
     let Ok(agent) = ctx.agent(row) else { return };
     let key = key(ctx, &row.id);
     let warn = |what: &str, e: String| tracing::warn!(sandbox = %row.id, error = %e, "{what}");

@@ -202,7 +202,7 @@ impl Sandboxes {
         if req.human_control {
             self.ctx.store.set_requests_enabled(&row.id, true)?;
             if row.status == SandboxStatus::Running {
-                crate::control::push_settings(&self.ctx, row).await;
+                crate::control::claim_and_push(&self.ctx, row).await;
             }
         }
         Ok(())
@@ -603,7 +603,7 @@ impl Sandboxes {
             self.fail_and_destroy(id, &reason).await;
             return Err(Error::Unavailable(format!("sandbox {id} failed: {reason}")));
         }
-        crate::control::push_settings(&self.ctx, row).await;
+        crate::control::claim_and_push(&self.ctx, row).await;
         let now = now_ms();
         // Its TTL counts from now: the time it took to start is not taken from it.
         if let Some(expires_at) = row.expires_at {
