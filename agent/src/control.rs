@@ -46,6 +46,8 @@ pub struct Notice {
 struct State {
     held: Option<Held>,
     requests_enabled: bool,
+    /// The login sites the run enables (names; the `login` tool is listed when there are).
+    logins: Vec<String>,
     waiting: Option<Waiting>,
     notice: Option<Notice>,
 }
@@ -286,8 +288,12 @@ impl Control {
         if was { Change::Returned } else { Change::None }
     }
 
-    pub fn set_requests(&self, enabled: bool) {
-        self.state.locked().requests_enabled = enabled;
+    /// The run's settings (the controller's push).
+    pub fn set(&self, requests_enabled: bool, logins: Vec<String>) {
+        let mut s = self.state.locked();
+        s.requests_enabled = requests_enabled;
+        s.logins = logins;
+        drop(s);
         self.bump();
     }
 
@@ -317,6 +323,7 @@ impl Control {
                 .as_ref()
                 .map(|h| h.until.saturating_duration_since(now).as_millis() as u64),
             requests_enabled: s.requests_enabled,
+            logins: s.logins.clone(),
             request: s
                 .waiting
                 .as_ref()
@@ -472,7 +479,7 @@ mod tests {
             c.open_request("r0".into(), "x".into()),
             Err(RequestError::Disabled)
         );
-        c.set_requests(true);
+        c.set(true, Vec::new());
         c.open_request("r1".into(), "2FA".into()).unwrap();
         assert_eq!(
             c.open_request("r2".into(), "x".into()),

@@ -60,6 +60,10 @@ pub fn install(s: &Setting, root: &Path) -> std::io::Result<()> {
             "ProxyBypassList": bypass,
         }),
     );
+    // No password is kept by the browser: the login tool's sign-ins leave nothing in the
+    // profile beyond the session's cookies, and no "Save password?" offer for an agent to
+    // accept.
+    policy.insert("PasswordManagerEnabled".into(), serde_json::json!(false));
     if let Some(pem) = &s.ca_pem {
         let der = pem_body(pem).ok_or_else(|| {
             std::io::Error::new(

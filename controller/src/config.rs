@@ -90,6 +90,9 @@ pub struct Config {
     pub run_output_inline_bytes: usize,
     /// `[egress]`: the default egress policy and the proxy's settings.
     pub egress: EgressConfig,
+    /// `[[login]]`: sites the guarded login tool signs a sandbox's browser in to, for runs
+    /// that enable them by name.
+    pub login: Vec<LoginConfig>,
 }
 
 /// `[egress]`: where sandboxes may connect when a create names no policy, and the egress
@@ -173,6 +176,72 @@ pub struct CredentialConfig {
 
 fn authorization() -> String {
     "Authorization".into()
+}
+
+/// `[[login]]`: a site the login tool signs in to. Its secrets are named as egress
+/// credentials name theirs (a variable of the controller's environment, or a file); the
+/// password fills only a masked field, and none of them is ever shown.
+///
+/// ```toml
+/// [[login]]
+/// name = "crm"
+/// url = "https://crm.example.com/login"
+/// username = "agent@example.com"        # or username_secret / username_secret_file
+/// secret_file = "/run/secrets/crm"      # the password (or secret = "CRM_PASSWORD")
+/// totp_secret_file = "/run/secrets/crm-totp"   # a base32 TOTP seed, when the site asks
+/// success = { element = "#account" }    # and/or url = "…", cookie = "session"
+/// form = { submit = { name = "Sign in" } }
+/// max_uses = 3
+/// ```
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LoginConfig {
+    /// What runs enable it by (`[a-z0-9_-]`, 1-64).
+    pub name: String,
+    /// The login page (`https://…`).
+    pub url: String,
+    /// The site's host (its cookies, the egress allow list); default the URL's host.
+    #[serde(default)]
+    pub host: Option<String>,
+    /// Shown in the tool's list: what the site is for.
+    #[serde(default)]
+    pub description: Option<String>,
+    /// The user name, when it is not secret.
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub username_secret: Option<String>,
+    #[serde(default)]
+    pub username_secret_file: Option<PathBuf>,
+    /// The password: a variable's name, or a file.
+    #[serde(default)]
+    pub secret: Option<String>,
+    #[serde(default)]
+    pub secret_file: Option<PathBuf>,
+    /// A TOTP seed (base32, as authenticator apps take it): the tool types the current code
+    /// when the site asks for one after the password.
+    #[serde(default)]
+    pub totp_secret: Option<String>,
+    #[serde(default)]
+    pub totp_secret_file: Option<PathBuf>,
+    #[serde(default)]
+    pub form: berth_protocol::login::LoginForm,
+    #[serde(default)]
+    pub success: berth_protocol::login::LoginSuccess,
+    /// Logins to this site one run may make (default 3).
+    #[serde(default = "login_max_uses")]
+    pub max_uses: u32,
+    /// One login's bound (default 30 s, at most 120 s).
+    #[serde(default = "login_timeout")]
+    pub timeout_secs: u64,
+}
+
+fn login_max_uses() -> u32 {
+    3
+}
+
+fn login_timeout() -> u64 {
+    30
 }
 
 /// `[egress.github]`: the tools `github_repositories` and `github_clone_repository`.
@@ -560,6 +629,7 @@ impl Default for Config {
             keep_work_timeout_secs: 60,
             run_output_inline_bytes: 256 << 10,
             egress: EgressConfig::default(),
+            login: Vec::new(),
         }
     }
 }

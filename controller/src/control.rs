@@ -67,10 +67,23 @@ pub fn key(ctx: &Ctx, sandbox_id: &str) -> String {
     ctx.store.derive(&format!("control-key:{sandbox_id}"))
 }
 
+/// Whether the sandbox's agent was told anything a new run may have to take back (requests
+/// for a person enabled, login sites).
+pub fn had_settings(ctx: &Ctx, id: &str) -> bool {
+    ctx.store.control(id).is_ok_and(|c| c.requests_enabled)
+        || !ctx
+            .store
+            .run_logins(id)
+            .unwrap_or_default()
+            .enabled
+            .is_empty()
+}
+
 /// At readiness, before the sandbox counts as running (so before anyone else holds its agent
-/// token): claims the agent's controls for this controller, and tells the agent that it may
-/// ask for a person when its create or lease said so.
-pub async fn claim_and_push(ctx: &Ctx, row: &crate::store::SandboxRow) {
+/// token), and at each new run: claims the agent's controls for this controller, and tells the
+/// agent whether it may ask for a person and which login sites its run enables (nothing to tell
+/// a fresh agent when neither; `pushed_before` when a run may have enabled them).
+pub async fn claim_and_push(ctx: &Ctx, row: &crate::store::SandboxRow, pushed_before: bool) {
     let Ok(agent) = ctx.agent(row) else { return };
     let key = key(ctx, &row.id);
     let warn = |what: &str, e: String| tracing::warn!(sandbox = %row.id, error = %e, "{what}");
@@ -79,19 +92,17 @@ pub async fn claim_and_push(ctx: &Ctx, row: &crate::store::SandboxRow) {
         Ok(Err(e)) => warn("claiming the controls", e.to_string()),
         Err(_) => warn("claiming the controls", "no answer within 5 s".into()),
     }
-    if !ctx.store.control(&row.id).is_ok_and(|c| c.requests_enabled) {
+    let s = ControlSettings {
+        requests_enabled: ctx.store.control(&row.id).is_ok_and(|c| c.requests_enabled),
+        logins: ctx.store.run_logins(&row.id).unwrap_or_default().enabled,
+    };
+    if s == ControlSettings::default() && !pushed_before {
         return;
     }
-    let s = ControlSettings {
-        requests_enabled: true,
-    };
     match tokio::time::timeout(PUSH, agent.control_settings(&s, &key)).await {
         Ok(Ok(_)) => {}
-        Ok(Err(e)) => warn("enabling requests for a person", e.to_string()),
-        Err(_) => warn(
-            "enabling requests for a person",
-            "no answer within 5 s".into(),
-        ),
+        Ok(Err(e)) => warn("pushing the run's settings", e.to_string()),
+        Err(_) => warn("pushing the run's settings", "no answer within 5 s".into()),
     }
 }
 

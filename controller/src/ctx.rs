@@ -66,6 +66,8 @@ pub struct Ctx {
     pub hooks: Hooks,
     /// The egress proxy's edge (credentials, the CA), set once at start when serving.
     pub edge: std::sync::OnceLock<Arc<crate::egress::edge::Edge>>,
+    /// The `[[login]]` sites, their values read at start.
+    pub logins: crate::login::sites::Logins,
 }
 
 impl Ctx {
@@ -77,7 +79,10 @@ impl Ctx {
         providers: BTreeMap<String, Arc<dyn Provider>>,
     ) -> Result<Ctx> {
         let controller_id = store.meta_init("controller_id", &new_id("ctl"))?;
+        let logins = crate::login::sites::Logins::load(&config.login)
+            .map_err(|e| Error::BadRequest(format!("{e:#}")))?;
         Ok(Ctx {
+            logins,
             config,
             store,
             catalog: Catalog::builtin(),

@@ -18,6 +18,9 @@ pub enum Error {
     /// A conflict with its own error code (`control_held`, `not_holder`).
     #[error("{1}")]
     ConflictCode(&'static str, String),
+    /// Refused by a rule, with its error code (`login_not_enabled`, `github_repository_not_cloned`).
+    #[error("{1}")]
+    Forbidden(&'static str, String),
     /// Valid, but cannot be done here (a disabled profile, an image this provider cannot run).
     #[error("{0}")]
     Unprocessable(String),
@@ -43,6 +46,7 @@ impl Error {
             Error::NotFound(_) => "not_found",
             Error::Conflict(_) => "conflict",
             Error::ConflictCode(code, _) => code,
+            Error::Forbidden(code, _) => code,
             Error::Unprocessable(_) => "unprocessable",
             Error::Unavailable(_) => "unavailable",
             Error::Agent(_) => "agent",

@@ -8,15 +8,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use berth_protocol::controller::{
-    Command, GithubClone, GithubCloned, GithubRepository, GithubRepositoryList, RunRequest,
+    Command, GITHUB_INLINE_BYTES, GITHUB_MAX_ITEMS, GithubClone, GithubCloned, GithubComment,
+    GithubFile, GithubIssue, GithubIssueList, GithubIssueSummary, GithubListQuery, GithubPull,
+    GithubPullList, GithubPullSummary, GithubRepository, GithubRepositoryList, GithubText,
+    RunRequest,
 };
 use berth_protocol::egress::{self, Egress, HostVerdict};
+use serde_json::Value;
 
+use crate::artifact::Artifacts;
 use crate::config::GithubConfig;
 use crate::ctx::Ctx;
 use crate::egress::edge::{Credential, Edge};
 use crate::error::{Error, Result};
 use crate::run::Runs;
+use crate::store::ArtifactKind;
 
 /// One GitHub call's bound.
 const CALL: Duration = Duration::from_secs(30);
@@ -24,6 +30,10 @@ const CALL: Duration = Duration::from_secs(30);
 const PAGES: usize = 10;
 /// How long a clone may run.
 const CLONE_TIMEOUT_MS: u64 = 15 * 60 * 1000;
+/// The error code of a read of a repository the sandbox did not clone.
+pub const NOT_CLONED: &str = "github_repository_not_cloned";
+/// The largest diff read (past it GitHub's answer is cut and the reader told).
+const MAX_DIFF_BYTES: usize = 64 << 20;
 /// The user name GitHub takes with a token for git over HTTPS.
 const GIT_USER: &str = "x-access-token";
 
@@ -101,27 +111,256 @@ impl Github {
     }
 
     async fn get<T: serde::de::DeserializeOwned>(&self, url: &str) -> Result<T> {
+        Ok(self.get_page(url).await?.0)
+    }
+
+    /// A JSON answer and whether GitHub has a next page (its `Link` header).
+    async fn get_page<T: serde::de::DeserializeOwned>(&self, url: &str) -> Result<(T, bool)> {
+        let resp = self.send(url, "application/vnd.github+json").await?;
+        let next = resp
+            .headers()
+            .get_all(reqwest::header::LINK)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .any(|v| v.contains("rel=\"next\""));
+        let v = resp
+            .json()
+            .await
+            .map_err(|e| Error::Upstream(format!("GitHub ({}): {}", self.api, plain(&e))))?;
+        Ok((v, next))
+    }
+
+    /// A request's answer once it is a success: a 404 is `NotFound`, any other failure
+    /// `Upstream`, each with the start of GitHub's message.
+    async fn send(&self, url: &str, accept: &str) -> Result<reqwest::Response> {
         let resp = self
             .http
             .get(url)
             .bearer_auth(&self.token)
-            .header("accept", "application/vnd.github+json")
+            .header("accept", accept)
             .header("x-github-api-version", "2022-11-28")
             .send()
             .await
             .map_err(|e| Error::Upstream(format!("GitHub ({}): {}", self.api, plain(&e))))?;
         let status = resp.status();
-        if !status.is_success() {
-            let body = resp.text().await.unwrap_or_default();
-            let body: String = body.chars().take(300).collect();
-            return Err(Error::Upstream(format!(
-                "GitHub ({}) answered {status}: {body}",
-                self.api
-            )));
+        if status.is_success() {
+            return Ok(resp);
         }
-        resp.json()
+        let body = resp.text().await.unwrap_or_default();
+        let body: String = body.chars().take(300).collect();
+        let msg = format!("GitHub ({}) answered {status}: {body}", self.api);
+        Err(match status {
+            reqwest::StatusCode::NOT_FOUND => Error::NotFound(msg),
+            _ => Error::Upstream(msg),
+        })
+    }
+
+    /// A text answer (a diff) read up to [`MAX_DIFF_BYTES`]: its text and whether it was cut.
+    async fn get_text(&self, url: &str, accept: &str) -> Result<(String, bool)> {
+        let mut resp = self.send(url, accept).await?;
+        let mut buf = Vec::new();
+        let mut cut = false;
+        while let Some(chunk) = resp
+            .chunk()
             .await
-            .map_err(|e| Error::Upstream(format!("GitHub ({}): {}", self.api, plain(&e))))
+            .map_err(|e| Error::Upstream(format!("GitHub ({}): {}", self.api, plain(&e))))?
+        {
+            if buf.len() + chunk.len() > MAX_DIFF_BYTES {
+                buf.extend_from_slice(&chunk[..MAX_DIFF_BYTES - buf.len()]);
+                cut = true;
+                break;
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        Ok((String::from_utf8_lossy(&buf).into_owned(), cut))
+    }
+
+    /// Every item of a list route, pages of 100, at most [`GITHUB_MAX_ITEMS`]; and whether
+    /// there were more.
+    async fn all(&self, url: &str) -> Result<(Vec<Value>, bool)> {
+        let mut items = Vec::new();
+        let pages = GITHUB_MAX_ITEMS.div_ceil(100);
+        for page in 1..=pages {
+            let (got, next): (Vec<Value>, bool) = self
+                .get_page(&format!("{url}?per_page=100&page={page}"))
+                .await?;
+            items.extend(got);
+            if !next {
+                return Ok((items, false));
+            }
+        }
+        let more = items.len() >= GITHUB_MAX_ITEMS;
+        items.truncate(GITHUB_MAX_ITEMS);
+        Ok((items, more))
+    }
+
+    /// `owner/name` when sandbox `id` cloned it (`github_clone_repository`), else 403.
+    fn bound<'r>(ctx: &Ctx, id: &str, repository: &'r str) -> Result<(&'r str, &'r str)> {
+        let (owner, name) = parse_repository(repository)?;
+        let row = ctx.visible_row(id)?;
+        let cloned = row
+            .egress
+            .as_ref()
+            .map(|e| e.repositories.clone())
+            .unwrap_or_default();
+        let full = format!("{owner}/{name}");
+        if !cloned.iter().any(|r| r.eq_ignore_ascii_case(&full)) {
+            let have = match cloned.is_empty() {
+                true => "none yet".to_string(),
+                false => cloned.join(", "),
+            };
+            return Err(Error::Forbidden(
+                NOT_CLONED,
+                format!(
+                    "sandbox {id} reads pull requests and issues only of the repositories cloned \
+                     into it with github_clone_repository ({have}); {full} is not one"
+                ),
+            ));
+        }
+        Ok((owner, name))
+    }
+
+    fn repo_url(&self, owner: &str, name: &str) -> String {
+        format!("{}/repos/{owner}/{name}", self.api)
+    }
+
+    /// `GET …/{id}/github/pulls`.
+    pub async fn pulls(&self, ctx: &Ctx, id: &str, q: &GithubListQuery) -> Result<GithubPullList> {
+        let (owner, name) = Self::bound(ctx, id, &q.repository)?;
+        let (state, page, per_page) = list_params(q)?;
+        let url = format!(
+            "{}/pulls?state={state}&page={page}&per_page={per_page}",
+            self.repo_url(owner, name)
+        );
+        let (items, next): (Vec<Value>, bool) = self.get_page(&url).await?;
+        Ok(GithubPullList {
+            repository: format!("{owner}/{name}"),
+            page,
+            per_page,
+            pulls: items.iter().map(pull_summary).collect(),
+            next_page: next.then_some(page + 1),
+        })
+    }
+
+    /// `GET …/{id}/github/issues`.
+    pub async fn issues(
+        &self,
+        ctx: &Ctx,
+        id: &str,
+        q: &GithubListQuery,
+    ) -> Result<GithubIssueList> {
+        let (owner, name) = Self::bound(ctx, id, &q.repository)?;
+        let (state, page, per_page) = list_params(q)?;
+        let url = format!(
+            "{}/issues?state={state}&page={page}&per_page={per_page}",
+            self.repo_url(owner, name)
+        );
+        let (items, next): (Vec<Value>, bool) = self.get_page(&url).await?;
+        Ok(GithubIssueList {
+            repository: format!("{owner}/{name}"),
+            page,
+            per_page,
+            issues: items.iter().map(issue_summary).collect(),
+            next_page: next.then_some(page + 1),
+        })
+    }
+
+    /// `GET …/{id}/github/pulls/{number}`: the pull request, its diff, files, reviews and
+    /// review comments; a large text kept as an artifact of the sandbox.
+    pub async fn pull(
+        &self,
+        ctx: &Ctx,
+        artifacts: &Artifacts,
+        id: &str,
+        repository: &str,
+        number: u64,
+    ) -> Result<GithubPull> {
+        let (owner, name) = Self::bound(ctx, id, repository)?;
+        let base = format!("{}/pulls/{number}", self.repo_url(owner, name));
+        let v: Value = self.get(&base).await?;
+        let (diff, diff_cut) = self.get_text(&base, "application/vnd.github.diff").await?;
+        let (files, files_more) = self.all(&format!("{base}/files")).await?;
+        let (reviews, reviews_more) = self.all(&format!("{base}/reviews")).await?;
+        let (comments, comments_more) = self.all(&format!("{base}/comments")).await?;
+        let full = format!("{owner}/{name}");
+        let key = v["head"]["sha"]
+            .as_str()
+            .or(v["updated_at"].as_str())
+            .unwrap_or_default()
+            .to_string();
+        let t = Texts {
+            artifacts,
+            sandbox: id,
+            source: format!("github:{full}#pull/{number}@{key}"),
+        };
+        let mut truncated = Vec::new();
+        for (cut, what) in [
+            (diff_cut, "diff"),
+            (files_more, "files"),
+            (reviews_more, "reviews"),
+            (comments_more, "review_comments"),
+        ] {
+            if cut {
+                truncated.push(what.to_string());
+            }
+        }
+        let mut out = GithubPull {
+            repository: full,
+            summary: pull_summary(&v),
+            body: t.text("body", str_of(&v["body"])).await?,
+            diff: t.text("diff", diff).await?,
+            files: files.iter().map(file_of).collect(),
+            reviews: Vec::with_capacity(reviews.len()),
+            review_comments: Vec::with_capacity(comments.len()),
+            truncated,
+        };
+        for r in &reviews {
+            out.reviews.push(t.comment("review", r).await?);
+        }
+        for c in &comments {
+            out.review_comments
+                .push(t.comment("review-comment", c).await?);
+        }
+        Ok(out)
+    }
+
+    /// `GET …/{id}/github/issues/{number}`: the issue and its comments.
+    pub async fn issue(
+        &self,
+        ctx: &Ctx,
+        artifacts: &Artifacts,
+        id: &str,
+        repository: &str,
+        number: u64,
+    ) -> Result<GithubIssue> {
+        let (owner, name) = Self::bound(ctx, id, repository)?;
+        let base = format!("{}/issues/{number}", self.repo_url(owner, name));
+        let v: Value = self.get(&base).await?;
+        let (comments, more) = self.all(&format!("{base}/comments")).await?;
+        let full = format!("{owner}/{name}");
+        let t = Texts {
+            artifacts,
+            sandbox: id,
+            source: format!(
+                "github:{full}#issue/{number}@{}",
+                v["updated_at"].as_str().unwrap_or_default()
+            ),
+        };
+        let mut out = GithubIssue {
+            repository: full,
+            summary: issue_summary(&v),
+            body: t.text("body", str_of(&v["body"])).await?,
+            comment_list: Vec::with_capacity(comments.len()),
+            truncated: if more {
+                vec!["comments".into()]
+            } else {
+                vec![]
+            },
+        };
+        for c in &comments {
+            out.comment_list.push(t.comment("comment", c).await?);
+        }
+        Ok(out)
     }
 
     /// Clones `req.repository` into sandbox `id` through the proxy, with the token added there.
@@ -213,6 +452,156 @@ impl Github {
             creds.push(c);
         }
         self.edge.grant(id, creds);
+    }
+}
+
+/// Where the large texts of one read go: artifacts of the sandbox, one per source (the same
+/// pull request at the same head is kept once).
+struct Texts<'a> {
+    artifacts: &'a Artifacts,
+    sandbox: &'a str,
+    source: String,
+}
+
+impl Texts<'_> {
+    /// `text` inline when small, else kept as an artifact with a preview.
+    async fn text(&self, what: &str, text: String) -> Result<GithubText> {
+        if text.len() <= GITHUB_INLINE_BYTES {
+            return Ok(GithubText {
+                text: Some(text),
+                ..Default::default()
+            });
+        }
+        let file = self.artifacts.artifact_scratch()?;
+        let bytes = text.into_bytes();
+        let preview = berth_protocol::exec::OutputPreview::of(&bytes, &bytes, bytes.len() as u64);
+        tokio::fs::write(&file, &bytes)
+            .await
+            .map_err(|e| Error::Internal(format!("keeping a GitHub text: {e}")))?;
+        let name = format!(
+            "{}-{what}.{}",
+            self.source
+                .trim_start_matches("github:")
+                .split('@')
+                .next()
+                .unwrap_or_default()
+                .replace(['/', '#'], "-"),
+            if what == "diff" { "diff" } else { "md" }
+        );
+        let row = self
+            .artifacts
+            .publish_file(
+                self.sandbox,
+                None,
+                &name,
+                "text/plain; charset=utf-8",
+                ArtifactKind::Output,
+                Some(&format!("{}/{what}", self.source)),
+                &file,
+            )
+            .await?;
+        Ok(GithubText {
+            text: None,
+            preview: Some(preview),
+            href: Some(berth_protocol::routes::fill(
+                berth_protocol::routes::controller::ARTIFACT,
+                &[&row.id],
+            )),
+            artifact_id: Some(row.id),
+        })
+    }
+
+    async fn comment(&self, what: &str, v: &Value) -> Result<GithubComment> {
+        let id = v["id"].as_u64().unwrap_or_default();
+        Ok(GithubComment {
+            id,
+            user: v["user"]["login"].as_str().map(str::to_string),
+            body: self
+                .text(&format!("{what}-{id}"), str_of(&v["body"]))
+                .await?,
+            state: v["state"].as_str().map(str::to_string),
+            path: v["path"].as_str().map(str::to_string),
+            line: v["line"].as_u64().or(v["original_line"].as_u64()),
+            created_at: v["created_at"]
+                .as_str()
+                .or(v["submitted_at"].as_str())
+                .map(str::to_string),
+        })
+    }
+}
+
+fn str_of(v: &Value) -> String {
+    v.as_str().unwrap_or_default().to_string()
+}
+
+fn opt(v: &Value) -> Option<String> {
+    v.as_str().map(str::to_string)
+}
+
+/// A list read's state, page and page size, checked (pure).
+pub fn list_params(q: &GithubListQuery) -> Result<(&str, u32, u32)> {
+    let state = q.state.as_deref().unwrap_or("open");
+    if !matches!(state, "open" | "closed" | "all") {
+        return Err(Error::BadRequest(format!(
+            "state {state:?}: give open, closed or all"
+        )));
+    }
+    let page = q.page.unwrap_or(1);
+    let per_page = q.per_page.unwrap_or(30);
+    if !(1..=1000).contains(&page) || !(1..=100).contains(&per_page) {
+        return Err(Error::BadRequest(
+            "page must be 1-1000 and per_page 1-100".into(),
+        ));
+    }
+    Ok((state, page, per_page))
+}
+
+/// A pull request of GitHub's JSON as a list shows it (pure).
+pub fn pull_summary(v: &Value) -> GithubPullSummary {
+    GithubPullSummary {
+        number: v["number"].as_u64().unwrap_or_default(),
+        title: str_of(&v["title"]),
+        state: str_of(&v["state"]),
+        merged: v["merged"].as_bool().unwrap_or(false) || v["merged_at"].is_string(),
+        draft: v["draft"].as_bool().unwrap_or(false),
+        user: opt(&v["user"]["login"]),
+        head: opt(&v["head"]["ref"]),
+        base: opt(&v["base"]["ref"]),
+        created_at: opt(&v["created_at"]),
+        updated_at: opt(&v["updated_at"]),
+        html_url: opt(&v["html_url"]),
+    }
+}
+
+/// An issue of GitHub's JSON as a list shows it (pure).
+pub fn issue_summary(v: &Value) -> GithubIssueSummary {
+    GithubIssueSummary {
+        number: v["number"].as_u64().unwrap_or_default(),
+        title: str_of(&v["title"]),
+        state: str_of(&v["state"]),
+        user: opt(&v["user"]["login"]),
+        labels: v["labels"]
+            .as_array()
+            .map(|ls| {
+                ls.iter()
+                    .filter_map(|l| l["name"].as_str().or(l.as_str()).map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        comments: v["comments"].as_u64().unwrap_or_default(),
+        is_pull_request: v.get("pull_request").is_some_and(|p| !p.is_null()),
+        created_at: opt(&v["created_at"]),
+        updated_at: opt(&v["updated_at"]),
+        html_url: opt(&v["html_url"]),
+    }
+}
+
+fn file_of(v: &Value) -> GithubFile {
+    GithubFile {
+        filename: str_of(&v["filename"]),
+        status: str_of(&v["status"]),
+        additions: v["additions"].as_u64().unwrap_or_default(),
+        deletions: v["deletions"].as_u64().unwrap_or_default(),
     }
 }
 
@@ -353,6 +742,35 @@ mod tests {
             split_api("https://ghe.test:8443/api/v3/"),
             Some(("ghe.test".into(), "/api/v3".into()))
         );
+    }
+
+    #[test]
+    fn github_json_reads_as_the_wire_shapes() {
+        let pr = serde_json::json!({"number": 7, "title": "Fix", "state": "closed",
+            "merged_at": "2026-01-01T00:00:00Z", "user": {"login": "octo"},
+            "head": {"ref": "fix", "sha": "abc"}, "base": {"ref": "main"}});
+        let s = pull_summary(&pr);
+        assert_eq!(
+            (s.number, s.merged, s.head.as_deref()),
+            (7, true, Some("fix"))
+        );
+        let issue = serde_json::json!({"number": 3, "title": "Bug", "state": "open",
+            "labels": [{"name": "bug"}], "comments": 2, "pull_request": {"url": "x"}});
+        let i = issue_summary(&issue);
+        assert!(i.is_pull_request);
+        assert_eq!(i.labels, vec!["bug"]);
+        let plain = issue_summary(&serde_json::json!({"number": 4, "pull_request": null}));
+        assert!(!plain.is_pull_request);
+        let q = |state: Option<&str>, page, per| GithubListQuery {
+            repository: "o/r".into(),
+            state: state.map(str::to_string),
+            page,
+            per_page: per,
+        };
+        assert_eq!(list_params(&q(None, None, None)).unwrap(), ("open", 1, 30));
+        assert!(list_params(&q(Some("merged"), None, None)).is_err());
+        assert!(list_params(&q(None, Some(0), None)).is_err());
+        assert!(list_params(&q(None, None, Some(101))).is_err());
     }
 
     #[test]

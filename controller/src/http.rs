@@ -29,6 +29,7 @@ impl IntoResponse for ApiError {
             Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Error::NotFound(_) => StatusCode::NOT_FOUND,
             Error::Conflict(_) | Error::ConflictCode(..) => StatusCode::CONFLICT,
+            Error::Forbidden(..) => StatusCode::FORBIDDEN,
             Error::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Error::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Error::Agent(_) | Error::Upstream(_) => StatusCode::BAD_GATEWAY,

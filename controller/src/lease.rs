@@ -41,6 +41,7 @@ impl Leases {
             )));
         }
         crate::sandbox::validate_labels(&req.labels)?;
+        self.ctx.logins.check(&req.logins)?;
         // An alias leases as its profile's canonical name (what the sandbox row holds).
         let req = &AcquireLease {
             profile: self.ctx.profile(&req.profile)?.name.clone(),
@@ -70,6 +71,7 @@ impl Leases {
             egress: Some(egress),
             credentials: Vec::new(),
             human_control: req.human_control.unwrap_or(false),
+            logins: req.logins.clone(),
         };
         match self.ctx.store.active_lease_for_thread(&req.thread_id)? {
             Some(lease) => self.renew_or_replace(lease, req, want, &image).await,
@@ -98,7 +100,14 @@ impl Leases {
                     .await
                 {
                     Ok(row) => {
-                        self.sandboxes.keep_human_control(&row, &want).await?;
+                        // A new run on the reused sandbox.
+                        let run = self.sandboxes.start_run(&row, &want).await?;
+                        self.ctx.event(
+                            &row.id,
+                            EventKind::LeaseAcquired,
+                            json!({"lease_id": lease.id, "thread_id": lease.thread_id,
+                                   "claim": "reused", "run": run}),
+                        );
                         return Ok(self.lease_wire(&lease, &row, "reused"));
                     }
                     Err(e) => format!("its sandbox could not take the screen: {e}"),
@@ -277,6 +286,7 @@ mod tests {
             screen: None,
             egress: None,
             human_control: None,
+            logins: Vec::new(),
         }
     }
 

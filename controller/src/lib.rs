@@ -23,6 +23,7 @@ pub mod image_job;
 pub mod lease;
 pub mod lifecycle;
 pub mod limits;
+pub mod login;
 pub mod mcp;
 pub mod metrics;
 pub mod panes;

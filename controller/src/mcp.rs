@@ -255,6 +255,37 @@ pub struct CloneArgs {
     pub depth: Option<u32>,
 }
 
+/// `github_pull_requests` and `github_issues`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GithubListArgs {
+    /// The sandbox the repository was cloned into.
+    pub id: String,
+    /// `owner/name`, a repository `github_clone_repository` cloned into that sandbox.
+    pub repository: String,
+    /// `open` (default), `closed` or `all`.
+    #[serde(default)]
+    pub state: Option<String>,
+    /// From 1.
+    #[serde(default)]
+    pub page: Option<u32>,
+    /// 1-100 (default 30).
+    #[serde(default)]
+    pub per_page: Option<u32>,
+}
+
+/// `github_pull_request` and `github_issue`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GithubItemArgs {
+    /// The sandbox the repository was cloned into.
+    pub id: String,
+    /// `owner/name`, a repository cloned into that sandbox.
+    pub repository: String,
+    /// The pull request's or issue's number.
+    pub number: u64,
+}
+
 /// `workpiece_create`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -390,6 +421,14 @@ impl ControllerMcp {
         if c.github.get().is_none() {
             tool_router.remove_route("github_repositories");
             tool_router.remove_route("github_clone_repository");
+            for t in [
+                "github_pull_requests",
+                "github_pull_request",
+                "github_issues",
+                "github_issue",
+            ] {
+                tool_router.remove_route(t);
+            }
         }
         ControllerMcp { c, tool_router }
     }
@@ -565,6 +604,81 @@ impl ControllerMcp {
         })
         .await?;
         Ok(Json(cloned))
+    }
+
+    /// Lists the pull requests (a page) of a repository cloned into a sandbox, read by the
+    /// controller with its token. Only repositories `github_clone_repository` cloned into
+    /// that sandbox are read.
+    #[tool(annotations(read_only_hint = true, open_world_hint = true))]
+    async fn github_pull_requests(
+        &self,
+        Parameters(a): Parameters<GithubListArgs>,
+    ) -> Result<Json<berth_protocol::controller::GithubPullList>, ToolError> {
+        let q = berth_protocol::controller::GithubListQuery {
+            repository: a.repository,
+            state: a.state,
+            page: a.page,
+            per_page: a.per_page,
+        };
+        Ok(Json(self.c.github()?.pulls(&self.c.ctx, &a.id, &q).await?))
+    }
+
+    /// Reads one pull request of a repository cloned into a sandbox: its description, diff,
+    /// changed files, reviews and review comments. A large text comes as a preview (its first
+    /// and last lines) and an artifact holding it whole (`artifact_id`, read by range).
+    #[tool(annotations(read_only_hint = true, open_world_hint = true))]
+    async fn github_pull_request(
+        &self,
+        Parameters(a): Parameters<GithubItemArgs>,
+    ) -> Result<Json<berth_protocol::controller::GithubPull>, ToolError> {
+        let github = self.c.github()?;
+        Ok(Json(
+            github
+                .pull(
+                    &self.c.ctx,
+                    &self.c.artifacts,
+                    &a.id,
+                    &a.repository,
+                    a.number,
+                )
+                .await?,
+        ))
+    }
+
+    /// Lists the issues (a page) of a repository cloned into a sandbox; GitHub lists pull
+    /// requests among them (`is_pull_request`).
+    #[tool(annotations(read_only_hint = true, open_world_hint = true))]
+    async fn github_issues(
+        &self,
+        Parameters(a): Parameters<GithubListArgs>,
+    ) -> Result<Json<berth_protocol::controller::GithubIssueList>, ToolError> {
+        let q = berth_protocol::controller::GithubListQuery {
+            repository: a.repository,
+            state: a.state,
+            page: a.page,
+            per_page: a.per_page,
+        };
+        Ok(Json(self.c.github()?.issues(&self.c.ctx, &a.id, &q).await?))
+    }
+
+    /// Reads one issue of a repository cloned into a sandbox, with its comments.
+    #[tool(annotations(read_only_hint = true, open_world_hint = true))]
+    async fn github_issue(
+        &self,
+        Parameters(a): Parameters<GithubItemArgs>,
+    ) -> Result<Json<berth_protocol::controller::GithubIssue>, ToolError> {
+        let github = self.c.github()?;
+        Ok(Json(
+            github
+                .issue(
+                    &self.c.ctx,
+                    &self.c.artifacts,
+                    &a.id,
+                    &a.repository,
+                    a.number,
+                )
+                .await?,
+        ))
     }
 
     /// Makes a new, valid document in a sandbox — a deck (.pptx/.odp), sheet (.xlsx/.ods),

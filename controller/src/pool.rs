@@ -161,6 +161,7 @@ impl Pools {
                     egress: Some(pool.egress.clone()),
                     credentials: Vec::new(),
                     human_control: false,
+                    logins: Vec::new(),
                 };
                 let row = match self
                     .sandboxes
@@ -348,6 +349,7 @@ mod tests {
                 egress: None,
                 credentials: Vec::new(),
                 human_control: false,
+                logins: Vec::new(),
             }
         }
 

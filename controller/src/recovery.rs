@@ -268,6 +268,7 @@ mod tests {
             egress: None,
             credentials: Vec::new(),
             human_control: false,
+            logins: Vec::new(),
         }
     }
 
@@ -463,6 +464,7 @@ mod tests {
                 screen: None,
                 egress: None,
                 human_control: None,
+                logins: Vec::new(),
             })
             .await
             .unwrap();

@@ -384,6 +384,7 @@ async fn create(
         egress: None,
         credentials: Vec::new(),
         human_control: None,
+        logins: Vec::new(),
     };
     let mut sb = bounded(controller.create_nowait(&req)).await?;
     *created.locked() = Some(sb.id.clone());

@@ -571,6 +571,35 @@ impl AgentClient {
         .await
     }
 
+    /// `POST /v1/browser/login` (the controller's key): the desktop's browser signed in. The
+    /// whole login's bound plus a margin bounds the call.
+    pub async fn browser_login(
+        &self,
+        l: &crate::login::BrowserLogin,
+        key: &str,
+        within: std::time::Duration,
+    ) -> Result<crate::login::BrowserLoginResult> {
+        Self::call(
+            self.pushed(reqwest::Method::POST, native::BROWSER_LOGIN, key)
+                .timeout(within)
+                .json(l),
+        )
+        .await
+    }
+
+    /// `POST /v1/browser/forget` (the controller's key): those hosts' cookies and storage gone.
+    pub async fn browser_forget(
+        &self,
+        f: &crate::login::BrowserForget,
+        key: &str,
+    ) -> Result<crate::login::BrowserForgotten> {
+        Self::call(
+            self.pushed(reqwest::Method::POST, native::BROWSER_FORGET, key)
+                .json(f),
+        )
+        .await
+    }
+
     pub async fn control_decline(&self, key: &str) -> Result<crate::control::AgentControl> {
         Self::call(self.pushed(reqwest::Method::POST, native::CONTROL_DECLINE, key)).await
     }

@@ -142,10 +142,14 @@ pub fn is_sha256_hex(s: &str) -> bool {
 }
 
 /// `PUT /v1/control/settings`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ControlSettings {
     pub requests_enabled: bool,
+    /// The `[[login]]` sites the run enables: the agent's MCP server lists the `login` tool
+    /// (served through the controller) only when there are some.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub logins: Vec<String>,
 }
 
 /// `GET /v1/control`: the agent's side.
@@ -155,6 +159,9 @@ pub struct AgentControl {
     pub expires_in_ms: Option<u64>,
     pub requests_enabled: bool,
     pub request: Option<PendingRequest>,
+    /// The login sites the run enables (names only).
+    #[serde(default)]
+    pub logins: Vec<String>,
 }
 
 /// `POST /v1/control/request`: the agent asks for a person.

@@ -44,6 +44,10 @@ pub struct CreateSandbox {
     /// `POST /v1/control/request`); the tool is not listed otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub human_control: Option<bool>,
+    /// The controller's `[[login]]` sites its run may sign its browser in to (the `login`
+    /// tool is listed only when there are some).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub logins: Vec<String>,
 }
 
 /// A credential given at create: `{"host": "api.example.com", "header": "Authorization",
@@ -372,6 +376,10 @@ pub struct AcquireLease {
     /// create; a reused sandbox is enabled too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub human_control: Option<bool>,
+    /// The controller's `[[login]]` sites its run may sign its browser in to (the `login`
+    /// tool is listed only when there are some).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub logins: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
@@ -443,6 +451,184 @@ pub struct GithubCloned {
     pub repository: String,
     pub path: String,
     pub run: Run,
+}
+
+/// `GET …/{id}/github/pulls` and `…/issues`: which repository (one cloned into the sandbox),
+/// which state and page.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GithubListQuery {
+    /// `owner/name`, a repository cloned into this sandbox with `github_clone_repository`.
+    pub repository: String,
+    /// `open` (default), `closed` or `all`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// From 1 (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page: Option<u32>,
+    /// 1-100 (default 30).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_page: Option<u32>,
+}
+
+/// `GET …/{id}/github/pulls/{number}` and `…/issues/{number}`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GithubItemQuery {
+    /// `owner/name`, a repository cloned into this sandbox.
+    pub repository: String,
+}
+
+/// A text that may be large (a description, a diff, a comment): whole when it is at most
+/// [`GITHUB_INLINE_BYTES`], else a bounded preview and the artifact that holds it whole.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+pub struct GithubText {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Its first and last lines, when it is not inline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preview: Option<crate::exec::OutputPreview>,
+    /// The artifact holding it whole (`GET /sandbox/v1/artifacts/{id}`, `Range` reads).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub href: Option<String>,
+}
+
+/// Texts past this many bytes travel as an artifact with a preview.
+pub const GITHUB_INLINE_BYTES: usize = 64 * 1024;
+
+/// A pull request as a list shows it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+pub struct GithubPullSummary {
+    pub number: u64,
+    pub title: String,
+    /// `open` or `closed`.
+    pub state: String,
+    #[serde(default)]
+    pub merged: bool,
+    #[serde(default)]
+    pub draft: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// The branch it brings, and the one it goes into.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub html_url: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+pub struct GithubPullList {
+    pub repository: String,
+    pub page: u32,
+    pub per_page: u32,
+    pub pulls: Vec<GithubPullSummary>,
+    /// The next page, when GitHub has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_page: Option<u32>,
+}
+
+/// A file a pull request changes.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+pub struct GithubFile {
+    pub filename: String,
+    /// `added`, `modified`, `removed`, `renamed`, …
+    pub status: String,
+    #[serde(default)]
+    pub additions: u64,
+    #[serde(default)]
+    pub deletions: u64,
+}
+
+/// A review, a review comment (on a line of the diff) or an issue comment.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+pub struct GithubComment {
+    pub id: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    pub body: GithubText,
+    /// A review's `APPROVED`, `CHANGES_REQUESTED`, `COMMENTED`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// A review comment's file and line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<String>,
+}
+
+/// `GET …/{id}/github/pulls/{number}`: its description, diff, files, reviews and review
+/// comments (each list its first [`GITHUB_MAX_ITEMS`]; `truncated` says when there were more).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+pub struct GithubPull {
+    pub repository: String,
+    #[serde(flatten)]
+    pub summary: GithubPullSummary,
+    pub body: GithubText,
+    pub diff: GithubText,
+    pub files: Vec<GithubFile>,
+    pub reviews: Vec<GithubComment>,
+    pub review_comments: Vec<GithubComment>,
+    /// Lists cut at [`GITHUB_MAX_ITEMS`] (`files`, `reviews`, `review_comments`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub truncated: Vec<String>,
+}
+
+/// The most files, reviews or comments one read answers.
+pub const GITHUB_MAX_ITEMS: usize = 300;
+
+/// An issue as a list shows it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+pub struct GithubIssueSummary {
+    pub number: u64,
+    pub title: String,
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub labels: Vec<String>,
+    #[serde(default)]
+    pub comments: u64,
+    /// GitHub lists pull requests among issues; this one is one.
+    #[serde(default)]
+    pub is_pull_request: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub html_url: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+pub struct GithubIssueList {
+    pub repository: String,
+    pub page: u32,
+    pub per_page: u32,
+    pub issues: Vec<GithubIssueSummary>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_page: Option<u32>,
+}
+
+/// `GET …/{id}/github/issues/{number}`: the issue and its comments.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
+pub struct GithubIssue {
+    pub repository: String,
+    #[serde(flatten)]
+    pub summary: GithubIssueSummary,
+    pub body: GithubText,
+    pub comment_list: Vec<GithubComment>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub truncated: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
@@ -639,6 +825,73 @@ impl ControllerClient {
                 &fill(route::SANDBOX_GITHUB_CLONE, &[id]),
             )
             .json(req),
+        )
+        .await
+    }
+
+    /// `GET …/{id}/github/pulls`: a page of a cloned repository's pull requests.
+    pub async fn github_pulls(&self, id: &str, q: &GithubListQuery) -> Result<GithubPullList> {
+        Self::call(
+            self.request(
+                reqwest::Method::GET,
+                &fill(route::SANDBOX_GITHUB_PULLS, &[id]),
+            )
+            .query(q),
+        )
+        .await
+    }
+
+    pub async fn github_pull(&self, id: &str, repository: &str, number: u64) -> Result<GithubPull> {
+        let n = number.to_string();
+        Self::call(
+            self.request(
+                reqwest::Method::GET,
+                &fill(route::SANDBOX_GITHUB_PULL, &[id, &n]),
+            )
+            .query(&[("repository", repository)]),
+        )
+        .await
+    }
+
+    pub async fn github_issues(&self, id: &str, q: &GithubListQuery) -> Result<GithubIssueList> {
+        Self::call(
+            self.request(
+                reqwest::Method::GET,
+                &fill(route::SANDBOX_GITHUB_ISSUES, &[id]),
+            )
+            .query(q),
+        )
+        .await
+    }
+
+    pub async fn github_issue(
+        &self,
+        id: &str,
+        repository: &str,
+        number: u64,
+    ) -> Result<GithubIssue> {
+        let n = number.to_string();
+        Self::call(
+            self.request(
+                reqwest::Method::GET,
+                &fill(route::SANDBOX_GITHUB_ISSUE, &[id, &n]),
+            )
+            .query(&[("repository", repository)]),
+        )
+        .await
+    }
+
+    /// `GET …/{id}/login`: the login sites the sandbox's run enables.
+    pub async fn login_sites(&self, id: &str) -> Result<crate::login::LoginSites> {
+        Self::call(self.request(reqwest::Method::GET, &fill(route::SANDBOX_LOGIN, &[id]))).await
+    }
+
+    /// `POST …/{id}/login`: the sandbox's browser signed in to `site`.
+    pub async fn login(&self, id: &str, site: &str) -> Result<crate::login::LoginAnswer> {
+        let req = crate::login::LoginRequest { site: site.into() };
+        Self::call(
+            self.request(reqwest::Method::POST, &fill(route::SANDBOX_LOGIN, &[id]))
+                .json(&req),
         )
         .await
     }

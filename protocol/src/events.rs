@@ -149,6 +149,12 @@ event_kinds! {
     ControlDeclined => "control.declined",
     /// The agent's request for a person ended (`id`, `outcome`, `waited_ms`).
     ControlRequestEnded => "control.request_ended",
+    /// The login tool signed the sandbox's browser in, or tried (`site`, `outcome`, `run`,
+    /// `uses`): names only, never a value.
+    LoginUsed => "login.used",
+    /// A run's login sites were forgotten at its end: their cookies and storage cleared
+    /// (`run`, `sites`, `cookies`).
+    LoginForgotten => "login.forgotten",
 }
 
 impl std::fmt::Display for EventKind {

@@ -17,6 +17,7 @@ pub mod exec;
 pub mod fs;
 pub mod image;
 pub mod lifecycle;
+pub mod login;
 pub mod openapi;
 pub mod ops;
 pub mod pty;

@@ -119,6 +119,11 @@ pub mod native {
         BROWSER_CDP_TARGET = "/browser/cdp/{kind}/{id}";
         /// `GET`: the browser's tabs (title, URL, the active one).
         BROWSER_TABS = "/browser/tabs";
+        /// `POST {"url", …}`: sign the browser in to a site (the controller's key only).
+        BROWSER_LOGIN = "/browser/login";
+        /// `POST {"hosts"}`: the browser's cookies and storage of those hosts cleared (the
+        /// controller's key only).
+        BROWSER_FORGET = "/browser/forget";
         /// `GET`: a tab's page as a JPEG (the session view's live view).
         BROWSER_TAB_SCREENSHOT = "/browser/tabs/{id}/screenshot";
         /// `GET`: the git repositories under the sandbox user's working directory and what
@@ -265,6 +270,17 @@ pub mod controller {
         "/sandbox/sandboxes/v1/{id}/workpieces/{wid}/proposals/{pid}/reject";
     /// `POST` a [`crate::controller::GithubClone`]: the repository cloned into the sandbox.
     pub const SANDBOX_GITHUB_CLONE: &str = "/sandbox/sandboxes/v1/{id}/github/clone";
+    /// `GET ?repository=owner/name&state=&page=&per_page=`: a cloned repository's pull requests.
+    pub const SANDBOX_GITHUB_PULLS: &str = "/sandbox/sandboxes/v1/{id}/github/pulls";
+    /// `GET ?repository=owner/name`: one pull request (description, diff, files, reviews,
+    /// review comments).
+    pub const SANDBOX_GITHUB_PULL: &str = "/sandbox/sandboxes/v1/{id}/github/pulls/{number}";
+    /// `GET ?repository=owner/name&state=&page=&per_page=`: a cloned repository's issues.
+    pub const SANDBOX_GITHUB_ISSUES: &str = "/sandbox/sandboxes/v1/{id}/github/issues";
+    /// `GET ?repository=owner/name`: one issue with its comments.
+    pub const SANDBOX_GITHUB_ISSUE: &str = "/sandbox/sandboxes/v1/{id}/github/issues/{number}";
+    /// `GET`: the login sites the sandbox's run enables; `POST {"site"}`: sign its browser in.
+    pub const SANDBOX_LOGIN: &str = "/sandbox/sandboxes/v1/{id}/login";
     /// `GET`: the repositories the configured GitHub token reads.
     pub const GITHUB_REPOSITORIES: &str = "/sandbox/v1/github/repositories";
     /// `POST` → `{"url", "expires_at"}`: a one-time URL for the session view.

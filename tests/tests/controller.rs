@@ -378,6 +378,7 @@ async fn leases_reuse_their_sandbox_and_reprovision_on_label_mismatch_or_a_dead_
     let asking = cl
         .acquire(&AcquireLease {
             human_control: Some(true),
+            logins: Vec::new(),
             ..acquire(&[("team", "x")])
         })
         .await

@@ -224,6 +224,7 @@ fn sandbox_requests() {
             egress: Some(Egress::Mode(EgressMode::None)),
             credentials: Vec::new(),
             human_control: None,
+            logins: Vec::new(),
         },
         r#"{"profile": "desktop-ubuntu", "image_ref": "berth-desktop:0f1e2d",
             "labels": {"k": "v"}, "ttl_seconds": 600, "screen": "1280x800", "egress": "none"}"#,

@@ -716,6 +716,7 @@ async fn every_route_answers_hostile_input_with_a_4xx_and_its_error_body() {
             egress: None,
             credentials: Vec::new(),
             human_control: None,
+            logins: Vec::new(),
         })
         .await
         .expect("an ide sandbox");

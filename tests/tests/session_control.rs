@@ -105,6 +105,7 @@ async fn a_person_takes_the_controls_and_the_panes_show_the_workspace() {
         .create(&CreateSandbox {
             profile: "desktop".into(),
             human_control: Some(true),
+            logins: Vec::new(),
             ..Default::default()
         })
         .await

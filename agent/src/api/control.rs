@@ -132,7 +132,13 @@ pub async fn settings(
     ApiJson(s): ApiJson<ControlSettings>,
 ) -> Result<Json<AgentControl>, ApiError> {
     pushed(&agent, &headers)?;
-    agent.control.set_requests(s.requests_enabled);
+    let bad = s.logins.iter().find(|n| !berth_protocol::login::name_ok(n));
+    if let Some(n) = bad {
+        return Err(ApiError::bad_request(format!(
+            "logins: {n:?} is not a site name"
+        )));
+    }
+    agent.control.set(s.requests_enabled, s.logins);
     Ok(Json(agent.control.view()))
 }
 
@@ -188,4 +194,66 @@ pub async fn ask(agent: &Agent, r: &HumanRequest) -> Result<HumanRequestAnswer, 
         }),
     );
     Ok(answer)
+}
+
+/// The controller's own calls (its key, or the agent's): 403 for anyone else.
+fn controller_only(agent: &Agent, headers: &HeaderMap) -> Result<(), ApiError> {
+    match agent.control.is_controller(key(headers)) {
+        true => Ok(()),
+        false => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            berth_protocol::login::LOGIN_CONTROLLER_ONLY,
+            "the login tool runs through the controller (POST …/{id}/login there, or its \
+             `login` MCP tool)",
+        )),
+    }
+}
+
+/// `POST /v1/browser/login`: the desktop's browser signed in with the values the controller
+/// hands over; the answer is a fixed phrase. Nothing of the request is logged or kept.
+pub async fn browser_login(
+    State(agent): State<Arc<Agent>>,
+    headers: HeaderMap,
+    ApiJson(l): ApiJson<berth_protocol::login::BrowserLogin>,
+) -> Result<Json<berth_protocol::login::BrowserLoginResult>, ApiError> {
+    controller_only(&agent, &headers)?;
+    let within = l.checked().map_err(ApiError::bad_request)?;
+    let outcome = match &agent.desktop {
+        Some(d) => crate::browser::login::login(d, &l, within).await,
+        None => berth_protocol::login::LoginOutcome::BrowserDown,
+    };
+    drop(l);
+    Ok(Json(berth_protocol::login::BrowserLoginResult {
+        outcome,
+        message: outcome.phrase().to_string(),
+    }))
+}
+
+/// `POST /v1/browser/forget`: the cookies and storage of the hosts cleared.
+pub async fn browser_forget(
+    State(agent): State<Arc<Agent>>,
+    headers: HeaderMap,
+    ApiJson(f): ApiJson<berth_protocol::login::BrowserForget>,
+) -> Result<Json<berth_protocol::login::BrowserForgotten>, ApiError> {
+    controller_only(&agent, &headers)?;
+    if f.hosts.len() > 100 || f.hosts.iter().any(|h| h.is_empty() || h.len() > 253) {
+        return Err(ApiError::bad_request("hosts: 1-100 host names"));
+    }
+    let d = agent.desktop.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "browser_down",
+            "no desktop here",
+        )
+    })?;
+    let cookies = crate::browser::login::forget(d, &f.hosts)
+        .await
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "browser_down",
+                "the browser is not running",
+            )
+        })?;
+    Ok(Json(berth_protocol::login::BrowserForgotten { cookies }))
 }

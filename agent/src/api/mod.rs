@@ -148,6 +148,8 @@ fn panes_and_control() -> Routes<Arc<Agent>> {
         .bind(&op::CONTROL_REQUEST, control::request)
         .bind(&op::CONTROL_DECLINE, control::decline)
         .bind(&op::CONTROL_KEY_PUT, control::claim)
+        .bind(&op::BROWSER_LOGIN, control::browser_login)
+        .bind(&op::BROWSER_FORGET, control::browser_forget)
 }
 
 /// An input or observation route: refused to all but the holder while a person holds the

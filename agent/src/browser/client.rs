@@ -154,6 +154,11 @@ impl Client {
         Ok(client)
     }
 
+    /// Ends the connection (a close frame; the reader then stops).
+    pub async fn close(&self) {
+        let _ = self.out.send(Message::Close(None)).await;
+    }
+
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
     }

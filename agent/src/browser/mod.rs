@@ -4,5 +4,6 @@
 
 pub mod cdp;
 pub mod client;
+pub mod login;
 pub mod relay;
 pub mod toolset;

@@ -84,10 +84,20 @@ impl Mcp {
         let service = StreamableHttpService::new(
             // A session opened while the sandbox lets the agent ask for a person lists
             // `request_human_control`; others do not have it at all.
+            // One whose run enables login sites lists `login` (naming them) too.
             move || {
-                let table = match agent.control.view().requests_enabled {
+                let view = agent.control.view();
+                let table = match view.requests_enabled {
                     true => asking.clone(),
                     false => tools.clone(),
+                };
+                let table = match view.logins.is_empty() {
+                    true => table,
+                    false => {
+                        let mut t = (*table).clone();
+                        t.add_route(toolset::login_route(&view.logins));
+                        Arc::new(t)
+                    }
                 };
                 Ok(BerthMcp::new(agent.clone(), table))
             },

@@ -446,6 +446,29 @@ pub fn request_route() -> ToolRoute<BerthMcp> {
     })
 }
 
+/// `login`: listed only in sessions opened while the run enables login sites. The controller
+/// answers its calls (it holds the sites' values) when the agent is reached through the
+/// sandbox's MCP URL; reached directly, the agent says so.
+pub fn login_route(sites: &[String]) -> ToolRoute<BerthMcp> {
+    let t = tool(
+        berth_protocol::login::TOOL.into(),
+        berth_protocol::login::tool_description(sites),
+        json!({"site": {"type": "string", "enum": sites,
+                        "description": "The site's name."}}),
+        &["site"],
+    );
+    ToolRoute::new_dyn(t, |_ctx: ToolCallContext<'_, BerthMcp>| {
+        Box::pin(async move {
+            Ok(CallToolResponse::Complete(CallToolResult::error(vec![
+                ContentBlock::text(
+                    "login runs through the controller: call it through the sandbox's MCP URL \
+                     on the controller (…/sandbox/sandboxes/v1/{id}/mcp)",
+                ),
+            ])))
+        })
+    })
+}
+
 /// A `tool_result` as an MCP answer.
 pub fn to_mcp(result: &Value) -> CallToolResult {
     let blocks: Vec<ContentBlock> = match &result["content"] {

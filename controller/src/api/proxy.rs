@@ -181,6 +181,8 @@ fn controls_push(method: &Method, path: &str) -> bool {
         ("PUT" | "DELETE", n::CONTROL)
             | ("PUT", n::CONTROL_SETTINGS)
             | ("POST", n::CONTROL_DECLINE)
+            | ("POST", n::BROWSER_LOGIN)
+            | ("POST", n::BROWSER_FORGET)
     )
 }
 
@@ -202,6 +204,14 @@ async fn mcp(State(s): State<ApiState>, Path(p): Params, req: Request) -> Result
         .map(|q| format!("?{q}"))
         .unwrap_or_default();
     let path = format!("{}{query}", berth_protocol::routes::native::MCP);
+    // The `login` tool is the controller's: a call to it is answered here, with the site's
+    // values handed to the agent on the controller's own route; every other message goes on.
+    let req = match login_call(req).await? {
+        LoginCall::Login { rpc_id, site } => {
+            return Ok(login_answer(&s, &id, rpc_id, &site).await);
+        }
+        LoginCall::Other(req) => req,
+    };
     let location = (
         berth_protocol::routes::native::MCP.to_string(),
         format!("{}mcp", sandbox_base(&id)),
@@ -218,6 +228,90 @@ async fn mcp(State(s): State<ApiState>, Path(p): Params, req: Request) -> Result
         )))
     })??;
     Ok(relayed.map(|body| idle_bounded(body, MCP_IDLE)))
+}
+
+/// The most bytes of an MCP message looked into for a `login` call (a longer message is
+/// relayed as it is: a login call is a few dozen bytes).
+const LOGIN_CALL_MAX: usize = 64 << 10;
+
+enum LoginCall {
+    Login {
+        rpc_id: serde_json::Value,
+        site: String,
+    },
+    Other(Request),
+}
+
+/// Whether `req` is a JSON-RPC `tools/call` of `login` (its id and site), else the request
+/// as it came.
+async fn login_call(req: Request) -> Result<LoginCall> {
+    let small = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+        .is_some_and(|n| n <= LOGIN_CALL_MAX);
+    if req.method() != Method::POST || !small {
+        return Ok(LoginCall::Other(req));
+    }
+    let (parts, body) = req.into_parts();
+    let bytes = axum::body::to_bytes(body, LOGIN_CALL_MAX)
+        .await
+        .map_err(|e| ApiError(Error::BadRequest(format!("reading the MCP message: {e}"))))?;
+    if let Some((rpc_id, site)) = parse_login_call(&bytes) {
+        return Ok(LoginCall::Login { rpc_id, site });
+    }
+    Ok(LoginCall::Other(Request::from_parts(
+        parts,
+        Body::from(bytes),
+    )))
+}
+
+/// A JSON-RPC message's id and `arguments.site` when it calls the `login` tool (pure).
+pub fn parse_login_call(bytes: &[u8]) -> Option<(serde_json::Value, String)> {
+    let v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    if v["method"] != "tools/call" || v["params"]["name"] != berth_protocol::login::TOOL {
+        return None;
+    }
+    let site = v["params"]["arguments"]["site"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    Some((
+        v.get("id").cloned().unwrap_or(serde_json::Value::Null),
+        site,
+    ))
+}
+
+/// The `login` tool's JSON-RPC answer: the outcome's phrase, the answer as structured
+/// content; a refusal is a tool error with the REST error body.
+async fn login_answer(s: &ApiState, id: &str, rpc_id: serde_json::Value, site: &str) -> Response {
+    let c = s.c.clone();
+    let (sandbox, name) = (id.to_string(), site.to_string());
+    let done = tokio::spawn(async move { crate::login::login(&c.ctx, &sandbox, &name).await })
+        .await
+        .unwrap_or_else(|e| Err(Error::Internal(format!("the login's task: {e}"))));
+    let result = match done {
+        Ok(a) => serde_json::json!({
+            "content": [{"type": "text", "text": a.message}],
+            "structuredContent": a,
+            "isError": !a.signed_in,
+        }),
+        Err(e) => {
+            let body = berth_protocol::ErrorBody::new(e.code(), e.to_string());
+            serde_json::json!({
+                "content": [{"type": "text", "text": e.to_string()}],
+                "structuredContent": body,
+                "isError": true,
+            })
+        }
+    };
+    let msg = serde_json::json!({"jsonrpc": "2.0", "id": rpc_id, "result": result});
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        msg.to_string(),
+    )
+        .into_response()
 }
 
 /// `body`, failing (which ends the answer) once it has delivered nothing for `idle`.

@@ -56,6 +56,12 @@ pub fn keyed() -> Routes<ApiState> {
         .bind(&op::SANDBOX_EPISODE, episode)
         .bind(&op::GITHUB_REPOSITORIES, github_repositories)
         .bind(&op::SANDBOX_GITHUB_CLONE, github_clone)
+        .bind(&op::SANDBOX_GITHUB_PULLS, github_pulls)
+        .bind(&op::SANDBOX_GITHUB_PULL, github_pull)
+        .bind(&op::SANDBOX_GITHUB_ISSUES, github_issues)
+        .bind(&op::SANDBOX_GITHUB_ISSUE, github_issue)
+        .bind(&op::SANDBOX_LOGIN_SITES, login_sites)
+        .bind(&op::SANDBOX_LOGIN, login)
         .bind(&op::ARTIFACT_GET, get_artifact)
         .bind(&op::ARTIFACT_DELETE, delete_artifact)
         .merge(super::proxy::keyed_proxies())
@@ -170,6 +176,73 @@ async fn github_clone(
             .await
             .map_err(|e| Error::Internal(format!("the clone's task: {e}")))??;
     Ok(axum::Json(cloned).into_response())
+}
+
+async fn github_pulls(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    Query(q): Query<berth_protocol::controller::GithubListQuery>,
+) -> Result<Response> {
+    Ok(axum::Json(s.c.github()?.pulls(&s.c.ctx, &id, &q).await?).into_response())
+}
+
+async fn github_issues(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    Query(q): Query<berth_protocol::controller::GithubListQuery>,
+) -> Result<Response> {
+    Ok(axum::Json(s.c.github()?.issues(&s.c.ctx, &id, &q).await?).into_response())
+}
+
+/// A pull request's or issue's number from its path.
+fn number(n: &str) -> std::result::Result<u64, Error> {
+    n.parse::<u64>()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| Error::BadRequest(format!("{n:?} is not a pull request or issue number")))
+}
+
+async fn github_pull(
+    State(s): State<ApiState>,
+    Path((id, n)): Path<(String, String)>,
+    Query(q): Query<berth_protocol::controller::GithubItemQuery>,
+) -> Result<Response> {
+    let n = number(&n)?;
+    let pull =
+        s.c.github()?
+            .pull(&s.c.ctx, &s.c.artifacts, &id, &q.repository, n)
+            .await?;
+    Ok(axum::Json(pull).into_response())
+}
+
+async fn github_issue(
+    State(s): State<ApiState>,
+    Path((id, n)): Path<(String, String)>,
+    Query(q): Query<berth_protocol::controller::GithubItemQuery>,
+) -> Result<Response> {
+    let n = number(&n)?;
+    let issue =
+        s.c.github()?
+            .issue(&s.c.ctx, &s.c.artifacts, &id, &q.repository, n)
+            .await?;
+    Ok(axum::Json(issue).into_response())
+}
+
+async fn login_sites(State(s): State<ApiState>, Path(id): Path<String>) -> Result<Response> {
+    Ok(axum::Json(crate::login::sites(&s.c.ctx, &id)?).into_response())
+}
+
+async fn login(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    Json(body): Json<berth_protocol::login::LoginRequest>,
+) -> Result<Response> {
+    let c = s.c.clone();
+    // Its own task: a client that leaves does not stop a login halfway (its use is counted).
+    let answer = tokio::spawn(async move { crate::login::login(&c.ctx, &id, &body.site).await })
+        .await
+        .map_err(|e| Error::Internal(format!("the login's task: {e}")))??;
+    Ok(axum::Json(answer).into_response())
 }
 
 async fn run(

@@ -663,6 +663,7 @@ async fn sandbox(c: SandboxCmd) -> anyhow::Result<i32> {
                 egress,
                 credentials,
                 human_control: None,
+                logins: Vec::new(),
             };
             create_sandbox(&request, &remote).await?;
         }
@@ -807,6 +808,7 @@ async fn lease(c: LeaseCmd) -> anyhow::Result<i32> {
                     screen: None,
                     egress: None,
                     human_control: None,
+                    logins: Vec::new(),
                 })
                 .await?;
             match remote.json {

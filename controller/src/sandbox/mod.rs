@@ -85,6 +85,8 @@ pub struct Request {
     pub credentials: Vec<berth_protocol::controller::SandboxCredential>,
     /// Its agent may ask for a person (`request_human_control`).
     pub human_control: bool,
+    /// The `[[login]]` sites its run enables.
+    pub logins: Vec<String>,
 }
 
 /// The domain's request for a create body (the REST route's and the MCP tool's).
@@ -99,6 +101,7 @@ impl From<berth_protocol::controller::CreateSandbox> for Request {
             egress: body.egress,
             credentials: body.credentials,
             human_control: body.human_control.unwrap_or(false),
+            logins: body.logins,
         }
     }
 }
@@ -180,32 +183,38 @@ impl Sandboxes {
         started: Instant,
     ) -> Result<(SandboxRow, bool)> {
         validate_labels(&req.labels)?;
+        self.ctx.logins.check(&req.logins)?;
         let req = &self.checked(req)?;
         let image = self.resolve(&req.profile, req.image_ref.as_deref())?;
         let egress = req.egress.clone().unwrap_or_default();
         let key = self.warm_key(&req.profile, &image, &egress);
         if let Some(row) = self.claim_warm(&key, req).await? {
             let row = self.keep_credentials(row, &req.credentials)?;
-            self.keep_human_control(&row, req).await?;
+            self.start_run(&row, req).await?;
             self.ctx.metrics.claim("warm", started.elapsed());
             return Ok((row, true));
         }
         let row = self.start_cold(req, &image).await?;
         let row = self.keep_credentials(row, &req.credentials)?;
-        self.keep_human_control(&row, req).await?;
+        self.start_run(&row, req).await?;
         Ok((row, false))
     }
 
-    /// Records that the sandbox's agent may ask for a person and tells a running agent so
-    /// (one still starting is told at readiness).
-    pub async fn keep_human_control(&self, row: &SandboxRow, req: &Request) -> Result<()> {
+    /// Starts a run on the sandbox: records whether its agent may ask for a person and which
+    /// login sites the run enables (the last run's sites forgotten in its browser), and tells
+    /// a running agent so (one still starting is told at readiness). The run's id.
+    pub async fn start_run(&self, row: &SandboxRow, req: &Request) -> Result<String> {
+        let had = crate::control::had_settings(&self.ctx, &row.id);
         if req.human_control {
             self.ctx.store.set_requests_enabled(&row.id, true)?;
-            if row.status == SandboxStatus::Running {
-                crate::control::claim_and_push(&self.ctx, row).await;
-            }
         }
-        Ok(())
+        let run = crate::login::start_run(&self.ctx, row, &req.logins).await?;
+        if row.status == SandboxStatus::Running
+            && (had || req.human_control || !req.logins.is_empty())
+        {
+            crate::control::claim_and_push(&self.ctx, row, had).await;
+        }
+        Ok(run)
     }
 
     /// `req` with its screen checked and written `WxH`, and its egress policy checked (the
@@ -603,7 +612,7 @@ impl Sandboxes {
             self.fail_and_destroy(id, &reason).await;
             return Err(Error::Unavailable(format!("sandbox {id} failed: {reason}")));
         }
-        crate::control::claim_and_push(&self.ctx, row).await;
+        crate::control::claim_and_push(&self.ctx, row, false).await;
         let now = now_ms();
         // Its TTL counts from now: the time it took to start is not taken from it.
         if let Some(expires_at) = row.expires_at {

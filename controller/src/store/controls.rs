@@ -4,6 +4,7 @@
 
 use berth_protocol::control::Holder;
 use rusqlite::{OptionalExtension, Row, params};
+use serde::{Deserialize, Serialize};
 
 use super::{Result, Store};
 
@@ -25,6 +26,15 @@ pub struct HeldRow {
     pub holder_sha256: String,
     pub taken_at: i64,
     pub expires_at: i64,
+}
+
+/// A sandbox's run as far as logins go: the sites it enables and how often it used each.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunLogins {
+    pub run: String,
+    pub enabled: Vec<String>,
+    #[serde(default)]
+    pub uses: std::collections::BTreeMap<String, u32>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -82,6 +92,70 @@ impl Store {
             )
         })?;
         Ok(())
+    }
+
+    /// The sandbox's run as far as logins go (an empty one when none was recorded).
+    pub fn run_logins(&self, sandbox_id: &str) -> Result<RunLogins> {
+        let text: Option<String> = self
+            .with(|c| {
+                c.query_row(
+                    "SELECT logins FROM controls WHERE sandbox_id = ?1",
+                    [sandbox_id],
+                    |r| r.get(0),
+                )
+                .optional()
+            })?
+            .flatten();
+        Ok(text
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default())
+    }
+
+    pub fn set_run_logins(&self, sandbox_id: &str, r: &RunLogins) -> Result<()> {
+        let text = serde_json::to_string(r).unwrap_or_default();
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO controls (sandbox_id, logins) VALUES (?1, ?2)
+                 ON CONFLICT (sandbox_id) DO UPDATE SET logins = ?2",
+                params![sandbox_id, text],
+            )
+        })?;
+        Ok(())
+    }
+
+    /// Counts a use of login site `site` in the sandbox's run when it has used it fewer than
+    /// `max` times: the run and this use's number, or `None` at the limit.
+    pub fn count_login(
+        &self,
+        sandbox_id: &str,
+        site: &str,
+        max: u32,
+    ) -> Result<Option<(String, u32)>> {
+        self.with(|c| {
+            let tx = c.unchecked_transaction()?;
+            let text: Option<String> = tx
+                .query_row(
+                    "SELECT logins FROM controls WHERE sandbox_id = ?1",
+                    [sandbox_id],
+                    |r| r.get(0),
+                )
+                .optional()?
+                .flatten();
+            let mut r: RunLogins = text
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or_default();
+            let n = r.uses.get(site).copied().unwrap_or(0);
+            if n >= max {
+                return Ok(None);
+            }
+            r.uses.insert(site.to_string(), n + 1);
+            tx.execute(
+                "UPDATE controls SET logins = ?2 WHERE sandbox_id = ?1",
+                params![sandbox_id, serde_json::to_string(&r).unwrap_or_default()],
+            )?;
+            tx.commit()?;
+            Ok(Some((r.run, n + 1)))
+        })
     }
 
     /// Takes the lease when nobody holds it (or it ended before `now`), or renews it for the

@@ -25,7 +25,7 @@ mod viewers;
 mod workpieces;
 
 pub use artifacts::{ArtifactKind, ArtifactRow};
-pub use controls::{ControlRow, HeldRow};
+pub use controls::{ControlRow, HeldRow, RunLogins};
 pub use leases::LeaseRow;
 pub use runs::{RunRow, StreamSpan};
 pub use sandboxes::{SandboxRow, SandboxUpdate};
@@ -175,6 +175,7 @@ impl Store {
             ("runs", "output_artifact", "TEXT"),
             ("runs", "output_streams", "TEXT"),
             ("runs", "output_preview", "TEXT"),
+            ("controls", "logins", "TEXT"),
         ] {
             add_column(&conn, table, column, ddl)?;
         }

@@ -190,6 +190,128 @@ pub const SANDBOX_GITHUB_CLONE: Operation = keyed(Operation::post(
     Answer::json("502", "git clone failed (its output in the error)", ERROR),
 ]);
 
+const REPOSITORY: Param = Param::required(
+    "repository",
+    string,
+    "owner/name: a repository cloned into this sandbox",
+);
+const GITHUB_LIST: &[Param] = &[
+    REPOSITORY,
+    Param::query(
+        "state",
+        |_| json!({"type": "string", "enum": ["open", "closed", "all"]}),
+        "default open",
+    ),
+    Param::query("page", int, "from 1"),
+    Param::query("per_page", int, "1-100, default 30"),
+];
+const GITHUB_REFUSED: Answer = Answer::json(
+    "403",
+    "the repository was not cloned into this sandbox (github_repository_not_cloned)",
+    ERROR,
+);
+const GITHUB_ABSENT: Answer = Answer::json(
+    "404",
+    "no `[egress.github]` in the config, or no such pull request or issue",
+    ERROR,
+);
+const GITHUB_FAILED: Answer = Answer::json("502", "GitHub failed or refused the token", ERROR);
+
+pub const SANDBOX_GITHUB_PULLS: Operation = keyed(Operation::get(
+    path::SANDBOX_GITHUB_PULLS,
+    "github_pull_requests",
+    "the pull requests of a repository cloned into the sandbox (a page of them), read by the \
+     controller with its token",
+))
+.query(GITHUB_LIST)
+.answers(&[
+    Answer::json("200", "a page of pull requests", schema::<GithubPullList>),
+    Answer::json("400", "not owner/name, or a bad state or page", ERROR),
+    GITHUB_REFUSED,
+    GITHUB_ABSENT,
+    GITHUB_FAILED,
+]);
+
+pub const SANDBOX_GITHUB_PULL: Operation = keyed(Operation::get(
+    path::SANDBOX_GITHUB_PULL,
+    "github_pull_request",
+    "one pull request of a repository cloned into the sandbox: its description, diff, files, \
+     reviews and review comments (a large text as an artifact with a preview)",
+))
+.query(&[REPOSITORY])
+.answers(&[
+    Answer::json("200", "the pull request", schema::<GithubPull>),
+    Answer::json("400", "not owner/name, or not a number", ERROR),
+    GITHUB_REFUSED,
+    GITHUB_ABSENT,
+    GITHUB_FAILED,
+]);
+
+pub const SANDBOX_GITHUB_ISSUES: Operation = keyed(Operation::get(
+    path::SANDBOX_GITHUB_ISSUES,
+    "github_issues",
+    "the issues of a repository cloned into the sandbox (a page of them; GitHub lists pull \
+     requests among them, marked)",
+))
+.query(GITHUB_LIST)
+.answers(&[
+    Answer::json("200", "a page of issues", schema::<GithubIssueList>),
+    Answer::json("400", "not owner/name, or a bad state or page", ERROR),
+    GITHUB_REFUSED,
+    GITHUB_ABSENT,
+    GITHUB_FAILED,
+]);
+
+pub const SANDBOX_GITHUB_ISSUE: Operation = keyed(Operation::get(
+    path::SANDBOX_GITHUB_ISSUE,
+    "github_issue",
+    "one issue of a repository cloned into the sandbox, with its comments",
+))
+.query(&[REPOSITORY])
+.answers(&[
+    Answer::json("200", "the issue", schema::<GithubIssue>),
+    Answer::json("400", "not owner/name, or not a number", ERROR),
+    GITHUB_REFUSED,
+    GITHUB_ABSENT,
+    GITHUB_FAILED,
+]);
+
+pub const SANDBOX_LOGIN_SITES: Operation = keyed(Operation::get(
+    path::SANDBOX_LOGIN,
+    "login_sites",
+    "the `[[login]]` sites the sandbox's run may sign its browser in to (names, hosts, uses)",
+))
+.answers(&[Answer::json(
+    "200",
+    "the sites",
+    schema::<crate::login::LoginSites>,
+)]);
+
+pub const SANDBOX_LOGIN: Operation = keyed(Operation::post(
+    path::SANDBOX_LOGIN,
+    "login",
+    "sign the sandbox's browser in to an enabled site: the controller hands the agent the \
+     values, which never reach the caller; the answer is a fixed phrase",
+))
+.body(Body::json(schema::<crate::login::LoginRequest>))
+.answers(&[
+    Answer::json(
+        "200",
+        "signed in, or why not",
+        schema::<crate::login::LoginAnswer>,
+    ),
+    Answer::json(
+        "403",
+        "the run does not enable the site (login_not_enabled), its host is not on the \
+         egress allow list (login_host_refused), or the run used it max_uses times \
+         (login_limit)",
+        ERROR,
+    ),
+    Answer::json("404", "no such site in the config", ERROR),
+    NOT_RUNNING,
+    Answer::json("502", "the agent failed", ERROR),
+]);
+
 pub const SANDBOX_EPISODE: Operation = keyed(Operation::get(
     path::SANDBOX_EPISODE,
     "sandbox_episode",
@@ -809,6 +931,12 @@ pub const ALL: &[&Operation] = &[
     &SANDBOX_EPISODE,
     &GITHUB_REPOSITORIES,
     &SANDBOX_GITHUB_CLONE,
+    &SANDBOX_GITHUB_PULLS,
+    &SANDBOX_GITHUB_PULL,
+    &SANDBOX_GITHUB_ISSUES,
+    &SANDBOX_GITHUB_ISSUE,
+    &SANDBOX_LOGIN_SITES,
+    &SANDBOX_LOGIN,
     &WORKPIECE_LIST,
     &WORKPIECE_CREATE,
     &WORKPIECE_GET,

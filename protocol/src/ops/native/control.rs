@@ -8,6 +8,7 @@ use super::v1;
 use crate::control::{
     AgentControl, ControlGrant, ControlKey, ControlSettings, HumanRequest, HumanRequestAnswer,
 };
+use crate::login::{BrowserForget, BrowserForgotten, BrowserLogin, BrowserLoginResult};
 use crate::routes::native as path;
 use crate::workspace::{BrowserTabs, FileDiff, GitRepos};
 
@@ -105,6 +106,31 @@ pub const CONTROL_KEY_PUT: Operation = v1(Operation::put(
 .answers(&[
     Answer::json("200", "the key holds", schema::<AgentControl>),
     Answer::json("409", "another key holds", ERROR),
+]);
+
+pub const BROWSER_LOGIN: Operation = v1(Operation::post(
+    path::BROWSER_LOGIN,
+    "browser_login",
+    "sign the desktop's browser in to a site (the controller's login tool; its key only): the \
+     form filled over CDP, the password only into a masked field, the answer a fixed phrase",
+))
+.body(Body::json(schema::<BrowserLogin>))
+.answers(&[
+    Answer::json("200", "how it went", schema::<BrowserLoginResult>),
+    Answer::json("400", "a bad URL, value or bound", ERROR),
+    Answer::json("403", "without the controller's key", ERROR),
+]);
+
+pub const BROWSER_FORGET: Operation = v1(Operation::post(
+    path::BROWSER_FORGET,
+    "browser_forget",
+    "the browser's cookies and storage of these hosts cleared (the controller's key only)",
+))
+.body(Body::json(schema::<BrowserForget>))
+.answers(&[
+    Answer::json("200", "cleared", schema::<BrowserForgotten>),
+    Answer::json("403", "without the controller's key", ERROR),
+    Answer::json("503", "no browser", ERROR),
 ]);
 
 pub const BROWSER_TABS: Operation = v1(Operation::get(

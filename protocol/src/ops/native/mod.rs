@@ -479,6 +479,8 @@ pub const ALL: &[&Operation] = &[
     &CONTROL_REQUEST,
     &CONTROL_DECLINE,
     &CONTROL_KEY_PUT,
+    &BROWSER_LOGIN,
+    &BROWSER_FORGET,
     &EVENTS,
     &SHUTDOWN,
     &PREVIEW,
