@@ -16,7 +16,12 @@ Usage:
       session-less connection there runs `exec` too; the first session deletes the sandbox.
   client.py github URL KEY SANDBOX REPOSITORY PATH
       The GitHub tools: lists the tools, calls `github_repositories`, then
-      `github_clone_repository` of REPOSITORY into SANDBOX at PATH.
+      `github_clone_repository` of REPOSITORY into SANDBOX at PATH; then the reads bound to
+      the sandbox: `github_pull_requests` and `github_issues` of REPOSITORY, `github_issue` 2,
+      and `github_pull_requests` of OTHER (not cloned: refused).
+  client.py login SANDBOX_MCP_URL KEY SITE [SITE…]
+      The sandbox's own MCP server, as an engine's session would list it: its tools (with the
+      `login` tool's input schema), then a `login` call for each SITE.
 
 Every request carries the X-Api-Key header. Prints one JSON object with what it saw; the Rust
 test (tests/tests/mcp_controller.rs) asserts on it.
@@ -167,11 +172,13 @@ async def engine(url: str, http: httpx2.AsyncClient, profile: str, screen: str, 
     return out
 
 
-async def github(url: str, http: httpx2.AsyncClient, sid: str, repo: str, path: str) -> dict:
+async def github(
+    url: str, http: httpx2.AsyncClient, sid: str, repo: str, path: str, other: str
+) -> dict:
     async with streamable_http_client(url, http_client=http) as (read, write):
         async with ClientSession(read, write) as s:
             await s.initialize()
-            return {
+            out = {
                 "tools": sorted(t.name for t in (await s.list_tools()).tools),
                 "repositories": answer(await s.call_tool("github_repositories", {})),
                 "clone": answer(
@@ -180,6 +187,31 @@ async def github(url: str, http: httpx2.AsyncClient, sid: str, repo: str, path: 
                     )
                 ),
             }
+            out["pulls"] = answer(
+                await s.call_tool("github_pull_requests", {"id": sid, "repository": repo})
+            )
+            out["issues"] = answer(
+                await s.call_tool("github_issues", {"id": sid, "repository": repo, "state": "all"})
+            )
+            out["issue"] = answer(
+                await s.call_tool("github_issue", {"id": sid, "repository": repo, "number": 2})
+            )
+            out["other"] = answer(
+                await s.call_tool("github_pull_requests", {"id": sid, "repository": other})
+            )
+            return out
+
+
+async def login(url: str, http: httpx2.AsyncClient, sites: list) -> dict:
+    async with streamable_http_client(url, http_client=http) as (read, write):
+        async with ClientSession(read, write) as s:
+            await s.initialize()
+            listed = tools_of(await s.list_tools())
+            out = {"tools": sorted(listed), "login": listed.get("login")}
+            out["calls"] = [
+                answer(await s.call_tool("login", {"site": site})) for site in sites
+            ]
+            return out
 
 
 async def main() -> None:
@@ -194,7 +226,9 @@ async def main() -> None:
             x, y = int(sys.argv[6]), int(sys.argv[7])
             result = await engine(url, http, sys.argv[4], sys.argv[5], x, y)
         elif mode == "github":
-            result = await github(url, http, sys.argv[4], sys.argv[5], sys.argv[6])
+            result = await github(url, http, sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7])
+        elif mode == "login":
+            result = await login(url, http, sys.argv[4:])
         else:
             raise SystemExit(f"unknown mode {mode!r}")
     print(json.dumps(result))

@@ -180,6 +180,31 @@ BASIC = "Basic " + base64.b64encode(("x-access-token:" + TOKEN).encode()).decode
 REPOS = [{"full_name": "acme/private-repo", "private": True, "default_branch": "main",
           "description": "the test's private repository"},
          {"full_name": "acme/other", "private": True, "default_branch": "main"}]
+PULL = {"number": 1, "title": "A pull request", "state": "open", "user": {"login": "octo"},
+        "head": {"ref": "feature", "sha": "abc123"}, "base": {"ref": "main"}, "draft": False,
+        "body": "Fixes #2.\n\nThe description of the pull request.",
+        "created_at": "2026-12-01T00:00:00Z", "updated_at": "2026-12-02T00:00:00Z",
+        "html_url": "https://git.test/acme/private-repo/pull/1"}
+ISSUE = {"number": 2, "title": "A bug", "state": "open", "user": {"login": "octo"},
+         "labels": [{"name": "bug"}], "comments": 1, "body": "It breaks when run twice.",
+         "created_at": "2026-11-30T00:00:00Z", "updated_at": "2026-12-01T00:00:00Z"}
+# A diff larger than a read answers inline: 30000 added lines.
+DIFF = ("diff --git a/big.txt b/big.txt\nnew file mode 100644\n--- /dev/null\n+++ b/big.txt\n"
+        "@@ -0,0 +1,30000 @@\n" + "".join("+line %d\n" % i for i in range(1, 30001)))
+API = {
+    "pulls": [PULL, dict(PULL, number=3, title="Another pull request", state="open")],
+    "pulls/1": PULL,
+    "pulls/1/files": [{"filename": "big.txt", "status": "added", "additions": 30000, "deletions": 0}],
+    "pulls/1/reviews": [{"id": 11, "user": {"login": "reviewer"}, "state": "APPROVED",
+                         "body": "Looks good.", "submitted_at": "2026-12-02T10:00:00Z"}],
+    "pulls/1/comments": [{"id": 12, "user": {"login": "reviewer"}, "body": "Nit: a newline.",
+                          "path": "big.txt", "line": 3, "created_at": "2026-12-02T10:01:00Z"}],
+    "issues": [ISSUE, {"number": 1, "title": "A pull request", "state": "open",
+                       "pull_request": {"url": "x"}}],
+    "issues/2": ISSUE,
+    "issues/2/comments": [{"id": 21, "user": {"login": "octo"}, "body": "I can reproduce it.",
+                           "created_at": "2026-12-01T01:00:00Z"}],
+}
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def log_message(self, *a):
@@ -219,8 +244,17 @@ class H(http.server.BaseHTTPRequestHandler):
             if path == "/api/v3/user/repos":
                 page = "page=1" in query.split("&") or "page" not in query
                 return self.reply(200, json.dumps(REPOS if page else []), "application/json")
-            if path.startswith("/api/v3/repos/acme/") and path.endswith("/pulls"):
-                return self.reply(200, json.dumps([{"number": 1, "title": "A pull request"}]), "application/json")
+            rest = path[len("/api/v3/repos/acme/"):] if path.startswith("/api/v3/repos/acme/") else ""
+            repo, _, sub = rest.partition("/")
+            if repo in ("private-repo", "other") and sub in API:
+                body = API[sub]
+                if sub == "pulls/1" and "diff" in self.headers.get("Accept", ""):
+                    return self.reply(200, DIFF, "text/x-diff")
+                extra = []
+                if sub == "pulls" and "per_page=1" in query.split("&") and "page=2" not in query.split("&"):
+                    body = body[:1]
+                    extra = [("Link", '<https://git.test%s?page=2>; rel="next"' % path)]
+                return self.reply(200, json.dumps(body), "application/json", extra)
             return self.reply(404, json.dumps({"message": "Not Found"}), "application/json")
         if auth != BASIC:
             return self.reply(401, "token wanted\n", extra=[("WWW-Authenticate", 'Basic realm="git"')])

@@ -13,7 +13,9 @@
 
 use std::time::Duration;
 
-use berth_protocol::controller::{ControllerClient, CreateSandbox, GithubClone, SandboxCredential};
+use berth_protocol::controller::{
+    ControllerClient, CreateSandbox, GithubClone, GithubListQuery, SandboxCredential,
+};
 use berth_protocol::egress::{Egress, EgressRules};
 use berth_tests::controller::{ControllerProcess, shell};
 use berth_tests::egress::{GitHost, docker, scan_processes};
@@ -157,7 +159,7 @@ async fn credentials_are_added_at_the_edge_and_never_enter_the_sandbox() {
             &url,
             berth_tests::controller::API_KEY,
         ])
-        .args([id.as_str(), "acme/private-repo", "via-mcp"])
+        .args([id.as_str(), "acme/private-repo", "via-mcp", "acme/other"])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -176,6 +178,36 @@ async fn credentials_are_added_at_the_edge_and_never_enter_the_sandbox() {
     assert_eq!(v["clone"]["structured"]["path"], "via-mcp", "{v}");
     let (code, _) = sh(&cl, &id, "test -f via-mcp/README.md", &mut answers).await;
     assert_eq!(code, Some(0));
+    // The reads bound to the sandbox, over MCP: the cloned repository's, another refused.
+    assert!(
+        [
+            "github_pull_requests",
+            "github_pull_request",
+            "github_issues",
+            "github_issue"
+        ]
+        .iter()
+        .all(|t| tools.iter().any(|x| x == t)),
+        "{v}"
+    );
+    assert_eq!(
+        v["pulls"]["structured"]["pulls"][0]["title"],
+        "A pull request"
+    );
+    assert_eq!(
+        v["issues"]["structured"]["issues"][1]["is_pull_request"],
+        true
+    );
+    assert_eq!(
+        v["issue"]["structured"]["comment_list"][0]["body"]["text"],
+        "I can reproduce it."
+    );
+    assert_eq!(v["other"]["is_error"], true, "{v}");
+    assert_eq!(
+        v["other"]["structured"]["error"]["code"], "github_repository_not_cloned",
+        "{v}"
+    );
+    github_reads(&cl, &id, &mut answers).await;
 
     // A push and a pull-request read of that repository carry the token; another
     // repository's requests do not.
@@ -339,6 +371,135 @@ async fn credentials_are_added_at_the_edge_and_never_enter_the_sandbox() {
     }
     cl.delete(&id).await.unwrap();
     cl.delete(&mine.id).await.unwrap();
+}
+
+/// Pull requests and issues of the repository cloned into sandbox `id`, through the REST
+/// routes: a page, a pull request whose diff is too large to answer inline (an artifact and a
+/// preview), an issue with its comments; another repository and bad input refused.
+async fn github_reads(cl: &ControllerClient, id: &str, answers: &mut String) {
+    let repo = "acme/private-repo";
+    let q = GithubListQuery {
+        repository: repo.into(),
+        ..Default::default()
+    };
+    let pulls = cl.github_pulls(id, &q).await.unwrap();
+    answers.push_str(&serde_json::to_string(&pulls).unwrap());
+    let numbers: Vec<u64> = pulls.pulls.iter().map(|p| p.number).collect();
+    assert_eq!(numbers, [1, 3]);
+    let one = GithubListQuery {
+        per_page: Some(1),
+        ..q.clone()
+    };
+    let page = cl.github_pulls(id, &one).await.unwrap();
+    assert_eq!((page.pulls.len(), page.next_page), (1, Some(2)));
+    let pr = cl.github_pull(id, repo, 1).await.unwrap();
+    answers.push_str(&serde_json::to_string(&pr).unwrap());
+    assert_eq!(
+        (pr.summary.head.as_deref(), pr.summary.base.as_deref()),
+        (Some("feature"), Some("main"))
+    );
+    assert!(pr.body.text.as_deref().unwrap().starts_with("Fixes #2."));
+    assert_eq!(pr.files[0].additions, 30000);
+    assert_eq!(pr.reviews[0].state.as_deref(), Some("APPROVED"));
+    assert_eq!(
+        (
+            pr.review_comments[0].path.as_deref(),
+            pr.review_comments[0].line
+        ),
+        (Some("big.txt"), Some(3))
+    );
+    // The diff: a preview and the artifact holding it whole.
+    assert!(pr.diff.text.is_none(), "a large diff inline");
+    let preview = pr.diff.preview.as_ref().unwrap();
+    assert!(preview.head.starts_with("diff --git a/big.txt b/big.txt"));
+    assert!(preview.tail.ends_with("+line 30000\n"), "{}", preview.tail);
+    let href = pr.diff.href.clone().unwrap();
+    let whole = cl
+        .request(reqwest::Method::GET, &href)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    println!(
+        "diff: {} bytes as artifact {}, preview {}+{} bytes",
+        whole.len(),
+        pr.diff.artifact_id.as_deref().unwrap(),
+        preview.head.len(),
+        preview.tail.len()
+    );
+    assert_eq!(whole.len() as u64, preview.bytes);
+    assert_eq!(whole.lines().count(), 30005);
+    assert!(whole.ends_with("+line 30000\n"));
+    // Read again at the same head: the same artifact.
+    let again = cl.github_pull(id, repo, 1).await.unwrap();
+    assert_eq!(again.diff.artifact_id, pr.diff.artifact_id);
+    let issues = cl
+        .github_issues(
+            id,
+            &GithubListQuery {
+                state: Some("all".into()),
+                ..q.clone()
+            },
+        )
+        .await
+        .unwrap();
+    let kinds: Vec<(u64, bool)> = issues
+        .issues
+        .iter()
+        .map(|i| (i.number, i.is_pull_request))
+        .collect();
+    assert_eq!(kinds, [(2, false), (1, true)]);
+    let issue = cl.github_issue(id, repo, 2).await.unwrap();
+    answers.push_str(&serde_json::to_string(&issue).unwrap());
+    assert_eq!(issue.summary.labels, ["bug"]);
+    assert_eq!(
+        issue.comment_list[0].body.text.as_deref(),
+        Some("I can reproduce it.")
+    );
+    // Refused: a repository this sandbox did not clone (the token reads it), bad input, and a
+    // pull request GitHub does not have.
+    let other = GithubListQuery {
+        repository: "acme/other".into(),
+        ..Default::default()
+    };
+    let refused = |r: &str| {
+        let q = other.clone();
+        let r = r.to_string();
+        async move {
+            cl.request(reqwest::Method::GET, &r)
+                .query(&q)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let base = format!("/sandbox/sandboxes/v1/{id}/github");
+    for path in ["pulls", "issues", "pulls/1", "issues/2"] {
+        let resp = refused(&format!("{base}/{path}")).await;
+        let status = resp.status().as_u16();
+        let body: serde_json::Value = resp.json().await.unwrap();
+        println!("acme/other {path}: {status} {body}");
+        assert_eq!(status, 403, "{path}: {body}");
+        assert_eq!(body["error"]["code"], "github_repository_not_cloned");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("acme/private-repo"), "{message}");
+    }
+    for (path, query, want) in [
+        ("pulls", "repository=acme/private-repo&state=merged", 400),
+        ("pulls", "repository=acme/private-repo&per_page=500", 400),
+        ("pulls", "repository=../x", 400),
+        ("pulls/abc", "repository=acme/private-repo", 400),
+        ("pulls/99", "repository=acme/private-repo", 404),
+    ] {
+        let resp = cl
+            .request(reqwest::Method::GET, &format!("{base}/{path}?{query}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), want, "{path}?{query}");
+    }
 }
 
 #[tokio::test]
