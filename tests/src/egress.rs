@@ -546,3 +546,315 @@ pub fn scan_processes(
     }
     (hits, pids.len(), bytes)
 }
+
+/// The login test's sites, one HTTPS server on 443 telling them apart by `Host`:
+/// `login.test` (a form, then a session cookie and `/me` saying who is signed in),
+/// `totp.test` (the same with a one-time-code step: RFC 6238 over the seed it was given),
+/// `broken.test` (no form), `never.test` (a form that never signs anyone in),
+/// `unmasked.test` (a password field of `type="text"`) and `offlist.test`. Each login POST
+/// is counted per host at `GET /attempts`; no answer repeats a value it was sent.
+const LOGIN_SERVER: &str = r#"
+import base64, hashlib, hmac, http.server, json, secrets, ssl, struct, time, urllib.parse
+PW = open("/certs/password").read().strip()
+SEED = base64.b32decode(open("/certs/totp-seed").read().strip())
+USERS = {"login.test": "alice", "totp.test": "bob", "never.test": "carol",
+         "unmasked.test": "dan", "broken.test": "eve", "offlist.test": "frank"}
+sessions, pending, attempts = {}, {}, {}
+def totp(t):
+    h = hmac.new(SEED, struct.pack(">Q", int(t) // 30), hashlib.sha1).digest()
+    o = h[-1] & 15
+    return "%06d" % ((struct.unpack(">I", h[o:o + 4])[0] & 0x7fffffff) % 1000000)
+FORM = ('<!doctype html><html><head><title>Sign in</title></head><body><h1>Sign in to %s</h1>'
+        '<form method="post" action="/login"><p><label for="u">Email or user name</label> '
+        '<input id="u" name="user" autocomplete="username"></p><p><label for="p">Password</label> '
+        '<input id="p" name="pass" type="%s" autocomplete="current-password"></p>'
+        '<button type="submit">Sign in</button></form></body></html>')
+OTP = ('<!doctype html><html><head><title>Verify</title></head><body><h1>Two-step verification</h1>'
+       '<form method="post" action="/otp"><label for="c">Verification code</label> '
+       '<input id="c" name="otp" autocomplete="one-time-code" inputmode="numeric"> '
+       '<button type="submit">Verify</button></form></body></html>')
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a):
+        pass
+    def host(self):
+        return self.headers.get("Host", "").split(":")[0]
+    def cookie(self, name):
+        for part in self.headers.get("Cookie", "").split(";"):
+            k, _, v = part.strip().partition("=")
+            if k == name:
+                return v
+        return None
+    def send(self, code, body, headers=()):
+        b = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(b)))
+        self.send_header("Cache-Control", "no-store")
+        for k, v in headers:
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(b)
+    def go(self, to, cookie=None):
+        h = [("Location", to)]
+        if cookie:
+            h.append(("Set-Cookie", "%s=%s; Path=/; Secure; HttpOnly; SameSite=Lax" % cookie))
+        self.send(303, "", h)
+    def do_GET(self):
+        host, path = self.host(), self.path.split("?")[0]
+        if path == "/attempts":
+            return self.send(200, json.dumps(attempts))
+        if path == "/login":
+            if host == "broken.test":
+                return self.send(200, "<h1>Down for maintenance</h1><p>Come back later.</p>")
+            return self.send(200, FORM % (host, "text" if host == "unmasked.test" else "password"))
+        if path == "/otp" and host == "totp.test" and self.cookie("pending") in pending:
+            return self.send(200, OTP)
+        if path == "/me":
+            s = sessions.get(self.cookie("session"))
+            if s and s[0] == host:
+                return self.send(200, '<h1 id="who">Signed in as %s</h1>' % s[1])
+            return self.go("/login")
+        self.send(404, "not found")
+    def do_POST(self):
+        host, path = self.host(), self.path.split("?")[0]
+        n = int(self.headers.get("Content-Length") or 0)
+        form = {k: v[0] for k, v in urllib.parse.parse_qs(self.rfile.read(n).decode()).items()}
+        attempts[host + path] = attempts.get(host + path, 0) + 1
+        if path == "/login":
+            if form.get("user") == USERS.get(host) and form.get("pass") == PW and host != "never.test":
+                tok = secrets.token_hex(16)
+                if host == "totp.test":
+                    pending[tok] = (host, USERS[host])
+                    return self.go("/otp", ("pending", tok))
+                sessions[tok] = (host, USERS[host])
+                return self.go("/me", ("session", tok))
+            return self.send(200, '<p id="error">Not signed in.</p>' + FORM % (host, "password"))
+        if path == "/otp":
+            p = pending.pop(self.cookie("pending"), None)
+            now = time.time()
+            if p and form.get("otp") in (totp(now), totp(now - 30), totp(now + 30)):
+                tok = secrets.token_hex(16)
+                sessions[tok] = p
+                return self.go("/me", ("session", tok))
+            return self.send(200, '<p id="error">Wrong code.</p>')
+        self.send(404, "not found")
+# The certificate comes once the controller's CA exists (the test signs it with that CA).
+import os
+while not os.path.exists("/certs/ready"):
+    time.sleep(0.1)
+s = http.server.ThreadingHTTPServer(("0.0.0.0", 443), H)
+c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+c.load_cert_chain("/certs/site.pem", "/certs/site-key.pem")
+s.socket = c.wrap_socket(s.socket, server_side=True)
+s.serve_forever()
+"#;
+
+/// The login sites' names (their certificate's names, the config's `[egress.hosts]`).
+pub const LOGIN_HOSTS: [&str; 6] = [
+    "login.test",
+    "totp.test",
+    "broken.test",
+    "never.test",
+    "unmasked.test",
+    "offlist.test",
+];
+
+/// The login test's site container on a network of its own, with the
+/// password (`password_file`) and the TOTP seed (`seed_file`, base32) it checks logins with.
+pub struct LoginSite {
+    pub name: String,
+    pub network: String,
+    pub password: String,
+    pub seed: String,
+    pub password_file: std::path::PathBuf,
+    pub seed_file: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for LoginSite {
+    fn drop(&mut self) {
+        let _ = Command::new("docker")
+            .args(["rm", "-f", &self.name])
+            .output();
+        let _ = Command::new("docker")
+            .args(["network", "rm", &self.network])
+            .output();
+    }
+}
+
+/// A certificate for `names` (`site.pem`, `site-key.pem` in `dir`) signed by the CA whose
+/// certificate and key are `ca`, `ca_key`.
+fn certificate(
+    dir: &std::path::Path,
+    names: &[&str],
+    ca: &std::path::Path,
+    ca_key: &std::path::Path,
+) {
+    let d = |f: &str| dir.join(f).to_string_lossy().into_owned();
+    let (ca, ca_key) = (ca.to_string_lossy(), ca_key.to_string_lossy());
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        &format!("/CN={}", names[0]),
+        "-keyout",
+        &d("site-key.pem"),
+        "-out",
+        &d("site.csr"),
+    ]);
+    let sans: Vec<String> = names.iter().map(|n| format!("DNS:{n}")).collect();
+    std::fs::write(
+        d("ext"),
+        format!(
+            "subjectAltName={}\nextendedKeyUsage=serverAuth\n",
+            sans.join(",")
+        ),
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        &d("site.csr"),
+        "-CA",
+        &ca,
+        "-CAkey",
+        &ca_key,
+        "-set_serial",
+        &format!("{}", rand_suffix()),
+        "-days",
+        "2",
+        "-extfile",
+        &d("ext"),
+        "-out",
+        &d("site.pem"),
+    ]);
+    std::fs::set_permissions(
+        dir.join("site-key.pem"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+}
+
+impl LoginSite {
+    /// Starts it from `image` (python3) and waits until it answers.
+    pub fn start(image: &str) -> LoginSite {
+        let tag = format!("{:x}", std::process::id() ^ rand_suffix());
+        let dir = tempfile::tempdir().unwrap();
+        let n = u128::from(rand_suffix()) << 32 | u128::from(std::process::id());
+        let password = format!("pw-berth-login-{n:024x}");
+        // 32 base32 characters: a 20-byte seed, as authenticator apps are given.
+        let alphabet = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+        let mut x = n ^ 0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c834;
+        let seed: String = (0..32)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                alphabet[(x >> 100) as usize % 32] as char
+            })
+            .collect();
+        let password_file = dir.path().join("password");
+        let seed_file = dir.path().join("totp-seed");
+        std::fs::write(&password_file, &password).unwrap();
+        std::fs::write(&seed_file, &seed).unwrap();
+        for f in std::fs::read_dir(dir.path()).unwrap() {
+            std::fs::set_permissions(
+                f.unwrap().path(),
+                std::os::unix::fs::PermissionsExt::from_mode(0o644),
+            )
+            .unwrap();
+        }
+        let network = format!("berth-login-test-{tag}");
+        docker(&["network", "create", &network]);
+        let name = format!("berth-login-test-{tag}");
+        let site = LoginSite {
+            name,
+            network,
+            password,
+            seed,
+            password_file,
+            seed_file,
+            _dir: dir,
+        };
+        docker(&[
+            "run",
+            "-d",
+            "--name",
+            &site.name,
+            "--network",
+            &site.network,
+            "-v",
+            &format!("{}:/certs:ro", site._dir.path().display()),
+            "--entrypoint",
+            "python3",
+            image,
+            "-c",
+            LOGIN_SERVER,
+        ]);
+        site
+    }
+
+    /// Serves `LOGIN_HOSTS` with a certificate of the CA `ca` (with its key `ca_key`): the
+    /// controller's egress CA, which the sandbox's browser trusts as it trusts the public CAs
+    /// real sites' certificates come from. Waits until it answers.
+    pub fn certify(&self, ca: &std::path::Path, ca_key: &std::path::Path) {
+        certificate(self._dir.path(), &LOGIN_HOSTS, ca, ca_key);
+        std::fs::write(self._dir.path().join("ready"), "").unwrap();
+        let site = self;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !site.attempts().starts_with('{') {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the login site did not start: {:?}",
+                Command::new("docker").args(["logs", &site.name]).output()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+
+    /// The login POSTs it received, by `host/path` (JSON).
+    pub fn attempts(&self) -> String {
+        let out = Command::new("docker")
+            .args([
+                "exec",
+                &self.name,
+                "curl",
+                "-sk",
+                "https://127.0.0.1/attempts",
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn ip(&self) -> String {
+        ip_on(&self.name, &self.network)
+    }
+}
+
+/// Where `needles` occur in the environment and command line of every process of a container
+/// (read from the host): `(pid, what, needle index)` per hit, and how many processes were read.
+pub fn scan_environments(container: &str, needles: &[&[u8]]) -> (Vec<(u32, String, usize)>, usize) {
+    let pids: Vec<u32> = docker(&["top", container, "-eo", "pid"])
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    let mut hits = Vec::new();
+    for &pid in &pids {
+        for what in ["environ", "cmdline"] {
+            if let Ok(b) = std::fs::read(format!("/proc/{pid}/{what}")) {
+                for (i, n) in needles.iter().enumerate() {
+                    if memchr::memmem::find(&b, n).is_some() {
+                        hits.push((pid, what.to_string(), i));
+                    }
+                }
+            }
+        }
+    }
+    (hits, pids.len())
+}

@@ -31,6 +31,7 @@ mod init;
 mod kubernetes_fake_apiserver;
 mod lifecycle;
 mod limits;
+mod login;
 mod mcp;
 mod mcp_controller;
 mod native_exec;

@@ -55,9 +55,15 @@ const FIND: &str = r#"(function (kind, loc, codeLoc) {
   const buttons = () => all('button, input[type=submit], input[type=button], input[type=image], [role=button]');
   const given = l => l && (l.selector || l.autocomplete || l.name);
   const pick = (pool, l) => pool.find(el => matches(el, l)) || null;
+  // A masked field first; else one that says it is the password (the caller then refuses
+  // to type into it: it does not mask).
   const password = () => {
-    const pw = fields().filter(el => el.type === 'password');
-    return pw.find(el => !auto(el).includes('new-password')) || pw[0] || null;
+    const fs = fields();
+    const pw = fs.filter(el => el.type === 'password');
+    return pw.find(el => !auto(el).includes('new-password')) || pw[0]
+      || fs.find(el => auto(el).includes('current-password') || auto(el).includes('new-password')
+                       || /\bpass(word)?\b|passwort|contrase|mot de passe/.test(names(el).join(' ')))
+      || null;
   };
   const code = () => {
     if (given(codeLoc)) return pick(codeLoc.selector ? all(codeLoc.selector) : fields(), codeLoc);
@@ -316,8 +322,17 @@ async fn open_tab(c: &Arc<Client>) -> Option<Tab> {
 
 async fn run(tab: &Tab, req: &BrowserLogin, deadline: Instant) -> LoginOutcome {
     let nav = tab.cdp("Page.navigate", json!({"url": req.url})).await.ok();
-    if nav.is_none_or(|v| v["errorText"].is_string()) {
-        return LoginOutcome::PageNotLoaded;
+    match &nav {
+        None => {
+            tracing::warn!("login: the browser did not navigate to the login page");
+            return LoginOutcome::PageNotLoaded;
+        }
+        Some(v) if v["errorText"].is_string() => {
+            // The browser's own reason (`net::ERR_…`), never a value.
+            tracing::warn!(error = %v["errorText"], "login: the login page did not load");
+            return LoginOutcome::PageNotLoaded;
+        }
+        Some(_) => {}
     }
     let form = &req.form;
     // The form: a password field (or, on a page that asks for the user first, a user field).
