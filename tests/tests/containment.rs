@@ -170,6 +170,8 @@ for method, route, data in [
     ("GET", "/v1/browser/tabs", None),
     ("GET", "/v1/git/repos", None),
     ("GET", "/v1/git/diff?repo=/root&path=x", None),
+    ("POST", "/v1/browser/login", {"url": "https://x.test/", "password": "p"}),
+    ("POST", "/v1/browser/forget", {"hosts": ["x.test"]}),
 ]:
     for token in (None, "0" * 48):
         out["native"]["%s %s %s" % (method, route, "guessed" if token else "none")] = \
@@ -352,9 +354,10 @@ fn assert_token_fenced(user: &serde_json::Value, root: &serde_json::Value) {
     assert_ne!(routes["execute uid"], "0", "{routes}");
     // The control: the route serves what the user may read (any process's command line).
     assert_eq!(routes["file /proc/1/cmdline"], 200, "{routes}");
-    // The controls, the clipboard and the panes' routes are the token's only.
+    // The controls, the clipboard, the panes' and the login tool's routes are the token's
+    // only.
     let native = user["native"].as_object().unwrap();
-    assert_eq!(native.len(), 19, "{native:?}");
+    assert_eq!(native.len(), 23, "{native:?}");
     for (call, code) in native {
         let want = if call == "GET /healthz" { 200 } else { 401 };
         assert_eq!(code, want, "{call}: {native:?}");

@@ -39,6 +39,21 @@ with sync_playwright() as p:
         print("PAGE", page.inner_text("body"))
 "#;
 
+/// The Python client (`berth.Client`): the run's sites with their uses, and a login past the
+/// count (the error's status and code).
+const PYTHON_CLIENT: &str = r#"
+import json, sys
+from berth import BerthError, Client
+c = Client(sys.argv[1], sys.argv[2])
+sites = c.login_sites(sys.argv[3])
+out = {"uses": {s["name"]: s["uses"] for s in sites["sites"]}}
+try:
+    c.login(sys.argv[3], "plain")
+except BerthError as e:
+    out["refused"] = [e.status, e.code]
+print(json.dumps(out))
+"#;
+
 fn browser(cdp: &str, args: &[&str]) -> String {
     let mut all = vec![cdp];
     all.extend_from_slice(args);
@@ -283,6 +298,26 @@ async fn the_login_tool_signs_the_browser_in_and_never_shows_a_secret() {
     );
     let (status, _) = rest_login(&cl, &id, "nope").await;
     assert_eq!(status, 404);
+    // The Python client says the same.
+    let py = std::process::Command::new("timeout")
+        .args(["120", "python3", "-c", PYTHON_CLIENT, &c.base, API_KEY, &id])
+        .output()
+        .unwrap();
+    let py_out = String::from_utf8_lossy(&py.stdout).into_owned();
+    println!("python client: {py_out}");
+    assert!(
+        py.status.success(),
+        "{}",
+        String::from_utf8_lossy(&py.stderr)
+    );
+    let pv: serde_json::Value = serde_json::from_str(&py_out).unwrap();
+    assert_eq!(pv["uses"]["plain"], 2, "{pv}");
+    assert_eq!(
+        pv["refused"],
+        serde_json::json!([403, "login_limit"]),
+        "{pv}"
+    );
+    answers.push_str(&py_out);
 
     // The events: names only, one per use, refusals not counted.
     let events = cl.events(&id, 0).await.unwrap();

@@ -39,6 +39,8 @@ for method, path, body in [
     ("PUT", "/v1/control/settings", {"requests_enabled": False}),
     ("POST", "/v1/control/decline", None),
     ("PUT", "/v1/control/key", {"key_sha256": "1" * 64}),
+    ("POST", "/v1/browser/login", {"url": "https://x.test/login", "password": "p"}),
+    ("POST", "/v1/browser/forget", {"hosts": ["x.test"]}),
 ]:
     code, b = call(method, path, body)
     out[method + " " + path] = [code, b.get("error", {}).get("code")]
@@ -197,9 +199,13 @@ async fn a_person_takes_the_controls_and_the_panes_show_the_workspace() {
         "PUT /v1/control/settings",
         "POST /v1/control/decline",
         "PUT /v1/control/key",
+        "POST /v1/browser/login",
+        "POST /v1/browser/forget",
     ] {
         let want = if call.ends_with("/key") {
             (409, "control_key_set")
+        } else if call.contains("/browser/") {
+            (403, "login_controller_only")
         } else {
             (403, "not_the_controller")
         };

@@ -179,14 +179,22 @@ class Client:
         labels: Optional[Mapping[str, str]] = None,
         ttl_seconds: Optional[int] = None,
         screen: Optional[str] = None,
+        egress: Optional[Any] = None,
+        logins: Optional[Sequence[str]] = None,
         wait: bool = True,
         timeout: Optional[Timeout] = None,
     ) -> Sandbox:
         """``POST /sandbox/sandboxes/v1``. With ``wait`` (the default) the controller answers once
         the sandbox is ``running`` (strict readiness for desktops) or failed; ``wait=False``
         answers at once (``starting``): then :meth:`wait_until_running`. ``screen``
-        (``"1280x800"``) is a desktop's screen size, set before it counts as running."""
+        (``"1280x800"``) is a desktop's screen size, set before it counts as running. ``egress``
+        is its policy (``"open"``, ``"none"`` or ``{"allow": [...], "deny_private": bool}``);
+        ``logins`` the controller's ``[[login]]`` sites its run may sign its browser in to."""
         body: Dict[str, Any] = {"profile": profile}
+        if egress is not None:
+            body["egress"] = egress
+        if logins:
+            body["logins"] = list(logins)
         if screen:
             body["screen"] = screen
         if image_ref:
@@ -461,6 +469,25 @@ class Client:
                 return
             time.sleep(poll_interval)
 
+    # ---- the login tool ----
+
+    def login_sites(self, sandbox: Union[str, Sandbox], *, timeout: Optional[Timeout] = None) -> Dict[str, Any]:
+        """``GET …/{id}/login``: ``{"run", "sites": [{"name", "host", "url", "uses", "max_uses"}]}``,
+        the sites the sandbox's run may sign its browser in to."""
+        return self._json("GET", f"{SANDBOXES}/{self._sb(sandbox)}/login", timeout=timeout)
+
+    def login(self, sandbox: Union[str, Sandbox], site: str, *, timeout: Optional[Timeout] = None) -> Dict[str, Any]:
+        """``POST …/{id}/login``: signs the sandbox's browser in to ``site`` with the values the
+        controller holds: ``{"site", "outcome", "message", "signed_in", "run", "uses",
+        "max_uses"}``. A refusal (not enabled, host off the allow list, past the count) raises
+        :class:`BerthError` with its code."""
+        return self._json(
+            "POST",
+            f"{SANDBOXES}/{self._sb(sandbox)}/login",
+            json={"site": site},
+            timeout=180.0 if timeout is None else timeout,
+        )
+
     # ---- leases ----
 
     def acquire_lease(
@@ -473,12 +500,21 @@ class Client:
         ttl_seconds: Optional[int] = None,
         screen: Optional[str] = None,
         human_control: Optional[bool] = None,
+        egress: Optional[Any] = None,
+        logins: Optional[Sequence[str]] = None,
         timeout: Optional[Timeout] = None,
     ) -> Lease:
         """``POST /sandbox/v1/leases``: the thread's sandbox (the same lease comes back for the
         same ``thread_id``; a stale sandbox is replaced; a reused one is resized to ``screen``).
-        ``human_control`` lets its agent ask for a person (``request_human_control``)."""
+        ``human_control`` lets its agent ask for a person (``request_human_control``); ``egress``
+        is a new sandbox's policy (a reused one must have the same); ``logins`` the
+        ``[[login]]`` sites this run (this acquire) may sign the browser in to: the last run's
+        are forgotten."""
         body: Dict[str, Any] = {"thread_id": thread_id, "profile": profile}
+        if egress is not None:
+            body["egress"] = egress
+        if logins:
+            body["logins"] = list(logins)
         if human_control is not None:
             body["human_control"] = bool(human_control)
         if screen:

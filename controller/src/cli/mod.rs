@@ -248,6 +248,10 @@ pub enum SandboxCmd {
         /// here, never on the command line) or `HOST:HEADER=VAR`; repeatable.
         #[arg(long = "credential", value_parser = parse_credential)]
         credentials: Vec<berth_protocol::controller::SandboxCredential>,
+        /// A `[[login]]` site of the controller's config its run may sign its browser in to
+        /// (the `login` tool); repeatable.
+        #[arg(long = "login")]
+        logins: Vec<String>,
         #[command(flatten)]
         remote: Remote,
     },
@@ -652,6 +656,7 @@ async fn sandbox(c: SandboxCmd) -> anyhow::Result<i32> {
             screen,
             egress,
             credentials,
+            logins,
             remote,
         } => {
             let request = CreateSandbox {
@@ -663,7 +668,7 @@ async fn sandbox(c: SandboxCmd) -> anyhow::Result<i32> {
                 egress,
                 credentials,
                 human_control: None,
-                logins: Vec::new(),
+                logins,
             };
             create_sandbox(&request, &remote).await?;
         }
