@@ -224,21 +224,35 @@ impl Github {
         format!("{}/repos/{owner}/{name}", self.api)
     }
 
-    /// `GET …/{id}/github/pulls`.
-    pub async fn pulls(&self, ctx: &Ctx, id: &str, q: &GithubListQuery) -> Result<GithubPullList> {
+    /// A page of a bound repository's `what` (`pulls`, `issues`): the repository, the page,
+    /// its size, the items and whether GitHub has a next page.
+    async fn list(
+        &self,
+        ctx: &Ctx,
+        id: &str,
+        q: &GithubListQuery,
+        what: &str,
+    ) -> Result<(String, u32, u32, Vec<Value>, Option<u32>)> {
         let (owner, name) = Self::bound(ctx, id, &q.repository)?;
         let (state, page, per_page) = list_params(q)?;
         let url = format!(
-            "{}/pulls?state={state}&page={page}&per_page={per_page}",
+            "{}/{what}?state={state}&page={page}&per_page={per_page}",
             self.repo_url(owner, name)
         );
         let (items, next): (Vec<Value>, bool) = self.get_page(&url).await?;
+        let next = next.then_some(page + 1);
+        Ok((format!("{owner}/{name}"), page, per_page, items, next))
+    }
+
+    /// `GET …/{id}/github/pulls`.
+    pub async fn pulls(&self, ctx: &Ctx, id: &str, q: &GithubListQuery) -> Result<GithubPullList> {
+        let (repository, page, per_page, items, next_page) = self.list(ctx, id, q, "pulls").await?;
         Ok(GithubPullList {
-            repository: format!("{owner}/{name}"),
+            repository,
             page,
             per_page,
             pulls: items.iter().map(pull_summary).collect(),
-            next_page: next.then_some(page + 1),
+            next_page,
         })
     }
 
@@ -249,19 +263,14 @@ impl Github {
         id: &str,
         q: &GithubListQuery,
     ) -> Result<GithubIssueList> {
-        let (owner, name) = Self::bound(ctx, id, &q.repository)?;
-        let (state, page, per_page) = list_params(q)?;
-        let url = format!(
-            "{}/issues?state={state}&page={page}&per_page={per_page}",
-            self.repo_url(owner, name)
-        );
-        let (items, next): (Vec<Value>, bool) = self.get_page(&url).await?;
+        let (repository, page, per_page, items, next_page) =
+            self.list(ctx, id, q, "issues").await?;
         Ok(GithubIssueList {
-            repository: format!("{owner}/{name}"),
+            repository,
             page,
             per_page,
             issues: items.iter().map(issue_summary).collect(),
-            next_page: next.then_some(page + 1),
+            next_page,
         })
     }
 

@@ -274,6 +274,19 @@ pub struct GithubListArgs {
     pub per_page: Option<u32>,
 }
 
+impl GithubListArgs {
+    /// The sandbox and the REST route's query.
+    fn split(self) -> (String, berth_protocol::controller::GithubListQuery) {
+        let q = berth_protocol::controller::GithubListQuery {
+            repository: self.repository,
+            state: self.state,
+            page: self.page,
+            per_page: self.per_page,
+        };
+        (self.id, q)
+    }
+}
+
 /// `github_pull_request` and `github_issue`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -614,13 +627,8 @@ impl ControllerMcp {
         &self,
         Parameters(a): Parameters<GithubListArgs>,
     ) -> Result<Json<berth_protocol::controller::GithubPullList>, ToolError> {
-        let q = berth_protocol::controller::GithubListQuery {
-            repository: a.repository,
-            state: a.state,
-            page: a.page,
-            per_page: a.per_page,
-        };
-        Ok(Json(self.c.github()?.pulls(&self.c.ctx, &a.id, &q).await?))
+        let (id, q) = a.split();
+        Ok(Json(self.c.github()?.pulls(&self.c.ctx, &id, &q).await?))
     }
 
     /// Reads one pull request of a repository cloned into a sandbox: its description, diff,
@@ -652,13 +660,8 @@ impl ControllerMcp {
         &self,
         Parameters(a): Parameters<GithubListArgs>,
     ) -> Result<Json<berth_protocol::controller::GithubIssueList>, ToolError> {
-        let q = berth_protocol::controller::GithubListQuery {
-            repository: a.repository,
-            state: a.state,
-            page: a.page,
-            per_page: a.per_page,
-        };
-        Ok(Json(self.c.github()?.issues(&self.c.ctx, &a.id, &q).await?))
+        let (id, q) = a.split();
+        Ok(Json(self.c.github()?.issues(&self.c.ctx, &id, &q).await?))
     }
 
     /// Reads one issue of a repository cloned into a sandbox, with its comments.

@@ -348,40 +348,13 @@ fn secrets_and_certs(dir: &std::path::Path) -> (String, String) {
         "-out",
         &d("ca.pem"),
     ]);
-    openssl(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=git.test",
-        "-keyout",
-        &d("git-key.pem"),
-        "-out",
-        &d("git.csr"),
-    ]);
-    std::fs::write(
-        d("ext"),
-        "subjectAltName=DNS:git.test,DNS:creds.test\nextendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    openssl(&[
-        "x509",
-        "-req",
-        "-in",
-        &d("git.csr"),
-        "-CA",
-        &d("ca.pem"),
-        "-CAkey",
-        &d("ca-key.pem"),
-        "-CAcreateserial",
-        "-days",
-        "2",
-        "-extfile",
-        &d("ext"),
-        "-out",
-        &d("git.pem"),
-    ]);
+    certificate(
+        dir,
+        "git",
+        &["git.test", "creds.test"],
+        &dir.join("ca.pem"),
+        &dir.join("ca-key.pem"),
+    );
     let token = format!(
         "ghp_berthtest{:032x}",
         u128::from(rand_suffix()) << 64 | u128::from(std::process::id()) << 32 | 0xfeed
@@ -683,10 +656,11 @@ impl Drop for LoginSite {
     }
 }
 
-/// A certificate for `names` (`site.pem`, `site-key.pem` in `dir`) signed by the CA whose
-/// certificate and key are `ca`, `ca_key`.
+/// A certificate for `names` (`<stem>.pem`, `<stem>-key.pem` in `dir`, the key readable by
+/// a container's server) signed by the CA whose certificate and key are `ca`, `ca_key`.
 fn certificate(
     dir: &std::path::Path,
+    stem: &str,
     names: &[&str],
     ca: &std::path::Path,
     ca_key: &std::path::Path,
@@ -701,9 +675,9 @@ fn certificate(
         "-subj",
         &format!("/CN={}", names[0]),
         "-keyout",
-        &d("site-key.pem"),
+        &d(&format!("{stem}-key.pem")),
         "-out",
-        &d("site.csr"),
+        &d(&format!("{stem}.csr")),
     ]);
     let sans: Vec<String> = names.iter().map(|n| format!("DNS:{n}")).collect();
     std::fs::write(
@@ -718,7 +692,7 @@ fn certificate(
         "x509",
         "-req",
         "-in",
-        &d("site.csr"),
+        &d(&format!("{stem}.csr")),
         "-CA",
         &ca,
         "-CAkey",
@@ -730,10 +704,10 @@ fn certificate(
         "-extfile",
         &d("ext"),
         "-out",
-        &d("site.pem"),
+        &d(&format!("{stem}.pem")),
     ]);
     std::fs::set_permissions(
-        dir.join("site-key.pem"),
+        dir.join(format!("{stem}-key.pem")),
         std::os::unix::fs::PermissionsExt::from_mode(0o644),
     )
     .unwrap();
@@ -802,7 +776,7 @@ impl LoginSite {
     /// controller's egress CA, which the sandbox's browser trusts as it trusts the public CAs
     /// real sites' certificates come from. Waits until it answers.
     pub fn certify(&self, ca: &std::path::Path, ca_key: &std::path::Path) {
-        certificate(self._dir.path(), &LOGIN_HOSTS, ca, ca_key);
+        certificate(self._dir.path(), "site", &LOGIN_HOSTS, ca, ca_key);
         std::fs::write(self._dir.path().join("ready"), "").unwrap();
         let site = self;
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
