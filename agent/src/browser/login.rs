@@ -321,26 +321,69 @@ async fn open_tab(c: &Arc<Client>) -> Option<Tab> {
 }
 
 async fn run(tab: &Tab, req: &BrowserLogin, deadline: Instant) -> LoginOutcome {
+    match sign_in(tab, req, deadline).await {
+        Ok(()) => until_success(tab, req, deadline).await,
+        Err(o) => o,
+    }
+}
+
+/// The login page loaded, its form found and sent: the user (on its own first page when the
+/// site asks for it first) and the password, typed only into a field that masks it.
+async fn sign_in(tab: &Tab, req: &BrowserLogin, deadline: Instant) -> Result<(), LoginOutcome> {
     let nav = tab.cdp("Page.navigate", json!({"url": req.url})).await.ok();
     match &nav {
         None => {
             tracing::warn!("login: the browser did not navigate to the login page");
-            return LoginOutcome::PageNotLoaded;
+            return Err(LoginOutcome::PageNotLoaded);
         }
         Some(v) if v["errorText"].is_string() => {
             // The browser's own reason (`net::ERR_…`), never a value.
             tracing::warn!(error = %v["errorText"], "login: the login page did not load");
-            return LoginOutcome::PageNotLoaded;
+            return Err(LoginOutcome::PageNotLoaded);
         }
         Some(_) => {}
     }
     let form = &req.form;
-    // The form: a password field (or, on a page that asks for the user first, a user field).
-    let form_until = deadline.min(Instant::now() + FORM_WAIT);
+    let (password, two_step) = find_password(tab, req, deadline).await?;
+    let masked = tab
+        .on(
+            &password,
+            "function () { return this.type === 'password'; }",
+        )
+        .await;
+    if masked.ok() != Some(Value::Bool(true)) {
+        return Err(LoginOutcome::FieldNotMasked);
+    }
+    if !two_step && let Some(user) = &req.username {
+        let Some(u) = tab.find("username", form.username.as_ref(), None).await else {
+            return Err(LoginOutcome::FormNotFound);
+        };
+        tab.fill(&u, user)
+            .await
+            .map_err(|_| LoginOutcome::FormNotFound)?;
+    }
+    let submit = tab.find("submit", form.submit.as_ref(), None).await;
+    if tab.fill(&password, &req.password).await.is_err()
+        || tab.send(submit, &password).await.is_err()
+    {
+        return Err(LoginOutcome::FormNotFound);
+    }
+    Ok(())
+}
+
+/// The password field (waiting a little for a page that draws its form late), and whether the
+/// user was sent first on a page of its own.
+async fn find_password(
+    tab: &Tab,
+    req: &BrowserLogin,
+    deadline: Instant,
+) -> Result<(String, bool), LoginOutcome> {
+    let form = &req.form;
+    let until = deadline.min(Instant::now() + FORM_WAIT);
     let mut two_step = false;
-    let password = loop {
+    loop {
         if let Some(p) = tab.find("password", form.password.as_ref(), None).await {
-            break Some(p);
+            return Ok((p, two_step));
         }
         if req.username.is_some()
             && !two_step
@@ -355,56 +398,36 @@ async fn run(tab: &Tab, req: &BrowserLogin, deadline: Instant) -> LoginOutcome {
                 .is_err()
                 || tab.send(submit, &u).await.is_err()
             {
-                return LoginOutcome::FormNotFound;
+                return Err(LoginOutcome::FormNotFound);
             }
             two_step = true;
         }
-        if Instant::now() >= form_until {
-            break None;
+        if Instant::now() >= until {
+            return Err(LoginOutcome::FormNotFound);
         }
         tokio::time::sleep(POLL).await;
-    };
-    let Some(password) = password else {
-        return LoginOutcome::FormNotFound;
-    };
-    let masked = tab
-        .on(
-            &password,
-            "function () { return this.type === 'password'; }",
-        )
-        .await;
-    if masked.ok() != Some(Value::Bool(true)) {
-        return LoginOutcome::FieldNotMasked;
     }
-    if !two_step && let Some(user) = &req.username {
-        let Some(u) = tab.find("username", form.username.as_ref(), None).await else {
-            return LoginOutcome::FormNotFound;
-        };
-        if tab.fill(&u, user).await.is_err() {
-            return LoginOutcome::FormNotFound;
-        }
-    }
-    let submit = tab.find("submit", form.submit.as_ref(), None).await;
-    if tab.fill(&password, &req.password).await.is_err()
-        || tab.send(submit, &password).await.is_err()
-    {
-        return LoginOutcome::FormNotFound;
-    }
-    // Then: a one-time code when the site asks, until its sign of success.
+}
+
+/// After the form was sent: the one-time code when the site asks for it, until the site's
+/// sign of success or the bound.
+async fn until_success(tab: &Tab, req: &BrowserLogin, deadline: Instant) -> LoginOutcome {
+    let form = &req.form;
     let mut code_sent = req.code.is_none();
-    let mut leave_after_submit = Instant::now();
+    let mut settle_until = Instant::now();
     loop {
         tokio::time::sleep(POLL).await;
         if let Some((url, element, pw, complete)) = tab.state(&req.success).await
             && complete
-            && Instant::now() >= leave_after_submit
+            && Instant::now() >= settle_until
         {
             let cookies = match &req.success.cookie {
                 Some(_) => tab.cookie_names(&url).await,
                 None => Vec::new(),
             };
             let done = succeeded(&req.success, &req.url, &url, element, pw, &cookies);
-            if done && code_sent {
+            // Signed in, with the code typed or without being asked for one.
+            if done {
                 return LoginOutcome::SignedIn;
             }
             if !code_sent && let Some(field) = tab.find("code", form.code.as_ref(), None).await {
@@ -417,12 +440,8 @@ async fn run(tab: &Tab, req: &BrowserLogin, deadline: Instant) -> LoginOutcome {
                     return LoginOutcome::CodeFieldNotFound;
                 }
                 code_sent = true;
-                leave_after_submit = Instant::now() + POLL;
+                settle_until = Instant::now() + POLL;
                 continue;
-            }
-            if done && !code_sent {
-                // Signed in without being asked for a code.
-                return LoginOutcome::SignedIn;
             }
         }
         if Instant::now() >= deadline {
