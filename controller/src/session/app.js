@@ -132,25 +132,48 @@ function connectDesktop() {
   rfb.resizeSession = false;
   // Only the current connection's events count (an old one's disconnect arrives late).
   const mine = (f) => (e) => { if (state.rfb === rfb) f(e); };
+  // A connection that is not up within CONNECT_WAIT_MS, or is lost, is made again, waiting a
+  // little longer each time (at most RETRY_MAX_MS): a desktop still starting or restarting its
+  // display comes back into view on its own.
+  clearTimeout(ctl.watchdog);
+  ctl.watchdog = setTimeout(mine(() => {
+    if (screen.dataset.state === 'connecting') retryDesktop('The desktop did not answer');
+  }), CONNECT_WAIT_MS);
   rfb.addEventListener('connect', mine(() => {
+    clearTimeout(ctl.watchdog);
+    ctl.retries = 0;
     screen.dataset.state = 'connected';
     screen.dataset.viewOnly = String(!you);
     note('desktop-note', you ? 'Connected: you have the controls.' : 'Connected (view only).');
   }));
   rfb.addEventListener('disconnect', mine((e) => {
+    clearTimeout(ctl.watchdog);
     const clean = !!(e.detail && e.detail.clean);
     screen.dataset.state = 'disconnected';
-    note('desktop-note', clean ? 'Disconnected.' : 'The desktop connection was lost.', !clean);
+    if (clean) return note('desktop-note', 'Disconnected.');
+    retryDesktop('The desktop connection was lost');
   }));
   rfb.addEventListener('credentialsrequired', mine(() => note('desktop-note', 'The desktop asks for credentials.', true)));
   state.rfb = rfb;
   ctl.rfbYou = you;
 }
 
+const CONNECT_WAIT_MS = 15000;
+const RETRY_MAX_MS = 10000;
+
+// Says why, then connects again after a wait that doubles with each retry in a row.
+function retryDesktop(why) {
+  const wait = Math.min(RETRY_MAX_MS, 1000 * 2 ** (ctl.retries || 0));
+  ctl.retries = (ctl.retries || 0) + 1;
+  note('desktop-note', why + '; connecting again in ' + Math.round(wait / 1000) + ' s.', true);
+  const rfb = state.rfb;
+  setTimeout(() => { if (state.rfb === rfb) connectDesktop(); }, wait);
+}
+
 // Control: a person taking the controls, the clipboard, the agent's request for a person -----
 
 // The control calls in order: an answer is drawn only when no later call's answer was.
-const ctl = { RFB: null, rfbYou: false, seq: 0, drawn: 0, renew: null, pollFailed: false };
+const ctl = { RFB: null, rfbYou: false, seq: 0, drawn: 0, renew: null, pollFailed: false, watchdog: null, retries: 0 };
 
 async function controlCall(method, path, body) {
   const seq = ++ctl.seq;
