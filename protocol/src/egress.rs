@@ -161,6 +161,18 @@ pub fn normalise(host: &str) -> String {
     host.trim().trim_end_matches('.').to_ascii_lowercase()
 }
 
+/// The host of an `http(s)://` URL, normalised (no port, user or path); `None` for another
+/// scheme or no host.
+pub fn url_host(url: &str) -> Option<String> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let authority = authority.rsplit('@').next()?;
+    let host = normalise(host_of(authority));
+    (!host.is_empty()).then_some(host)
+}
+
 /// The host of a `Host` header or authority (`h`, `h:80`, `[::1]:80`).
 pub fn host_of(authority: &str) -> &str {
     let a = authority.trim();

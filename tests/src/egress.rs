@@ -45,14 +45,20 @@ pub struct TestHosts {
     _certs: tempfile::TempDir,
 }
 
+/// Removes a test's containers, then their network (best effort: a drop never fails).
+fn remove(containers: &[&str], network: &str) {
+    for n in containers {
+        let _ = Command::new("docker").args(["rm", "-f", n]).output();
+    }
+    let _ = Command::new("docker")
+        .args(["network", "rm", network])
+        .output();
+}
+
 impl Drop for TestHosts {
     fn drop(&mut self) {
-        for n in &self.names {
-            let _ = Command::new("docker").args(["rm", "-f", n]).output();
-        }
-        let _ = Command::new("docker")
-            .args(["network", "rm", &self.network])
-            .output();
+        let names: Vec<&str> = self.names.iter().map(String::as_str).collect();
+        remove(&names, &self.network);
     }
 }
 
@@ -315,12 +321,7 @@ pub struct GitHost {
 
 impl Drop for GitHost {
     fn drop(&mut self) {
-        let _ = Command::new("docker")
-            .args(["rm", "-f", &self.name])
-            .output();
-        let _ = Command::new("docker")
-            .args(["network", "rm", &self.network])
-            .output();
+        remove(&[&self.name], &self.network);
     }
 }
 
@@ -647,12 +648,7 @@ pub struct LoginSite {
 
 impl Drop for LoginSite {
     fn drop(&mut self) {
-        let _ = Command::new("docker")
-            .args(["rm", "-f", &self.name])
-            .output();
-        let _ = Command::new("docker")
-            .args(["network", "rm", &self.network])
-            .output();
+        remove(&[&self.name], &self.network);
     }
 }
 

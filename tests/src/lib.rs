@@ -44,6 +44,16 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     path
 }
 
+/// A TCP port nothing listens on right now (bound on every address, then released): a
+/// server started later, or again after a restart, can take it.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("0.0.0.0:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// Polls `cond` until it yields `Some` or `timeout` passes (then panics naming `what`).
 pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, cond: F) -> T
 where

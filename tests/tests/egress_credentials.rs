@@ -64,12 +64,6 @@ fn config(image: &str, git: &GitHost, proxy_port: u16) -> String {
     )
 }
 
-/// A port for the proxy that stays the same across the controller's restart.
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
-    l.local_addr().unwrap().port()
-}
-
 #[tokio::test]
 async fn credentials_are_added_at_the_edge_and_never_enter_the_sandbox() {
     let image = berth_tests::controller::build_desktop_image().unwrap()["image_ref"]
@@ -77,7 +71,7 @@ async fn credentials_are_added_at_the_edge_and_never_enter_the_sandbox() {
         .unwrap()
         .to_string();
     let git = GitHost::start(&image);
-    let mut c = ControllerProcess::start(&config(&image, &git, free_port())).await;
+    let mut c = ControllerProcess::start(&config(&image, &git, berth_tests::free_port())).await;
     let cl = c.client();
     let mut answers = String::new();
     let policy = Egress::Rules(EgressRules {

@@ -161,15 +161,6 @@ fn http() -> reqwest::Client {
         .unwrap()
 }
 
-/// A port nothing listens on right now (bound and released).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// The byte at `i` of the big file: no short period, so a misplaced block is caught.
 fn pattern(offset: usize, len: usize) -> Vec<u8> {
     (offset..offset + len)
@@ -632,7 +623,7 @@ async fn native_api(door: &Door<'_>, seen: &mut Seen) {
 async fn preview(door: &Door<'_>, seen: &mut Seen) {
     // Ports nothing listens on in the sandbox (process: the host's loopback; Docker: the
     // container's, where these are free too).
-    let (site, echo) = (free_port(), free_port());
+    let (site, echo) = (berth_tests::free_port(), berth_tests::free_port());
     door.put_file(seen, "~/gw/site/index.html", INDEX_HTML)
         .await;
     door.put_file(seen, "~/gw/site/app.js", APP_JS).await;
@@ -716,7 +707,7 @@ async fn preview(door: &Door<'_>, seen: &mut Seen) {
             "{bad}: {v}"
         );
     }
-    let dead = free_port();
+    let dead = berth_tests::free_port();
     let (status, v) = seen.json(door.get(&format!("/ports/{dead}/x"))).await;
     assert_eq!(
         (status, v["error"]["code"].as_str()),

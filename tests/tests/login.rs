@@ -88,11 +88,6 @@ fn config(image: &str, site: &LoginSite, proxy_port: u16) -> String {
     )
 }
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
-    l.local_addr().unwrap().port()
-}
-
 /// The official MCP SDK on the sandbox's MCP URL: its tools, then a `login` per site.
 fn mcp_login(url: &str, sites: &[&str]) -> serde_json::Value {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/mcp_controller/client.py");
@@ -165,7 +160,7 @@ async fn the_login_tool_signs_the_browser_in_and_never_shows_a_secret() {
         .unwrap()
         .to_string();
     let site = LoginSite::start(&image);
-    let c = ControllerProcess::start(&config(&image, &site, free_port())).await;
+    let c = ControllerProcess::start(&config(&image, &site, berth_tests::free_port())).await;
     let data = c.data_dir();
     site.certify(&data.join("egress-ca.pem"), &data.join("egress-ca-key.pem"));
     let cl = c.client();
@@ -435,8 +430,7 @@ async fn the_login_tool_signs_the_browser_in_and_never_shows_a_secret() {
     assert!(there.iter().any(|f| f == "/certs/password"), "{there:?}");
     assert!(there.iter().any(|f| f == "/certs/totp-seed"), "{there:?}");
     let marker = format!("BERTH_CONTROL={}", site.password);
-    let probe = docker(&["exec", "-d", "-e", &marker, &container, "sleep", "120"]);
-    let _ = probe;
+    docker(&["exec", "-d", "-e", &marker, &container, "sleep", "120"]);
     let (hits, _) = berth_tests::wait_for(
         "the control's environment",
         Duration::from_secs(20),

@@ -222,7 +222,6 @@ pub async fn browser_login(
         Some(d) => crate::browser::login::login(d, &l, within).await,
         None => berth_protocol::login::LoginOutcome::BrowserDown,
     };
-    drop(l);
     Ok(Json(berth_protocol::login::BrowserLoginResult {
         outcome,
         message: outcome.phrase().to_string(),

@@ -246,14 +246,6 @@ impl Tab {
     }
 }
 
-/// The host of an `http(s)` URL, lowercase (pure).
-fn host_of(url: &str) -> String {
-    let rest = url.split_once("://").map(|(_, r)| r).unwrap_or(url);
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-    let authority = authority.rsplit('@').next().unwrap_or_default();
-    berth_protocol::egress::normalise(berth_protocol::egress::host_of(authority))
-}
-
 /// Whether the page shows the site's sign of success (pure): every sign given holds; none
 /// given, the page is on the site's host, past the login page, with no password field.
 pub fn succeeded(
@@ -265,7 +257,11 @@ pub fn succeeded(
     cookies: &[String],
 ) -> bool {
     if s.is_empty() {
-        return host_of(url) == host_of(login_url) && url != login_url && !password_shown;
+        let host = berth_protocol::egress::url_host;
+        return host(url).is_some()
+            && host(url) == host(login_url)
+            && url != login_url
+            && !password_shown;
     }
     s.url.as_ref().is_none_or(|u| url.starts_with(u.as_str()))
         && (s.element.is_none() || element)

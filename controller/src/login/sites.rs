@@ -37,16 +37,7 @@ impl std::fmt::Debug for Logins {
 
 pub use berth_protocol::login::name_ok;
 
-/// The host of an `http(s)://` URL (no port, lowercase).
-pub fn url_host(url: &str) -> Option<String> {
-    let rest = url
-        .strip_prefix("https://")
-        .or_else(|| url.strip_prefix("http://"))?;
-    let authority = rest.split(['/', '?', '#']).next()?;
-    let authority = authority.rsplit('@').next()?;
-    let host = egress::normalise(egress::host_of(authority));
-    (!host.is_empty()).then_some(host)
-}
+pub use berth_protocol::egress::url_host;
 
 /// `[[login]]` checked without reading a value (names, URLs, bounds).
 pub fn validate(sites: &[LoginConfig]) -> anyhow::Result<()> {
