@@ -17,6 +17,9 @@ pub const LOGIN_CONTROLLER_ONLY: &str = "login_controller_only";
 pub const MAX_LOGIN_TIMEOUT_MS: u64 = 120_000;
 /// The default wait.
 pub const DEFAULT_LOGIN_TIMEOUT_MS: u64 = 30_000;
+/// How long the agent waits for the desktop's browser to come up before a login's own wait
+/// (its page, form and sign of success) starts: a first start on a loaded host is slow.
+pub const BROWSER_WAIT_MS: u64 = 20_000;
 /// The longest value a login fills.
 pub const MAX_VALUE_BYTES: usize = 4096;
 

@@ -72,11 +72,11 @@ fn config(image: &str, site: &LoginSite, proxy_port: u16) -> String {
         "docker_image = \"{image}\"\n[providers]\ndesktop = \"docker\"\n\
          [egress]\nproxy_port = {proxy_port}\n[egress.hosts]\n{hosts}\
          [[login]]\nname = \"plain\"\nurl = \"https://login.test/login\"\nusername = \"alice\"\n\
-         secret_file = \"{pw}\"\nsuccess = {{ element = \"#who\" }}\nmax_uses = 2\n\
+         secret_file = \"{pw}\"\nsuccess = {{ element = \"#who\" }}\nmax_uses = 2\ntimeout_secs = 90\n\
          description = \"the test's plain login\"\n\
          [[login]]\nname = \"totp\"\nurl = \"https://totp.test/login\"\nusername = \"bob\"\n\
          secret_file = \"{pw}\"\ntotp_secret_file = \"{seed}\"\n\
-         success = {{ url = \"https://totp.test/me\", cookie = \"session\" }}\n\
+         success = {{ url = \"https://totp.test/me\", cookie = \"session\" }}\ntimeout_secs = 90\n\
          [[login]]\nname = \"broken\"\nurl = \"https://broken.test/login\"\nusername = \"eve\"\n\
          secret_file = \"{pw}\"\ntimeout_secs = 5\n\
          [[login]]\nname = \"never\"\nurl = \"https://never.test/login\"\nusername = \"carol\"\n\
@@ -221,6 +221,22 @@ async fn the_login_tool_signs_the_browser_in_and_never_shows_a_secret() {
         serde_json::json!(all)
     );
     let plain = &v["calls"][0];
+    if plain["is_error"] != false {
+        // Where it stopped: the site's counts, the agent's log, the screen.
+        println!("attempts: {}", site.attempts());
+        let logs = std::process::Command::new("docker")
+            .args(["logs", "--tail", "100", &format!("berth-{id}")])
+            .output()
+            .unwrap();
+        let logs = [logs.stdout, logs.stderr].concat();
+        println!("agent log:\n{}", String::from_utf8_lossy(&logs));
+        if let Ok(png) = cl.screenshot(&id).await {
+            let at = std::env::temp_dir().join("login-not-signed-in.png");
+            std::fs::write(&at, &png).unwrap();
+            println!("screen: {}", at.display());
+        }
+        println!("controller log:\n{}", c.log_text());
+    }
     assert_eq!(plain["is_error"], false, "{v}");
     assert_eq!(plain["content"][0]["text"], "Signed in.");
     assert_eq!(plain["structured"]["uses"], 1);

@@ -18,8 +18,6 @@ use tokio::time::Instant;
 use super::client::Client;
 use crate::desktop::Desktop;
 
-/// How long the browser may take to come up for a login.
-const BROWSER_WAIT: Duration = Duration::from_secs(20);
 /// How often the page is looked at while waiting for a form, a code field or success.
 const POLL: Duration = Duration::from_millis(200);
 /// The longest a login waits for its form to appear once the page loaded.
@@ -270,12 +268,14 @@ pub fn succeeded(
             .is_none_or(|c| cookies.iter().any(|n| n == c))
 }
 
-/// Signs the desktop's browser in as `req` says; how it went. Bounded by `within`.
+/// Signs the desktop's browser in as `req` says; how it went. Bounded by `within` once the
+/// browser is up (it has [`BROWSER_WAIT_MS`](berth_protocol::login::BROWSER_WAIT_MS) to come up).
 pub async fn login(desktop: &Arc<Desktop>, req: &BrowserLogin, within: Duration) -> LoginOutcome {
-    let deadline = Instant::now() + within;
-    let Some(dt) = desktop.browser(BROWSER_WAIT.min(within)).await else {
+    let wait = Duration::from_millis(berth_protocol::login::BROWSER_WAIT_MS);
+    let Some(dt) = desktop.browser(wait).await else {
         return LoginOutcome::BrowserDown;
     };
+    let deadline = Instant::now() + within;
     let Ok(c) = Client::connect(&format!("ws://127.0.0.1:{}{}", dt.port, dt.browser_path)).await
     else {
         return LoginOutcome::BrowserDown;
@@ -411,9 +411,14 @@ async fn until_success(tab: &Tab, req: &BrowserLogin, deadline: Instant) -> Logi
     let form = &req.form;
     let mut code_sent = req.code.is_none();
     let mut settle_until = Instant::now();
+    let mut last = None;
     loop {
         tokio::time::sleep(POLL).await;
-        if let Some((url, element, pw, complete)) = tab.state(&req.success).await
+        let state = tab.state(&req.success).await;
+        if let Some((url, element, pw, complete)) = &state {
+            last = Some((page_of(url), *element, *pw, *complete));
+        }
+        if let Some((url, element, pw, complete)) = state
             && complete
             && Instant::now() >= settle_until
         {
@@ -441,12 +446,27 @@ async fn until_success(tab: &Tab, req: &BrowserLogin, deadline: Instant) -> Logi
             }
         }
         if Instant::now() >= deadline {
+            // Where the page was left: its origin and path, never a query or a value.
+            let (page, element, password_shown, complete) = last.unwrap_or_default();
+            tracing::warn!(
+                page,
+                element,
+                password_shown,
+                complete,
+                code_sent,
+                "login: no sign of success within the wait"
+            );
             return match code_sent {
                 true => LoginOutcome::NoSuccess,
                 false => LoginOutcome::CodeFieldNotFound,
             };
         }
     }
+}
+
+/// A page's URL without its query or fragment (which a form sent by GET would fill with values).
+fn page_of(url: &str) -> String {
+    url.split(['?', '#']).next().unwrap_or_default().to_string()
 }
 
 /// Whether the page finished loading.
@@ -517,6 +537,16 @@ pub async fn forget(desktop: &Arc<Desktop>, hosts: &[String]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_page_is_logged_without_its_query_or_fragment() {
+        assert_eq!(
+            page_of("https://a.test/login?user=u&pass=p#x"),
+            "https://a.test/login"
+        );
+        assert_eq!(page_of("https://a.test/me#p"), "https://a.test/me");
+        assert_eq!(page_of("about:blank"), "about:blank");
+    }
 
     #[test]
     fn success_is_every_sign_given_or_leaving_the_login_page() {

@@ -31,6 +31,8 @@ use crate::util::new_id;
 
 /// How long forgetting a run's sites may take.
 const FORGET: Duration = Duration::from_secs(15);
+/// The agent's wait for the browser to come up, before the site's own bound.
+const BROWSER_WAIT: Duration = Duration::from_millis(berth_protocol::login::BROWSER_WAIT_MS);
 
 /// A new run on sandbox `row` enabling `enabled`: the last run's sites are forgotten in the
 /// browser first (their cookies and storage), and its counts start again.
@@ -158,7 +160,7 @@ pub async fn login(ctx: &Ctx, id: &str, name: &str) -> Result<LoginAnswer> {
     };
     let key = crate::control::key(ctx, id);
     let outcome = match agent
-        .browser_login(&req, &key, bound + Duration::from_secs(15))
+        .browser_login(&req, &key, bound + BROWSER_WAIT + Duration::from_secs(15))
         .await
     {
         Ok(r) => r.outcome,
