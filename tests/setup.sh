@@ -27,6 +27,8 @@ packages=(
   docker-registry                        # a local registry for `berth image push` (tests/tests/registry.rs)
   apache2-utils                          # htpasswd: that registry's password file
   runsc                                  # gVisor, the second kernel `[runtime]` can ask for (tests/tests/gvisor.rs)
+  patchelf                               # the image builder: a brought image's agent finds its own libraries
+  busybox-static musl                    # tests: an Alpine-shaped root file system (musl, busybox) for brought images
 )
 
 sudo=""

@@ -362,6 +362,7 @@ mod tests {
             [
                 "desktop-ubuntu",
                 "ide-ubuntu",
+                "custom",
                 "desktop-windows",
                 "desktop-macos"
             ]
@@ -381,10 +382,14 @@ mod tests {
         );
         assert_eq!(
             without_description(items[2].clone()),
-            r#"{"aliases":["windows"],"desktop":true,"driver_hint":"vm","enabled":false,"name":"desktop-windows","viewer":"novnc"}"#
+            r#"{"aliases":["byo"],"cpu_shares":1024,"cpus":1.0,"desktop":false,"driver_hint":"docker","enabled":true,"memory_mb":2048,"name":"custom","pids":1024,"shm_mb":64,"viewer":"none"}"#
         );
         assert_eq!(
             without_description(items[3].clone()),
+            r#"{"aliases":["windows"],"desktop":true,"driver_hint":"vm","enabled":false,"name":"desktop-windows","viewer":"novnc"}"#
+        );
+        assert_eq!(
+            without_description(items[4].clone()),
             r#"{"aliases":["macos"],"desktop":true,"driver_hint":"vm","enabled":false,"name":"desktop-macos","viewer":"novnc"}"#
         );
     }

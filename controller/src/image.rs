@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::catalog::{Catalog, DesktopEntry, Download};
 use crate::util::sha256_hex;
 
+pub mod byo;
 pub mod push;
 
 const BUILTIN_RECIPES: &str = include_str!("../../images/recipes.toml");

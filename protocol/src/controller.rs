@@ -702,11 +702,49 @@ pub struct AdjustPool {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BuildImage {
+    /// The recipe's profile (`desktop`, `ide`, …); required unless `from` or `dockerfile` is given.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub profile: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bundle: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub apps: Vec<String>,
+    /// Bring your own image: an image in the controller's engine, the agent put in as PID 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// Bring your own image: a build context on the controller's host whose Dockerfile is
+    /// built first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dockerfile: Option<String>,
+}
+
+impl BuildImage {
+    /// What to build, or why the body says nothing buildable (pure).
+    pub fn kind(&self) -> std::result::Result<BuildKind<'_>, String> {
+        let recipe = !self.profile.is_empty() || self.bundle.is_some() || !self.apps.is_empty();
+        match (&self.from, &self.dockerfile) {
+            (Some(_), Some(_)) => Err("give one of from and dockerfile".into()),
+            (Some(_), None) | (None, Some(_)) if recipe => Err(
+                "from and dockerfile bring their own image: profile, bundle and apps are for \
+                 berth's recipes"
+                    .into(),
+            ),
+            (Some(f), None) => Ok(BuildKind::From(f)),
+            (None, Some(d)) => Ok(BuildKind::Dockerfile(d)),
+            (None, None) if self.profile.is_empty() => {
+                Err("give a profile (or from, or dockerfile)".into())
+            }
+            (None, None) => Ok(BuildKind::Recipe),
+        }
+    }
+}
+
+/// What a [`BuildImage`] body asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BuildKind<'a> {
+    Recipe,
+    From(&'a str),
+    Dockerfile(&'a str),
 }
 
 /// An image build job (`POST …/images/build`, `GET …/images/{image_ref}`).
@@ -1015,6 +1053,25 @@ impl ControllerClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_image_build_is_a_recipe_or_a_brought_image_never_both() {
+        let b = |j: &str| serde_json::from_str::<BuildImage>(j).unwrap();
+        assert_eq!(b(r#"{"profile": "ide"}"#).kind(), Ok(BuildKind::Recipe));
+        assert_eq!(b(r#"{"from": "a:1"}"#).kind(), Ok(BuildKind::From("a:1")));
+        assert_eq!(
+            b(r#"{"dockerfile": "/d"}"#).kind(),
+            Ok(BuildKind::Dockerfile("/d"))
+        );
+        for bad in [
+            r#"{}"#,
+            r#"{"from": "a", "dockerfile": "/d"}"#,
+            r#"{"from": "a", "profile": "desktop"}"#,
+            r#"{"dockerfile": "/d", "apps": ["gimp"]}"#,
+        ] {
+            assert!(b(bad).kind().is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn screens_parse_and_bad_ones_are_named() {

@@ -277,6 +277,7 @@ async fn the_catalog_lists_profiles_apps_and_bundles_and_disabled_profiles_are_4
         [
             "desktop-ubuntu",
             "ide-ubuntu",
+            "custom",
             "desktop-windows",
             "desktop-macos"
         ]

@@ -4,6 +4,7 @@
 
 mod artifacts;
 mod auth_events;
+mod byo;
 mod cli;
 mod compat_exec;
 mod compat_files;

@@ -407,8 +407,23 @@ fn catalog_viewer_pools_images_and_previews() {
             profile: "desktop-ubuntu".into(),
             bundle: Some("osworld".into()),
             apps: vec!["gimp".into()],
+            ..Default::default()
         },
         r#"{"profile": "desktop-ubuntu", "bundle": "osworld", "apps": ["gimp"]}"#,
+    );
+    golden(
+        &BuildImage {
+            from: Some("team/app:1".into()),
+            ..Default::default()
+        },
+        r#"{"from": "team/app:1"}"#,
+    );
+    golden(
+        &BuildImage {
+            dockerfile: Some("/srv/app".into()),
+            ..Default::default()
+        },
+        r#"{"dockerfile": "/srv/app"}"#,
     );
     refused::<BuildImage>(r#"{"profile": "desktop", "app": "gimp"}"#);
     golden(

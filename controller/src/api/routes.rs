@@ -4,8 +4,8 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use berth_protocol::controller::{
-    AcquireLease, AdjustPool, BuildImage, CatalogList, CreateQuery, CreateSandbox, PoolList,
-    RenewLease, RunRequest, SandboxList, ViewerUrl,
+    AcquireLease, AdjustPool, BuildImage, BuildKind, CatalogList, CreateQuery, CreateSandbox,
+    PoolList, RenewLease, RunRequest, SandboxList, ViewerUrl,
 };
 use serde::Deserialize;
 use serde_json::json;
@@ -353,10 +353,21 @@ async fn adjust_pool(
 }
 
 async fn build_image(State(s): State<ApiState>, Json(body): Json<BuildImage>) -> Result<Response> {
-    let job =
-        s.c.images
-            .build_image(body.profile, body.bundle, body.apps)
-            .await?;
+    use crate::image::byo::Source;
+    let images = &s.c.images;
+    let source = match body.kind().map_err(Error::BadRequest)? {
+        BuildKind::Recipe => None,
+        BuildKind::From(f) => Some(Source::Image(f.to_string())),
+        BuildKind::Dockerfile(d) => Some(Source::Dockerfile(d.into())),
+    };
+    let job = match source {
+        Some(source) => images.build_byo(source).await?,
+        None => {
+            images
+                .build_image(body.profile, body.bundle, body.apps)
+                .await?
+        }
+    };
     let status = match job.status.as_str() {
         "building" => StatusCode::ACCEPTED,
         _ => StatusCode::OK,

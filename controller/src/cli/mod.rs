@@ -101,6 +101,15 @@ pub enum ImageCmd {
         /// later build of other inputs starts again from the base stage, which stays).
         #[arg(long, conflicts_with_all = ["plan", "controller"])]
         drop_stage: bool,
+        /// Bring your own image: put the agent (with its libraries) into IMAGE, an image in the
+        /// local engine, as PID 1 (`berth-byo-<name>:<hash>`; its sandboxes run exec, files,
+        /// terminals and ports).
+        #[arg(long, value_name = "IMAGE", conflicts_with_all = ["plan", "controller", "profile", "bundle", "apps", "drop_stage", "dockerfile"])]
+        from: Option<String>,
+        /// Bring your own image: build DIR's Dockerfile first, then put the agent into it as
+        /// --from does.
+        #[arg(long, value_name = "DIR", conflicts_with_all = ["plan", "controller", "profile", "bundle", "apps", "drop_stage"])]
+        dockerfile: Option<PathBuf>,
     },
     /// Push a built image to a registry a cluster pulls from; prints the pushed reference and
     /// its digest (`HOST/PATH/<name>@sha256:…`, what `[kubernetes] image` should name).
@@ -858,6 +867,13 @@ async fn lease(c: LeaseCmd) -> anyhow::Result<i32> {
 async fn image(c: ImageCmd) -> anyhow::Result<i32> {
     match c {
         ImageCmd::Build {
+            args,
+            json,
+            from,
+            dockerfile,
+            ..
+        } if from.is_some() || dockerfile.is_some() => bring_image(args, json, from, dockerfile).await?,
+        ImageCmd::Build {
             args, plan: true, ..
         } => {
             let req = build_request(args)?;
@@ -921,6 +937,26 @@ async fn image(c: ImageCmd) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// `berth image build --from IMAGE | --dockerfile DIR`: the agent put into the user's image.
+async fn bring_image(
+    args: ImageArgs,
+    json: bool,
+    from: Option<String>,
+    dockerfile: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let source = match (from, dockerfile) {
+        (Some(image), _) => crate::image::byo::Source::Image(image),
+        (None, Some(dir)) => crate::image::byo::Source::Dockerfile(dir),
+        (None, None) => anyhow::bail!("give --from IMAGE or --dockerfile DIR"),
+    };
+    let req = crate::image::byo::ByoRequest {
+        source,
+        agent_bin: serve::agent_bin(args.agent_bin, &Config::default())?,
+    };
+    let built = tokio::task::spawn_blocking(move || crate::image::byo::build(&req)).await??;
+    print_built(&built, json)
 }
 
 /// What `berth image build` (and `plan`, `lock`) builds, from its flags.
