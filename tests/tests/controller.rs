@@ -705,8 +705,9 @@ async fn fifty_concurrent_claims_against_a_pool_of_ten_are_exactly_ten_warm(prov
         (pool(&c).await["ready"] == 10).then_some(())
     })
     .await;
-    let (warm, cold) = burst(&c, 50).await;
-    assert!(warm >= 10 && warm + cold == 50, "{warm} warm, {cold} cold");
+    // (Twenty this time: the first burst showed the fifty; the point here is the refill.)
+    let (warm, cold) = burst(&c, 20).await;
+    assert!(warm >= 10 && warm + cold == 20, "{warm} warm, {cold} cold");
     wait_for(
         "the pool to refill again",
         Duration::from_secs(60),

@@ -872,7 +872,9 @@ async fn image(c: ImageCmd) -> anyhow::Result<i32> {
             from,
             dockerfile,
             ..
-        } if from.is_some() || dockerfile.is_some() => bring_image(args, json, from, dockerfile).await?,
+        } if from.is_some() || dockerfile.is_some() => {
+            bring_image(args, json, from, dockerfile).await?
+        }
         ImageCmd::Build {
             args, plan: true, ..
         } => {
