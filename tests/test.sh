@@ -18,10 +18,8 @@ cargo fmt --all -- --check
 mkdir -p target
 tests/setup.sh > target/setup.log 2>&1 &
 setup=$!
-# berth and berth-agent first: the image builds below need only them, and start while the rest
-# of the workspace's binaries compile.
-cargo build -p berth-controller -p berth-agent --bins
-phase "berth and berth-agent build"
+cargo build --workspace --bins
+phase build
 setup_ok=0
 wait "$setup" || setup_ok=$?
 cat target/setup.log
@@ -41,8 +39,6 @@ if [ "${CI:-}" = true ]; then drop=(--drop-stage); fi
   echo "test.sh: disk after the image builds: $(df -h --output=used,avail / | tail -1)"
 ) > target/image-builds.log 2>&1 &
 images=$!
-cargo build --workspace --bins
-phase build
 linted=0
 cargo clippy --workspace --all-targets -- -D warnings || linted=$?
 phase clippy

@@ -278,6 +278,8 @@ async fn any_local_image_or_dockerfile_becomes_a_sandbox_with_exec_files_and_a_t
     let built = shell(&cl.agent(&sb.id), "cat /app/built.txt; id -un").await;
     assert_eq!(built, "made by the Dockerfile\napp\n");
     cl.delete(&sb.id).await.unwrap();
+    // Named after a temporary directory: not kept (its untagged parent goes with it).
+    docker(&["rmi", "-f", &job.image_ref]);
 }
 
 #[tokio::test]
