@@ -238,6 +238,19 @@ pub struct Built {
     pub seconds: f64,
 }
 
+impl Built {
+    /// The image as the engine has it now: its size, whether this call built it, how long
+    /// the call took.
+    pub fn of(image_ref: String, built: bool, started: Instant) -> Built {
+        Built {
+            size_bytes: docker_size(&image_ref),
+            image_ref,
+            built,
+            seconds: started.elapsed().as_secs_f64(),
+        }
+    }
+}
+
 /// The resolved selection: every input of the image but the agent.
 #[derive(Debug, Clone, Serialize)]
 struct Selection {
@@ -651,12 +664,7 @@ pub fn build_keeping(req: &BuildRequest, keep_stage: bool) -> anyhow::Result<Bui
     let lock_text = std::fs::read_to_string(&lock_path).unwrap_or_default();
     let mut image = image_ref(&sel, &lock_text, &agent_digest);
     if docker_has(&image) {
-        return Ok(Built {
-            size_bytes: docker_size(&image),
-            image_ref: image,
-            built: false,
-            seconds: started.elapsed().as_secs_f64(),
-        });
+        return Ok(Built::of(image, false, started));
     }
     let _guard = lock_cache(&req.cache_dir)?;
     let rootfs = packages_stage(req, &sel, &lock_path, false)?;
@@ -680,12 +688,7 @@ pub fn build_keeping(req: &BuildRequest, keep_stage: bool) -> anyhow::Result<Bui
             .with_context(|| format!("removing the stage {}", stage.display()))?;
         eprintln!("==> removed the stage {} from the cache", stage.display());
     }
-    Ok(Built {
-        size_bytes: docker_size(&image),
-        image_ref: image,
-        built: true,
-        seconds: started.elapsed().as_secs_f64(),
-    })
+    Ok(Built::of(image, true, started))
 }
 
 /// `docker import` of a stage's root file system as `image`: the agent its entrypoint, the
@@ -772,12 +775,7 @@ pub fn build_controller(req: &ControllerBuild) -> anyhow::Result<Built> {
     let vendor = read_lock(&lock_path);
     let image = controller_ref(&recipes, &vendor, &sha256_hex(&berth), &sha256_hex(&agent));
     if docker_has(&image) {
-        return Ok(Built {
-            size_bytes: docker_size(&image),
-            image_ref: image,
-            built: false,
-            seconds: started.elapsed().as_secs_f64(),
-        });
+        return Ok(Built::of(image, false, started));
     }
     let _guard = lock_cache(&req.cache_dir)?;
     let base = controller_base_stage(req, &recipes)?;
@@ -800,12 +798,7 @@ pub fn build_controller(req: &ControllerBuild) -> anyhow::Result<Built> {
     if docker_size(&image) == 0 {
         bail!("docker import produced an empty image {image}");
     }
-    Ok(Built {
-        size_bytes: docker_size(&image),
-        image_ref: image,
-        built: true,
-        seconds: started.elapsed().as_secs_f64(),
-    })
+    Ok(Built::of(image, true, started))
 }
 
 /// The base rootfs the controller's image starts from: the sandbox images' first stage

@@ -13,7 +13,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
-use super::{Built, PORTS_LABEL, SESSION_LABEL, docker_has, docker_size, run_step};
+use super::{Built, PORTS_LABEL, SESSION_LABEL, docker_has, run_step};
 use crate::util::sha256_hex;
 
 /// Where the agent's libraries go in the image.
@@ -243,12 +243,7 @@ pub fn build(req: &ByoRequest) -> anyhow::Result<Built> {
     let user = account(&inspected);
     let image = byo_ref(&req.source, &inspected.id, &files, user.as_deref());
     if docker_has(&image) {
-        return Ok(Built {
-            size_bytes: docker_size(&image),
-            image_ref: image,
-            built: false,
-            seconds: started.elapsed().as_secs_f64(),
-        });
+        return Ok(Built::of(image, false, started));
     }
     check_shell(&from, &inspected.id)?;
     let ctx = tempfile::tempdir().context("a build context for the agent")?;
@@ -262,12 +257,7 @@ pub fn build(req: &ByoRequest) -> anyhow::Result<Built> {
         .arg(ctx.path());
     run_step("docker build (the agent put in)", &mut b)
         .with_context(|| format!("berth-agent does not run in {from}"))?;
-    Ok(Built {
-        size_bytes: docker_size(&image),
-        image_ref: image,
-        built: true,
-        seconds: started.elapsed().as_secs_f64(),
-    })
+    Ok(Built::of(image, true, started))
 }
 
 /// Builds a context's Dockerfile: the image's id. Its build error says why not.
