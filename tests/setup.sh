@@ -167,6 +167,28 @@ if [ "$(python3 -c 'import berth, os; print(os.path.dirname(os.path.dirname(os.p
     || python3 -m pip install --quiet --no-deps --break-system-packages -e "$berth_python"
 fi
 
+# Harbor (PyPI `harbor`, Python >= 3.12) and the `atif` models in a virtual environment of their
+# own, with the berth package (editable) beside them: tests/tests/harbor.rs runs `harbor run` on
+# berth, and the ATIF export is validated with `atif`'s models. Python 3.12 from the machine's
+# pyenv when the system's python3 is older.
+harbor_version=0.26.0
+harbor_venv=/opt/berth/harbor-venv
+if [ "$("$harbor_venv/bin/python" -c 'import importlib.metadata as m; print(m.version("harbor"), m.version("atif"))' 2>/dev/null)" != "$harbor_version 1.8.0" ] \
+  || [ "$("$harbor_venv/bin/python" -c 'import berth.harbor, os; print(os.path.dirname(os.path.dirname(os.path.realpath(berth.__file__))))' 2>/dev/null)" != "$berth_python" ]; then
+  py312=""
+  for p in python3.13 python3.12 "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"/versions/3.1[23]*/bin/python3; do
+    if command -v "$p" >/dev/null 2>&1 && "$p" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+      py312="$(command -v "$p")"; break
+    fi
+  done
+  [ -n "$py312" ] || { echo "setup: Harbor needs Python >= 3.12 (none found)" >&2; exit 1; }
+  echo "setup: installing harbor $harbor_version and atif 1.8.0 into $harbor_venv ($py312)" >&2
+  $sudo mkdir -p "$(dirname "$harbor_venv")"
+  [ -x "$harbor_venv/bin/python" ] || $sudo "$py312" -m venv "$harbor_venv"
+  $sudo "$harbor_venv/bin/python" -m pip install --quiet "harbor==$harbor_version" "atif==1.8.0"
+  $sudo "$harbor_venv/bin/python" -m pip install --quiet --no-deps -e "$berth_python"
+fi
+
 # gVisor registered with the Docker daemon as the runtime `runsc`, once: added to daemon.json
 # (every other key kept) and loaded with SIGHUP (runtimes are reloadable; running containers are
 # not touched). This runsc takes any container's network namespace for the host's and refuses

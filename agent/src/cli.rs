@@ -132,6 +132,10 @@ pub struct AgentArgs {
     /// Home of the sandbox user (`~`, default cwd). Default: the account's home.
     #[arg(long, env = "BERTH_AGENT_HOME")]
     pub home: Option<PathBuf>,
+    /// Where commands run when they name no cwd (a brought image's `WORKDIR`). Default: the
+    /// home.
+    #[arg(long, env = "BERTH_AGENT_WORKDIR")]
+    pub workdir: Option<PathBuf>,
     /// Whether the compat surface requires the bearer token too.
     #[arg(
         long,

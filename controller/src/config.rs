@@ -525,58 +525,15 @@ pub const EVERY_PROFILE: &str = "*";
 
 /// One `[limits.*]` table: each field set overrides the catalog's (see
 /// `berth_protocol::controller::Limits` for what each means).
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct LimitsConfig {
-    pub cpus: Option<f64>,
-    pub cpu_shares: Option<u64>,
-    pub memory_mb: Option<u64>,
-    pub pids: Option<u64>,
-    pub shm_mb: Option<u64>,
+pub use berth_protocol::controller::LimitsOverride as LimitsConfig;
+
+/// A `[limits.<key>]` table's values, checked ([`LimitsConfig::check`]).
+pub fn validate_limits(key: &str, l: &LimitsConfig) -> anyhow::Result<()> {
+    l.check()
+        .map_err(|why| anyhow::anyhow!("[limits.{key:?}] {why}"))
 }
 
-impl LimitsConfig {
-    /// These limits with `over`'s set fields in their place.
-    pub fn over(self, over: &LimitsConfig) -> LimitsConfig {
-        LimitsConfig {
-            cpus: over.cpus.or(self.cpus),
-            cpu_shares: over.cpu_shares.or(self.cpu_shares),
-            memory_mb: over.memory_mb.or(self.memory_mb),
-            pids: over.pids.or(self.pids),
-            shm_mb: over.shm_mb.or(self.shm_mb),
-        }
-    }
-
-    /// Values a kernel accepts: a positive finite CPU count, Docker's range of CPU shares, at
-    /// least 6 MiB of memory (Docker's floor), a positive process count and `/dev/shm` size.
-    pub fn validate(&self, key: &str) -> anyhow::Result<()> {
-        let at = format!("[limits.{key:?}]");
-        if let Some(c) = self.cpus {
-            anyhow::ensure!(c.is_finite() && c > 0.0, "{at} cpus must be positive");
-        }
-        if let Some(s) = self.cpu_shares {
-            anyhow::ensure!(
-                (2..=262_144).contains(&s),
-                "{at} cpu_shares must be 2..=262144"
-            );
-        }
-        if let Some(m) = self.memory_mb {
-            anyhow::ensure!(
-                (6..=1 << 30).contains(&m),
-                "{at} memory_mb must be at least 6"
-            );
-        }
-        if let Some(p) = self.pids {
-            anyhow::ensure!((1..=1 << 22).contains(&p), "{at} pids must be 1..=4194304");
-        }
-        if let Some(s) = self.shm_mb {
-            anyhow::ensure!((1..=1 << 30).contains(&s), "{at} shm_mb must be positive");
-        }
-        Ok(())
-    }
-}
-
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct PoolConfig {
     pub profile: String,
@@ -591,6 +548,10 @@ pub struct PoolConfig {
     /// pool whose policy it asks.
     #[serde(default)]
     pub egress: Option<berth_protocol::egress::Egress>,
+    /// The members' limits over the profile's and `[limits]` (a create asking the same ones is
+    /// served from this pool).
+    #[serde(default)]
+    pub limits: Option<LimitsConfig>,
 }
 
 impl Default for Config {
@@ -653,7 +614,13 @@ impl Config {
                 "[limits.{key:?}] names no profile; known: \"*\", {}",
                 catalog.known_profiles()
             );
-            limits.validate(key)?;
+            validate_limits(key, limits)?;
+        }
+        for p in &self.pools {
+            if let Some(l) = &p.limits {
+                l.check()
+                    .map_err(|why| anyhow::anyhow!("[[pools]] {}: limits: {why}", p.profile))?;
+            }
         }
         check_runtimes("[runtime]", &self.runtime, &catalog)?;
         if let Some(k) = &self.kubernetes {

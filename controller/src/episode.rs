@@ -132,6 +132,15 @@ pub fn write_zip(dest: &Path, parts: &Parts, max: u64) -> std::io::Result<u64> {
     let actions = jsonl(&parts.actions);
     add(&mut z, actions.len() as u64)?;
     z.write_all(&actions)?;
+    z.start_file(crate::atif::FILE, deflated)?;
+    let trajectory = serde_json::to_vec_pretty(&crate::atif::trajectory(
+        &parts.meta,
+        &parts.actions,
+        env!("CARGO_PKG_VERSION"),
+        None,
+    ))?;
+    add(&mut z, trajectory.len() as u64)?;
+    z.write_all(&trajectory)?;
     z.start_file("timeline.jsonl", deflated)?;
     let timeline = jsonl(&parts.timeline);
     add(&mut z, timeline.len() as u64)?;
@@ -153,15 +162,21 @@ pub fn write_zip(dest: &Path, parts: &Parts, max: u64) -> std::io::Result<u64> {
     Ok(std::fs::metadata(dest)?.len())
 }
 
-/// `actions.jsonl` of a kept bundle.
-fn read_bundle_actions(zip_path: &Path) -> std::io::Result<Vec<Value>> {
+/// One file of a kept bundle.
+fn read_bundle_file(zip_path: &Path, name: &str) -> std::io::Result<Vec<u8>> {
     let mut z = zip::ZipArchive::new(std::fs::File::open(zip_path)?)
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     let mut f = z
-        .by_name("actions.jsonl")
+        .by_name(name)
         .map_err(|e| std::io::Error::other(e.to_string()))?;
-    let mut text = String::new();
-    f.read_to_string(&mut text)?;
+    let mut out = Vec::new();
+    f.read_to_end(&mut out)?;
+    Ok(out)
+}
+
+/// `actions.jsonl` of a kept bundle.
+fn read_bundle_actions(zip_path: &Path) -> std::io::Result<Vec<Value>> {
+    let text = String::from_utf8_lossy(&read_bundle_file(zip_path, "actions.jsonl")?).into_owned();
     Ok(text
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
@@ -314,6 +329,36 @@ impl Drop for Scratch {
     }
 }
 
+/// Removes a scratch file when dropped.
+struct ScratchFile(PathBuf);
+
+impl Drop for ScratchFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// What `GET …/{id}/episode` answers: the bundle (zip), or its ATIF trajectory (JSON).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EpisodeFormat {
+    #[default]
+    Bundle,
+    Atif,
+}
+
+impl std::str::FromStr for EpisodeFormat {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "bundle" | "zip" => Ok(EpisodeFormat::Bundle),
+            "atif" => Ok(EpisodeFormat::Atif),
+            other => Err(Error::BadRequest(format!(
+                "format {other:?}: give bundle (the zip) or atif (its ATIF trajectory)"
+            ))),
+        }
+    }
+}
+
 /// Episode bundles of sandboxes, kept as artifacts.
 pub struct Episodes {
     ctx: Arc<Ctx>,
@@ -390,6 +435,7 @@ impl Episodes {
         &self,
         id: &str,
         recording: Option<&str>,
+        format: EpisodeFormat,
         headers: &HeaderMap,
     ) -> Result<Response> {
         let row = self.ctx.visible_row(id)?;
@@ -403,7 +449,14 @@ impl Episodes {
                 ))
             })?
         };
-        let mut resp = self.artifacts.artifact_response(&art.id, headers).await?;
+        let mut resp = match format {
+            EpisodeFormat::Bundle => self.artifacts.artifact_response(&art.id, headers).await?,
+            EpisodeFormat::Atif => {
+                axum::response::IntoResponse::into_response(axum::Json(
+                    self.bundle_trajectory(&art).await?,
+                ))
+            }
+        };
         if let Ok(v) = HeaderValue::from_str(&art.id) {
             resp.headers_mut().insert("x-artifact-id", v);
         }
@@ -447,29 +500,55 @@ impl Episodes {
         let Some(art) = self.last_episode(sandbox_id)? else {
             return Ok(Vec::new());
         };
-        let scratch = self.artifacts.artifact_scratch()?;
+        let scratch = self.bundle_copy(&art).await?;
+        let path = scratch.0.clone();
+        let out = tokio::task::spawn_blocking(move || read_bundle_actions(&path))
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        out.map_err(|e| Error::Internal(format!("reading the kept episode: {e}")))
+    }
+
+    /// A kept bundle's bytes in a scratch file (removed when the answer is dropped).
+    async fn bundle_copy(&self, art: &ArtifactRow) -> Result<ScratchFile> {
+        let scratch = ScratchFile(self.artifacts.artifact_scratch()?);
         let (mut stream, _) = self
             .artifacts
             .blobs
             .open(&art.id, None)
             .await
             .map_err(|e| Error::Internal(format!("artifact {}: {e}", art.id)))?;
-        let mut f = tokio::fs::File::create(&scratch)
+        let mut f = tokio::fs::File::create(&scratch.0)
             .await
-            .map_err(|e| Error::Internal(format!("{}: {e}", scratch.display())))?;
+            .map_err(|e| Error::Internal(format!("{}: {e}", scratch.0.display())))?;
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|e| Error::Internal(format!("artifact: {e}")))?;
             tokio::io::AsyncWriteExt::write_all(&mut f, &chunk)
                 .await
                 .map_err(|e| Error::Internal(e.to_string()))?;
         }
-        drop(f);
-        let path = scratch.clone();
-        let out = tokio::task::spawn_blocking(move || read_bundle_actions(&path))
-            .await
-            .map_err(|e| Error::Internal(e.to_string()))?;
-        let _ = std::fs::remove_file(&scratch);
-        out.map_err(|e| Error::Internal(format!("reading the kept episode: {e}")))
+        Ok(scratch)
+    }
+
+    /// A kept bundle as an ATIF trajectory ([`crate::atif`]), made from its `episode.json`
+    /// and `actions.jsonl`.
+    async fn bundle_trajectory(&self, art: &ArtifactRow) -> Result<Value> {
+        let scratch = self.bundle_copy(art).await?;
+        let path = scratch.0.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            let meta: Value = serde_json::from_slice(&read_bundle_file(&path, "episode.json")?)
+                .map_err(std::io::Error::other)?;
+            Ok::<_, std::io::Error>((meta, read_bundle_actions(&path)?))
+        })
+        .await
+        .map_err(|e| Error::Internal(e.to_string()))?;
+        let (meta, lines) =
+            read.map_err(|e| Error::Internal(format!("reading the kept episode: {e}")))?;
+        Ok(crate::atif::trajectory(
+            &meta,
+            &lines,
+            env!("CARGO_PKG_VERSION"),
+            Some(&art.id),
+        ))
     }
 
     /// Builds the bundle of a running sandbox and keeps it as an `episode` artifact; the
@@ -688,9 +767,14 @@ mod tests {
                 "recording.mp4",
                 "screenshots/",
                 "screenshots/000001.png",
-                "timeline.jsonl"
+                "timeline.jsonl",
+                "trajectory.json"
             ]
         );
+        {
+            let t: Value = serde_json::from_reader(z.by_name("trajectory.json").unwrap()).unwrap();
+            assert_eq!(t["schema_version"], crate::atif::SCHEMA_VERSION);
+        }
         {
             let f = z.by_name("recording.mp4").unwrap();
             assert_eq!(f.compression(), zip::CompressionMethod::Stored);

@@ -72,6 +72,7 @@ impl Leases {
             credentials: Vec::new(),
             human_control: req.human_control.unwrap_or(false),
             logins: req.logins.clone(),
+            limits: None,
         };
         match self.ctx.store.active_lease_for_thread(&req.thread_id)? {
             Some(lease) => self.renew_or_replace(lease, req, want, &image).await,

@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod artifact;
+pub mod atif;
 pub mod catalog;
 pub mod cli;
 pub mod config;

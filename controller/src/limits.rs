@@ -1,5 +1,6 @@
 //! A sandbox's resource limits: its profile's (`images/catalog.toml`), then the config's
-//! `[limits."*"]` for every profile, then `[limits.<profile or alias>]`. Resolved once, at
+//! `[limits."*"]` for every profile, then `[limits.<profile or alias>]`, then the ones the
+//! create (or the pool of its members) asks. Resolved once, at
 //! create, and kept on its record: a config changed later does not rewrite what a running
 //! sandbox was given.
 
@@ -10,8 +11,13 @@ use berth_protocol::controller::Limits;
 use crate::catalog::Profile;
 use crate::config::{EVERY_PROFILE, LimitsConfig};
 
-/// The limits a sandbox of `profile` is created with. Swap is off wherever memory is limited.
-pub fn resolve(profile: &Profile, config: &BTreeMap<String, LimitsConfig>) -> Limits {
+/// The limits a sandbox of `profile` is created with, `asked` last. Swap is off wherever
+/// memory is limited.
+pub fn resolve(
+    profile: &Profile,
+    config: &BTreeMap<String, LimitsConfig>,
+    asked: Option<&LimitsConfig>,
+) -> Limits {
     let base = LimitsConfig {
         cpus: profile.cpus,
         cpu_shares: profile.cpu_shares,
@@ -22,7 +28,7 @@ pub fn resolve(profile: &Profile, config: &BTreeMap<String, LimitsConfig>) -> Li
     let own = std::iter::once(&profile.name)
         .chain(&profile.aliases)
         .find_map(|n| config.get(n));
-    let l = [config.get(EVERY_PROFILE), own]
+    let l = [config.get(EVERY_PROFILE), own, asked]
         .into_iter()
         .flatten()
         .fold(base, |acc, over| acc.over(over));
@@ -57,7 +63,7 @@ mod tests {
 
     #[test]
     fn the_profile_gives_the_limits_and_swap_is_off_with_memory() {
-        let l = resolve(&desktop(), &BTreeMap::new());
+        let l = resolve(&desktop(), &BTreeMap::new(), None);
         let p = desktop();
         assert_eq!(l.cpus, p.cpus);
         assert_eq!(l.memory_mb, p.memory_mb);
@@ -79,14 +85,34 @@ mod tests {
             ..Default::default()
         };
         let config = BTreeMap::from([("*".to_string(), every), ("desktop".to_string(), own)]);
-        let l = resolve(&desktop(), &config);
+        let l = resolve(&desktop(), &config, None);
         assert_eq!(
             (l.pids, l.memory_mb, l.swap_mb),
             (Some(50), Some(1000), Some(0))
         );
         assert_eq!(l.cpus, desktop().cpus, "unset in the config: the profile's");
         let ide = Catalog::builtin().profile("ide").unwrap().clone();
-        assert_eq!(resolve(&ide, &config).pids, Some(100));
+        assert_eq!(resolve(&ide, &config, None).pids, Some(100));
+    }
+
+    #[test]
+    fn the_creates_limits_come_last() {
+        let own = LimitsConfig {
+            pids: Some(50),
+            memory_mb: Some(1000),
+            ..Default::default()
+        };
+        let config = BTreeMap::from([("desktop".to_string(), own)]);
+        let asked = LimitsConfig {
+            cpus: Some(0.5),
+            memory_mb: Some(512),
+            ..Default::default()
+        };
+        let l = resolve(&desktop(), &config, Some(&asked));
+        assert_eq!(
+            (l.cpus, l.memory_mb, l.pids, l.swap_mb),
+            (Some(0.5), Some(512), Some(50), Some(0))
+        );
     }
 
     #[test]

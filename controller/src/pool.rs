@@ -71,7 +71,13 @@ impl Pools {
                 .sandboxes
                 .check_egress(&c.profile, c.egress.as_ref())
                 .map_err(|e| anyhow::anyhow!("pool for {}: {e}", c.profile))?;
-            let key = self.sandboxes.warm_key(&c.profile, &image, &egress);
+            if let Some(l) = &c.limits {
+                l.check()
+                    .map_err(|why| anyhow::anyhow!("pool for {}: limits: {why}", c.profile))?;
+            }
+            let key = self
+                .sandboxes
+                .warm_key(&c.profile, &image, &egress, c.limits.as_ref());
             let screen = self
                 .sandboxes
                 .check_screen(&c.profile, c.screen.as_deref())
@@ -83,6 +89,7 @@ impl Pools {
                 image_ref: image,
                 screen,
                 egress,
+                limits: c.limits.clone(),
                 size: AtomicUsize::new(c.size),
                 paused: AtomicBool::new(false),
                 failures: AtomicU32::new(0),
@@ -162,6 +169,7 @@ impl Pools {
                     credentials: Vec::new(),
                     human_control: false,
                     logins: Vec::new(),
+                    limits: pool.limits.clone(),
                 };
                 let row = match self
                     .sandboxes
@@ -332,6 +340,7 @@ mod tests {
                     size,
                     screen: None,
                     egress: None,
+                    limits: None,
                 }],
                 refill_concurrency: concurrency,
                 refill_max_failures: 3,
@@ -350,6 +359,7 @@ mod tests {
                 credentials: Vec::new(),
                 human_control: false,
                 logins: Vec::new(),
+                limits: None,
             }
         }
 
@@ -438,6 +448,67 @@ mod tests {
             };
             let (_, how) = c.sandboxes.provision(&other).await.unwrap();
             assert_eq!(how, "cold");
+        }
+
+        #[tokio::test]
+        async fn a_claim_is_served_by_the_pool_of_the_limits_it_asks() {
+            use berth_protocol::controller::LimitsOverride;
+            let d = tempfile::tempdir().unwrap();
+            let fake = FakeProvider::new("process");
+            let mut cfg = config(1, 2);
+            let small = LimitsOverride {
+                cpus: Some(0.5),
+                memory_mb: Some(512),
+                ..Default::default()
+            };
+            let sized = PoolConfig {
+                limits: Some(small.clone()),
+                ..cfg.pools[0].clone()
+            };
+            cfg.pools.push(sized);
+            let c = controller_on(d.path(), &fake, cfg);
+            c.pools.start_pools().unwrap();
+            let ready = || c.pools.pool_status().iter().all(|p| p.ready == 1);
+            assert!(
+                fake.wait_for(WITHIN, |_| ready()).await,
+                "{:?}",
+                c.pools.pool_status()
+            );
+            let keys: BTreeSet<String> =
+                c.pools.pool_status().into_iter().map(|p| p.pool).collect();
+            assert!(keys.iter().any(|k| k.contains("#limits-")), "{keys:?}");
+            let asked = Request {
+                limits: Some(small),
+                ..req()
+            };
+            let (row, how) = c.sandboxes.provision(&asked).await.unwrap();
+            assert_eq!(how, "warm");
+            let l = row.limits.unwrap();
+            assert_eq!((l.cpus, l.memory_mb), (Some(0.5), Some(512)));
+            // The profile's own limits, asked or not, are the plain pool's.
+            let (_, how) = c.sandboxes.provision(&req()).await.unwrap();
+            assert_eq!(how, "warm");
+            // Limits no pool has: cold, and the sandbox has them.
+            let other = Request {
+                limits: Some(LimitsOverride {
+                    pids: Some(64),
+                    ..Default::default()
+                }),
+                ..req()
+            };
+            let (row, how) = c.sandboxes.provision(&other).await.unwrap();
+            assert_eq!(how, "cold");
+            assert_eq!(row.limits.unwrap().pids, Some(64));
+            // Limits a kernel would refuse: a 400 naming them.
+            let bad = Request {
+                limits: Some(LimitsOverride {
+                    memory_mb: Some(1),
+                    ..Default::default()
+                }),
+                ..req()
+            };
+            let e = c.sandboxes.provision(&bad).await.unwrap_err().to_string();
+            assert!(e.contains("memory_mb"), "{e}");
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

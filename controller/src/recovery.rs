@@ -269,6 +269,7 @@ mod tests {
             credentials: Vec::new(),
             human_control: false,
             logins: Vec::new(),
+            limits: None,
         }
     }
 

@@ -589,6 +589,7 @@ fn agent_request(req: &RunRequest, run_id: &str) -> Result<(ExecRequest, Value)>
         argv,
         shell,
         cwd: req.cwd.clone(),
+        user: req.user.clone(),
         env: (!env.is_empty()).then_some(env),
         timeout_ms: req.timeout_ms,
         background: Some(true),

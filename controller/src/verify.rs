@@ -385,6 +385,7 @@ async fn create(
         credentials: Vec::new(),
         human_control: None,
         logins: Vec::new(),
+        limits: None,
     };
     let mut sb = bounded(controller.create_nowait(&req)).await?;
     *created.locked() = Some(sb.id.clone());

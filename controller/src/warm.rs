@@ -12,17 +12,22 @@ use tokio::sync::{Notify, Semaphore};
 use crate::config::PoolConfig;
 
 /// The pool a profile + image belongs to, with its members' egress policy when that is not
-/// the default one (`profile@image` else, as before policies).
-pub fn key(profile: &str, image_ref: &str, egress: Option<&str>) -> String {
-    match egress {
-        None => format!("{profile}@{image_ref}"),
-        Some(policy) => {
-            use sha2::Digest;
-            let digest = sha2::Sha256::digest(policy.as_bytes());
-            let short: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
-            format!("{profile}@{image_ref}#egress-{short}")
-        }
+/// the default one and their limits when they are not the profile's (`profile@image` else, as
+/// before policies and limits).
+pub fn key(profile: &str, image_ref: &str, egress: Option<&str>, limits: Option<&str>) -> String {
+    let short = |s: &str| -> String {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(s.as_bytes());
+        digest[..6].iter().map(|b| format!("{b:02x}")).collect()
+    };
+    let mut key = format!("{profile}@{image_ref}");
+    if let Some(policy) = egress {
+        key.push_str(&format!("#egress-{}", short(policy)));
     }
+    if let Some(limits) = limits {
+        key.push_str(&format!("#limits-{}", short(limits)));
+    }
+    key
 }
 
 pub struct PoolState {
@@ -33,6 +38,8 @@ pub struct PoolState {
     pub screen: Option<String>,
     /// The members' egress policy.
     pub egress: berth_protocol::egress::Egress,
+    /// The members' limits over the profile's, when the pool asks some.
+    pub limits: Option<berth_protocol::controller::LimitsOverride>,
     pub size: AtomicUsize,
     pub paused: AtomicBool,
     pub(crate) failures: AtomicU32,

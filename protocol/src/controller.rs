@@ -48,6 +48,10 @@ pub struct CreateSandbox {
     /// tool is listed only when there are some).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub logins: Vec<String>,
+    /// Its resources, over its profile's and the config's (`{"cpus": 1.5, "memory_mb": 2048}`):
+    /// a warm pool serves it only when its members have the same limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<LimitsOverride>,
 }
 
 /// A credential given at create: `{"host": "api.example.com", "header": "Authorization",
@@ -212,6 +216,60 @@ impl Limits {
     }
 }
 
+/// Limits asked for one sandbox (at create, or for a pool's members) or set by the
+/// config's `[limits.*]`: each field set replaces the one below it (the catalog's profile, then
+/// `[limits."*"]`, then `[limits.<profile>]`, then the create's).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsOverride {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_shares: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shm_mb: Option<u64>,
+}
+
+impl LimitsOverride {
+    /// These limits with `over`'s set fields in their place.
+    pub fn over(self, over: &LimitsOverride) -> LimitsOverride {
+        LimitsOverride {
+            cpus: over.cpus.or(self.cpus),
+            cpu_shares: over.cpu_shares.or(self.cpu_shares),
+            memory_mb: over.memory_mb.or(self.memory_mb),
+            pids: over.pids.or(self.pids),
+            shm_mb: over.shm_mb.or(self.shm_mb),
+        }
+    }
+
+    /// Values a kernel accepts (pure): a positive finite CPU count, Docker's range of CPU
+    /// shares, at least 6 MiB of memory (Docker's floor), a positive process count and
+    /// `/dev/shm` size.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let bad = |ok: bool, why: &str| if ok { Ok(()) } else { Err(why.to_string()) };
+        if let Some(c) = self.cpus {
+            bad(c.is_finite() && c > 0.0 && c <= 4096.0, "cpus must be positive")?;
+        }
+        if let Some(s) = self.cpu_shares {
+            bad((2..=262_144).contains(&s), "cpu_shares must be 2..=262144")?;
+        }
+        if let Some(m) = self.memory_mb {
+            bad((6..=1 << 30).contains(&m), "memory_mb must be at least 6")?;
+        }
+        if let Some(p) = self.pids {
+            bad((1..=1 << 22).contains(&p), "pids must be 1..=4194304")?;
+        }
+        if let Some(s) = self.shm_mb {
+            bad((1..=1 << 30).contains(&s), "shm_mb must be positive")?;
+        }
+        Ok(())
+    }
+}
+
 /// The reason a sandbox killed for memory fails with (its `error` begins with it).
 pub const OOM_KILLED: &str = "oom_killed";
 
@@ -302,6 +360,9 @@ pub struct RunRequest {
     pub run_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cwd: Option<String>,
+    /// Run as this account of the sandbox (`root`, a name) instead of its user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
@@ -945,6 +1006,23 @@ impl ControllerClient {
     /// `POST …/{id}/session`: a one-time URL for the session view.
     pub async fn session(&self, id: &str) -> Result<SessionUrl> {
         Self::call(self.request(reqwest::Method::POST, &fill(route::SANDBOX_SESSION, &[id]))).await
+    }
+
+    /// `GET …/{id}/episode`: the episode bundle's bytes (a zip).
+    pub async fn episode_bundle(&self, id: &str) -> Result<Vec<u8>> {
+        let path = fill(route::SANDBOX_EPISODE, &[id]);
+        let resp = check(self.request(reqwest::Method::GET, &path).send().await?).await?;
+        Ok(resp.bytes().await?.to_vec())
+    }
+
+    /// `GET …/{id}/episode?format=atif`: the episode as an ATIF trajectory.
+    pub async fn episode_atif(&self, id: &str) -> Result<serde_json::Value> {
+        let path = fill(route::SANDBOX_EPISODE, &[id]);
+        Self::call(
+            self.request(reqwest::Method::GET, &path)
+                .query(&[("format", "atif")]),
+        )
+        .await
     }
 
     pub async fn screenshot(&self, id: &str) -> Result<Vec<u8>> {

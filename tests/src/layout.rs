@@ -446,6 +446,7 @@ mod tests {
             "config",
             "catalog",
             "limits",
+            "atif",
             "metrics",
             "store",
             "egress",

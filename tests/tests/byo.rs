@@ -55,7 +55,7 @@ fn newer_glibc() -> String {
 }
 
 /// A `debootstrap --variant=minbase` of `suite`, imported (both cached between runs).
-fn minbase(suite: &str) -> String {
+pub(crate) fn minbase(suite: &str) -> String {
     let name = format!("berth-test-rootfs/{suite}:minbase");
     if has_image(&name) {
         return name;
@@ -246,7 +246,7 @@ async fn any_local_image_or_dockerfile_becomes_a_sandbox_with_exec_files_and_a_t
     std::fs::write(
         ctx.path().join("Dockerfile"),
         format!(
-            "FROM {}\nUSER root\nRUN mkdir -p /app && echo 'made by the Dockerfile' > /app/built.txt\nUSER app\n",
+            "FROM {}\nUSER root\nRUN mkdir -p /app && echo 'made by the Dockerfile' > /app/built.txt\nUSER app\nWORKDIR /app\n",
             sources[2].1
         ),
     )
@@ -278,8 +278,20 @@ async fn any_local_image_or_dockerfile_becomes_a_sandbox_with_exec_files_and_a_t
         })
         .await
         .unwrap();
-    let built = shell(&cl.agent(&sb.id), "cat /app/built.txt; id -un").await;
-    assert_eq!(built, "made by the Dockerfile\napp\n");
+    // Its commands run in its WORKDIR, as its USER; as root when asked, through the controller.
+    let built = shell(&cl.agent(&sb.id), "cat built.txt; id -un; pwd").await;
+    assert_eq!(built, "made by the Dockerfile\napp\n/app\n");
+    let as_root = cl
+        .exec(
+            &sb.id,
+            &berth_protocol::controller::RunRequest {
+                user: Some("root".into()),
+                ..berth_tests::controller::shell("id -un; pwd")
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!((as_root.exit_code, as_root.stdout.as_str()), (Some(0), "root\n/app\n"));
     cl.delete(&sb.id).await.unwrap();
     // Named after a temporary directory: not kept (its untagged parent goes with it).
     docker(&["rmi", "-f", &job.image_ref]);

@@ -25,6 +25,7 @@ mod gateway;
 mod golden;
 mod guest;
 mod gvisor;
+mod harbor;
 mod hostile;
 mod ide_viewer;
 mod images;

@@ -8,7 +8,7 @@ use std::fmt::Debug;
 
 use berth_protocol::controller::{
     AcquireLease, AdjustPool, BuildImage, CatalogList, Command, CreateQuery, CreateSandbox,
-    CredentialView, EgressReport, Endpoints, ImageJob, Lease, Limits, PoolList, PoolStatus,
+    CredentialView, EgressReport, Endpoints, ImageJob, Lease, Limits, LimitsOverride, PoolList, PoolStatus,
     PortPreview, PortUrl, PortUrlRequest, Run, RunRequest, Sandbox, SandboxCredential, Viewer,
     ViewerUrl,
 };
@@ -225,9 +225,15 @@ fn sandbox_requests() {
             credentials: Vec::new(),
             human_control: None,
             logins: Vec::new(),
+            limits: Some(LimitsOverride {
+                cpus: Some(1.5),
+                memory_mb: Some(2048),
+                ..Default::default()
+            }),
         },
         r#"{"profile": "desktop-ubuntu", "image_ref": "berth-desktop:0f1e2d",
-            "labels": {"k": "v"}, "ttl_seconds": 600, "screen": "1280x800", "egress": "none"}"#,
+            "labels": {"k": "v"}, "ttl_seconds": 600, "screen": "1280x800", "egress": "none",
+            "limits": {"cpus": 1.5, "memory_mb": 2048}}"#,
     );
     golden(
         &CreateSandbox {
@@ -283,9 +289,11 @@ fn run() {
         &RunRequest {
             command: Command::Argv(vec!["ls".into(), "-la".into()]),
             shell: Some(false),
+            cwd: Some("/app".into()),
+            user: Some("root".into()),
             ..Default::default()
         },
-        r#"{"command": ["ls", "-la"], "shell": false}"#,
+        r#"{"command": ["ls", "-la"], "shell": false, "cwd": "/app", "user": "root"}"#,
     );
     refused::<RunRequest>(r#"{"command": "ls", "argv": ["ls"]}"#);
     golden(

@@ -717,6 +717,7 @@ async fn every_route_answers_hostile_input_with_a_4xx_and_its_error_body() {
             credentials: Vec::new(),
             human_control: None,
             logins: Vec::new(),
+            limits: None,
         })
         .await
         .expect("an ide sandbox");

@@ -92,6 +92,8 @@ pub struct ExecConfig {
     pub agent_exe: PathBuf,
     pub account: Account,
     pub home: PathBuf,
+    /// Where commands naming no cwd run; the account's home when `None`.
+    pub workdir: Option<PathBuf>,
     pub env: ChildEnv,
     pub output_cap: u64,
     pub ttl: Duration,
@@ -390,7 +392,7 @@ impl CommandTable {
         };
         account.check_switchable()?;
         let cwd = match cwd {
-            None => home.clone(),
+            None => self.cfg.workdir.clone().unwrap_or_else(|| home.clone()),
             Some(c) if c.contains('\0') => {
                 return Err(ExecError::Invalid("cwd contains a NUL byte".into()));
             }

@@ -181,6 +181,7 @@ class Client:
         screen: Optional[str] = None,
         egress: Optional[Any] = None,
         logins: Optional[Sequence[str]] = None,
+        limits: Optional[Mapping[str, Any]] = None,
         wait: bool = True,
         timeout: Optional[Timeout] = None,
     ) -> Sandbox:
@@ -189,8 +190,11 @@ class Client:
         answers at once (``starting``): then :meth:`wait_until_running`. ``screen``
         (``"1280x800"``) is a desktop's screen size, set before it counts as running. ``egress``
         is its policy (``"open"``, ``"none"`` or ``{"allow": [...], "deny_private": bool}``);
-        ``logins`` the controller's ``[[login]]`` sites its run may sign its browser in to."""
+        ``logins`` the controller's ``[[login]]`` sites its run may sign its browser in to;
+        ``limits`` its resources over its profile's (``{"cpus": 1.5, "memory_mb": 2048}``)."""
         body: Dict[str, Any] = {"profile": profile}
+        if limits:
+            body["limits"] = dict(limits)
         if egress is not None:
             body["egress"] = egress
         if logins:
@@ -267,12 +271,14 @@ class Client:
         wait: bool = True,
         run_id: Optional[str] = None,
         cwd: Optional[str] = None,
+        user: Optional[str] = None,
         timeout: Optional[Timeout] = None,
     ) -> Run:
         """``POST …/{id}/exec``: an argv list runs directly, a string with ``sh -c``. With ``wait``
         the answer carries ``stdout``/``stderr``/``exit_code`` unless the run outlasts the
         controller's bound (then :meth:`wait_run`). A repeated ``run_id`` returns the same run.
-        ``secrets`` join the run's environment and appear in no answer, event or log."""
+        ``secrets`` join the run's environment and appear in no answer, event or log. ``user``
+        runs it as another account of the sandbox (``"root"``)."""
         body: Dict[str, Any] = {"command": command if isinstance(command, str) else list(command)}
         if shell is not None:
             body["shell"] = shell
@@ -288,6 +294,8 @@ class Client:
             body["run_id"] = run_id
         if cwd:
             body["cwd"] = cwd
+        if user is not None:
+            body["user"] = str(user)
         if timeout is None:
             timeout = EXEC_TIMEOUT + (timeout_ms or 0) / 1000.0 if wait else self.timeout
         data = self._json("POST", f"{SANDBOXES}/{self._sb(sandbox)}/exec", json=body, timeout=timeout)
@@ -540,6 +548,44 @@ class Client:
         return self._json("DELETE", f"{LEASES}/{quote(lease_id, safe='')}", timeout=120.0 if timeout is None else timeout)
 
     # ---- catalog ----
+
+    # ---- images ----
+
+    def build_image(
+        self,
+        *,
+        from_image: Optional[str] = None,
+        dockerfile: Optional[str] = None,
+        profile: Optional[str] = None,
+        wait: bool = True,
+        timeout: float = 1800.0,
+        interval: float = 1.0,
+    ) -> Dict[str, Any]:
+        """``POST …/images/build``: ``from_image`` (an image in the controller's engine) or
+        ``dockerfile`` (a build context on the controller's host) with the agent put in, or a
+        recipe's ``profile``. With ``wait`` it polls the job until the image is ``ready`` and
+        raises :class:`BerthError` (``image_build_failed``) with the build's reason when it fails."""
+        body: Dict[str, Any] = {}
+        if from_image:
+            body["from"] = from_image
+        if dockerfile:
+            body["dockerfile"] = str(dockerfile)
+        if profile:
+            body["profile"] = profile
+        job = self._json("POST", f"{SANDBOXES}/images/build", json=body, timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while wait and job.get("status") == "building":
+            if time.monotonic() >= deadline:
+                raise BerthError(None, "timeout", f"image {job.get('image_ref')} still building after {timeout:g} s")
+            time.sleep(interval)
+            job = self.image_job(job["image_ref"])
+        if wait and job.get("status") == "failed":
+            raise BerthError(None, "image_build_failed", job.get("error") or "the image build failed", job)
+        return job
+
+    def image_job(self, image_ref: str, *, timeout: Optional[Timeout] = None) -> Dict[str, Any]:
+        """``GET …/images/{image_ref}``: the build job of that image (``building``, ``ready``, ``failed``)."""
+        return self._json("GET", f"{SANDBOXES}/images/{quote(image_ref, safe='')}", timeout=timeout)
 
     def catalog(self, kind: str = "profile", *, timeout: Optional[Timeout] = None) -> List[Dict[str, Any]]:
         """``profile``, ``desktop_app`` or ``desktop_app_bundle`` entries."""

@@ -438,6 +438,7 @@ async fn sandbox_artifacts(
 #[serde(deny_unknown_fields)]
 struct EpisodeQuery {
     recording: Option<String>,
+    format: Option<String>,
 }
 
 /// `GET …/{id}/episode`: the episode bundle (zip), kept as an artifact (`X-Artifact-Id`).
@@ -447,9 +448,13 @@ async fn episode(
     Query(q): Query<EpisodeQuery>,
     headers: axum::http::HeaderMap,
 ) -> Result<Response> {
+    let format = match q.format.as_deref() {
+        Some(f) => f.parse()?,
+        None => Default::default(),
+    };
     Ok(s.c
         .episodes
-        .episode_response(&id, q.recording.as_deref(), &headers)
+        .episode_response(&id, q.recording.as_deref(), format, &headers)
         .await?)
 }
 

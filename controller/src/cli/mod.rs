@@ -8,7 +8,7 @@ mod through;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -326,6 +326,22 @@ closes the sandbox's terminal and exits 128+signal.")]
         /// The PNG file to write.
         #[arg(short, long, default_value = "screenshot.png")]
         output: PathBuf,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Save the sandbox's episode: the bundle (zip: recording, actions, screenshots,
+    /// timeline), or with `--format atif` its ATIF trajectory as `trajectory.json` with the
+    /// screenshots it names beside it in `screenshots/`.
+    Episode {
+        /// The sandbox's id.
+        id: String,
+        /// `bundle` (a zip) or `atif` (a directory).
+        #[arg(long, default_value = "bundle", value_parser = ["bundle", "atif"])]
+        format: String,
+        /// The zip to write (bundle), or the directory (atif). Default: `episode-<id>.zip`, or
+        /// `episode-<id>/`.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
         #[command(flatten)]
         remote: Remote,
     },
@@ -678,6 +694,7 @@ async fn sandbox(c: SandboxCmd) -> anyhow::Result<i32> {
                 credentials,
                 human_control: None,
                 logins,
+                limits: None,
             };
             create_sandbox(&request, &remote).await?;
         }
@@ -711,6 +728,12 @@ async fn sandbox(c: SandboxCmd) -> anyhow::Result<i32> {
             };
             return exec_command(&id, &request, &remote).await;
         }
+        SandboxCmd::Episode {
+            id,
+            format,
+            output,
+            remote,
+        } => save_episode(&id, format == "atif", output, &remote).await?,
         SandboxCmd::Screenshot { id, output, remote } => {
             save_screenshot(&id, &output, &remote).await?
         }
@@ -786,6 +809,64 @@ async fn exec_command(id: &str, request: &RunRequest, remote: &Remote) -> anyhow
 }
 
 /// `berth sandbox screenshot`: the sandbox's display saved as PNG to `output`.
+/// `berth sandbox episode`: the bundle as a zip, or its ATIF trajectory with the screenshots
+/// it names (from the bundle) beside it.
+async fn save_episode(
+    id: &str,
+    atif: bool,
+    output: Option<PathBuf>,
+    remote: &Remote,
+) -> anyhow::Result<()> {
+    let c = client(remote);
+    let (path, summary) = if atif {
+        let dir = output.unwrap_or_else(|| PathBuf::from(format!("episode-{id}")));
+        let trajectory = c.episode_atif(id).await?;
+        let zip = c.episode_bundle(id).await?;
+        let shots = write_atif(&dir, &trajectory, &zip)
+            .with_context(|| format!("writing {}", dir.display()))?;
+        let steps = trajectory["steps"].as_array().map_or(0, Vec::len);
+        (dir, serde_json::json!({"steps": steps, "screenshots": shots}))
+    } else {
+        let file = output.unwrap_or_else(|| PathBuf::from(format!("episode-{id}.zip")));
+        let zip = c.episode_bundle(id).await?;
+        std::fs::write(&file, &zip).with_context(|| format!("writing {}", file.display()))?;
+        (file, serde_json::json!({"bytes": zip.len()}))
+    };
+    match remote.json {
+        true => {
+            let mut v = summary;
+            v["path"] = path.display().to_string().into();
+            println!("{v}");
+        }
+        false => println!("{} ({summary})", path.display()),
+    }
+    Ok(())
+}
+
+/// `dir/trajectory.json` and the bundle's `screenshots/`; answers how many screenshots.
+fn write_atif(dir: &Path, trajectory: &serde_json::Value, zip: &[u8]) -> anyhow::Result<usize> {
+    std::fs::create_dir_all(dir.join("screenshots"))?;
+    std::fs::write(
+        dir.join(crate::atif::FILE),
+        serde_json::to_vec_pretty(trajectory)?,
+    )?;
+    let mut z = zip::ZipArchive::new(std::io::Cursor::new(zip))?;
+    let mut n = 0;
+    for i in 0..z.len() {
+        let mut f = z.by_index(i)?;
+        let Some(name) = f
+            .enclosed_name()
+            .filter(|p| p.starts_with("screenshots") && f.is_file())
+        else {
+            continue;
+        };
+        let mut out = std::fs::File::create(dir.join(name))?;
+        std::io::copy(&mut f, &mut out)?;
+        n += 1;
+    }
+    Ok(n)
+}
+
 async fn save_screenshot(
     id: &str,
     output: &std::path::Path,

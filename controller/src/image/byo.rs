@@ -57,6 +57,8 @@ pub struct Inspected {
 pub struct ImageConfig {
     #[serde(default)]
     pub user: String,
+    #[serde(default)]
+    pub working_dir: String,
 }
 
 /// Docker's name for this machine's architecture.
@@ -92,6 +94,13 @@ pub fn account(i: &Inspected) -> Option<String> {
     let user = i.config.as_ref()?.user.split(':').next()?.trim();
     let named = !user.is_empty() && user != "root" && !user.chars().all(|c| c.is_ascii_digit());
     named.then(|| user.to_string())
+}
+
+/// Where the image's commands run (pure): its `WORKDIR` when it sets one other than `/`
+/// (which the agent would otherwise replace with the account's home).
+pub fn workdir(i: &Inspected) -> Option<String> {
+    let w = i.config.as_ref()?.working_dir.trim();
+    (w.starts_with('/') && w != "/").then(|| w.to_string())
 }
 
 /// The agent's shared objects from `ldd`'s output (pure): the dynamic loader and every library
@@ -159,8 +168,10 @@ fn slug(source: &Source) -> String {
 }
 
 /// The Dockerfile that puts the agent in (pure): the agent's files, a check that it runs, and
-/// the agent as PID 1.
-pub fn dockerfile(base_id: &str, image: &str, from: &str, user: Option<&str>) -> String {
+/// the agent as PID 1; the image's account and `WORKDIR` ([`account`], [`workdir`]) are its
+/// commands'.
+pub fn dockerfile(i: &Inspected, image: &str, from: &str) -> String {
+    let base_id = &i.id;
     let quoted = |s: &str| serde_json::to_string(s).unwrap_or_default();
     let mut d = format!(
         "FROM {base_id}\n\
@@ -174,8 +185,11 @@ pub fn dockerfile(base_id: &str, image: &str, from: &str, user: Option<&str>) ->
          LABEL berth.image_ref={image} {SESSION_LABEL}=none {PORTS_LABEL}=\"{{}}\" {FROM_LABEL}={}\n",
         quoted(from)
     );
-    if let Some(u) = user {
+    if let Some(u) = account(i) {
         d.push_str(&format!("ENV BERTH_AGENT_USER={u}\n"));
+    }
+    if let Some(w) = workdir(i) {
+        d.push_str(&format!("ENV BERTH_AGENT_WORKDIR={}\n", quoted(&w)));
     }
     d
 }
@@ -250,7 +264,7 @@ pub fn build(req: &ByoRequest) -> anyhow::Result<Built> {
     stage_agent(ctx.path(), &req.agent_bin, &libs)?;
     std::fs::write(
         ctx.path().join("Dockerfile"),
-        dockerfile(&inspected.id, &image, &from, user.as_deref()),
+        dockerfile(&inspected, &image, &from),
     )?;
     let mut b = Command::new("docker");
     b.args(["build", "--force-rm", "-t", &image])
@@ -370,7 +384,10 @@ mod tests {
             id: "sha256:abc".into(),
             architecture: arch.into(),
             os: os.into(),
-            config: Some(ImageConfig { user: user.into() }),
+            config: Some(ImageConfig {
+                user: user.into(),
+                ..Default::default()
+            }),
         }
     }
 
@@ -439,12 +456,18 @@ mod tests {
 
     #[test]
     fn the_dockerfile_runs_the_agent_as_pid_1_and_checks_it_runs() {
-        let d = dockerfile("sha256:1", "berth-byo-x:h", "x:1", Some("app"));
+        let mut app = inspected("amd64", "linux", "app");
+        app.id = "sha256:1".into();
+        app.config.as_mut().unwrap().working_dir = "/srv/app dir".into();
+        let d = dockerfile(&app, "berth-byo-x:h", "x:1");
         assert!(d.starts_with("FROM sha256:1\n"), "{d}");
         assert!(d.contains("RUN [\"/usr/local/bin/berth-agent\", \"--version\"]"));
         assert!(d.contains("ENTRYPOINT [\"/usr/local/bin/berth-agent\", \"init\"]"));
         assert!(d.contains("berth.from=\"x:1\""), "{d}");
         assert!(d.contains("ENV BERTH_AGENT_USER=app"));
-        assert!(!dockerfile("sha256:1", "i", "x", None).contains("BERTH_AGENT_USER"));
+        assert!(d.contains("ENV BERTH_AGENT_WORKDIR=\"/srv/app dir\""), "{d}");
+        let plain = dockerfile(&inspected("amd64", "linux", ""), "i", "x");
+        assert!(!plain.contains("BERTH_AGENT_USER"), "{plain}");
+        assert!(!plain.contains("WORKDIR"), "{plain}");
     }
 }

@@ -87,6 +87,8 @@ pub struct Request {
     pub human_control: bool,
     /// The `[[login]]` sites its run enables.
     pub logins: Vec<String>,
+    /// Limits asked over its profile's and the config's (checked by [`Sandboxes::checked`]).
+    pub limits: Option<berth_protocol::controller::LimitsOverride>,
 }
 
 /// The domain's request for a create body (the REST route's and the MCP tool's).
@@ -102,6 +104,7 @@ impl From<berth_protocol::controller::CreateSandbox> for Request {
             credentials: body.credentials,
             human_control: body.human_control.unwrap_or(false),
             logins: body.logins,
+            limits: body.limits,
         }
     }
 }
@@ -134,14 +137,26 @@ impl Sandboxes {
     }
 
     /// The pool that serves `profile` (an alias as its canonical name) from `image` with
-    /// `egress`: the one place pool keys are made.
-    pub fn warm_key(&self, profile: &str, image: &str, egress: &Egress) -> String {
+    /// `egress` and the limits `asked`: the one place pool keys are made.
+    pub fn warm_key(
+        &self,
+        profile: &str,
+        image: &str,
+        egress: &Egress,
+        asked: Option<&berth_protocol::controller::LimitsOverride>,
+    ) -> String {
         let policy = (*egress != self.ctx.config.egress.default)
             .then(|| serde_json::to_string(egress).unwrap_or_default());
+        let limits = self.ctx.profile(profile).ok().and_then(|p| {
+            let own = crate::limits::resolve(p, &self.ctx.config.limits, None);
+            let asked = crate::limits::resolve(p, &self.ctx.config.limits, asked);
+            (asked != own).then(|| serde_json::to_string(&asked).unwrap_or_default())
+        });
         crate::warm::key(
             self.ctx.profile(profile).map_or(profile, |p| &p.name),
             image,
             policy.as_deref(),
+            limits.as_deref(),
         )
     }
 
@@ -187,7 +202,7 @@ impl Sandboxes {
         let req = &self.checked(req)?;
         let image = self.resolve(&req.profile, req.image_ref.as_deref())?;
         let egress = req.egress.clone().unwrap_or_default();
-        let key = self.warm_key(&req.profile, &image, &egress);
+        let key = self.warm_key(&req.profile, &image, &egress, req.limits.as_ref());
         if let Some(row) = self.claim_warm(&key, req).await? {
             let row = self.keep_credentials(row, &req.credentials)?;
             self.start_run(&row, req).await?;
@@ -222,6 +237,10 @@ impl Sandboxes {
     fn checked(&self, req: &Request) -> Result<Request> {
         let egress = self.check_egress(&req.profile, req.egress.as_ref())?;
         self.check_credentials(&egress, &req.credentials)?;
+        if let Some(l) = &req.limits {
+            l.check()
+                .map_err(|why| Error::BadRequest(format!("limits: {why}")))?;
+        }
         Ok(Request {
             screen: self.check_screen(&req.profile, req.screen.as_deref())?,
             egress: Some(egress),
@@ -435,7 +454,8 @@ impl Sandboxes {
         let profile = self.ctx.profile(&req.profile)?;
         let provider = self.ctx.provider_for(profile)?;
         let now = now_ms();
-        let mut limits = crate::limits::resolve(profile, &self.ctx.config.limits);
+        let mut limits =
+            crate::limits::resolve(profile, &self.ctx.config.limits, req.limits.as_ref());
         limits.unenforced = provider.unenforced(&limits);
         let policy = match &req.egress {
             Some(e) => e.clone(),

@@ -27,6 +27,7 @@ const fn keyed(op: Operation) -> Operation {
 const NOT_RUNNING: Answer = Answer::json("409", "not running", ERROR);
 const BYTES: &[(&str, Schema)] = &[("application/octet-stream", binary)];
 const ZIP: &[(&str, Schema)] = &[("application/zip", binary)];
+const ZIP_OR_ATIF: &[(&str, Schema)] = &[("application/zip", binary), ("application/json", object)];
 const PATH: Param = Param::required("path", string, "absolute, or relative to the home");
 
 pub const HEALTHZ: Operation = Operation::get(path::HEALTHZ, "healthz", "liveness (no auth)")
@@ -316,16 +317,24 @@ pub const SANDBOX_EPISODE: Operation = keyed(Operation::get(
     path::SANDBOX_EPISODE,
     "sandbox_episode",
     "the episode bundle (zip: recording.mp4, actions.jsonl, screenshots/, \
-     timeline.jsonl, episode.json), kept as an `episode` artifact (X-Artifact-Id); \
-     once the sandbox is gone, the last kept bundle",
+     timeline.jsonl, episode.json, trajectory.json), kept as an `episode` artifact \
+     (X-Artifact-Id); once the sandbox is gone, the last kept bundle; `format=atif`: its \
+     ATIF trajectory (JSON)",
 ))
-.query(&[Param::query(
-    "recording",
-    string,
-    "the recording to bundle (default: the one most actions fall in)",
-)])
+.query(&[
+    Param::query(
+        "recording",
+        string,
+        "the recording to bundle (default: the one most actions fall in)",
+    ),
+    Param::query(
+        "format",
+        string,
+        "`bundle` (default: the zip) or `atif` (the bundle's ATIF-v1.8 trajectory)",
+    ),
+])
 .answers(&[
-    Answer::media("200", "the bundle", ZIP),
+    Answer::media("200", "the bundle, or its ATIF trajectory", ZIP_OR_ATIF),
     Answer::media("206", "the requested range", ZIP),
     Answer::json("404", "no such sandbox, or none kept", ERROR),
     Answer::json("413", "the bundle passes artifact_max_file_bytes", ERROR),
