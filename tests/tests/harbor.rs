@@ -121,6 +121,22 @@ async fn sandboxes(cl: &ControllerClient, stopped: bool) -> Vec<Sandbox> {
     list.sandboxes
 }
 
+/// What a task's trials printed: the oracle's and the verifier's output, for a failure's message.
+fn trial_logs(job: &Path, task: &str) -> String {
+    let mut out = String::new();
+    for entry in std::fs::read_dir(job).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with(&format!("{task}__")) {
+            continue;
+        }
+        for f in ["agent/oracle.txt", "verifier/test-stdout.txt"] {
+            let text = std::fs::read_to_string(entry.path().join(f)).unwrap_or_default();
+            out.push_str(&format!("--- {name}/{f}\n{text}\n"));
+        }
+    }
+    out
+}
+
 #[tokio::test]
 async fn harbors_own_harbor_run_passes_and_fails_the_right_tasks_on_berth() {
     let base = super::byo::minbase("bookworm");
@@ -144,7 +160,8 @@ async fn harbors_own_harbor_run_passes_and_fails_the_right_tasks_on_berth() {
         &tasks,
         "writes-wrong",
         "",
-        &dockerfile,
+        // Another image than the passing task's, whose pool is the passing task's alone.
+        &format!("{dockerfile}ENV TASK=writes-wrong\n"),
         "echo goodbye > out.txt",
         &reward_if("[ \"$(cat /app/out.txt)\" = hello ]"),
     );
@@ -153,7 +170,8 @@ async fn harbors_own_harbor_run_passes_and_fails_the_right_tasks_on_berth() {
         "allowlist",
         "network_mode = \"allowlist\"\nallowed_hosts = [\"allowed.test\"]\n",
         &dockerfile,
-        &format!("{PROXY_GET}\nget allowed.test:8000 > allowed.txt\nget refused.test:8000 > refused.txt"),
+        &format!("{PROXY_GET}\nget allowed.test:8000 > allowed.txt\nget refused.test:8000 > refused.txt\n\
+             echo \"proxy: $http_proxy\"; cat allowed.txt refused.txt"),
         &reward_if(
             "grep -q 'egress-ok allowed.test' /app/allowed.txt && grep -q '^refused' /app/refused.txt",
         ),
@@ -211,7 +229,12 @@ async fn harbors_own_harbor_run_passes_and_fails_the_right_tasks_on_berth() {
     };
     assert_eq!(by_task("writes-hello"), [Some(1.0), Some(1.0)], "{got:?}");
     assert_eq!(by_task("writes-wrong"), [Some(0.0), Some(0.0)], "{got:?}");
-    assert_eq!(by_task("allowlist"), [Some(1.0), Some(1.0)], "{got:?}");
+    assert_eq!(
+        by_task("allowlist"),
+        [Some(1.0), Some(1.0)],
+        "{got:?}\n{}",
+        trial_logs(&jobs.join("berth"), "allowlist")
+    );
 
     // Every sandbox went with its trial; the passing task's were claimed warm.
     let all = sandboxes(&cl, true).await;
@@ -228,6 +251,38 @@ async fn harbors_own_harbor_run_passes_and_fails_the_right_tasks_on_berth() {
         live.iter().all(|s| !s.labels.contains_key("harbor.task")),
         "a trial's sandbox outlived it: {live:?}"
     );
+    // Harbor's resource overrides are the sandbox's limits (another pool key: served cold).
+    let (ok, out) = harbor(
+        &c,
+        &[
+            "-p",
+            &tasks.join("writes-hello").to_string_lossy(),
+            "-a",
+            "oracle",
+            "--override-cpus",
+            "0.5",
+            "--override-memory-mb",
+            "300",
+            "-o",
+            &jobs.to_string_lossy(),
+            "--job-name",
+            "limits",
+        ],
+        work.path(),
+    );
+    assert!(ok, "{out}");
+    assert_eq!(rewards(&jobs.join("limits")).len(), 1, "{out}");
+    assert_eq!(rewards(&jobs.join("limits"))[0].1, Some(1.0), "{out}");
+    let sized: Vec<Sandbox> = sandboxes(&cl, true)
+        .await
+        .into_iter()
+        .filter(|s| s.limits.as_ref().and_then(|l| l.memory_mb) == Some(300))
+        .collect();
+    assert_eq!(sized.len(), 1, "{sized:?}");
+    let l = sized[0].limits.clone().unwrap();
+    assert_eq!((l.cpus, l.memory_mb, l.swap_mb), (Some(0.5), Some(300), Some(0)));
+    assert_eq!(sized[0].claim.as_deref(), Some("cold"));
+
     // Refused before start: Docker Compose, and GPUs.
     let bad = work.path().join("bad");
     task(&bad, "compose", "", &dockerfile, "true", &reward_if("true"));
@@ -238,22 +293,20 @@ async fn harbors_own_harbor_run_passes_and_fails_the_right_tasks_on_berth() {
     .unwrap();
     task(&bad, "gpus", "gpus = 1\n", &dockerfile, "true", &reward_if("true"));
     let before = sandboxes(&cl, true).await.len();
-    let (_, out) = harbor(
+    let (ok, out) = harbor(
         &c,
         &["-p", &bad.to_string_lossy(), "-a", "oracle", "-o", &jobs.to_string_lossy(), "--job-name", "bad"],
         work.path(),
     );
-    let refused = rewards(&jobs.join("bad"));
-    println!("refused tasks: {refused:?}\n{out}");
-    for (name, reward, error) in &refused {
-        assert!(reward.is_none(), "{name} ran: {refused:?}");
-        let e = error.as_deref().unwrap_or_default();
-        match name.as_str() {
-            "compose" => assert!(e.contains("Docker Compose"), "{e}"),
-            _ => assert!(e.contains("GPU"), "{e}"),
-        }
+    // Harbor stops the job as it makes the trials, with each environment's reason.
+    assert!(!ok, "{out}");
+    let flat = out.split_whitespace().collect::<Vec<_>>().join(" ");
+    for why in [
+        "Docker Compose environments are not supported",
+        "does not support GPU allocation",
+    ] {
+        assert!(flat.contains(why), "{why:?} not in:\n{out}");
     }
-    assert_eq!(refused.len(), 2, "{out}");
     assert_eq!(
         sandboxes(&cl, true).await.len(),
         before,

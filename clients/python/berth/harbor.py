@@ -9,8 +9,10 @@
   when the controller keeps a pool of that image (``[[pools]] profile = "custom"``, its
   ``image_ref``). Harbor's resource overrides are the sandbox's ``limits`` (CPUs and memory as
   hard limits), its network policy the sandbox's egress policy (``public`` → ``"open"``,
-  ``no-network`` → ``"none"``, ``allowlist`` → ``{"allow": [...]}``: host names, ``*.name``,
-  addresses and ranges, enforced by the controller's proxy on the Docker provider);
+  ``no-network`` → ``"none"``, ``allowlist`` → ``{"allow": [...], "deny_private": false}``:
+  host names, ``*.name``, addresses and ranges, enforced by the controller's proxy on the Docker
+  provider, as Harbor's own Docker environment enforces them; ``--ek deny_private=true`` also
+  refuses private addresses an allowed name resolves to);
 - **exec**: ``bash -c`` (``sh`` where the image has no bash) through ``POST …/{id}/exec``, as
   the account Harbor names, in the task's ``workdir`` or the image's ``WORKDIR``;
 - **files**: single files through ``PUT``/``GET …/{id}/files``; directories as one tar archive
@@ -61,15 +63,22 @@ class BerthOptions(EnvironmentOptions):
     api_key: Optional[str] = Field(default=None, description="Its API key (default: BERTH_API_KEY).")
     profile: str = Field(default=PROFILE, description="The catalog profile the sandboxes run on.")
     ttl_seconds: int = Field(default=4 * 3600, gt=0, description="A sandbox's lifetime once ready.")
+    deny_private: bool = Field(
+        default=False,
+        description="Under an allow-list, also refuse private addresses an allowed name resolves to "
+        "(berth's own default; Harbor's Docker environment allows them).",
+    )
 
 
-def egress_of(policy: NetworkPolicy) -> Any:
-    """The berth egress policy that enforces Harbor's network policy (pure)."""
+def egress_of(policy: NetworkPolicy, deny_private: bool = False) -> Any:
+    """The berth egress policy that enforces Harbor's network policy (pure): an allow-list as
+    Harbor's own Docker environment enforces it (the names, addresses and ranges listed, an
+    allowed name whatever address it resolves to) unless ``deny_private``."""
     if policy.network_mode == NetworkMode.PUBLIC:
         return "open"
     if policy.network_mode == NetworkMode.NO_NETWORK:
         return "none"
-    return {"allow": list(policy.allowed_hosts)}
+    return {"allow": list(policy.allowed_hosts), "deny_private": deny_private}
 
 
 def limits_of(cpus: Optional[float], memory_mb: Optional[int]) -> Dict[str, Any]:
@@ -166,7 +175,7 @@ class BerthEnvironment(BaseEnvironment):
             image_ref=self.image_ref,
             labels=labels,
             ttl_seconds=self._opts.ttl_seconds,
-            egress=egress_of(self.network_policy),
+            egress=egress_of(self.network_policy, self._opts.deny_private),
             limits=limits or None,
         )
         self._sandbox = sb.id
@@ -174,6 +183,8 @@ class BerthEnvironment(BaseEnvironment):
         self.logger.info(f"berth sandbox {sb.id} ({self.claim}) from {self.image_ref}")
         probe = await self.exec("command -v bash >/dev/null 2>&1 && echo bash || echo sh", user="root")
         self._shell = "bash" if (probe.stdout or "").strip() == "bash" else "sh"
+        # Harbor's log, verifier and artifact directories, as a mounted provider would have them.
+        await self.ensure_dirs(self._mount_targets(writable_only=True))
         await self._upload_environment_dir_after_start()
 
     async def stop(self, delete: bool) -> None:
