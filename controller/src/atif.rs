@@ -204,15 +204,70 @@ mod tests {
         l["screenshot_dropped"] = json!(true);
         l["error"] = json!("no display");
         let s = step(2, &l);
-        let content = s["observation"]["results"][0]["content"].as_array().unwrap();
+        let content = s["observation"]["results"][0]["content"]
+            .as_array()
+            .unwrap();
         assert_eq!(content.len(), 1, "{content:?}");
-        assert!(content[0]["text"].as_str().unwrap().starts_with("error: no display"));
-        let person = step(3, &json!({"seq": 9, "source": "control", "action": {"took": true}}));
+        assert!(
+            content[0]["text"]
+                .as_str()
+                .unwrap()
+                .starts_with("error: no display")
+        );
+        let person = step(
+            3,
+            &json!({"seq": 9, "source": "control", "action": {"took": true}}),
+        );
         assert_eq!(person["source"], "user");
         assert!(person.get("tool_calls").is_none());
         let other = step(4, &json!({"seq": 10, "source": "input", "action": "x"}));
         assert_eq!(other["tool_calls"][0]["function_name"], "input");
         assert_eq!(other["tool_calls"][0]["arguments"], json!({"value": "x"}));
+    }
+
+    /// A small episode (a click, a person at the controls, a batch's two keys, a screenshot
+    /// lost to the log's bound) as its trajectory: `tests/golden/atif-small-episode.json`,
+    /// which `episode::docker_…` also validates with the `atif` package's models.
+    /// `BERTH_BLESS=1` rewrites it.
+    #[test]
+    fn a_small_episode_is_its_golden_trajectory() {
+        let meta = json!({
+            "sandbox": "sb_0123", "profile": "desktop-ubuntu", "image": "berth-desktop:0f1e",
+            "screen": "1280x800", "first_seq": 1, "last_seq": 5,
+            "recording": {"id": "rec-1", "state": "stopped", "duration_ms": 4200, "fps": 15,
+                          "width": 1280, "height": 800, "bytes": 81234,
+                          "started_at": "2026-12-07T10:00:00.000Z", "in_bundle": true},
+        });
+        let lines = [
+            click(),
+            json!({"seq": 8, "at": "2026-12-07T10:00:01.000Z", "at_ms": 2, "source": "control",
+                   "action": {"control": "taken", "by": "a person"}, "recording": "rec-1",
+                   "media_ms": 2250}),
+            json!({"seq": 9, "at": "2026-12-07T10:00:02.000Z", "at_ms": 3, "source": "computer",
+                   "dialect": "openai", "action": {"type": "keypress", "keys": ["CTRL", "L"]},
+                   "batch": {"index": 0, "size": 2}, "duration_ms": 12, "recording": "rec-1",
+                   "media_ms": 3250}),
+            json!({"seq": 10, "at": "2026-12-07T10:00:02.020Z", "at_ms": 4, "source": "computer",
+                   "dialect": "openai", "action": {"type": "type", "text": "example.test\n"},
+                   "batch": {"index": 1, "size": 2}, "duration_ms": 30, "settled_ms": 400,
+                   "settle_timed_out": true, "cursor": [640, 400], "screenshot": "10.jpeg",
+                   "screenshot_dropped": true, "recording": "rec-1", "media_ms": 3270,
+                   "screenshot_media_ms": 3700}),
+            json!({"seq": 11, "at": "2026-12-07T10:00:03.000Z", "at_ms": 5, "source": "mcp",
+                   "dialect": "native", "action": {"action": "screenshot"}, "duration_ms": 20,
+                   "error": "the display is gone", "recording": "rec-1", "media_ms": 4000}),
+        ];
+        let got = trajectory(&meta, &lines, "0.1.0", Some("art_0123"));
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/golden/atif-small-episode.json"
+        );
+        let text = serde_json::to_string_pretty(&got).unwrap() + "\n";
+        if std::env::var("BERTH_BLESS").is_ok() {
+            std::fs::write(path, &text).unwrap();
+        }
+        let want = std::fs::read_to_string(path).unwrap();
+        assert_eq!(text, want, "the trajectory differs from {path}");
     }
 
     #[test]

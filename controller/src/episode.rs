@@ -451,11 +451,9 @@ impl Episodes {
         };
         let mut resp = match format {
             EpisodeFormat::Bundle => self.artifacts.artifact_response(&art.id, headers).await?,
-            EpisodeFormat::Atif => {
-                axum::response::IntoResponse::into_response(axum::Json(
-                    self.bundle_trajectory(&art).await?,
-                ))
-            }
+            EpisodeFormat::Atif => axum::response::IntoResponse::into_response(axum::Json(
+                self.bundle_trajectory(&art).await?,
+            )),
         };
         if let Ok(v) = HeaderValue::from_str(&art.id) {
             resp.headers_mut().insert("x-artifact-id", v);

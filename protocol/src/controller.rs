@@ -252,7 +252,10 @@ impl LimitsOverride {
     pub fn check(&self) -> std::result::Result<(), String> {
         let bad = |ok: bool, why: &str| if ok { Ok(()) } else { Err(why.to_string()) };
         if let Some(c) = self.cpus {
-            bad(c.is_finite() && c > 0.0 && c <= 4096.0, "cpus must be positive")?;
+            bad(
+                c.is_finite() && c > 0.0 && c <= 4096.0,
+                "cpus must be positive",
+            )?;
         }
         if let Some(s) = self.cpu_shares {
             bad((2..=262_144).contains(&s), "cpu_shares must be 2..=262144")?;

@@ -291,7 +291,10 @@ async fn any_local_image_or_dockerfile_becomes_a_sandbox_with_exec_files_and_a_t
         )
         .await
         .unwrap();
-    assert_eq!((as_root.exit_code, as_root.stdout.as_str()), (Some(0), "root\n/app\n"));
+    assert_eq!(
+        (as_root.exit_code, as_root.stdout.as_str()),
+        (Some(0), "root\n/app\n")
+    );
     cl.delete(&sb.id).await.unwrap();
     // Named after a temporary directory: not kept (its untagged parent goes with it).
     docker(&["rmi", "-f", &job.image_ref]);

@@ -522,6 +522,27 @@ async fn docker_the_episode_bundle_matches_its_video_and_outlives_the_sandbox() 
         "the steps' screens differ ({distinct_pairs} pairs)"
     );
 
+    // As ATIF: the trajectory beside it in the bundle, and `?format=atif`, name the same steps.
+    let in_bundle: Value = serde_json::from_slice(&read("trajectory.json")).unwrap();
+    assert_eq!(in_bundle["steps"].as_array().unwrap().len(), entries);
+    let r = cl
+        .request(reqwest::Method::GET, &format!("{base}/episode?format=atif"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "application/json");
+    assert_eq!(r.headers()["x-artifact-id"].to_str().unwrap(), art_id);
+    let answered_atif: Value = r.json().await.unwrap();
+    assert_eq!(answered_atif["steps"], in_bundle["steps"]);
+    assert_eq!(answered_atif["extra"]["bundle_artifact"], art_id.as_str());
+    let r = cl
+        .request(reqwest::Method::GET, &format!("{base}/episode?format=tar"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("atif"));
     // Deleted: the bundle is still served and listed.
     cl.delete(&sb.id).await.unwrap();
     assert_eq!(cl.get(&sb.id).await.unwrap().status, "stopped");
@@ -548,6 +569,7 @@ async fn docker_the_episode_bundle_matches_its_video_and_outlives_the_sandbox() 
     assert_eq!(n, entries);
     // The bundle asked for before and the one kept at deletion hold the same episode.
     assert_eq!(kept_id, art_id, "the same episode is one artifact");
+    atif_export(&c, &sb.id, entries, answered);
     let list = call(
         reqwest::Method::GET,
         format!("/sandbox/v1/artifacts?sandbox={}", sb.id),
@@ -578,6 +600,67 @@ async fn docker_the_episode_bundle_matches_its_video_and_outlives_the_sandbox() 
         .unwrap();
     assert_eq!(art.status(), 200);
     assert_eq!(art.bytes().await.unwrap().len(), zip_bytes.len());
+}
+
+/// `berth sandbox episode ID --format atif` of a deleted sandbox (its kept bundle): a
+/// `trajectory.json` that the `atif` package's models validate (as they validate the golden
+/// small episode), one agent step per logged action with its call and media time, and every
+/// screenshot it names beside it.
+fn atif_export(c: &ControllerProcess, id: &str, entries: usize, answered: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(berth_tests::workspace_bin("berth"))
+        .args(["sandbox", "episode", id, "--format", "atif", "--json", "-o"])
+        .arg(dir.path())
+        .args([
+            "--url",
+            &c.base,
+            "--api-key",
+            berth_tests::controller::API_KEY,
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let said: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(said["steps"], entries, "{said}");
+    let script = r#"
+import json, os, sys, atif
+d, golden = sys.argv[1], sys.argv[2]
+atif.Trajectory.model_validate(json.load(open(golden)))
+t = atif.Trajectory.model_validate(json.load(open(os.path.join(d, "trajectory.json"))))
+images = [p.source.path for s in t.steps for r in (s.observation.results if s.observation else [])
+          for p in (r.content if isinstance(r.content, list) else []) if p.type == "image"]
+missing = [p for p in images if not os.path.exists(os.path.join(d, p))]
+calls = sum(len(s.tool_calls or []) for s in t.steps)
+timed = sum(1 for s in t.steps if s.timestamp and "media_ms" in (s.extra or {}))
+print(json.dumps({"steps": len(t.steps), "images": len(images), "missing": missing,
+                  "calls": calls, "timed": timed, "version": t.schema_version}))
+"#;
+    let golden = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/golden/atif-small-episode.json"
+    );
+    let out = std::process::Command::new("/opt/berth/harbor-venv/bin/python")
+        .args(["-c", script])
+        .arg(dir.path())
+        .arg(golden)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    println!("ATIF export: {v}");
+    assert_eq!(v["version"], "ATIF-v1.8");
+    assert_eq!(v["steps"], entries);
+    assert_eq!(v["calls"], entries);
+    assert_eq!(
+        v["timed"], entries,
+        "every step has its time and media time"
+    );
+    assert_eq!(v["images"], answered, "{v}");
+    assert_eq!(v["missing"], json!([]), "{v}");
 }
 
 /// The sandbox id at the end of `…/sandboxes/v1/{id}`.

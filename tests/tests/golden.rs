@@ -8,9 +8,9 @@ use std::fmt::Debug;
 
 use berth_protocol::controller::{
     AcquireLease, AdjustPool, BuildImage, CatalogList, Command, CreateQuery, CreateSandbox,
-    CredentialView, EgressReport, Endpoints, ImageJob, Lease, Limits, LimitsOverride, PoolList, PoolStatus,
-    PortPreview, PortUrl, PortUrlRequest, Run, RunRequest, Sandbox, SandboxCredential, Viewer,
-    ViewerUrl,
+    CredentialView, EgressReport, Endpoints, ImageJob, Lease, Limits, LimitsOverride, PoolList,
+    PoolStatus, PortPreview, PortUrl, PortUrlRequest, Run, RunRequest, Sandbox, SandboxCredential,
+    Viewer, ViewerUrl,
 };
 use berth_protocol::egress::{Egress, EgressMode, EgressRules};
 use berth_protocol::lifecycle::{ImageJobStatus, RunStatus, SandboxStatus};

@@ -16,7 +16,9 @@ use std::path::Path;
 use std::process::Command;
 
 use berth_protocol::controller::{ControllerClient, SANDBOXES, Sandbox, SandboxList};
-use berth_tests::controller::{API_KEY, ControllerProcess, Provider, build_desktop_image, build_image};
+use berth_tests::controller::{
+    API_KEY, ControllerProcess, Provider, build_desktop_image, build_image,
+};
 use berth_tests::egress::TestHosts;
 
 const VENV: &str = "/opt/berth/harbor-venv";
@@ -37,7 +39,10 @@ fn task(root: &Path, name: &str, toml_extra: &str, dockerfile: &str, solve: &str
         ),
         ("instruction.md", format!("Solve {name}.\n")),
         ("environment/Dockerfile", dockerfile.to_string()),
-        ("solution/solve.sh", format!("#!/bin/bash\nset -e\n{solve}\n")),
+        (
+            "solution/solve.sh",
+            format!("#!/bin/bash\nset -e\n{solve}\n"),
+        ),
         ("tests/test.sh", format!("#!/bin/bash\n{test}\n")),
     ];
     for (f, text) in files {
@@ -100,7 +105,11 @@ fn rewards(job: &Path) -> Vec<(String, Option<f64>, Option<String>)> {
         let error = v["exception_info"]["exception_message"]
             .as_str()
             .map(String::from);
-        out.push((v["task_name"].as_str().unwrap_or("?").to_string(), reward, error));
+        out.push((
+            v["task_name"].as_str().unwrap_or("?").to_string(),
+            reward,
+            error,
+        ));
     }
     out.sort_by(|a, b| a.0.cmp(&b.0));
     out
@@ -108,7 +117,11 @@ fn rewards(job: &Path) -> Vec<(String, Option<f64>, Option<String>)> {
 
 /// The controller's sandboxes, the stopped ones with `stopped`.
 async fn sandboxes(cl: &ControllerClient, stopped: bool) -> Vec<Sandbox> {
-    let status: &[(&str, &str)] = if stopped { &[("status", "stopped")] } else { &[] };
+    let status: &[(&str, &str)] = if stopped {
+        &[("status", "stopped")]
+    } else {
+        &[]
+    };
     let list: SandboxList = cl
         .request(reqwest::Method::GET, SANDBOXES)
         .query(status)
@@ -170,15 +183,20 @@ async fn harbors_own_harbor_run_passes_and_fails_the_right_tasks_on_berth() {
         "allowlist",
         "network_mode = \"allowlist\"\nallowed_hosts = [\"allowed.test\"]\n",
         &dockerfile,
-        &format!("{PROXY_GET}\nget allowed.test:8000 > allowed.txt\nget refused.test:8000 > refused.txt\n\
-             echo \"proxy: $http_proxy\"; cat allowed.txt refused.txt"),
+        &format!(
+            "{PROXY_GET}\nget allowed.test:8000 > allowed.txt\nget refused.test:8000 > refused.txt\n\
+             echo \"proxy: $http_proxy\"; cat allowed.txt refused.txt"
+        ),
         &reward_if(
             "grep -q 'egress-ok allowed.test' /app/allowed.txt && grep -q '^refused' /app/refused.txt",
         ),
     );
     // The passing task's image, made first, so that the controller keeps a pool of it.
-    let image = build_image(&["--dockerfile", &tasks.join("writes-hello/environment").to_string_lossy()])
-        .unwrap()["image_ref"]
+    let image = build_image(&[
+        "--dockerfile",
+        &tasks.join("writes-hello/environment").to_string_lossy(),
+    ])
+    .unwrap()["image_ref"]
         .as_str()
         .unwrap()
         .to_string();
@@ -191,13 +209,17 @@ async fn harbors_own_harbor_run_passes_and_fails_the_right_tasks_on_berth() {
     );
     let c = ControllerProcess::start_on(Provider::Process, &config).await;
     let cl = c.client();
-    berth_tests::wait_for("the pool of the task's image", std::time::Duration::from_secs(120), || {
-        let cl = cl.clone();
-        async move {
-            let pools = cl.pool_list().await.ok()?;
-            pools.pools.iter().any(|p| p.ready == 2).then_some(())
-        }
-    })
+    berth_tests::wait_for(
+        "the pool of the task's image",
+        std::time::Duration::from_secs(120),
+        || {
+            let cl = cl.clone();
+            async move {
+                let pools = cl.pool_list().await.ok()?;
+                pools.pools.iter().any(|p| p.ready == 2).then_some(())
+            }
+        },
+    )
     .await;
 
     let jobs = work.path().join("jobs");
@@ -280,7 +302,10 @@ async fn harbors_own_harbor_run_passes_and_fails_the_right_tasks_on_berth() {
         .collect();
     assert_eq!(sized.len(), 1, "{sized:?}");
     let l = sized[0].limits.clone().unwrap();
-    assert_eq!((l.cpus, l.memory_mb, l.swap_mb), (Some(0.5), Some(300), Some(0)));
+    assert_eq!(
+        (l.cpus, l.memory_mb, l.swap_mb),
+        (Some(0.5), Some(300), Some(0))
+    );
     assert_eq!(sized[0].claim.as_deref(), Some("cold"));
 
     // Refused before start: Docker Compose, and GPUs.
@@ -291,11 +316,27 @@ async fn harbors_own_harbor_run_passes_and_fails_the_right_tasks_on_berth() {
         "services: {}\n",
     )
     .unwrap();
-    task(&bad, "gpus", "gpus = 1\n", &dockerfile, "true", &reward_if("true"));
+    task(
+        &bad,
+        "gpus",
+        "gpus = 1\n",
+        &dockerfile,
+        "true",
+        &reward_if("true"),
+    );
     let before = sandboxes(&cl, true).await.len();
     let (ok, out) = harbor(
         &c,
-        &["-p", &bad.to_string_lossy(), "-a", "oracle", "-o", &jobs.to_string_lossy(), "--job-name", "bad"],
+        &[
+            "-p",
+            &bad.to_string_lossy(),
+            "-a",
+            "oracle",
+            "-o",
+            &jobs.to_string_lossy(),
+            "--job-name",
+            "bad",
+        ],
         work.path(),
     );
     // Harbor stops the job as it makes the trials, with each environment's reason.
@@ -314,4 +355,3 @@ async fn harbors_own_harbor_run_passes_and_fails_the_right_tasks_on_berth() {
     );
     drop(hosts);
 }
-

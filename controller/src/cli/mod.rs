@@ -825,7 +825,10 @@ async fn save_episode(
         let shots = write_atif(&dir, &trajectory, &zip)
             .with_context(|| format!("writing {}", dir.display()))?;
         let steps = trajectory["steps"].as_array().map_or(0, Vec::len);
-        (dir, serde_json::json!({"steps": steps, "screenshots": shots}))
+        (
+            dir,
+            serde_json::json!({"steps": steps, "screenshots": shots}),
+        )
     } else {
         let file = output.unwrap_or_else(|| PathBuf::from(format!("episode-{id}.zip")));
         let zip = c.episode_bundle(id).await?;

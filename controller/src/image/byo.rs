@@ -465,7 +465,10 @@ mod tests {
         assert!(d.contains("ENTRYPOINT [\"/usr/local/bin/berth-agent\", \"init\"]"));
         assert!(d.contains("berth.from=\"x:1\""), "{d}");
         assert!(d.contains("ENV BERTH_AGENT_USER=app"));
-        assert!(d.contains("ENV BERTH_AGENT_WORKDIR=\"/srv/app dir\""), "{d}");
+        assert!(
+            d.contains("ENV BERTH_AGENT_WORKDIR=\"/srv/app dir\""),
+            "{d}"
+        );
         let plain = dockerfile(&inspected("amd64", "linux", ""), "i", "x");
         assert!(!plain.contains("BERTH_AGENT_USER"), "{plain}");
         assert!(!plain.contains("WORKDIR"), "{plain}");
