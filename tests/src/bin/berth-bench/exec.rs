@@ -13,6 +13,11 @@
 //! 2. `requests` itself, timed from Python in the same run (`tests/bench/requests_execute.py`),
 //!    which adds the library's own per-call cost (a Session, proxy and netrc look-ups) on both
 //!    sides alike.
+//!
+//! Then, in the same run, the native routes with a keep-alive client (as SDKs and the
+//! controller call them): the agent's `POST /v1/exec`, and the controller's `POST …/{id}/exec`
+//! on a sandbox of the process provider (the same agent binary behind it), so the table shows
+//! what the controller adds to an exec.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -211,7 +216,73 @@ fn python_requests(requests: usize, urls: &[String]) -> Vec<(f64, f64)> {
         .collect()
 }
 
+/// p50 and p99 of `requests` calls of `call` after a warm-up.
+async fn timed<F, Fut>(requests: usize, mut call: F) -> (f64, f64)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    for _ in 0..WARM_UP {
+        call().await;
+    }
+    let mut v = Vec::with_capacity(requests);
+    for _ in 0..requests {
+        let t = Instant::now();
+        call().await;
+        v.push(t.elapsed());
+    }
+    v.sort();
+    (ms(percentile(&v, 0.5)), ms(percentile(&v, 0.99)))
+}
+
+/// `echo hi` through the agent's native exec and through the controller's, keep-alive.
+async fn native(requests: usize) {
+    use berth_protocol::controller::{Command as RunCommand, RunRequest};
+    use berth_protocol::exec::ExecRequest;
+    let agent = AgentProcess::start().await;
+    let client = agent.client();
+    let echo = ExecRequest::argv(["echo", "hi"]);
+    let direct = timed(requests, || async {
+        let r = client.exec(&echo).await.unwrap();
+        assert_eq!(r.stdout.as_deref(), Some("hi\n"));
+    })
+    .await;
+    drop(agent);
+    let c = berth_tests::controller::ControllerProcess::start("").await;
+    let cl = c.client();
+    let sb = cl.create(&berth_tests::controller::ide()).await.unwrap();
+    let run = RunRequest {
+        command: RunCommand::Argv(vec!["echo".into(), "hi".into()]),
+        ..Default::default()
+    };
+    let through = timed(requests, || async {
+        let r = cl.exec(&sb.id, &run).await.unwrap();
+        assert_eq!((r.exit_code, r.stdout.as_str()), (Some(0), "hi\n"));
+    })
+    .await;
+    println!();
+    println!("exec `echo hi` on the native routes, keep-alive, {requests} requests each");
+    println!("| route | p50 ms | p99 ms |");
+    println!("|---|---|---|");
+    println!(
+        "| agent `POST /v1/exec` | {:.2} | {:.2} |",
+        direct.0, direct.1
+    );
+    println!(
+        "| controller `POST …/{{id}}/exec` (process provider), what it adds | {:.2} (+{:.2}) | {:.2} (+{:.2}) |",
+        through.0,
+        through.0 - direct.0,
+        through.1,
+        through.1 - direct.1
+    );
+}
+
 pub async fn bench(requests: usize) {
+    compat(requests).await;
+    native(requests).await;
+}
+
+async fn compat(requests: usize) {
     let agent = AgentProcess::start().await;
     let flask = start_flask().await;
     let berth_addr = berth_tests::host_port(&agent.base).to_string();
