@@ -37,6 +37,37 @@ impl Account {
         Ok(Self::from_user(user))
     }
 
+    /// The account an exec names, as `docker exec -u` takes it: `NAME`, `UID` (an account
+    /// with that id, else that bare id with group 0 and `/` as home, as Docker runs one),
+    /// either followed by `:GID`.
+    pub fn for_exec(spec: &str) -> Result<Account, AccountError> {
+        let (who, gid) = parse_user_spec(spec).ok_or_else(|| AccountError::Unknown(spec.into()))?;
+        let mut account = match (Self::by_name(who), who.parse::<u32>()) {
+            (Ok(a), _) => a,
+            (Err(AccountError::Unknown(_)), Ok(uid)) => {
+                match User::from_uid(Uid::from_raw(uid))
+                    .map_err(|e| AccountError::Lookup(e.to_string()))?
+                {
+                    Some(u) => Self::from_user(u),
+                    None => Account {
+                        name: uid.to_string(),
+                        uid,
+                        gid: 0,
+                        groups: vec![0],
+                        home: PathBuf::from("/"),
+                        shell: PathBuf::from("/bin/sh"),
+                    },
+                }
+            }
+            (Err(e), _) => return Err(e),
+        };
+        if let Some(g) = gid {
+            account.gid = g;
+            account.groups = vec![g];
+        }
+        Ok(account)
+    }
+
     pub fn current() -> Result<Account, AccountError> {
         let uid = Uid::effective();
         match User::from_uid(uid).map_err(|e| AccountError::Lookup(e.to_string()))? {
@@ -283,9 +314,40 @@ pub fn find_in_path(path: &str, name: &str) -> Option<PathBuf> {
     })
 }
 
+/// `NAME`, `UID`, `NAME:GID` or `UID:GID` (pure): the account part and the group id.
+pub fn parse_user_spec(spec: &str) -> Option<(&str, Option<u32>)> {
+    let (who, gid) = match spec.split_once(':') {
+        Some((w, g)) => (w, Some(g.parse::<u32>().ok()?)),
+        None => (spec, None),
+    };
+    (!who.is_empty() && !who.contains(['\0', '/'])).then_some((who, gid))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_execs_user_is_a_name_or_an_id_with_an_optional_group() {
+        assert_eq!(parse_user_spec("app"), Some(("app", None)));
+        assert_eq!(parse_user_spec("1000:1000"), Some(("1000", Some(1000))));
+        assert_eq!(parse_user_spec("root:0"), Some(("root", Some(0))));
+        assert_eq!(parse_user_spec("app:staff"), None);
+        assert_eq!(parse_user_spec(""), None);
+        assert_eq!(parse_user_spec(":0"), None);
+        // root by name and by id; an id without an account runs as that bare id, group 0.
+        assert_eq!(Account::for_exec("0").unwrap().name, "root");
+        let bare = Account::for_exec("54321").unwrap();
+        assert_eq!(
+            (bare.uid, bare.gid, bare.home.as_path()),
+            (54321, 0, Path::new("/"))
+        );
+        assert_eq!(Account::for_exec("54321:7").unwrap().gid, 7);
+        assert!(matches!(
+            Account::for_exec("no-such-account-here"),
+            Err(AccountError::Unknown(_))
+        ));
+    }
 
     #[test]
     fn child_env_has_the_documented_variables_and_no_agent_ones() {

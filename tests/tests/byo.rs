@@ -295,6 +295,18 @@ async fn any_local_image_or_dockerfile_becomes_a_sandbox_with_exec_files_and_a_t
         (as_root.exit_code, as_root.stdout.as_str()),
         (Some(0), "root\n/app\n")
     );
+    // A bare id, as `docker exec -u 54321:7` takes it (no account has it).
+    let bare = cl
+        .exec(
+            &sb.id,
+            &berth_protocol::controller::RunRequest {
+                user: Some("54321:7".into()),
+                ..berth_tests::controller::shell("echo $(id -u) $(id -g)")
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(bare.stdout, "54321 7\n", "{bare:?}");
     cl.delete(&sb.id).await.unwrap();
     // Named after a temporary directory: not kept (its untagged parent goes with it).
     docker(&["rmi", "-f", &job.image_ref]);

@@ -384,7 +384,7 @@ impl CommandTable {
                 self.cfg.home.clone(),
             ),
             Some(name) => {
-                let a = Account::by_name(name)?;
+                let a = Account::for_exec(name)?;
                 let env = self.cfg.env.for_account(&a);
                 let home = a.home.clone();
                 (a, env, home)
