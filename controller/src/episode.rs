@@ -524,6 +524,11 @@ impl Episodes {
                 .await
                 .map_err(|e| Error::Internal(e.to_string()))?;
         }
+        // Tokio's file writes its last buffer in the background: the copy is whole only once
+        // flushed (a reader opening it at once found the zip cut short).
+        tokio::io::AsyncWriteExt::flush(&mut f)
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?;
         Ok(scratch)
     }
 
@@ -646,7 +651,10 @@ impl Episodes {
                 .await
                 .map_err(|e| Error::Internal(e.to_string()))?;
         }
-        Ok(())
+        // Whole before the zip reads it (see `bundle_copy`).
+        tokio::io::AsyncWriteExt::flush(&mut f)
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))
     }
 
     /// The sandbox's controller timeline, brought up to date first, up to `MAX_EVENTS`.
