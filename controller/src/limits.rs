@@ -43,6 +43,17 @@ pub fn resolve(
     }
 }
 
+/// The limits `asked` resolves to when they are not the profile's own (pure): what sets a
+/// create apart from the warm pools of its profile.
+pub fn asked_beyond(
+    profile: &Profile,
+    config: &BTreeMap<String, LimitsConfig>,
+    asked: Option<&LimitsConfig>,
+) -> Option<Limits> {
+    let asked = resolve(profile, config, Some(asked?));
+    (asked != resolve(profile, config, None)).then_some(asked)
+}
+
 /// Every limit set, marked as not enforced for `why` (a provider that enforces none).
 pub fn none_enforced(limits: &Limits, why: &str) -> BTreeMap<String, String> {
     limits
@@ -113,6 +124,23 @@ mod tests {
             (l.cpus, l.memory_mb, l.pids, l.swap_mb),
             (Some(0.5), Some(512), Some(50), Some(0))
         );
+    }
+
+    #[test]
+    fn only_limits_other_than_the_profiles_set_a_create_apart() {
+        let own = desktop();
+        let same = LimitsConfig {
+            cpus: own.cpus,
+            ..Default::default()
+        };
+        assert_eq!(asked_beyond(&own, &BTreeMap::new(), None), None);
+        assert_eq!(asked_beyond(&own, &BTreeMap::new(), Some(&same)), None);
+        let half = LimitsConfig {
+            cpus: Some(0.5),
+            ..Default::default()
+        };
+        let l = asked_beyond(&own, &BTreeMap::new(), Some(&half)).unwrap();
+        assert_eq!((l.cpus, l.memory_mb), (Some(0.5), own.memory_mb));
     }
 
     #[test]

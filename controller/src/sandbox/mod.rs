@@ -147,13 +147,12 @@ impl Sandboxes {
     ) -> String {
         let policy = (*egress != self.ctx.config.egress.default)
             .then(|| serde_json::to_string(egress).unwrap_or_default());
-        let limits = self.ctx.profile(profile).ok().and_then(|p| {
-            let own = crate::limits::resolve(p, &self.ctx.config.limits, None);
-            let asked = crate::limits::resolve(p, &self.ctx.config.limits, asked);
-            (asked != own).then(|| serde_json::to_string(&asked).unwrap_or_default())
-        });
+        let p = self.ctx.profile(profile).ok();
+        let limits = p
+            .and_then(|p| crate::limits::asked_beyond(p, &self.ctx.config.limits, asked))
+            .map(|l| serde_json::to_string(&l).unwrap_or_default());
         crate::warm::key(
-            self.ctx.profile(profile).map_or(profile, |p| &p.name),
+            p.map_or(profile, |p| &p.name),
             image,
             policy.as_deref(),
             limits.as_deref(),
