@@ -123,6 +123,14 @@ if ! command -v cargo-nextest >/dev/null 2>&1; then
   cargo install --locked cargo-nextest
 fi
 
+# mdBook builds the book under docs/ (tests/tests/docs.rs); pinned, with its search and without
+# its server and file watcher. About 3 minutes to compile on this project's 2-core machine.
+mdbook_version=0.5.4
+if [ "$(mdbook --version 2>/dev/null)" != "mdbook v$mdbook_version" ]; then
+  echo "setup: installing mdbook $mdbook_version" >&2
+  cargo install mdbook --locked --version "$mdbook_version" --no-default-features --features search
+fi
+
 # cargo-fuzz for tests/fuzz.sh; its targets build on the nightly toolchain.
 if ! rustup run nightly rustc --version >/dev/null 2>&1; then
   echo "setup: installing the nightly toolchain" >&2

@@ -1,5 +1,6 @@
-//! The README's runnable blocks, for the tests that run them as written: a section's fenced
-//! blocks, and `berth serve` started from the README's own command line.
+//! The runnable blocks of the README and of the book (`docs/src/`), for the tests that run them
+//! as written: a README section's or a chapter's fenced blocks, and `berth serve` started from
+//! the README's own command line.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -20,13 +21,24 @@ pub fn section(heading: &str) -> &'static str {
         .unwrap()
 }
 
+/// The book's chapter `docs/src/{path}` (e.g. `controller/workpieces.md`), as it is on disk
+/// when the test runs: the text a reader of the book runs.
+pub fn chapter(path: &str) -> &'static str {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../docs/src")
+        .join(path);
+    let text = std::fs::read_to_string(&file)
+        .unwrap_or_else(|e| panic!("the book's chapter {}: {e}", file.display()));
+    Box::leak(text.into_boxed_str())
+}
+
 /// The first fenced block of language `lang` in `text`, or after `<!-- {marker} -->` in it.
 pub fn block(text: &str, lang: &str, marker: Option<&str>) -> String {
     let text = match marker {
         Some(m) => text
             .split(&format!("<!-- {m} -->"))
             .nth(1)
-            .unwrap_or_else(|| panic!("the README marks a block {m:?}")),
+            .unwrap_or_else(|| panic!("the text marks a block {m:?}")),
         None => text,
     };
     let open = format!("```{lang}\n");

@@ -16,6 +16,7 @@ mod controller_desktop;
 mod desktop;
 mod display;
 mod docker;
+mod docs;
 mod egress;
 mod egress_credentials;
 mod engines;

@@ -1,22 +1,22 @@
-//! The README's "Engines" section, run as written against `berth serve` started from the quick
-//! start's own command line (on another port): the curl block (Anthropic's and OpenAI's action
-//! objects, a mixed batch, a resize) by bash, then the MCP block by Python with the official MCP
-//! SDK, then the toolset block with the `anthropic` SDK's toolset class and berth's driver, each
-//! output checked, and the sandbox's screen read back through the API.
+//! The book's "Engines: five ways in" chapter, run as written against `berth serve` started from
+//! the README quick start's own command line (on another port): the curl block (Anthropic's and
+//! OpenAI's action objects, a mixed batch, a resize) by bash, then the MCP block by Python with
+//! the official MCP SDK, then the toolset block with the `anthropic` SDK's toolset class and
+//! berth's driver, each output checked, and the sandbox's screen read back through the API.
 
 use std::process::Command;
 
 use berth_protocol::controller::ControllerClient;
-use berth_tests::readme::{Served, block, section};
+use berth_tests::readme::{Served, block, chapter, section};
 
 const BASE: &str = "http://localhost:8781";
 
 #[tokio::test]
-async fn the_readme_engines_examples_run_verbatim() {
+async fn the_engines_chapter_examples_run_verbatim() {
     let server = block(section("Quick start: the gateway API"), "sh", None);
     assert!(server.contains("127.0.0.1:8780"), "{server}");
     let server = server.replace("127.0.0.1:8780", "127.0.0.1:8781");
-    let text = section("Engines: five ways in");
+    let text = chapter("engines.md");
     let curl = block(text, "sh", Some("engines"));
     let python = block(text, "python", Some("engines-mcp"));
     let toolset = block(text, "python", Some("engines-toolset"));
@@ -131,7 +131,7 @@ async fn the_readme_engines_examples_run_verbatim() {
     c.delete(&id).await.unwrap();
 }
 
-/// Runs a README Python block with the quick start's variables and the sandbox's `ID`; its
+/// Runs a Python block of the chapter with the quick start's variables and the sandbox's `ID`; its
 /// stdout (printed), or a failure with its stderr and the controller's log.
 async fn python_block(name: &str, code: &str, id: &str, log: &dyn Fn() -> String) -> String {
     let (code, id) = (code.to_string(), id.to_string());

@@ -562,10 +562,9 @@ async fn a_person_takes_the_controls_and_the_panes_show_the_workspace() {
     );
     assert_eq!(ws["repositories"][0]["path"], repo_path.as_str(), "{ws}");
 
-    // The README's curl block, as written.
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
-    let block = berth_tests::readme::block(&readme, "sh", Some("control-curl"));
+    // The book's curl block (Taking the controls), as written.
+    let chapter = berth_tests::readme::chapter("controller/session-control.md");
+    let block = berth_tests::readme::block(chapter, "sh", Some("control-curl"));
     let out = std::process::Command::new("bash")
         .args(["-c", &format!("set -e\n{block}")])
         .env("URL", &c.base)

@@ -221,9 +221,9 @@ async fn four_kinds_are_made_proposed_reviewed_and_kept_through_mcp_rest_and_the
         ])
     );
 
-    // The README's example, as written.
+    // The book's example (the Workpieces chapter), as written.
     let example = berth_tests::readme::block(
-        berth_tests::readme::section("Workpieces"),
+        berth_tests::readme::chapter("controller/workpieces.md"),
         "python",
         Some("workpieces-mcp"),
     );
@@ -242,7 +242,7 @@ async fn four_kinds_are_made_proposed_reviewed_and_kept_through_mcp_rest_and_the
     let printed = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
-        "the README's block: {printed}{}",
+        "the chapter's block: {printed}{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let words: Vec<&str> = printed.split_whitespace().collect();
