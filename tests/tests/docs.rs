@@ -285,6 +285,41 @@ fn the_readme_is_a_front_page_with_the_two_commands_first() {
     assert!(readme.contains("\n## Quick start: the gateway API\n"));
 }
 
+/// The README's headline figures are the book's: every number of its Figures table is one the
+/// benchmarks chapter (or, for the fresh-clone run, getting started) states, so a new run that
+/// changes a table and forgets the front page fails here.
+#[test]
+fn the_readme_figures_are_the_books() {
+    let readme = read(Path::new("README.md"));
+    let table = readme
+        .split("\n## Figures\n")
+        .nth(1)
+        .expect("the README has a Figures section")
+        .split("\n## ")
+        .next()
+        .unwrap();
+    let book =
+        read(Path::new("docs/src/benchmarks.md")) + &read(Path::new("docs/src/getting-started.md"));
+    let mut numbers = 0;
+    for row in table
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| measurement"))
+    {
+        for number in row
+            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .map(|n| n.trim_matches('.'))
+            .filter(|n| n.chars().any(|c| c.is_ascii_digit()))
+        {
+            numbers += 1;
+            assert!(
+                book.contains(number),
+                "the README's figure {number} is in no chapter: {row}"
+            );
+        }
+    }
+    assert!(numbers >= 20, "only {numbers} figures read: {table}");
+}
+
 #[test]
 fn the_book_builds_with_mdbook_without_a_warning() {
     let Ok(version) = Command::new("mdbook").arg("--version").output() else {
