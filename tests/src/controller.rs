@@ -139,10 +139,7 @@ impl Provider {
                 };
                 // The egress DNS binds only once the controller's Service exists (a test
                 // makes it): on a port of its own, so controllers run side by side.
-                let dns_port = std::net::UdpSocket::bind("0.0.0.0:0")
-                    .and_then(|s| s.local_addr())
-                    .map(|a| a.port())
-                    .unwrap_or(5353);
+                let dns_port = crate::free_port();
                 format!(
                     "{config}\n[providers]\ndesktop = \"kubernetes\"\nide = \"kubernetes\"\n\
                      [kubernetes]\nnamespace = \"{FAKE_APISERVER_NAMESPACE}\"\nkubeconfig = \"{}\"\n\

@@ -44,14 +44,34 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     path
 }
 
-/// A TCP port nothing listens on right now (bound on every address, then released): a
-/// server started later, or again after a restart, can take it.
+/// A port nothing uses right now, for TCP and UDP alike on every address, that a server
+/// started later (or again after a restart) can take: drawn at random from below the
+/// kernel's ephemeral range, so no client connection of a test running beside this one is
+/// handed it in the meantime (a port the kernel gave out and took back once was, and a
+/// controller restarted onto it found it taken).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("0.0.0.0:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::hash::{BuildHasher, Hasher};
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (10_000u16, ephemeral_low.max(10_001));
+    let mut seed = std::collections::hash_map::RandomState::new().build_hasher();
+    seed.write_u32(std::process::id());
+    let mut x = seed.finish() | 1;
+    for _ in 0..1_000 {
+        // xorshift: a fresh candidate each round.
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let port = low + (x % u64::from(high - low)) as u16;
+        let tcp = std::net::TcpListener::bind(("0.0.0.0", port));
+        let udp = std::net::UdpSocket::bind(("0.0.0.0", port));
+        if tcp.is_ok() && udp.is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {low}..{high} after 1000 tries");
 }
 
 /// Polls `cond` until it yields `Some` or `timeout` passes (then panics naming `what`).

@@ -647,11 +647,7 @@ async fn port_forward_reaches_an_http_server_inside_the_sandbox(provider: Provid
     let id = sandbox(&c).await;
     // The process provider shares the host's network: pick a free port (any port does in a
     // container).
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = berth_tests::free_port();
     let marker = format!("served-from-the-sandbox-{}", std::process::id());
     let line = format!(
         "mkdir -p pf/sub && cd pf && echo {marker} > index.html && \
@@ -721,11 +717,7 @@ async fn port_forward_reaches_an_http_server_inside_the_sandbox(provider: Provid
     assert_eq!((r.status().as_u16(), r.url().path()), (200, "/sub/"));
 
     // A WebSocket upgrade through the forward: an echo server inside the sandbox.
-    let ws_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let ws_port = berth_tests::free_port();
     let script = std::env::temp_dir().join(format!("berth-ws-echo-{}.py", std::process::id()));
     std::fs::write(&script, WS_ECHO).unwrap();
     let mut cmd = berth(&c);

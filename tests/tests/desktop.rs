@@ -1262,11 +1262,7 @@ async fn the_browser_toolsets_optional_members_serve_when_the_agent_enables_them
     )
     .unwrap();
     std::fs::write(site.path().join("data.txt"), "data").unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = berth_tests::free_port();
     let mut server = std::process::Command::new("python3")
         .args([
             "-m",

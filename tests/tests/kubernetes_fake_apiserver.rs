@@ -838,11 +838,7 @@ async fn kubernetes_fake_apiserver_a_sandbox_with_a_policy_goes_out_through_the_
     use k8s_openapi::api::core::v1::Service;
     let up = egress_test_host();
     // A fixed port, as a Service forwards one: the Pods keep it across restarts.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = berth_tests::free_port();
     let mut c = ControllerProcess::start_on(
         Provider::KubernetesFakeApiserver,
         &format!(

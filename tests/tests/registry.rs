@@ -29,11 +29,7 @@ impl Registry {
     /// With `user:password` (bcrypt, htpasswd), every call needs basic auth.
     async fn start_with(password: Option<(&str, &str)>) -> Registry {
         let dir = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = berth_tests::free_port();
         let addr = format!("127.0.0.1:{port}");
         let config = dir.path().join("config.yml");
         std::fs::write(
