@@ -108,7 +108,7 @@ pub struct A11yValue {
     pub step: f64,
 }
 
-/// The programs OSWorld's setups, getters and checks run in the guest (README: "The osworld
+/// The programs OSWorld's setups, getters and checks run in the guest (docs/src/images/osworld.md: "The osworld
 /// image" lists them with the tasks that call them).
 pub const OSWORLD_PROGRAMS: &[&str] = &[
     "python",

@@ -4,7 +4,7 @@ Usage: takeover.py BASE API_KEY SANDBOX_ID SESSION_URL_A SESSION_URL_B SHOT_DIR
 
 Two browser contexts open the session view (A and B). A takes control (its noVNC reconnects
 writable); B sees another holder. The agent's turns (berth's driver for the anthropic SDK's
-computer toolset, `tool_result()` on hand-built `tool_use` blocks as the README's toolset example)
+computer toolset, `tool_result()` on hand-built `tool_use` blocks as the toolset example in docs/src/agent/toolsets.md)
 are refused meanwhile. A types `person-typed-42` into the desktop, B (view-only) types
 `viewer-b-typed`; A sends `clip-from-person` to the clipboard and fetches it back; a screenshot of
 A's page to SHOT_DIR/session-takeover.png; A hands back, and one more agent turn gets the notice.

@@ -2,7 +2,7 @@
 //! under gVisor (Debian's `runsc`, registered with the daemon by `tests/setup.sh`). What works
 //! under it here is what berth ships it for: commands, files and terminals through the
 //! controller, each checked to run on gVisor's kernel and not the host's. (The desktop profile
-//! starts but is never ready under this runsc: see the README's gVisor section.)
+//! starts but is never ready under this runsc: see the gVisor runtime in docs/src/controller/providers.md.)
 
 use berth_protocol::PtyRequest;
 use berth_tests::controller::{ControllerProcess, Provider, shell};

@@ -3,7 +3,7 @@
 //! of rows `(name, target, method, path, headers, body, expected status)`; each row is sent over
 //! a raw HTTP/1.1 connection with a deadline and must answer its expected status with the error
 //! body of its surface (native and controller: `{"error": {"code", "message"}}`; compat: the
-//! reference's JSON or text), never a 5xx the README does not name for that case, never a hang;
+//! reference's JSON or text), never a 5xx the book does not name for that case, never a hang;
 //! both processes must still answer after every row. Counts by status class are printed.
 
 use std::time::{Duration, Instant};
@@ -108,9 +108,9 @@ fn table() -> Vec<Row> {
         row("execute command int", C, "POST", "/execute", JSON, Raw(br#"{"command": 5}"#), Is(500)),
         row("execute timeout str", C, "POST", "/execute", JSON, Raw(br#"{"command": ["true"], "timeout": "5"}"#), Is(400)),
         row("execute timeout neg", C, "POST", "/execute", JSON, Raw(br#"{"command": ["true"], "timeout": -1}"#), Is(400)),
-        // README: `{}` is the reference's 500 `list index out of range`.
+        // docs/src/agent/osworld-api.md: `{}` is the reference's 500 `list index out of range`.
         row("execute missing command", C, "POST", "/execute", JSON, Raw(b"{}"), Is(500)),
-        // README deviation 10: the reference's `embedded null byte` 500 for /execute.
+        // Deviation 10 (docs/src/agent/osworld-api.md): the reference's `embedded null byte` 500 for /execute.
         row("execute NUL arg", C, "POST", "/execute", JSON, Raw(br#"{"command": ["echo", "a\u0000b"]}"#), Is(500)),
         row("execute invalid utf8", C, "POST", "/execute", JSON, Raw(b"{\"command\": [\"echo\", \"\xff\xfe\"]}"), Is(400)),
         row("execute text/plain", C, "POST", "/execute", TEXT, Raw(br#"{"command": ["true"]}"#), Is(415)),
@@ -216,7 +216,7 @@ fn table() -> Vec<Row> {
         row("screen_size garbage body", C, "POST", "/screen_size", JSON, Raw(b"{\xff"), Is(200)),
         row("desktop_path garbage body", C, "POST", "/desktop_path", JSON, Raw(b"[[["), Is(200)),
         row("wallpaper garbage body", C, "POST", "/wallpaper", TEXT, Raw(b"\x00\xff"), Is(200)),
-        // No wallpaper set (XFCE's backdrops and GNOME's picture-uri emptied): README's 404, where
+        // No wallpaper set (XFCE's backdrops and GNOME's picture-uri emptied): the book's 404, where
         // an unset picture-uri (`''`) was read as the path "" and answered 500.
         row("unset the wallpaper", C, "POST", "/execute", JSON, Raw(br#"{"shell": true, "command": "for p in $(xfconf-query -c xfce4-desktop -l | grep last-image); do xfconf-query -c xfce4-desktop -p $p -s ''; done; gsettings set org.gnome.desktop.background picture-uri ''; gsettings get org.gnome.desktop.background picture-uri"}"#), Is(200)),
         row("wallpaper unset", C, "POST", "/wallpaper", NONE, B::None, Is(404)),
@@ -598,7 +598,7 @@ fn parse(raw: &[u8]) -> Result<Answer, String> {
 fn error_body_ok(to: To, path: &str, a: &Answer) -> Result<(), String> {
     let text = String::from_utf8_lossy(&a.body);
     let json: Option<Value> = serde_json::from_slice(&a.body).ok();
-    // README: `/v1/computer` answers the tool result `{output?, error?, base64_image?}`, its
+    // docs/src/agent/native-api.md: `/v1/computer` answers the tool result `{output?, error?, base64_image?}`, its
     // `error` a string, once its body parsed.
     let computer = path.ends_with("/computer");
     match to {

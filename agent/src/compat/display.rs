@@ -337,7 +337,7 @@ pub async fn change_wallpaper(
     let Some(Value::String(raw)) = data.get("path").filter(|p| truthy(p)) else {
         return text(StatusCode::BAD_REQUEST, "Path not supplied!");
     };
-    // A NUL names no file (README deviation 10), as on `/setup/open_file`.
+    // A NUL names no file (deviation 10 in docs/src/agent/osworld-api.md), as on `/setup/open_file`.
     if raw.contains('\0') {
         return error(StatusCode::BAD_REQUEST, "path contains a NUL byte");
     }

@@ -1,4 +1,4 @@
-"""Wire types of the controller API (see the README's "Controller API" and protocol/src/controller.rs).
+"""Wire types of the controller API (see docs/src/controller/api.md and protocol/src/controller.rs).
 
 Records are dataclasses built from the JSON the controller answers; fields the controller adds
 later land in ``extra`` so an older client keeps working. Free-form objects (events, run output

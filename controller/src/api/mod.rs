@@ -65,7 +65,7 @@ pub fn router(state: ApiState) -> Router {
         .merge(keyed)
         .fallback(|| async {
             ApiError(Error::NotFound(
-                "no such route (see the README for the API)".into(),
+                "no such route (see docs/src/controller/api.md for the API)".into(),
             ))
         })
         .layer(axum::extract::DefaultBodyLimit::max(JSON_LIMIT))
