@@ -37,6 +37,9 @@ pub enum Mode {
     /// Internal: supervise one background command (see the state dir's commands/<id>).
     #[command(hide = true)]
     Shim { dir: PathBuf },
+    /// Internal: a shim started ahead of its command, waiting on stdin for it.
+    #[command(hide = true)]
+    ShimSpare,
     /// Internal: switch to a uid/gid and exec a program (used for terminals).
     #[command(hide = true)]
     ExecAs {

@@ -10,6 +10,7 @@ fn run() -> i32 {
     let cli = <Cli as clap::Parser>::parse();
     match cli.command {
         Some(Mode::Shim { dir }) => berth_agent::exec::shim::main(&dir),
+        Some(Mode::ShimSpare) => berth_agent::exec::shim::spare_main(),
         Some(Mode::Init { args }) => berth_agent::init::main(&args),
         Some(Mode::ExecAs {
             uid,

@@ -19,6 +19,11 @@ use crate::util::{new_id, now_ms, valid_id};
 
 /// One agent call of the run machinery.
 const AGENT_CALL: Duration = Duration::from_secs(15);
+/// How long a start waits in the agent for a run the caller waits on to end: a short command
+/// ends inside it and is recorded from that one answer (its end and its output) instead of a
+/// long-poll, a command query and output pages. A longer one is recorded running this much
+/// later, and followed as before.
+const START_YIELD: Duration = Duration::from_millis(250);
 /// A pending run the agent has no record of is delivered again this long after it was made
 /// (well inside the agent's command TTL, so an ended command is never started again).
 const REDELIVER_WITHIN_MS: i64 = 3600 * 1000;
@@ -74,11 +79,13 @@ impl Runs {
             output_preview: None,
         };
         let (run, new) = self.ctx.store.insert_run(&fresh)?;
+        let wait = req.wait.unwrap_or(true);
         if new {
             let me = self.clone();
             let r = run.clone();
+            let yield_for = wait.then_some(START_YIELD);
             // Its own task: the agent call and its record complete even if the caller leaves.
-            tokio::spawn(async move { me.start_run(&agent, &r, &exec).await })
+            tokio::spawn(async move { me.start_run(&agent, &r, &exec, yield_for).await })
                 .await
                 .map_err(|e| Error::Internal(format!("exec task: {e}")))??;
             if !req.secrets.is_empty() {
@@ -91,7 +98,7 @@ impl Runs {
             }
         }
         self.ctx.follow(&row.id);
-        if req.wait.unwrap_or(true) {
+        if wait {
             let bound = Duration::from_secs(self.ctx.config.exec_wait_secs);
             let me = self.clone();
             let (sid, rid) = (row.id.clone(), run_id.clone());
@@ -102,10 +109,22 @@ impl Runs {
         self.run(&row.id, &run_id)
     }
 
-    async fn start_run(&self, agent: &AgentClient, run: &RunRow, exec: &ExecRequest) -> Result<()> {
-        let started = tokio::time::timeout(AGENT_CALL, agent.exec_background(exec)).await;
+    /// Delivers a run's start to the agent. With `yield_for`, the agent answers once the
+    /// command ended or that passed; a run that ended in it is recorded from the answer.
+    async fn start_run(
+        &self,
+        agent: &AgentClient,
+        run: &RunRow,
+        exec: &ExecRequest,
+        yield_for: Option<Duration>,
+    ) -> Result<()> {
+        let call = ExecRequest {
+            yield_ms: yield_for.map(|d| d.as_millis() as u64),
+            ..exec.clone()
+        };
+        let started = tokio::time::timeout(AGENT_CALL, agent.exec_background(&call)).await;
         match started {
-            Ok(Ok(_)) => {
+            Ok(Ok(answer)) => {
                 self.ctx
                     .store
                     .run_started(&run.sandbox_id, &run.id, now_ms())?;
@@ -114,6 +133,13 @@ impl Runs {
                     EventKind::RunStarted,
                     json!({"run_id": run.id, "command": run.command}),
                 );
+                if let Some((exit_code, chunks)) = ended_within(answer, self.inline_bytes()) {
+                    let fetched = Fetched {
+                        chunks,
+                        ..Fetched::default()
+                    };
+                    self.end_run(run, RunStatus::Exited, Some(exit_code), Some(fetched), None)?;
+                }
                 Ok(())
             }
             Ok(Err(e)) if e.status().is_some_and(|s| (400..500).contains(&s)) => {
@@ -277,7 +303,7 @@ impl Runs {
             // the same command), so a second delivery never runs it twice.
             (RunStatus::Pending, Some(req)) if now_ms() - run.created_at < REDELIVER_WITHIN_MS => {
                 tracing::info!(run = %run.id, "delivering a run the agent has no record of");
-                return match self.start_run(agent, run, &req).await {
+                return match self.start_run(agent, run, &req, None).await {
                     Err(Error::BadRequest(_)) => Ok(()), // recorded as failed
                     other => other,
                 };
@@ -316,11 +342,7 @@ impl Runs {
     /// `artifact_max_file_bytes`) is published as the run's `output` artifact.
     async fn fetch_output(&self, agent: &AgentClient, run: &RunRow) -> Result<Fetched> {
         let id = run.id.as_str();
-        let inline = self
-            .ctx
-            .config
-            .run_output_inline_bytes
-            .min(self.ctx.config.max_stored_output_bytes);
+        let inline = self.inline_bytes();
         let max = self.ctx.config.artifact_max_file_bytes;
         let mut out = Fetched::default();
         let mut seq = 0;
@@ -389,6 +411,14 @@ impl Runs {
             out.artifact = Some(self.publish_output(run, &path).await?);
         }
         Ok(out)
+    }
+
+    /// How much of a run's output its record keeps inline.
+    fn inline_bytes(&self) -> usize {
+        self.ctx
+            .config
+            .run_output_inline_bytes
+            .min(self.ctx.config.max_stored_output_bytes)
     }
 
     /// Starts the output's artifact in a scratch file: the chunks kept so far (the preview)
@@ -597,6 +627,22 @@ fn agent_request(req: &RunRequest, run_id: &str) -> Result<(ExecRequest, Value)>
         ..Default::default()
     };
     Ok((exec, command))
+}
+
+/// A start's answer that holds the whole run: it exited (not lost) within the wait, the page
+/// reaches the end of its output, nothing was cut before it, and the output fits the record
+/// inline. Its exit code and output; `None` sends the run the long way.
+fn ended_within(
+    answer: berth_protocol::BackgroundStarted,
+    inline: usize,
+) -> Option<(i32, Vec<OutputChunk>)> {
+    if answer.done != Some(true) || answer.truncated_before_seq.is_some() {
+        return None;
+    }
+    let exit_code = answer.exit_code?;
+    let chunks = answer.chunks?;
+    let bytes: usize = chunks.iter().map(|c| c.bytes().len()).sum();
+    (bytes <= inline).then_some((exit_code, chunks))
 }
 
 /// Adds `len` bytes of `stream` from `seq` at `offset`, joined to the last span when they

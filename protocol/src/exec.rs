@@ -238,6 +238,10 @@ pub struct BackgroundStarted {
     pub done: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
+    /// With `yield_ms`: present when the per-command cap dropped bytes before this sequence
+    /// number (the chunks then start there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncated_before_seq: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, schemars::JsonSchema)]

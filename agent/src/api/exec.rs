@@ -93,6 +93,7 @@ pub async fn exec(
         next_seq: None,
         done: None,
         exit_code: None,
+        truncated_before_seq: None,
     };
     if let Some(ms) = req.yield_ms {
         agent
@@ -100,10 +101,15 @@ pub async fn exec(
             .wait_done(&cmd, Duration::from_millis(ms))
             .await;
         let page = cmd.page(0, PAGE_BYTES)?;
+        if page.done {
+            // Its end is on the timeline before a caller that learned it here goes on.
+            agent.commands.ensure_reported(&cmd);
+        }
         body.chunks = Some(page.chunks);
         body.next_seq = Some(page.next_seq);
         body.done = Some(page.done);
         body.exit_code = page.exit_code;
+        body.truncated_before_seq = page.truncated_before_seq;
     }
     Ok((StatusCode::ACCEPTED, Json(body)).into_response())
 }

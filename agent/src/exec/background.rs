@@ -117,13 +117,18 @@ impl CommandTable {
         self.watch_dir(&dir);
 
         let hits_before = crate::limits::pids_hits();
-        let mut shim = self
-            .start_shim_process(&dir, &p)
-            .map_err(|e| e.or_limit(hits_before))?;
-        let shim_pid = shim.id();
-        let shim_exited = self.reaper.watch(shim_pid);
-        let out = shim.stdout.take();
-        drop(shim);
+        let (shim_pid, out, shim_exited) =
+            match self.shims.take().and_then(|s| s.assign(&dir, &p.env)) {
+                Some(a) => (a.pid, a.stdout, a.exited),
+                None => {
+                    let mut shim = self
+                        .start_shim_process(&dir, &p)
+                        .map_err(|e| e.or_limit(hits_before))?;
+                    let shim_pid = shim.id();
+                    let exited = self.reaper.watch(shim_pid);
+                    (shim_pid, shim.stdout.take(), exited)
+                }
+            };
         let hs = match read_handshake(out).await {
             Some(hs) if hs.ok => hs,
             other => {
@@ -153,7 +158,7 @@ impl CommandTable {
         Ok(command)
     }
 
-    /// Starts `berth-agent shim <dir>` in a session of its own, its stderr going to
+    /// Starts `berth-agent shim <dir>` (which makes a session of its own), its stderr going to
     /// `shim.log` and its stdout piped for the handshake.
     fn start_shim_process(
         &self,
@@ -171,15 +176,7 @@ impl CommandTable {
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .stderr(shim_log);
-        // SAFETY: setsid is async-signal-safe.
-        unsafe {
-            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
-                if libc::setsid() < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        // The shim makes its own session (no closure between fork and exec: posix_spawn).
         let shim = cmd.spawn().map_err(|e| {
             removing_dir(
                 dir,

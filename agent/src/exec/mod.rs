@@ -11,6 +11,7 @@ pub mod record;
 pub mod result;
 pub mod shim;
 pub mod spare;
+mod spare_shim;
 pub mod spawn;
 pub mod store;
 
@@ -176,6 +177,8 @@ pub struct CommandTable {
     /// This agent's start time (its identity next to its pid).
     agent_start: u64,
     spares: Arc<spare::SpareDirs>,
+    /// Shims started ahead, each waiting for a background command.
+    shims: Arc<spare_shim::SpareShims>,
     store: store::ForegroundStore,
 }
 
@@ -190,6 +193,7 @@ impl CommandTable {
         std::fs::create_dir_all(&cfg.commands_dir)?;
         let cfg_commands_dir = cfg.commands_dir.clone();
         let (store, stored) = store::ForegroundStore::open(&cfg.store_dir, cfg.ttl)?;
+        let shims = spare_shim::SpareShims::start(&cfg.agent_exe, reaper.clone());
         let table = Arc::new(CommandTable {
             cfg,
             events,
@@ -199,6 +203,7 @@ impl CommandTable {
             watcher: Mutex::new(None),
             agent_start: crate::proc::start_time(std::process::id()).unwrap_or(0),
             spares: spare::SpareDirs::start(&cfg_commands_dir),
+            shims,
             store,
         });
         let rx = table.start_watcher();

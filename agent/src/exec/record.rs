@@ -84,13 +84,18 @@ pub const EXIT_REPORTED: &str = "exit.reported";
 /// sees half a record.
 pub fn write_json<T: Serialize>(dir: &Path, name: &str, value: &T) -> std::io::Result<()> {
     let tmp = dir.join(format!(".{name}.tmp"));
-    // Truncating a prepared temp file (see `spare`) is much cheaper than creating one.
+    // Writing over a prepared temp file (see `spare`) is much cheaper than creating one. It is
+    // cut to length after the write, not truncated at open: ext4 starts writing back, on
+    // close, a file that was truncated to nothing (its guard for replace-by-truncate), which
+    // costs about 45 µs of every record.
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
-        .truncate(true)
+        .truncate(false)
         .open(&tmp)?;
-    f.write_all(&serde_json::to_vec(value).map_err(std::io::Error::other)?)?;
+    let bytes = serde_json::to_vec(value).map_err(std::io::Error::other)?;
+    f.write_all(&bytes)?;
+    f.set_len(bytes.len() as u64)?;
     drop(f);
     std::fs::rename(&tmp, dir.join(name))
 }

@@ -1,4 +1,5 @@
-//! `berth-agent shim <dir>`: supervises one background command so that it outlives the agent.
+//! `berth-agent shim <dir>` (or `shim-spare`, started ahead and handed its directory later):
+//! supervises one background command so that it outlives the agent.
 //!
 //! The shim runs in its own session as a child subreaper. It starts the command in its own
 //! process group, owns its pipes and writes every byte to the command's log, enforces the
@@ -61,8 +62,75 @@ enum Ev {
 }
 
 pub fn main(dir: &Path) -> i32 {
+    new_session();
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    supervise(dir, &env)
+}
+
+/// What the agent hands a spare shim (`berth-agent shim-spare`): the command's directory and
+/// the command's environment, as one JSON line on the spare's stdin.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SpareJob {
+    pub dir: std::path::PathBuf,
+    pub env: Vec<(String, String)>,
+}
+
+/// `berth-agent shim-spare`: a shim started before its command, waiting on stdin for its
+/// [`SpareJob`]. The loader, the relocations and the first page faults of the agent's binary
+/// are paid while nothing waits; the command then starts as fast as a fork. End of input
+/// before a job (the agent ended, or no longer wants it) ends it quietly.
+pub fn spare_main() -> i32 {
+    new_session();
+    let mut line = String::new();
+    match std::io::stdin().read_line(&mut line) {
+        Ok(0) | Err(_) => return 0,
+        Ok(_) => {}
+    }
+    let job: SpareJob = match serde_json::from_str(&line) {
+        Ok(j) => j,
+        Err(e) => {
+            // No directory to log in: the handshake carries the reason.
+            let hs = Handshake {
+                ok: false,
+                pid: None,
+                errno: None,
+                subject: None,
+                message: Some(format!("an unreadable job: {e}")),
+            };
+            let _ = writeln!(
+                std::io::stdout(),
+                "{}",
+                serde_json::to_string(&hs).unwrap_or_default()
+            );
+            return 1;
+        }
+    };
+    // From here on the shim's stderr is its command's shim.log, as for a shim started cold.
+    if let Ok(log) = std::fs::File::create(job.dir.join("shim.log")) {
+        // SAFETY: dup2 onto fd 2 of a file this process just opened; nothing else runs yet.
+        unsafe {
+            libc::dup2(log.as_raw_fd(), libc::STDERR_FILENO);
+        }
+    }
+    supervise(&job.dir, &job.env)
+}
+
+/// Leaves the agent's session and process group for a session of its own, so nothing aimed
+/// at the agent's group reaches the command. Done here rather than between the agent's fork
+/// and exec: without a closure to run there, the agent starts a shim with `posix_spawn`
+/// instead of copying itself with `fork`.
+fn new_session() {
+    // SAFETY: setsid takes no arguments; it fails only for a group leader, which a process
+    // the agent just spawned is not.
+    unsafe {
+        libc::setsid();
+    }
+}
+
+/// Supervises the command `dir` describes, started with `env`; the process's exit code.
+fn supervise(dir: &Path, env: &[(String, String)]) -> i32 {
     let mut stdout = std::io::stdout();
-    match run(dir, &mut stdout) {
+    match run(dir, env, &mut stdout) {
         Ok(()) => 0,
         Err(msg) => {
             eprintln!("berth-agent shim: {msg}");
@@ -79,7 +147,11 @@ pub fn main(dir: &Path) -> i32 {
     }
 }
 
-fn run(dir: &Path, handshake: &mut std::io::Stdout) -> Result<(), String> {
+fn run(
+    dir: &Path,
+    env: &[(String, String)],
+    handshake: &mut std::io::Stdout,
+) -> Result<(), String> {
     let meta: Meta = record::read_json(dir, record::META)
         .ok_or_else(|| format!("no readable meta.json in {}", dir.display()))?;
     // A kernel without child subreapers (gVisor's, under `[runtime] = "runsc"`) still runs the
@@ -101,7 +173,7 @@ fn run(dir: &Path, handshake: &mut std::io::Stdout) -> Result<(), String> {
     let Some(Started {
         mut child,
         merged_output,
-    }) = spawn_command(&meta, child_stdin, handshake)?
+    }) = spawn_command(&meta, env, child_stdin, handshake)?
     else {
         return Ok(());
     };
@@ -128,6 +200,7 @@ fn run(dir: &Path, handshake: &mut std::io::Stdout) -> Result<(), String> {
         timed_out: false,
         child_exit: None,
         exit_written: false,
+        childless: false,
     };
     supervision.run(&rx);
     Ok(())
@@ -186,10 +259,10 @@ struct Started {
 /// means it could not start and that failure is already reported on the handshake.
 fn spawn_command(
     meta: &Meta,
+    env: &[(String, String)],
     child_stdin: Stdio,
     handshake: &mut std::io::Stdout,
 ) -> Result<Option<Started>, String> {
-    let env: Vec<(String, String)> = std::env::vars().collect();
     let identity = meta
         .switch_identity
         .then(|| (meta.uid, meta.gid, meta.groups.clone()));
@@ -197,7 +270,7 @@ fn spawn_command(
     let launch = Launch {
         program: &meta.program,
         cwd,
-        env: &env,
+        env,
         identity,
         group: Group::NewGroup,
     };
@@ -323,6 +396,8 @@ struct Supervision<'a> {
     timed_out: bool,
     child_exit: Option<(Exit, Instant)>,
     exit_written: bool,
+    /// The last reap found no child left: the command's whole tree is gone.
+    childless: bool,
 }
 
 impl Supervision<'_> {
@@ -337,10 +412,7 @@ impl Supervision<'_> {
             self.record_exit_when_drained();
             // Processes the command left behind (daemons) stay our children: we are their
             // reaper, and a kill of this command still reaches them.
-            if self.exit_written
-                && self.readers == 0
-                && crate::proc::descendants(self.me).is_empty()
-            {
+            if self.exit_written && self.readers == 0 && self.childless {
                 break;
             }
         }
@@ -394,7 +466,18 @@ impl Supervision<'_> {
     fn reap(&mut self) {
         loop {
             match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::StillAlive) | Err(_) => break,
+                Ok(WaitStatus::StillAlive) => {
+                    self.childless = false;
+                    break;
+                }
+                // No child at all. As the subreaper of the command's tree, everything the
+                // command left behind is a child of ours once the command ended: none is
+                // left. (Without subreapers, what it left went to init and is not ours.)
+                Err(nix::errno::Errno::ECHILD) => {
+                    self.childless = true;
+                    break;
+                }
+                Err(_) => break,
                 Ok(status) => {
                     if let Some((p, exit)) = Exit::from_wait(status)
                         && p == self.pid as i32
@@ -559,6 +642,7 @@ mod tests {
                     .expect("the clock is past `ago`"),
             )),
             exit_written: false,
+            childless: false,
         }
     }
 
