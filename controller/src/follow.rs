@@ -175,7 +175,8 @@ impl Follower {
         };
         match e.kind {
             // The runs are read now, not before the poll: a run started during it is found.
-            EventKind::CommandExited => {
+            // A run whose start is waiting for its end is recorded from that answer.
+            EventKind::CommandExited if !self.runs.is_yielding(&sandbox.id, id) => {
                 if let Some(run) = self.in_flight(&sandbox.id).iter().find(|r| r.id == id) {
                     let _ = self.runs.check_run(sandbox, run, false).await;
                 }

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use berth_protocol::controller::{Command, Run, RunRequest};
 use berth_protocol::events::EventKind;
+use berth_protocol::sync::Locked;
 use berth_protocol::{AgentClient, ClientError, CommandState, ExecRequest, OutputChunk, Stream};
 use serde_json::{Value, json};
 
@@ -33,11 +34,37 @@ const REDELIVER_WITHIN_MS: i64 = 3600 * 1000;
 pub struct Runs {
     ctx: Arc<Ctx>,
     artifacts: Arc<Artifacts>,
+    /// Runs (sandbox id, run id) whose start is waiting in the agent for their end: that
+    /// answer records their end, so the agent's exit event need not.
+    yielding: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
+}
+
+/// Takes a run out of [`Runs::yielding`] when its start ends, however it ends.
+struct Yielding<'a> {
+    runs: &'a Runs,
+    key: (String, String),
+}
+
+impl Drop for Yielding<'_> {
+    fn drop(&mut self) {
+        self.runs.yielding.locked().remove(&self.key);
+    }
 }
 
 impl Runs {
     pub fn new(ctx: Arc<Ctx>, artifacts: Arc<Artifacts>) -> Runs {
-        Runs { ctx, artifacts }
+        Runs {
+            ctx,
+            artifacts,
+            yielding: Default::default(),
+        }
+    }
+
+    /// Whether the run's start is waiting in the agent for its end (which it then records).
+    pub fn is_yielding(&self, sandbox_id: &str, run_id: &str) -> bool {
+        self.yielding
+            .locked()
+            .contains(&(sandbox_id.to_string(), run_id.to_string()))
     }
 
     /// `POST …/{id}/exec`.
@@ -122,23 +149,43 @@ impl Runs {
             yield_ms: yield_for.map(|d| d.as_millis() as u64),
             ..exec.clone()
         };
+        let _yielding = yield_for.map(|_| {
+            let key = (run.sandbox_id.clone(), run.id.clone());
+            self.yielding.locked().insert(key.clone());
+            Yielding { runs: self, key }
+        });
         let started = tokio::time::timeout(AGENT_CALL, agent.exec_background(&call)).await;
         match started {
             Ok(Ok(answer)) => {
-                self.ctx
-                    .store
-                    .run_started(&run.sandbox_id, &run.id, now_ms())?;
                 self.ctx.event(
                     &run.sandbox_id,
                     EventKind::RunStarted,
                     json!({"run_id": run.id, "command": run.command}),
                 );
-                if let Some((exit_code, chunks)) = ended_within(answer, self.inline_bytes()) {
-                    let fetched = Fetched {
-                        chunks,
-                        ..Fetched::default()
-                    };
-                    self.end_run(run, RunStatus::Exited, Some(exit_code), Some(fetched), None)?;
+                match ended_within(answer, self.inline_bytes()) {
+                    // Started and ended in one record.
+                    Some((exit_code, chunks)) => {
+                        let fetched = Fetched {
+                            chunks,
+                            ..Fetched::default()
+                        };
+                        let started = RunRow {
+                            started_at: Some(now_ms()),
+                            ..run.clone()
+                        };
+                        self.end_run(
+                            &started,
+                            RunStatus::Exited,
+                            Some(exit_code),
+                            Some(fetched),
+                            None,
+                        )?;
+                    }
+                    None => {
+                        self.ctx
+                            .store
+                            .run_started(&run.sandbox_id, &run.id, now_ms())?;
+                    }
                 }
                 Ok(())
             }
@@ -779,6 +826,41 @@ fn shell_join(argv: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_start_that_holds_the_whole_ended_run_records_it() {
+        let chunk = |seq: u64, text: &str| OutputChunk {
+            seq,
+            stream: Stream::Stdout,
+            data: Some(text.into()),
+            data_b64: None,
+        };
+        let ended = berth_protocol::BackgroundStarted {
+            id: "run_1".into(),
+            chunks: Some(vec![chunk(0, "hi\n"), chunk(3, "there\n")]),
+            next_seq: Some(9),
+            done: Some(true),
+            exit_code: Some(3),
+            truncated_before_seq: None,
+        };
+        let (code, chunks) = ended_within(ended.clone(), 9).expect("recorded from the answer");
+        assert_eq!((code, chunks.len()), (3, 2));
+        // Output past what the record keeps inline: the long way (an artifact).
+        assert_eq!(ended_within(ended.clone(), 8), None);
+        let with = |f: &dyn Fn(&mut berth_protocol::BackgroundStarted)| {
+            let mut a = ended.clone();
+            f(&mut a);
+            ended_within(a, 1 << 20)
+        };
+        // Still running at the end of the wait; a start without a wait.
+        assert_eq!(with(&|a| a.done = Some(false)), None);
+        assert_eq!(with(&|a| a.done = None), None);
+        // Lost (ended without an exit record): the agent's record says how, the long way.
+        assert_eq!(with(&|a| a.exit_code = None), None);
+        // The cap dropped its beginning: the long way keeps the truncation.
+        assert_eq!(with(&|a| a.truncated_before_seq = Some(4)), None);
+        assert_eq!(with(&|a| a.chunks = None), None);
+    }
 
     #[test]
     fn a_run_request_becomes_the_agents_background_command_or_a_clear_400() {

@@ -247,6 +247,20 @@ async fn native(requests: usize) {
         assert_eq!(r.stdout.as_deref(), Some("hi\n"));
     })
     .await;
+    // What the controller asks of the agent for a run: a background command (under its own
+    // shim, so it outlives the agent) whose start waits for its end.
+    let n = std::sync::atomic::AtomicUsize::new(0);
+    let background = timed(requests, || async {
+        let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let req = ExecRequest {
+            id: Some(format!("bench-{i}")),
+            yield_ms: Some(250),
+            ..echo.clone()
+        };
+        let r = client.exec_background(&req).await.unwrap();
+        assert_eq!((r.done, r.exit_code), (Some(true), Some(0)));
+    })
+    .await;
     drop(agent);
     let c = berth_tests::controller::ControllerProcess::start("").await;
     let cl = c.client();
@@ -269,7 +283,14 @@ async fn native(requests: usize) {
         direct.0, direct.1
     );
     println!(
-        "| controller `POST …/{{id}}/exec` (process provider), what it adds | {:.2} (+{:.2}) | {:.2} (+{:.2}) |",
+        "| agent `POST /v1/exec` background, `yield_ms` (a run's start), over the above | {:.2} (+{:.2}) | {:.2} (+{:.2}) |",
+        background.0,
+        background.0 - direct.0,
+        background.1,
+        background.1 - direct.1
+    );
+    println!(
+        "| controller `POST …/{{id}}/exec` (process provider), over the foreground exec | {:.2} (+{:.2}) | {:.2} (+{:.2}) |",
         through.0,
         through.0 - direct.0,
         through.1,
