@@ -150,6 +150,10 @@ pub struct AgentArgs {
     /// How long records of finished commands are kept.
     #[arg(long, env = "BERTH_AGENT_COMMAND_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
     pub command_ttl: Duration,
+    /// Shims kept started ahead for background commands (each a waiting process); 0 starts
+    /// every shim when its command comes.
+    #[arg(long, env = "BERTH_AGENT_SPARE_SHIMS", default_value_t = 2)]
+    pub spare_shims: usize,
     /// Output kept per command; past it the oldest bytes are dropped (and replays say so).
     #[arg(long, env = "BERTH_AGENT_OUTPUT_CAP", default_value_t = 1 << 30)]
     pub output_cap: u64,

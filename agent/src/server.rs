@@ -267,6 +267,7 @@ fn start_commands(
             env,
             output_cap: args.output_cap,
             ttl: args.command_ttl,
+            spare_shims: args.spare_shims,
         },
         events.clone(),
         reaper.clone(),
@@ -622,6 +623,8 @@ mod tests {
                 env,
                 output_cap: 1 << 20,
                 ttl: Duration::from_secs(60),
+                // The test binary is no agent to start shims from.
+                spare_shims: 0,
             },
             events.clone(),
             reaper.clone(),

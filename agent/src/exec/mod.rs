@@ -98,6 +98,8 @@ pub struct ExecConfig {
     pub env: ChildEnv,
     pub output_cap: u64,
     pub ttl: Duration,
+    /// Shims kept started ahead of their commands.
+    pub spare_shims: usize,
 }
 
 /// A command ready to start: what the request asked for, resolved against the sandbox
@@ -193,7 +195,7 @@ impl CommandTable {
         std::fs::create_dir_all(&cfg.commands_dir)?;
         let cfg_commands_dir = cfg.commands_dir.clone();
         let (store, stored) = store::ForegroundStore::open(&cfg.store_dir, cfg.ttl)?;
-        let shims = spare_shim::SpareShims::start(&cfg.agent_exe, reaper.clone());
+        let shims = spare_shim::SpareShims::start(&cfg.agent_exe, reaper.clone(), cfg.spare_shims);
         let table = Arc::new(CommandTable {
             cfg,
             events,

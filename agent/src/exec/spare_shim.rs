@@ -17,9 +17,6 @@ use tokio::sync::oneshot;
 use super::shim::SpareJob;
 use crate::reaper::{Exit, Reaper};
 
-/// How many spares are kept started.
-const KEEP: usize = 2;
-
 /// One started shim waiting for its command.
 pub struct Spare {
     pub pid: u32,
@@ -60,20 +57,26 @@ impl Spare {
 
 pub struct SpareShims {
     exe: PathBuf,
+    /// How many spares are kept started.
+    keep: usize,
     reaper: Arc<Reaper>,
     ready: Mutex<Vec<Spare>>,
     wanted: Condvar,
 }
 
 impl SpareShims {
-    /// Starts the thread that keeps `KEEP` spares of `exe` started.
-    pub fn start(exe: &Path, reaper: Arc<Reaper>) -> Arc<SpareShims> {
+    /// Starts the thread that keeps `keep` spares of `exe` started (none for 0).
+    pub fn start(exe: &Path, reaper: Arc<Reaper>, keep: usize) -> Arc<SpareShims> {
         let pool = Arc::new(SpareShims {
             exe: exe.to_path_buf(),
+            keep,
             reaper,
             ready: Mutex::new(Vec::new()),
             wanted: Condvar::new(),
         });
+        if keep == 0 {
+            return pool;
+        }
         let weak = Arc::downgrade(&pool);
         let spawned = std::thread::Builder::new()
             .name("berth-spare-shims".into())
@@ -104,13 +107,13 @@ impl SpareShims {
         None
     }
 
-    /// Starts spares until `KEEP` are ready, then waits to be asked for more. False when a
+    /// Starts spares until `keep` are ready, then waits to be asked for more. False when a
     /// spare cannot be started (the agent then starts every shim cold).
     fn top_up(&self) -> bool {
         {
             let ready = self.ready.locked();
             let _unused = berth_protocol::sync::unpoisoned(
-                self.wanted.wait_while(ready, |r| r.len() >= KEEP),
+                self.wanted.wait_while(ready, |r| r.len() >= self.keep),
             );
         }
         match self.spawn() {

@@ -235,6 +235,37 @@ where
     (ms(percentile(&v, 0.5)), ms(percentile(&v, 0.99)))
 }
 
+/// A run's start on `client`'s agent, `echo hi` in the background with `yield_ms`: back to
+/// back, then paced at one every 20 ms (the clock runs only during the call).
+async fn background(
+    client: &berth_protocol::AgentClient,
+    requests: usize,
+    tag: &str,
+) -> ((f64, f64), (f64, f64)) {
+    use berth_protocol::exec::ExecRequest;
+    let n = std::sync::atomic::AtomicUsize::new(0);
+    let one = || async {
+        let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let req = ExecRequest {
+            id: Some(format!("bench-{tag}-{i}")),
+            yield_ms: Some(250),
+            ..ExecRequest::argv(["echo", "hi"])
+        };
+        let r = client.exec_background(&req).await.unwrap();
+        assert_eq!((r.done, r.exit_code), (Some(true), Some(0)));
+    };
+    let b2b = timed(requests, one).await;
+    let mut v = Vec::with_capacity(requests);
+    for _ in 0..requests {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let t = Instant::now();
+        one().await;
+        v.push(t.elapsed());
+    }
+    v.sort();
+    (b2b, (ms(percentile(&v, 0.5)), ms(percentile(&v, 0.99))))
+}
+
 /// `echo hi` through the agent's native exec and through the controller's, keep-alive.
 async fn native(requests: usize) {
     use berth_protocol::controller::{Command as RunCommand, RunRequest};
@@ -248,20 +279,18 @@ async fn native(requests: usize) {
     })
     .await;
     // What the controller asks of the agent for a run: a background command (under its own
-    // shim, so it outlives the agent) whose start waits for its end.
-    let n = std::sync::atomic::AtomicUsize::new(0);
-    let background = timed(requests, || async {
-        let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let req = ExecRequest {
-            id: Some(format!("bench-{i}")),
-            yield_ms: Some(250),
-            ..echo.clone()
-        };
-        let r = client.exec_background(&req).await.unwrap();
-        assert_eq!((r.done, r.exit_code), (Some(true), Some(0)));
+    // shim, so it outlives the agent) whose start waits for its end. Back to back, and paced
+    // as an engine's loop calls (the clock stops between calls), with spare shims (the
+    // default) and with every shim started when its command comes (`--spare-shims 0`).
+    let spared = background(&client, requests, "spare").await;
+    drop(agent);
+    let cold = AgentProcess::start_with(berth_tests::AgentOptions {
+        extra_args: vec!["--spare-shims".into(), "0".into()],
+        ..Default::default()
     })
     .await;
-    drop(agent);
+    let started_cold = background(&cold.client(), requests, "cold").await;
+    drop(cold);
     let c = berth_tests::controller::ControllerProcess::start("").await;
     let cl = c.client();
     let sb = cl.create(&berth_tests::controller::ide()).await.unwrap();
@@ -269,11 +298,20 @@ async fn native(requests: usize) {
         command: RunCommand::Argv(vec!["echo".into(), "hi".into()]),
         ..Default::default()
     };
-    let through = timed(requests, || async {
+    let one = || async {
         let r = cl.exec(&sb.id, &run).await.unwrap();
         assert_eq!((r.exit_code, r.stdout.as_str()), (Some(0), "hi\n"));
-    })
-    .await;
+    };
+    let through = timed(requests, one).await;
+    let mut v = Vec::with_capacity(requests);
+    for _ in 0..requests {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let t = Instant::now();
+        one().await;
+        v.push(t.elapsed());
+    }
+    v.sort();
+    let through_paced = (ms(percentile(&v, 0.5)), ms(percentile(&v, 0.99)));
     println!();
     println!("exec `echo hi` on the native routes, keep-alive, {requests} requests each");
     println!("| route | p50 ms | p99 ms |");
@@ -282,20 +320,29 @@ async fn native(requests: usize) {
         "| agent `POST /v1/exec` | {:.2} | {:.2} |",
         direct.0, direct.1
     );
-    println!(
-        "| agent `POST /v1/exec` background, `yield_ms` (a run's start), over the above | {:.2} (+{:.2}) | {:.2} (+{:.2}) |",
-        background.0,
-        background.0 - direct.0,
-        background.1,
-        background.1 - direct.1
-    );
-    println!(
-        "| controller `POST …/{{id}}/exec` (process provider), over the foreground exec | {:.2} (+{:.2}) | {:.2} (+{:.2}) |",
-        through.0,
-        through.0 - direct.0,
-        through.1,
-        through.1 - direct.1
-    );
+    for (label, (b2b, paced)) in [
+        ("spare shims (default)", spared),
+        ("`--spare-shims 0`", started_cold),
+    ] {
+        for (pace, t) in [("back to back", b2b), ("one every 20 ms", paced)] {
+            println!(
+                "| agent `POST /v1/exec` background + `yield_ms` (a run's start), {label}, {pace}, over the foreground exec | {:.2} (+{:.2}) | {:.2} (+{:.2}) |",
+                t.0,
+                t.0 - direct.0,
+                t.1,
+                t.1 - direct.1
+            );
+        }
+    }
+    for (pace, t) in [("back to back", through), ("one every 20 ms", through_paced)] {
+        println!(
+            "| controller `POST …/{{id}}/exec` (process provider), {pace}, over the foreground exec | {:.2} (+{:.2}) | {:.2} (+{:.2}) |",
+            t.0,
+            t.0 - direct.0,
+            t.1,
+            t.1 - direct.1
+        );
+    }
 }
 
 pub async fn bench(requests: usize) {
