@@ -334,7 +334,10 @@ async fn native(requests: usize) {
             );
         }
     }
-    for (pace, t) in [("back to back", through), ("one every 20 ms", through_paced)] {
+    for (pace, t) in [
+        ("back to back", through),
+        ("one every 20 ms", through_paced),
+    ] {
         println!(
             "| controller `POST …/{{id}}/exec` (process provider), {pace}, over the foreground exec | {:.2} (+{:.2}) | {:.2} (+{:.2}) |",
             t.0,
