@@ -156,39 +156,7 @@ impl Runs {
         });
         let started = tokio::time::timeout(AGENT_CALL, agent.exec_background(&call)).await;
         match started {
-            Ok(Ok(answer)) => {
-                self.ctx.event(
-                    &run.sandbox_id,
-                    EventKind::RunStarted,
-                    json!({"run_id": run.id, "command": run.command}),
-                );
-                match ended_within(answer, self.inline_bytes()) {
-                    // Started and ended in one record.
-                    Some((exit_code, chunks)) => {
-                        let fetched = Fetched {
-                            chunks,
-                            ..Fetched::default()
-                        };
-                        let started = RunRow {
-                            started_at: Some(now_ms()),
-                            ..run.clone()
-                        };
-                        self.end_run(
-                            &started,
-                            RunStatus::Exited,
-                            Some(exit_code),
-                            Some(fetched),
-                            None,
-                        )?;
-                    }
-                    None => {
-                        self.ctx
-                            .store
-                            .run_started(&run.sandbox_id, &run.id, now_ms())?;
-                    }
-                }
-                Ok(())
-            }
+            Ok(Ok(answer)) => self.started(run, answer),
             Ok(Err(e)) if e.status().is_some_and(|s| (400..500).contains(&s)) => {
                 self.end_run(
                     run,
@@ -220,6 +188,41 @@ impl Runs {
                 Ok(())
             }
         }
+    }
+
+    /// Records the agent's answer to a run's start: running, or started and ended in one
+    /// record when the answer holds the whole run.
+    fn started(&self, run: &RunRow, answer: berth_protocol::BackgroundStarted) -> Result<()> {
+        self.ctx.event(
+            &run.sandbox_id,
+            EventKind::RunStarted,
+            json!({"run_id": run.id, "command": run.command}),
+        );
+        match ended_within(answer, self.inline_bytes()) {
+            Some((exit_code, chunks)) => {
+                let fetched = Fetched {
+                    chunks,
+                    ..Fetched::default()
+                };
+                let started = RunRow {
+                    started_at: Some(now_ms()),
+                    ..run.clone()
+                };
+                self.end_run(
+                    &started,
+                    RunStatus::Exited,
+                    Some(exit_code),
+                    Some(fetched),
+                    None,
+                )?;
+            }
+            None => {
+                self.ctx
+                    .store
+                    .run_started(&run.sandbox_id, &run.id, now_ms())?;
+            }
+        }
+        Ok(())
     }
 
     pub fn run(&self, sandbox_id: &str, run_id: &str) -> Result<Run> {

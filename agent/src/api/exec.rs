@@ -87,31 +87,41 @@ pub async fn exec(
             },
         )
         .await?;
-    let mut body = BackgroundStarted {
-        id: cmd.id.clone(),
-        chunks: None,
-        next_seq: None,
-        done: None,
-        exit_code: None,
-        truncated_before_seq: None,
+    let body = match req.yield_ms {
+        Some(ms) => yielded(&agent, &cmd, Duration::from_millis(ms)).await?,
+        None => BackgroundStarted {
+            id: cmd.id.clone(),
+            chunks: None,
+            next_seq: None,
+            done: None,
+            exit_code: None,
+            truncated_before_seq: None,
+        },
     };
-    if let Some(ms) = req.yield_ms {
-        agent
-            .commands
-            .wait_done(&cmd, Duration::from_millis(ms))
-            .await;
-        let page = cmd.page(0, PAGE_BYTES)?;
-        if page.done {
-            // Its end is on the timeline before a caller that learned it here goes on.
-            agent.commands.ensure_reported(&cmd);
-        }
-        body.chunks = Some(page.chunks);
-        body.next_seq = Some(page.next_seq);
-        body.done = Some(page.done);
-        body.exit_code = page.exit_code;
-        body.truncated_before_seq = page.truncated_before_seq;
-    }
     Ok((StatusCode::ACCEPTED, Json(body)).into_response())
+}
+
+/// A background start's answer after waiting up to `wait` for the command's end: its output so
+/// far, and how it ended if it did.
+async fn yielded(
+    agent: &Agent,
+    cmd: &Arc<crate::exec::Command>,
+    wait: Duration,
+) -> Result<BackgroundStarted, ApiError> {
+    agent.commands.wait_done(cmd, wait).await;
+    let page = cmd.page(0, PAGE_BYTES)?;
+    if page.done {
+        // Its end is on the timeline before a caller that learned it here goes on.
+        agent.commands.ensure_reported(cmd);
+    }
+    Ok(BackgroundStarted {
+        id: cmd.id.clone(),
+        chunks: Some(page.chunks),
+        next_seq: Some(page.next_seq),
+        done: Some(page.done),
+        exit_code: page.exit_code,
+        truncated_before_seq: page.truncated_before_seq,
+    })
 }
 
 pub async fn list(State(agent): State<Arc<Agent>>) -> Json<CommandList> {
