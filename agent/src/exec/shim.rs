@@ -90,18 +90,7 @@ pub fn spare_main() -> i32 {
         Ok(j) => j,
         Err(e) => {
             // No directory to log in: the handshake carries the reason.
-            let hs = Handshake {
-                ok: false,
-                pid: None,
-                errno: None,
-                subject: None,
-                message: Some(format!("an unreadable job: {e}")),
-            };
-            let _ = writeln!(
-                std::io::stdout(),
-                "{}",
-                serde_json::to_string(&hs).unwrap_or_default()
-            );
+            report_error(&mut std::io::stdout(), format!("an unreadable job: {e}"));
             return 1;
         }
     };
@@ -127,6 +116,18 @@ fn new_session() {
     }
 }
 
+/// The handshake of a shim that could not supervise its command: why, in `message`.
+fn report_error(out: &mut std::io::Stdout, msg: String) {
+    let hs = Handshake {
+        ok: false,
+        pid: None,
+        errno: None,
+        subject: None,
+        message: Some(msg),
+    };
+    let _ = writeln!(out, "{}", serde_json::to_string(&hs).unwrap_or_default());
+}
+
 /// Supervises the command `dir` describes, started with `env`; the process's exit code.
 fn supervise(dir: &Path, env: &[(String, String)]) -> i32 {
     let mut stdout = std::io::stdout();
@@ -134,14 +135,7 @@ fn supervise(dir: &Path, env: &[(String, String)]) -> i32 {
         Ok(()) => 0,
         Err(msg) => {
             eprintln!("berth-agent shim: {msg}");
-            let hs = Handshake {
-                ok: false,
-                pid: None,
-                errno: None,
-                subject: None,
-                message: Some(msg),
-            };
-            let _ = writeln!(stdout, "{}", serde_json::to_string(&hs).unwrap_or_default());
+            report_error(&mut stdout, msg);
             1
         }
     }

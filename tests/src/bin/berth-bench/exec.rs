@@ -235,6 +235,24 @@ where
     (ms(percentile(&v, 0.5)), ms(percentile(&v, 0.99)))
 }
 
+/// p50 and p99 of `call` made once every 20 ms, as an engine's loop makes it (the clock runs
+/// only during each call).
+async fn paced<F, Fut>(requests: usize, mut call: F) -> (f64, f64)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut v = Vec::with_capacity(requests);
+    for _ in 0..requests {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let t = Instant::now();
+        call().await;
+        v.push(t.elapsed());
+    }
+    v.sort();
+    (ms(percentile(&v, 0.5)), ms(percentile(&v, 0.99)))
+}
+
 /// A run's start on `client`'s agent, `echo hi` in the background with `yield_ms`: back to
 /// back, then paced at one every 20 ms (the clock runs only during the call).
 async fn background(
@@ -255,15 +273,7 @@ async fn background(
         assert_eq!((r.done, r.exit_code), (Some(true), Some(0)));
     };
     let b2b = timed(requests, one).await;
-    let mut v = Vec::with_capacity(requests);
-    for _ in 0..requests {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let t = Instant::now();
-        one().await;
-        v.push(t.elapsed());
-    }
-    v.sort();
-    (b2b, (ms(percentile(&v, 0.5)), ms(percentile(&v, 0.99))))
+    (b2b, paced(requests, one).await)
 }
 
 /// `echo hi` through the agent's native exec and through the controller's, keep-alive.
@@ -303,15 +313,7 @@ async fn native(requests: usize) {
         assert_eq!((r.exit_code, r.stdout.as_str()), (Some(0), "hi\n"));
     };
     let through = timed(requests, one).await;
-    let mut v = Vec::with_capacity(requests);
-    for _ in 0..requests {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let t = Instant::now();
-        one().await;
-        v.push(t.elapsed());
-    }
-    v.sort();
-    let through_paced = (ms(percentile(&v, 0.5)), ms(percentile(&v, 0.99)));
+    let through_paced = paced(requests, one).await;
     println!();
     println!("exec `echo hi` on the native routes, keep-alive, {requests} requests each");
     println!("| route | p50 ms | p99 ms |");
