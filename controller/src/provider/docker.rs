@@ -44,6 +44,11 @@ const CDP_PORT: u16 = 9222;
 pub const PORTS_LABEL: &str = "berth.ports";
 /// Every Docker API call: a daemon that hangs must not hang the controller.
 const CALL: Duration = Duration::from_secs(60);
+/// Containers created and started at once. The daemon does a start's work (its network
+/// namespace, its firewall rules, a proxy per published port) under locks of its own, so fifty
+/// starts at once all finish late and the last past [`CALL`]; in turn, each start is quick and
+/// the timeout measures the daemon, not the queue in front of it.
+pub const MAX_CONCURRENT_STARTS: usize = 4;
 
 pub struct DockerProvider {
     docker: Docker,
@@ -59,6 +64,8 @@ pub struct DockerProvider {
     support: Support,
     /// The egress proxy's settings, and its address once it listens.
     egress: Egress,
+    /// One permit per create-and-start in flight ([`MAX_CONCURRENT_STARTS`]).
+    starts: tokio::sync::Semaphore,
 }
 
 /// The egress proxy of the Docker provider: served on the internal network's gateway address,
@@ -280,7 +287,24 @@ impl DockerProvider {
             runtimes,
             support: Support::of(&info),
             egress,
+            starts: tokio::sync::Semaphore::new(MAX_CONCURRENT_STARTS),
         })
+    }
+
+    /// A turn to create and start a container: at most [`MAX_CONCURRENT_STARTS`] at once, and
+    /// a named failure when the starts ahead do not make room within [`CALL`].
+    async fn start_permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>> {
+        match tokio::time::timeout(CALL, self.starts.acquire()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            Ok(Err(e)) => Err(failed("start", e)),
+            Err(_) => Err(failed(
+                "start",
+                format!(
+                    "the {MAX_CONCURRENT_STARTS} starts ahead of this one did not finish within {} s",
+                    CALL.as_secs()
+                ),
+            )),
+        }
     }
 
     /// A sandbox behind the proxy: the proxy knows it by its address on the internal network
@@ -682,6 +706,7 @@ impl Provider for DockerProvider {
         let options = CreateContainerOptionsBuilder::default()
             .name(&container)
             .build();
+        let permit = self.start_permit().await?;
         timed("create", self.docker.create_container(Some(options), body)).await?;
         timed(
             "start",
@@ -689,6 +714,7 @@ impl Provider for DockerProvider {
                 .start_container(&container, None::<StartContainerOptions>),
         )
         .await?;
+        drop(permit);
         // Answer once the agent accepts connections.
         self.wait_for_agent(&spec.identity.sandbox_id, &container)
             .await
