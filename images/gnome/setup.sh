@@ -45,6 +45,17 @@ done
 update-desktop-database -q /usr/share/applications || true
 update-desktop-database -q /usr/local/share/applications || true
 
+# Thunderbird's windows carry the WM_CLASS of OSWorld's Ubuntu build, "Mail.thunderbird" (Debian's
+# build says "thunderbird-default", its compiled-in remoting name), so the Thunderbird tasks'
+# close_window('Mail.thunderbird', strict, by_class) quits it as on the VM: Gecko takes the name
+# from MOZ_APP_REMOTINGNAME, which Debian's launcher script now sets however it is started; the
+# .desktop file names the same class, so the dock knows the window as its launcher's.
+if [ -x /usr/bin/thunderbird ]; then
+    sed -i '/^export MOZ_APP_LAUNCHER$/a export MOZ_APP_REMOTINGNAME=thunderbird' /usr/bin/thunderbird
+    grep -qx 'export MOZ_APP_REMOTINGNAME=thunderbird' /usr/bin/thunderbird
+    sed -i 's/^StartupWMClass=.*/StartupWMClass=thunderbird/' /usr/share/applications/thunderbird.desktop
+fi
+
 # OSWorld's tasks `pip install` into the system Python.
 printf '[global]\nbreak-system-packages = true\n' > /etc/pip.conf
 

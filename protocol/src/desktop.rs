@@ -263,6 +263,11 @@ pub struct ExpectedDesktop {
     /// The time zone is not UTC+0 (OSWorld's "set the time zone to UTC+0" must not hold).
     #[serde(default)]
     pub time_zone_not_utc: bool,
+    /// Windows by their WM_CLASS instance, each with the `instance.class` it must carry as
+    /// `wmctrl -lx` prints it (`"Mail": "Mail.thunderbird"`): what OSWorld's steps name when
+    /// they close or activate a window by class. Checked on the windows open at the time.
+    #[serde(default)]
+    pub window_classes: BTreeMap<String, String>,
 }
 
 /// One expected item and what is there.
@@ -283,7 +288,31 @@ impl DesktopState {
         self.compare_look(expected, &mut rows);
         self.compare_configuration(expected, &mut rows);
         self.compare_conditions(expected, &mut rows);
+        self.compare_window_classes(expected, &mut rows);
         rows
+    }
+
+    /// Each open window of an instance `expected.window_classes` names against the class it
+    /// must carry; a row saying so when none is open (a fresh desktop has no app windows).
+    fn compare_window_classes(&self, expected: &ExpectedDesktop, rows: &mut Vec<FidelityRow>) {
+        for (instance, want) in &expected.window_classes {
+            let open: Vec<String> = self
+                .windows
+                .iter()
+                .filter(|w| &w.instance == instance)
+                .map(|w| format!("{}.{}", w.instance, w.class))
+                .collect();
+            rows.push(FidelityRow::of(
+                format!("window class {instance}"),
+                want.clone(),
+                if open.is_empty() {
+                    "(no such window open)".into()
+                } else {
+                    open.join(", ")
+                },
+                open.iter().all(|c| c == want),
+            ));
+        }
     }
 
     /// The session, locale, themes and dock favourites.
@@ -442,6 +471,7 @@ mod tests {
             no_dialogs: true,
             volume_below_max: true,
             time_zone_not_utc: true,
+            window_classes: [("Mail".to_string(), "Mail.thunderbird".to_string())].into(),
         }
     }
 
@@ -479,7 +509,18 @@ mod tests {
     fn a_state_that_matches_passes_every_row() {
         let rows = matching().compare(&expected());
         assert!(rows.iter().all(|r| r.ok), "{rows:#?}");
-        assert_eq!(rows.len(), 12, "{rows:#?}");
+        assert_eq!(rows.len(), 13, "{rows:#?}");
+        // No window of the instance open: the row says so and passes.
+        let row = rows.iter().find(|r| r.item == "window class Mail").unwrap();
+        assert_eq!(row.actual, "(no such window open)");
+        // Open with the class it must carry.
+        let mut s = matching();
+        s.windows.push(DesktopWindow {
+            instance: "Mail".into(),
+            class: "thunderbird".into(),
+            ..Default::default()
+        });
+        assert!(s.compare(&expected()).iter().all(|r| r.ok));
     }
 
     #[test]
@@ -528,6 +569,16 @@ mod tests {
             (
                 "time zone not UTC+0",
                 Box::new(|s| s.utc_offset = Some("+0000".into())),
+            ),
+            (
+                "window class Mail",
+                Box::new(|s| {
+                    s.windows.push(DesktopWindow {
+                        instance: "Mail".into(),
+                        class: "thunderbird-default".into(),
+                        ..Default::default()
+                    })
+                }),
             ),
         ];
         for (item, change) in cases {
