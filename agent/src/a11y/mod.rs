@@ -237,7 +237,7 @@ impl A11y {
 
     /// The registered applications' names: a round trip to the registry and to each of them.
     pub async fn applications(&self) -> Result<Vec<String>, A11yError> {
-        let conn = self.connection().await?;
+        let conn = Bus::new(self.connection().await?);
         let apps = children(&conn, &(REGISTRY.to_string(), root_path()))
             .await
             .map_err(A11yError::Bus)?;
@@ -255,7 +255,7 @@ impl A11y {
 
     /// The whole desktop: one node per application, in the registry's order.
     pub async fn tree(&self) -> Result<Vec<Node>, A11yError> {
-        let conn = self.connection().await?;
+        let conn = Bus::new(self.connection().await?);
         let apps = children(&conn, &(REGISTRY.to_string(), root_path()))
             .await
             .map_err(A11yError::Bus)?;
@@ -269,6 +269,60 @@ impl A11y {
             })
             .collect())
     }
+}
+
+/// The applications `/terminal` reads a focused terminal from: GNOME's terminal (the only one
+/// OSWorld's server looks in) and XFCE's.
+pub const TERMINAL_APPLICATIONS: [&str; 2] = ["gnome-terminal-server", "xfce4-terminal"];
+
+impl A11y {
+    /// What `/terminal` reads: the active frames of the terminal applications, each with its
+    /// subtree. Every other application is asked its name and nothing else, and without an
+    /// active terminal frame no tree is walked at all — as OSWorld's server, which builds the
+    /// tree only when `gnome-terminal-server` has an active frame.
+    pub async fn terminal_frames(&self) -> Result<Vec<Node>, A11yError> {
+        let conn = Bus::new(self.connection().await?);
+        let apps = children(&conn, &(REGISTRY.to_string(), root_path()))
+            .await
+            .map_err(A11yError::Bus)?;
+        let names = join_all(
+            apps.iter()
+                .map(|app| property(&conn, app, ACCESSIBLE, "Name")),
+        )
+        .await;
+        let terminals: Vec<&Ref> = apps
+            .iter()
+            .zip(names)
+            .filter(|(_, name)| {
+                name.as_ref()
+                    .ok()
+                    .and_then(|v| <&str>::try_from(v).ok())
+                    .is_some_and(|n| TERMINAL_APPLICATIONS.contains(&n))
+            })
+            .map(|(app, _)| app)
+            .collect();
+        let mut frames = Vec::new();
+        for app in terminals {
+            let kids = children(&conn, app).await.unwrap_or_default();
+            let active = join_all(kids.iter().map(|k| active_frame(&conn, k))).await;
+            for (kid, active) in kids.iter().zip(active) {
+                if active && let Some(frame) = node(&conn, kid, 2).await {
+                    frames.push(frame);
+                }
+            }
+        }
+        Ok(frames)
+    }
+}
+
+/// Whether a top-level object is a frame with the `active` state (its role and states only).
+async fn active_frame(conn: &Bus, r: &Ref) -> bool {
+    let (role, state) = tokio::join!(
+        call::<_, String>(conn, r, ACCESSIBLE, "GetRoleName", &()),
+        call::<_, Vec<u32>>(conn, r, ACCESSIBLE, "GetState", &()),
+    );
+    role.is_ok_and(|r| r == "frame")
+        && state.is_ok_and(|bits| state_names(&bits).iter().any(|s| s == "active"))
 }
 
 /// The name the desktop's browser has in the tree. Debian's Chromium registers as
@@ -293,29 +347,42 @@ fn root_path() -> OwnedObjectPath {
     OwnedObjectPath::try_from(ROOT).expect("a valid object path")
 }
 
-async fn call<B, R>(
-    conn: &zbus::Connection,
-    r: &Ref,
-    iface: &str,
-    method: &str,
-    body: &B,
-) -> Result<R, String>
+/// Calls one reading keeps in flight at most. An application answers its calls one at a time
+/// on its main thread; thousands queued at once only make each wait, and a toolkit is asked no
+/// more at once than it can take.
+const MAX_IN_FLIGHT: usize = 32;
+
+/// The AT-SPI bus as one reading uses it: its calls bounded by [`MAX_IN_FLIGHT`].
+struct Bus {
+    conn: zbus::Connection,
+    slots: tokio::sync::Semaphore,
+}
+
+impl Bus {
+    fn new(conn: zbus::Connection) -> Bus {
+        Bus {
+            conn,
+            slots: tokio::sync::Semaphore::new(MAX_IN_FLIGHT),
+        }
+    }
+}
+
+async fn call<B, R>(conn: &Bus, r: &Ref, iface: &str, method: &str, body: &B) -> Result<R, String>
 where
     B: serde::Serialize + zbus::zvariant::DynamicType,
     R: for<'d> serde::Deserialize<'d> + zbus::zvariant::Type,
 {
+    let _slot = conn.slots.acquire().await.map_err(|e| e.to_string())?;
     let reply =
-        timed(conn.call_method(Some(r.0.as_str()), r.1.as_str(), Some(iface), method, body))
-            .await?;
+        timed(
+            conn.conn
+                .call_method(Some(r.0.as_str()), r.1.as_str(), Some(iface), method, body),
+        )
+        .await?;
     reply.body().deserialize().map_err(|e| e.to_string())
 }
 
-async fn property(
-    conn: &zbus::Connection,
-    r: &Ref,
-    iface: &str,
-    name: &str,
-) -> Result<OwnedValue, String> {
+async fn property(conn: &Bus, r: &Ref, iface: &str, name: &str) -> Result<OwnedValue, String> {
     call(
         conn,
         r,
@@ -330,7 +397,7 @@ async fn property(
 /// (`GetChildAtIndex`, as pyatspi iterates): `GetChildren` makes the application build every
 /// child first, and a spreadsheet's table has a billion cells (LibreOffice Calc grew by 60 MB a
 /// second, long after the call had timed out).
-async fn children(conn: &zbus::Connection, r: &Ref) -> Result<Vec<Ref>, String> {
+async fn children(conn: &Bus, r: &Ref) -> Result<Vec<Ref>, String> {
     let count = property(conn, r, ACCESSIBLE, "ChildCount")
         .await
         .ok()
@@ -357,7 +424,7 @@ fn f64_of(v: Result<OwnedValue, String>) -> f64 {
 
 /// One node and its subtree; `None` when the object does not answer (it went away).
 fn node<'a>(
-    conn: &'a zbus::Connection,
+    conn: &'a Bus,
     r: &'a Ref,
     depth: usize,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<Node>> + Send + 'a>> {
@@ -385,7 +452,7 @@ fn node<'a>(
 
 /// A node's role, name, states and attributes (asked at once), and the interfaces it offers;
 /// `None` when it does not tell its role.
-async fn bare_node(conn: &zbus::Connection, r: &Ref) -> Option<(Node, Vec<String>)> {
+async fn bare_node(conn: &Bus, r: &Ref) -> Option<(Node, Vec<String>)> {
     let (role, name, state, attrs, ifaces) = tokio::join!(
         call::<_, String>(conn, r, ACCESSIBLE, "GetRoleName", &()),
         property(conn, r, ACCESSIBLE, "Name"),
@@ -440,7 +507,7 @@ fn offers(ifaces: &[String], iface: &str) -> bool {
 
 /// Where a shown component is on screen (x, y, width, height); `None` for anything else.
 async fn extents(
-    conn: &zbus::Connection,
+    conn: &Bus,
     r: &Ref,
     ifaces: &[String],
     shown: bool,
@@ -455,9 +522,16 @@ async fn extents(
 }
 
 /// A text object's text, without the object-replacement and replacement characters.
-async fn text_of(conn: &zbus::Connection, r: &Ref, ifaces: &[String]) -> Option<String> {
+async fn text_of(conn: &Bus, r: &Ref, ifaces: &[String]) -> Option<String> {
     if offers(ifaces, "org.a11y.atspi.Text") {
-        call::<_, String>(conn, r, "org.a11y.atspi.Text", "GetText", &(0i32, -1i32))
+        // As pyatspi asks: from 0 to the character count, never "to the end" (-1).
+        let count = property(conn, r, "org.a11y.atspi.Text", "CharacterCount")
+            .await
+            .ok()
+            .and_then(|v| i32::try_from(v).ok())
+            .unwrap_or(0)
+            .max(0);
+        call::<_, String>(conn, r, "org.a11y.atspi.Text", "GetText", &(0i32, count))
             .await
             .ok()
             .map(|t| t.replace(['\u{fffc}', '\u{fffd}'], ""))
@@ -467,7 +541,7 @@ async fn text_of(conn: &zbus::Connection, r: &Ref, ifaces: &[String]) -> Option<
 }
 
 /// A value object's current value and range (its four properties asked at once).
-async fn value_of(conn: &zbus::Connection, r: &Ref, ifaces: &[String]) -> Option<Value> {
+async fn value_of(conn: &Bus, r: &Ref, ifaces: &[String]) -> Option<Value> {
     if offers(ifaces, "org.a11y.atspi.Value") {
         let iface = "org.a11y.atspi.Value";
         let (c, lo, hi, step) = tokio::join!(
@@ -488,7 +562,7 @@ async fn value_of(conn: &zbus::Connection, r: &Ref, ifaces: &[String]) -> Option
 }
 
 /// An action object's actions; none for anything else or when it does not answer.
-async fn actions_of(conn: &zbus::Connection, r: &Ref, ifaces: &[String]) -> Vec<Action> {
+async fn actions_of(conn: &Bus, r: &Ref, ifaces: &[String]) -> Vec<Action> {
     if offers(ifaces, "org.a11y.atspi.Action") {
         call::<_, Vec<(String, String, String)>>(
             conn,
@@ -513,7 +587,7 @@ async fn actions_of(conn: &zbus::Connection, r: &Ref, ifaces: &[String]) -> Vec<
 
 /// The subtrees of the first [`MAX_CHILDREN`] children (asked at once), the children that
 /// went away left out; none at [`MAX_DEPTH`].
-async fn child_nodes(conn: &zbus::Connection, r: &Ref, depth: usize) -> Vec<Node> {
+async fn child_nodes(conn: &Bus, r: &Ref, depth: usize) -> Vec<Node> {
     if depth >= MAX_DEPTH {
         return Vec::new();
     }
@@ -526,9 +600,9 @@ async fn child_nodes(conn: &zbus::Connection, r: &Ref, depth: usize) -> Vec<Node
         .collect()
 }
 
-/// `/terminal`: the text of the focused terminal in an active window, right-trimmed; `None`
-/// unless exactly one matches.
-pub fn focused_terminal(apps: &[Node]) -> Option<String> {
+/// `/terminal`: the text of the focused terminal in the active terminal frames
+/// ([`A11y::terminal_frames`]), right-trimmed; `None` unless exactly one matches.
+pub fn focused_terminal(frames: &[Node]) -> Option<String> {
     fn focused<'a>(n: &'a Node, out: &mut Vec<&'a Node>) {
         if n.role == "terminal" && n.has_state("focused") {
             out.push(n);
@@ -538,17 +612,49 @@ pub fn focused_terminal(apps: &[Node]) -> Option<String> {
         }
     }
     let mut found = Vec::new();
-    for app in apps {
-        for frame in app
-            .children
-            .iter()
-            .filter(|f| f.role == "frame" && f.has_state("active"))
-        {
-            focused(frame, &mut found);
+    for frame in frames {
+        for c in &frame.children {
+            focused(c, &mut found);
         }
     }
     match found.as_slice() {
         [one] => Some(one.text.clone().unwrap_or_default().trim_end().to_string()),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn n(role: &str, states: &[&str], text: Option<&str>, children: Vec<Node>) -> Node {
+        Node {
+            role: role.into(),
+            states: states.iter().map(|s| s.to_string()).collect(),
+            text: text.map(Into::into),
+            children,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_one_focused_terminal_of_the_active_frames_is_read_right_trimmed() {
+        let term = |focused: bool, text: &str| {
+            let states: &[&str] = if focused { &["focused"] } else { &[] };
+            n("terminal", states, Some(text), vec![])
+        };
+        let frame = |kids| n("frame", &["active"], None, kids);
+        let one = frame(vec![n(
+            "filler",
+            &[],
+            None,
+            vec![term(true, "$ ls\nx  \n\n")],
+        )]);
+        assert_eq!(focused_terminal(&[one]).as_deref(), Some("$ ls\nx"));
+        // None focused, or two: no answer, as OSWorld's server gives none.
+        assert_eq!(focused_terminal(&[frame(vec![term(false, "a")])]), None);
+        let two = frame(vec![term(true, "a"), term(true, "b")]);
+        assert_eq!(focused_terminal(&[two]), None);
+        assert_eq!(focused_terminal(&[]), None);
     }
 }

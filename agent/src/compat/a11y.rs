@@ -33,9 +33,11 @@ pub async fn accessibility(State(agent): State<Arc<Agent>>) -> Response {
     }
 }
 
+/// The focused terminal's text, read from the terminal applications' active frames only: with
+/// none active it answers after one round trip to each application, walking no tree.
 pub async fn terminal(State(agent): State<Arc<Agent>>) -> Response {
-    let output = match tokio::time::timeout(TERMINAL_DEADLINE, agent.a11y.tree()).await {
-        Ok(Ok(apps)) => crate::a11y::focused_terminal(&apps),
+    let output = match tokio::time::timeout(TERMINAL_DEADLINE, agent.a11y.terminal_frames()).await {
+        Ok(Ok(frames)) => crate::a11y::focused_terminal(&frames),
         _ => None,
     };
     flask(
