@@ -465,9 +465,8 @@ APPS = [
     App("document-viewer", [{"type": "open", "parameters": {"path": f"{DOCS}/report.pdf"}}], "Evince", "report.pdf"),
     App("gimp", [{"type": "launch", "parameters": {"command": ["gimp", f"{DOCS}/picture.png"]}}], "Gimp", "GIMP"),
     App("vlc", [{"type": "launch", "parameters": {"command": ["vlc"]}}], "vlc", "VLC media player"),
-    # WM_CLASS instance "Mail" as OSWorld's close-window step names it (its class here is
-    # Debian's "thunderbird-default").
-    App("thunderbird", [{"type": "launch", "parameters": {"command": ["/usr/bin/thunderbird"]}}], "Mail", "Thunderbird"),
+    # WM_CLASS "Mail.thunderbird", as OSWorld's close-window step names it.
+    App("thunderbird", [{"type": "launch", "parameters": {"command": ["/usr/bin/thunderbird"]}}], "thunderbird", "Thunderbird"),
     App(
         "chrome",
         [
@@ -499,6 +498,72 @@ MAKE_DOCS = (
     " && python3 -c \"from PIL import Image; Image.new('RGB', (640, 400), (233, 84, 32)).save('picture.png')\""
     " && rm report.txt budget.csv && ls"
 )
+
+
+#: The processes of the opened apps (LibreOffice's three documents share one).
+ALIVE = ["soffice.bin", "evince", "gimp", "vlc", "thunderbird", "nautilus", "gnome-terminal-"]
+
+#: Thunderbird's minidumps, where it writes one when it aborts.
+MINIDUMPS = f"{HOME}/.thunderbird/*/minidumps/*.dmp"
+
+
+def running(env, process: str) -> bool:
+    out = env.controller.execute_python_command(
+        f"import subprocess; print(subprocess.run(['pgrep', '-x', {process!r}], capture_output=True).returncode)"
+    )
+    return (out or {}).get("output", "").strip() == "0"
+
+
+def minidumps(env) -> List[str]:
+    out = env.controller.execute_python_command(f"import glob; print('\\n'.join(glob.glob({MINIDUMPS!r})))")
+    return [line for line in (out or {}).get("output", "").splitlines() if line.strip()]
+
+
+def until(what: str, check: Callable[[], object], secs: float = FIND_SECS):
+    """`check()`'s first truthy answer, asked until a deadline."""
+    deadline = time.monotonic() + secs
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.5)
+    raise AssertionError(f"not within {secs} s: {what}")
+
+
+def thunderbird_switches_its_theme_survives_the_reads_and_closes_by_class(env, client, sb):
+    """OSWorld's Thunderbird theme task, done as an agent does it: the app menu, Add-ons and
+    Themes, Themes, Dark's Enable (pyautogui clicks through ``env.step``); then the reads an
+    evaluation makes — the accessibility tree and ``/terminal``, three times each — with
+    Thunderbird still running and no minidump after them; then the tasks' postconfig,
+    ``close_window('Mail.thunderbird', strict, by_class)``, which quits it."""
+    state = client.desktop_state(sb)
+    row = next(r for r in state["fidelity"] if r["item"] == "window class Mail")
+    assert row["ok"] and row["actual"] == "Mail.thunderbird", row
+    env.setup_controller.setup(
+        [{"type": "activate_window", "parameters": {"window_name": "Mail.thunderbird", "strict": True, "by_class": True}}]
+    )
+    before = minidumps(env)
+    tree = env.controller.get_accessibility_tree
+    # The window is maximised on 1920x1080: its menu button, then the menu's item.
+    env.step("pyautogui.click(1899, 83)", pause=1)
+    until("the app menu's Add-ons and Themes", lambda: 'name="Add-ons and Themes"' in (tree() or ""))
+    env.step("pyautogui.click(1695, 392)", pause=1)
+    until("the Add-ons Manager", lambda: any("Add-ons Manager" in w["title"] for w in client.desktop_state(sb)["windows"]))
+    env.step("pyautogui.click(149, 334)", pause=1)
+    until("the themes", lambda: "Manage Your Themes" in (tree() or ""))
+    env.step("pyautogui.click(969, 657)", pause=1)
+    until("Dark enabled (its button now Disable)", lambda: 'name="Disable"' in (tree() or ""))
+    (SHOTS / "gnome-thunderbird-dark.png").write_bytes(client.screenshot(sb, settle_ms=1000, timeout_ms=10000))
+    for _ in range(3):
+        assert "Manage Your Themes" in (env.controller.get_accessibility_tree() or "")
+        assert env.controller.get_terminal_output() is None
+        assert running(env, "thunderbird"), "Thunderbird died under the accessibility reads"
+    assert minidumps(env) == before, "Thunderbird wrote a minidump"
+    env.setup_controller.setup(
+        [{"type": "close_window", "parameters": {"window_name": "Mail.thunderbird", "strict": True, "by_class": True}}]
+    )
+    until("Thunderbird to quit after close_window", lambda: not running(env, "thunderbird"))
+    assert minidumps(env) == before, "Thunderbird wrote a minidump while closing"
 
 
 def window_of(state: dict, app: App) -> Optional[dict]:
@@ -573,6 +638,11 @@ def test_each_app_opens_as_osworld_opens_it_with_no_dialog_in_front_and_maximise
         if not (0 <= cx < state["screen"]["width"] and 0 <= cy < state["screen"]["height"]):
             problems.append(f"{app.name}: off the screen: {window}")
     assert not problems, "\n".join(problems)
+    # Every app still runs after the accessibility reads above: an observation must never kill
+    # the application it observes.
+    gone = [p for p in ALIVE if not running(env, p)]
+    assert not gone, f"gone after the accessibility reads: {gone}"
+    thunderbird_switches_its_theme_survives_the_reads_and_closes_by_class(env, client, sb)
 
     # OSWorld's VLC getter: status.xml through the image's declared vlc port (env.vlc_port).
     assert env.vlc_port and env.vlc_port != 0
