@@ -46,6 +46,7 @@ pub async fn bench(runs: usize) {
     let agent_cpu = (cpu_ticks(a.pid()) - cpu_before) as f64 / clock_ticks() / idle.as_secs_f64();
     let agent_rss = berth_tests::rss_kib(a.pid());
     let (ours, peer, nodes) = accessibility(&a, runs).await;
+    let terminal = terminal(&a, runs.max(20)).await;
     let raw = raw_starts(runs).await;
     let (pss, total_pss) = desktop_pss(&report);
     totals.sort_by(f64::total_cmp);
@@ -75,6 +76,10 @@ pub async fn bench(runs: usize) {
     println!(
         "| `/accessibility`, the desktop + a local page ({nodes} elements in the tree), p50 of {runs} | {ours:.0} ms | pyatspi + lxml as OSWorld builds it (`tests/bench/pyatspi_tree.py`), same desktop: {peer:.0} ms ({:.1}x slower); target < 1000 ms |",
         peer / ours
+    );
+    println!(
+        "| `/terminal` with no terminal focused (the same desktop), p50 of {} | {terminal:.1} ms | the whole tree it read before, `/accessibility` above: {ours:.0} ms |",
+        runs.max(20)
     );
     println!(
         "| desktop PSS (every component's process tree) | {:.0} MB | — |",
@@ -306,6 +311,25 @@ async fn time_chromium(
     })
     .await;
     (browser, t0.elapsed().as_secs_f64() * 1000.0)
+}
+
+/// `/terminal` on the same desktop with no terminal focused (the browser in front): the p50 of
+/// `runs` calls in milliseconds, each answered `null`.
+async fn terminal(a: &AgentProcess, runs: usize) -> f64 {
+    let mut took = Vec::new();
+    for _ in 0..runs {
+        let t0 = Instant::now();
+        let v: Value = reqwest::get(a.url("/terminal"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        took.push(t0.elapsed().as_secs_f64() * 1000.0);
+        assert_eq!(v["output"], Value::Null, "{v}");
+    }
+    took.sort_by(f64::total_cmp);
+    percentile(&took, 0.5)
 }
 
 /// `/accessibility` against OSWorld's way (pyatspi walked from Python, one thread per
