@@ -238,18 +238,10 @@ impl A11y {
     /// The registered applications' names: a round trip to the registry and to each of them.
     pub async fn applications(&self) -> Result<Vec<String>, A11yError> {
         let conn = Bus::new(self.connection().await?);
-        let apps = children(&conn, &(REGISTRY.to_string(), root_path()))
-            .await
-            .map_err(A11yError::Bus)?;
-        let names = join_all(
-            apps.iter()
-                .map(|app| property(&conn, app, ACCESSIBLE, "Name")),
-        )
-        .await;
-        Ok(names
+        Ok(named_applications(&conn)
+            .await?
             .into_iter()
-            .filter_map(|n| n.ok().and_then(|v| String::try_from(v).ok()))
-            .map(present_application)
+            .filter_map(|(_, name)| name.map(present_application))
             .collect())
     }
 
@@ -282,27 +274,17 @@ impl A11y {
     /// tree only when `gnome-terminal-server` has an active frame.
     pub async fn terminal_frames(&self) -> Result<Vec<Node>, A11yError> {
         let conn = Bus::new(self.connection().await?);
-        let apps = children(&conn, &(REGISTRY.to_string(), root_path()))
-            .await
-            .map_err(A11yError::Bus)?;
-        let names = join_all(
-            apps.iter()
-                .map(|app| property(&conn, app, ACCESSIBLE, "Name")),
-        )
-        .await;
-        let terminals: Vec<&Ref> = apps
-            .iter()
-            .zip(names)
+        let terminals: Vec<Ref> = named_applications(&conn)
+            .await?
+            .into_iter()
             .filter(|(_, name)| {
-                name.as_ref()
-                    .ok()
-                    .and_then(|v| <&str>::try_from(v).ok())
+                name.as_deref()
                     .is_some_and(|n| TERMINAL_APPLICATIONS.contains(&n))
             })
             .map(|(app, _)| app)
             .collect();
         let mut frames = Vec::new();
-        for app in terminals {
+        for app in &terminals {
             let kids = children(&conn, app).await.unwrap_or_default();
             let active = join_all(kids.iter().map(|k| active_frame(&conn, k))).await;
             for (kid, active) in kids.iter().zip(active) {
@@ -313,6 +295,24 @@ impl A11y {
         }
         Ok(frames)
     }
+}
+
+/// The registered applications, each with its name when it tells it: a round trip to the
+/// registry and one to each application, at once.
+async fn named_applications(conn: &Bus) -> Result<Vec<(Ref, Option<String>)>, A11yError> {
+    let apps = children(conn, &(REGISTRY.to_string(), root_path()))
+        .await
+        .map_err(A11yError::Bus)?;
+    let names = join_all(
+        apps.iter()
+            .map(|app| property(conn, app, ACCESSIBLE, "Name")),
+    )
+    .await;
+    Ok(apps
+        .into_iter()
+        .zip(names)
+        .map(|(app, name)| (app, name.ok().and_then(|v| String::try_from(v).ok())))
+        .collect())
 }
 
 /// Whether a top-level object is a frame with the `active` state (its role and states only).
