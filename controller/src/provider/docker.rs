@@ -48,7 +48,7 @@ const CALL: Duration = Duration::from_secs(60);
 /// namespace, its firewall rules, a proxy per published port) under locks of its own, so fifty
 /// starts at once all finish late and the last past [`CALL`]; in turn, each start is quick and
 /// the timeout measures the daemon, not the queue in front of it.
-pub const MAX_CONCURRENT_STARTS: usize = 4;
+const MAX_CONCURRENT_STARTS: usize = 4;
 
 pub struct DockerProvider {
     docker: Docker,

@@ -66,14 +66,17 @@ def env(gnome, tmp_path_factory):
 # ---- finding targets as an agent does ----
 
 
-def shell_target(env, role: str, name: str, *, near: Optional[str] = None) -> Tuple[int, int, int, int]:
-    """``(x, y, w, h)`` of GNOME Shell's showing ``role`` named ``name`` in OSWorld's tree
-    (``near``: instead, the unnamed ``role`` closest to the right of the node named ``near``)."""
+def shell_target(
+    env, role: str, name: str, *, near: Optional[str] = None, app: str = "gnome-shell"
+) -> Tuple[int, int, int, int]:
+    """``(x, y, w, h)`` of the showing ``role`` named ``name`` in OSWorld's tree, from the
+    application ``app`` on (GNOME Shell's by default); with ``near``, the ``role`` so named (any
+    unnamed one when ``name`` is empty) closest to the right of the node named ``near``."""
     deadline = time.monotonic() + FIND_SECS
     last = None
     while time.monotonic() < deadline:
         xml = env.controller.get_accessibility_tree() or ""
-        shell = xml[xml.find('name="gnome-shell"'):]
+        shell = xml[xml.find(f'name="{app}"'):]
         found = []
         for m in re.finditer(r"<([a-z-]+) name=\"([^\"]*)\"([^>]*)>", shell):
             tag, n, attrs = m.groups()
@@ -83,19 +86,25 @@ def shell_target(env, role: str, name: str, *, near: Optional[str] = None) -> Tu
         if near is None:
             hits = [g for t, n, g in found if t == role and n == name]
         else:
-            anchors = [g for t, n, g in found if n == near]
-            hits = [
-                g
-                for t, n, g in found
-                for a in anchors[:1]
-                if t == role and not n and abs((g[1] + g[3] // 2) - (a[1] + a[3] // 2)) < 12 and g[0] > a[0]
-            ]
-            hits.sort(key=lambda g: g[0])
+            # The first node named `near` with such a target on its row (a section and its
+            # heading may share the name; only the heading is on the button's row).
+            hits = []
+            for a in (g for t, n, g in found if n == near):
+                hits = sorted(
+                    (
+                        g
+                        for t, n, g in found
+                        if t == role and n == name and abs((g[1] + g[3] // 2) - (a[1] + a[3] // 2)) < 12 and g[0] > a[0]
+                    ),
+                    key=lambda g: g[0],
+                )
+                if hits:
+                    break
         if hits and hits[0][2] > 0:
             return hits[0]
         last = [(t, n) for t, n, _ in found][:40]
         time.sleep(0.5)
-    raise AssertionError(f"no showing {role} {name or near!r} of gnome-shell in the tree: {last}")
+    raise AssertionError(f"no showing {role} {name or near!r} of {app} in the tree: {last}")
 
 
 def gtk_target(env, app: str, role: str, name: str) -> Tuple[int, int, int, int]:
@@ -544,14 +553,11 @@ def thunderbird_switches_its_theme_survives_the_reads_and_closes_by_class(env, c
     )
     before = minidumps(env)
     tree = env.controller.get_accessibility_tree
-    # The window is maximised on 1920x1080: its menu button, then the menu's item.
-    env.step("pyautogui.click(1899, 83)", pause=1)
-    until("the app menu's Add-ons and Themes", lambda: 'name="Add-ons and Themes"' in (tree() or ""))
-    env.step("pyautogui.click(1695, 392)", pause=1)
-    until("the Add-ons Manager", lambda: any("Add-ons Manager" in w["title"] for w in client.desktop_state(sb)["windows"]))
-    env.step("pyautogui.click(149, 334)", pause=1)
-    until("the themes", lambda: "Manage Your Themes" in (tree() or ""))
-    env.step("pyautogui.click(969, 657)", pause=1)
+    tb = "Thunderbird"
+    click(env, shell_target(env, "push-button", "AppMenu", app=tb))
+    click(env, shell_target(env, "push-button", "Add-ons and Themes", app=tb))
+    click(env, shell_target(env, "page-tab", "Themes", app=tb))
+    click(env, shell_target(env, "push-button", "Enable", near="Dark", app=tb))
     until("Dark enabled (its button now Disable)", lambda: 'name="Disable"' in (tree() or ""))
     (SHOTS / "gnome-thunderbird-dark.png").write_bytes(client.screenshot(sb, settle_ms=1000, timeout_ms=10000))
     for _ in range(3):
